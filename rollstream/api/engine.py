@@ -1,0 +1,55 @@
+"""The inference engine contract that workflows call and rollout workers drive."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+from rollstream.api.io_struct import ModelRequest, ModelResponse
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """Where a new policy version's weights are. ``path`` is a directory the engine can load."""
+
+    version: int
+    path: str
+
+
+class InferenceEngine(abc.ABC):
+    """Generates tokens for workflows and follows the trainer's weight versions.
+
+    ``agenerate`` must tag each output token with the version that produced it. While paused,
+    new and in-flight generation waits; requests cut off by ``pause`` continue from the
+    tokens they already have once ``resume`` is called.
+    """
+
+    @abc.abstractmethod
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """Generate for one request; see the class docstring for the version contract."""
+
+    @abc.abstractmethod
+    def get_version(self) -> int:
+        """The weight version new tokens are generated with."""
+
+    @abc.abstractmethod
+    def set_version(self, version: int) -> None:
+        """Declare the version of the weights now loaded."""
+
+    @abc.abstractmethod
+    async def pause(self) -> None:
+        """Stop generating at the next token boundary; in-flight requests keep their tokens."""
+
+    @abc.abstractmethod
+    async def resume(self) -> None:
+        """Continue generating after ``pause``."""
+
+    @abc.abstractmethod
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Load the weights of ``update`` (call between ``pause`` and ``resume``)."""
+
+    async def start(self) -> None:
+        """Acquire resources (connections, model weights). Default: nothing to do."""
+
+    async def close(self) -> None:
+        """Release resources. Default: nothing to do."""

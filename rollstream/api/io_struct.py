@@ -1,0 +1,118 @@
+"""Requests, responses and sampling settings exchanged between workflows and engines.
+
+These mirror the reference system's contracts so that existing workflows port unchanged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, Protocol
+
+StopReason = Literal["stop", "length", "tool_calls", "abort"]
+
+
+class TokenizerLike(Protocol):
+    """The two attributes of a tokenizer that generation settings need."""
+
+    pad_token_id: int | None
+    eos_token_id: int | None
+
+
+@dataclass
+class GenerationHyperparameters:
+    """Sampling settings for one request. Defaults follow the reference system.
+
+    ``top_k`` of 1e8 means "off"; engines treat ``top_k <= 0`` or ``>= vocab`` as off too.
+    The generation budget is ``min(max_tokens - prompt_len, max_new_tokens)``.
+    """
+
+    n_samples: int = 1
+    max_new_tokens: int = 16384
+    min_new_tokens: int = 0
+    max_tokens: int = 32768
+    greedy: bool = False
+    top_p: float = 1.0
+    top_k: int = int(1e8)
+    temperature: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stop: list[str] | None = None
+    frequency_penalty: float = 0.0
+
+    def new(self, **kwargs: Any) -> GenerationHyperparameters:
+        """A copy with ``kwargs`` replaced; unknown names raise ``TypeError``."""
+        known = {f.name for f in fields(self)}
+        unknown = set(kwargs) - known
+        if unknown:
+            raise TypeError(f"unknown generation settings: {sorted(unknown)}")
+        copied = replace(self, stop_token_ids=list(self.stop_token_ids))
+        return replace(copied, **kwargs)
+
+    def new_with_stop_and_pad_token_ids(self, tokenizer: TokenizerLike) -> GenerationHyperparameters:
+        """A copy whose stop ids also hold the tokenizer's pad id, then its eos id."""
+        stop_ids = list(self.stop_token_ids)
+        for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+            if token_id is not None and token_id not in stop_ids:
+                stop_ids.append(token_id)
+        return self.new(stop_token_ids=stop_ids)
+
+    def budget(self, prompt_len: int) -> int:
+        """Tokens that may still be generated for a prompt of ``prompt_len`` tokens.
+
+        Raises ``ValueError`` when the prompt leaves no room to generate.
+        """
+        budget = min(self.max_tokens - prompt_len, self.max_new_tokens)
+        if budget <= 0:
+            raise ValueError(
+                f"no generation budget: prompt has {prompt_len} tokens, max_tokens="
+                f"{self.max_tokens}, max_new_tokens={self.max_new_tokens}"
+            )
+        return budget
+
+
+@dataclass
+class ModelRequest:
+    """One generation request. ``rid`` keeps retries and resumptions on the same server."""
+
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    input_ids: list[int] = field(default_factory=list)
+    gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    image_data: list[str] | None = None
+    tokenizer: Any = None
+
+    def copy(self) -> ModelRequest:
+        return replace(
+            self,
+            input_ids=list(self.input_ids),
+            gconfig=self.gconfig.new(),
+            metadata=dict(self.metadata),
+        )
+
+
+@dataclass
+class ModelResponse:
+    """The engine's answer: output tokens with one logprob and one weight version each.
+
+    ``stop_reason`` is one of stop | length | tool_calls | abort. An engine that was
+    interrupted by a weight update resumes internally; a final abort is reported as length.
+    """
+
+    input_tokens: list[int] = field(default_factory=list)
+    output_tokens: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_versions: list[int] = field(default_factory=list)
+    stop_reason: StopReason = "stop"
+    latency: float = float("inf")
+    ttft: float = float("inf")
+    tokenizer: Any = None
+
+    @property
+    def input_len(self) -> int:
+        return len(self.input_tokens)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_tokens)

@@ -1,0 +1,173 @@
+"""Child-process plumbing shared by the local Kafka broker and the local Redis server.
+
+A `ServiceProcess` runs one long-lived server process with its stdout and stderr appended to a log
+file. It always starts the child in a new session, so a Ctrl-C in the terminal reaches only the
+Python process (which then stops the child in order) and so a detached child outlives its parent.
+Non-detached children are killed at interpreter exit as a last resort.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+LOCALHOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOCALHOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(port: int, host: str = LOCALHOST, timeout: float = 0.5) -> bool:
+    """True when something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a text file, or a note when it does not exist."""
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as handle:
+            return "".join(deque(handle, maxlen=lines))
+    except FileNotFoundError:
+        return f"(no log at {path})"
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this pid exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def pid_cmdline(pid: int) -> str:
+    """The command line of a process as one space-joined string ("" when unknown)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode("utf-8", errors="replace")
+
+
+def stop_pid(pid: int, must_contain: str, timeout: float = 30.0) -> bool:
+    """SIGTERM a process that is not our child, then SIGKILL after `timeout` seconds.
+
+    The pid is signalled only while its command line contains `must_contain`, so a pid reused by
+    an unrelated process is left alone. Returns True when the process is gone afterwards.
+    """
+    if not pid_alive(pid):
+        return True
+    if must_contain not in pid_cmdline(pid):
+        logger.warning("pid %d is no longer %r; not signalling it", pid, must_contain)
+        return True
+    os.kill(pid, signal.SIGTERM)
+    if _wait_gone(pid, timeout):
+        return True
+    logger.warning("pid %d ignored SIGTERM for %.0fs; sending SIGKILL", pid, timeout)
+    os.kill(pid, signal.SIGKILL)
+    return _wait_gone(pid, 10.0)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    return not pid_alive(pid)
+
+
+class ServiceProcess:
+    """One server process whose output is appended to `log_path`.
+
+    `start()` may be called again after `stop()` or `kill()`; each start appends to the same log.
+    """
+
+    def __init__(self, name: str, log_path: Path, detached: bool = False) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.detached = detached
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._atexit_registered = False
+
+    @property
+    def pid(self) -> int | None:
+        """The pid of the running child, or None when none is running."""
+        return self._proc.pid if self.is_running() and self._proc else None
+
+    def log_offset(self) -> int:
+        """The current size of the log; text written by the next start begins here."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def start(self, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        """Start `argv` with cwd `cwd`; raises RuntimeError when this one is still running."""
+        if self.is_running():
+            raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"\n==== {time.strftime('%H:%M:%S')} starting {self.name}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        if not self.detached and not self._atexit_registered:
+            atexit.register(self.kill)
+            self._atexit_registered = True
+        logger.debug("%s started: pid %d", self.name, self._proc.pid)
+
+    def is_running(self) -> bool:
+        """True while the child started by the last `start()` has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        """The exit status of the last child, or None while it runs or when none was started."""
+        return None if self._proc is None else self._proc.poll()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM, wait up to `timeout` seconds, then SIGKILL. No-op when not running."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            logger.warning("%s ignored SIGTERM for %.0fs; killing it", self.name, timeout)
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the child and reap it. No-op when not running."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.kill()
+        proc.wait()

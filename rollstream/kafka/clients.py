@@ -1,0 +1,95 @@
+"""Kafka client factories: every client gets the configured security and size settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.helpers import create_ssl_context
+
+from rollstream.config import KafkaConfig
+
+
+def security_kwargs(config: KafkaConfig) -> dict[str, Any]:
+    """aiokafka keyword arguments for the configured security protocol."""
+    kwargs: dict[str, Any] = {"security_protocol": config.security_protocol}
+    if config.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        if not config.sasl_mechanism or config.sasl_username is None:
+            raise ValueError(
+                f"security_protocol {config.security_protocol} needs kafka.sasl_mechanism "
+                "and kafka.sasl_username"
+            )
+        kwargs.update(
+            sasl_mechanism=config.sasl_mechanism,
+            sasl_plain_username=config.sasl_username,
+            sasl_plain_password=config.sasl_password or "",
+        )
+    if config.security_protocol in ("SSL", "SASL_SSL"):
+        kwargs["ssl_context"] = create_ssl_context(
+            cafile=config.ssl_cafile,
+            certfile=config.ssl_certfile,
+            keyfile=config.ssl_keyfile,
+            password=config.ssl_password,
+        )
+    return kwargs
+
+
+def make_producer(
+    config: KafkaConfig,
+    client_id: str,
+    *,
+    transactional_id: str | None = None,
+    linger_ms: int = 5,
+) -> AIOKafkaProducer:
+    """An idempotent producer (acks=all); transactional when ``transactional_id`` is given."""
+    return AIOKafkaProducer(
+        bootstrap_servers=config.bootstrap_servers,
+        client_id=f"{config.client_id_prefix}-{client_id}",
+        enable_idempotence=True,
+        acks="all",
+        transactional_id=transactional_id,
+        transaction_timeout_ms=config.transaction_timeout_ms,
+        max_request_size=config.max_message_bytes,
+        max_batch_size=1024 * 1024,
+        linger_ms=linger_ms,
+        request_timeout_ms=config.request_timeout_ms,
+        **security_kwargs(config),
+    )
+
+
+def make_consumer(
+    config: KafkaConfig,
+    client_id: str,
+    *topics: str,
+    group_id: str | None,
+    read_committed: bool = True,
+    auto_offset_reset: str = "earliest",
+    max_poll_records: int | None = 500,
+    **extra: Any,
+) -> AIOKafkaConsumer:
+    """A consumer with manual commits; ``read_committed`` unless told otherwise."""
+    return AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=config.bootstrap_servers,
+        client_id=f"{config.client_id_prefix}-{client_id}",
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset=auto_offset_reset,
+        isolation_level="read_committed" if read_committed else "read_uncommitted",
+        max_partition_fetch_bytes=config.max_message_bytes,
+        fetch_max_bytes=max(config.max_message_bytes, 52428800),
+        max_poll_records=max_poll_records,
+        request_timeout_ms=config.request_timeout_ms,
+        **security_kwargs(config),
+        **extra,
+    )
+
+
+def make_admin(config: KafkaConfig, client_id: str = "admin") -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(
+        bootstrap_servers=config.bootstrap_servers,
+        client_id=f"{config.client_id_prefix}-{client_id}",
+        request_timeout_ms=config.request_timeout_ms,
+        **security_kwargs(config),
+    )

@@ -1,0 +1,103 @@
+"""A small statistics tracker for rollout code.
+
+Keys are prefixed at record time with the episode's ``workflow_context.stat_scope()``
+("rollout" or "eval-rollout") and then with the names of the enclosing :meth:`StatsTracker.scope`
+blocks, e.g. ``rollout/reward`` or ``eval-rollout/agent/turns``. Scopes live in a context
+variable, so concurrently running episodes never see each other's scope names.
+
+``export()`` yields, per recorded key, ``<key>/mean``, ``<key>/min``, ``<key>/max`` and
+``<key>/count``; per counter, ``<key>`` with its total.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from rollstream.api.context import workflow_context
+
+_scopes: ContextVar[tuple[str, ...]] = ContextVar("rollstream_stat_scopes", default=())
+
+
+@dataclass
+class _Summary:
+    """Running aggregate of one key: constant memory however many values are recorded."""
+
+    total: float = 0.0
+    count: int = 0
+    min: float = math.inf
+    max: float = -math.inf
+
+    def add(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+        self.min = min(self.min, value)
+        self.max = max(self.max, value)
+
+
+class StatsTracker:
+    """Records numeric values and counters; safe to call from asyncio tasks and threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._summaries: dict[str, _Summary] = {}
+        self._counters: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Prefix keys recorded inside the block with ``name`` (nests)."""
+        if not name or "/" in name:
+            raise ValueError(f"scope name must be non-empty and contain no '/': {name!r}")
+        token = _scopes.set((*_scopes.get(), name))
+        try:
+            yield
+        finally:
+            _scopes.reset(token)
+
+    def _key(self, name: str) -> str:
+        return "/".join((workflow_context.stat_scope(), *_scopes.get(), name))
+
+    def record(self, **values: float) -> None:
+        """Add one observation per keyword; ``TypeError`` for non-numeric values."""
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                value = _as_float(name, value)
+            key = self._key(name)
+            with self._lock:
+                self._summaries.setdefault(key, _Summary()).add(float(value))
+
+    def increment(self, name: str, by: float = 1) -> None:
+        """Add ``by`` to the counter ``name``."""
+        key = self._key(name)
+        with self._lock:
+            self._counters[key] = self._counters.get(key, 0) + by
+
+    def export(self, reset: bool = True) -> dict[str, float]:
+        """All statistics as a flat dict; with ``reset`` the tracker starts empty again."""
+        with self._lock:
+            summaries, counters = self._summaries, self._counters
+            if reset:
+                self._summaries, self._counters = {}, {}
+            out: dict[str, float] = {k: float(v) for k, v in counters.items()}
+            for key, s in summaries.items():
+                out[f"{key}/mean"] = s.total / s.count
+                out[f"{key}/min"] = s.min
+                out[f"{key}/max"] = s.max
+                out[f"{key}/count"] = float(s.count)
+        return out
+
+
+def _as_float(name: str, value: object) -> float:
+    """Accept bools and 0-dim numeric objects (numpy scalars, one-element tensors)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"stat {name!r} must be numeric, got {type(value).__name__}") from exc
+
+
+stats_tracker = StatsTracker()
+"""The process-wide default tracker that built-in workflows record into."""

@@ -1,0 +1,196 @@
+"""Trajectory tensor dicts: padding, concatenation, validation and row building.
+
+A trajectory dict holds ``[B, L]`` sequence tensors (``input_ids``, ``attention_mask``,
+``loss_mask``, ``logprobs``, ``versions``) and ``[B]`` per-row tensors (``rewards``,
+``is_truncated``); see :data:`trajectory_dtypes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+trajectory_dtypes: dict[str, torch.dtype] = {
+    "input_ids": torch.int32,
+    "attention_mask": torch.bool,
+    "loss_mask": torch.int32,
+    "logprobs": torch.float32,
+    "versions": torch.int32,
+    "rewards": torch.float32,
+    "is_truncated": torch.bool,
+}
+SEQUENCE_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
+ROW_KEYS: tuple[str, ...] = ("rewards", "is_truncated")
+REQUIRED_KEYS: tuple[str, ...] = ("input_ids", "attention_mask")
+PROMPT_VERSION = -1  # version of prompt positions, and of padding (see concat_padded_tensors)
+
+
+def _pad_value_for(key: str, pad_value: float) -> float:
+    if key == "attention_mask":
+        return 0
+    if key == "versions":
+        return PROMPT_VERSION
+    return pad_value
+
+
+def _right_pad(t: Tensor, shape: Sequence[int], value: float) -> Tensor:
+    """``t`` right-padded with ``value`` in every non-batch dim up to ``shape[1:]``."""
+    if tuple(t.shape[1:]) == tuple(shape):
+        return t
+    out = torch.full((t.shape[0], *shape), value, dtype=t.dtype, device=t.device)
+    out[tuple(slice(0, n) for n in t.shape)] = t
+    return out
+
+
+def _concat_key(key: str, values: list[Any], pad_value: float) -> Any:
+    if not all(isinstance(v, Tensor) for v in values):
+        if all(isinstance(v, list) for v in values):
+            return [x for v in values for x in v]  # e.g. per-row multimodal inputs
+        raise TypeError(f"cannot concatenate {key!r}: values must all be tensors or all be lists")
+    ndims = {v.dim() for v in values}
+    if len(ndims) != 1:
+        raise ValueError(f"cannot concatenate {key!r}: tensors have different ranks {sorted(ndims)}")
+    if ndims == {0}:
+        return torch.stack(values)
+    if ndims == {1}:
+        return torch.cat(values, dim=0)
+    shape = [max(v.shape[d] for v in values) for d in range(1, values[0].dim())]
+    fill = _pad_value_for(key, pad_value)
+    return torch.cat([_right_pad(v, shape, fill) for v in values], dim=0)
+
+
+def concat_padded_tensors(dicts: list[dict[str, Tensor]], pad_value: float = 0.0) -> dict[str, Tensor]:
+    """Concatenate trajectory dicts along the batch dim, right-padding to a common length.
+
+    - no dicts -> ``{}``; one dict -> a shallow copy of it (not validated);
+    - every dict must have the same key set, else ``ValueError`` naming the differing keys;
+    - 0-dim tensors are stacked, 1-dim tensors concatenated on dim 0;
+    - tensors with 2 or more dims are right-padded in every non-batch dim to the largest size
+      and then concatenated on dim 0; lists are concatenated as lists.
+
+    Padding values: ``attention_mask`` always pads with 0 (False). DECISION: ``versions`` pads
+    with -1, the prompt version, not with ``pad_value`` (the reference pads with 0), so a padded
+    position can never be mistaken for output of policy version 0. Every other key pads with
+    ``pad_value``.
+    """
+    if not dicts:
+        return {}
+    if len(dicts) == 1:
+        return dict(dicts[0])
+    keys = set(dicts[0])
+    for i, d in enumerate(dicts[1:], start=1):
+        if set(d) != keys:
+            missing, extra = sorted(keys - set(d)), sorted(set(d) - keys)
+            raise ValueError(
+                f"cannot concatenate tensor dicts with different keys: dict {i} lacks {missing} "
+                f"and has extra {extra} compared with dict 0"
+            )
+    return {k: _concat_key(k, [d[k] for d in dicts], pad_value) for k in dicts[0]}
+
+
+def _check_dtypes(td: dict[str, Tensor]) -> None:
+    for key, dtype in trajectory_dtypes.items():
+        if key not in td:
+            continue
+        if not isinstance(td[key], Tensor):
+            raise ValueError(f"trajectory key {key!r} must be a tensor, got {type(td[key]).__name__}")
+        if td[key].dtype != dtype:
+            raise ValueError(f"trajectory key {key!r} must have dtype {dtype}, got {td[key].dtype}")
+
+
+def _check_shapes(td: dict[str, Tensor]) -> None:
+    ids = td["input_ids"]
+    if ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, L], got shape {list(ids.shape)}")
+    for key in SEQUENCE_KEYS:
+        if key in td and td[key].shape != ids.shape:
+            raise ValueError(
+                f"{key} has shape {list(td[key].shape)}, expected {list(ids.shape)} like input_ids"
+            )
+    for key in ROW_KEYS:
+        if key in td and tuple(td[key].shape) != (ids.shape[0],):
+            raise ValueError(f"{key} has shape {list(td[key].shape)}, expected [{ids.shape[0]}]")
+
+
+def validate_trajectory(td: dict[str, Tensor]) -> None:
+    """Raise ``ValueError`` saying exactly what is wrong with a trajectory dict, else return.
+
+    Checks: required keys (``input_ids``, ``attention_mask``) present; known keys have the
+    dtypes of :data:`trajectory_dtypes`; sequence keys are all ``[B, L]``; ``rewards`` and
+    ``is_truncated`` are ``[B]``; ``logprobs`` are finite. Unknown keys are not checked.
+    """
+    missing = [k for k in REQUIRED_KEYS if k not in td]
+    if missing:
+        raise ValueError(f"trajectory lacks required keys {missing}; has {sorted(td)}")
+    _check_dtypes(td)
+    _check_shapes(td)
+    if "logprobs" in td and not bool(torch.isfinite(td["logprobs"]).all()):
+        bad = (~torch.isfinite(td["logprobs"])).nonzero().tolist()
+        raise ValueError(f"logprobs contain NaN or inf at [row, position] {bad[:5]}")
+    if "rewards" in td and not bool(torch.isfinite(td["rewards"]).all()):
+        raise ValueError("rewards contain NaN or inf")
+
+
+class TrajectoryBuilder:
+    """Accumulates one sequence as prompt and output segments, then yields a ``[1, L]`` row.
+
+    Prompt positions (the first prompt, and anything appended between turns) get loss_mask 0,
+    logprob 0.0 and version -1; output positions get loss_mask 1 and the engine's values.
+    """
+
+    def __init__(self) -> None:
+        self.input_ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+
+    def add_prompt(self, ids: Sequence[int]) -> None:
+        self.input_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [PROMPT_VERSION] * len(ids)
+
+    def add_output(self, ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]) -> None:
+        """Append generated tokens; ``ValueError`` unless there is one logprob and version each."""
+        if not len(logprobs) == len(versions) == len(ids):
+            raise ValueError(
+                f"output has {len(ids)} tokens but {len(logprobs)} logprobs and "
+                f"{len(versions)} versions; an engine must return one of each per token"
+            )
+        self.input_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += [float(x) for x in logprobs]
+        self.versions += versions
+
+    def to_tensors(self, reward: float | None = None, is_truncated: bool | None = None) -> dict[str, Tensor]:
+        """The ``[1, L]`` row; ``rewards`` / ``is_truncated`` ([1]) only when given."""
+        row: dict[str, Tensor] = {
+            "input_ids": torch.tensor([self.input_ids], dtype=torch.int32),
+            "loss_mask": torch.tensor([self.loss_mask], dtype=torch.int32),
+            "logprobs": torch.tensor([self.logprobs], dtype=torch.float32),
+            "versions": torch.tensor([self.versions], dtype=torch.int32),
+            "attention_mask": torch.ones((1, len(self.input_ids)), dtype=torch.bool),
+        }
+        if reward is not None:
+            row["rewards"] = torch.tensor([float(reward)], dtype=torch.float32)
+        if is_truncated is not None:
+            row["is_truncated"] = torch.tensor([bool(is_truncated)], dtype=torch.bool)
+        return row
+
+
+def trajectory_row(
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    output_logprobs: Sequence[float],
+    output_versions: Sequence[int],
+    reward: float | None = None,
+    is_truncated: bool | None = None,
+) -> dict[str, Tensor]:
+    """One prompt and its output as a ``[1, L]`` row (see :class:`TrajectoryBuilder`)."""
+    builder = TrajectoryBuilder()
+    builder.add_prompt(prompt_ids)
+    builder.add_output(output_ids, output_logprobs, output_versions)
+    return builder.to_tensors(reward=reward, is_truncated=is_truncated)

@@ -1,0 +1,183 @@
+"""Encode and decode topic messages: MessagePack, one reusable decoder per topic.
+
+Every decoding failure, whatever its cause (truncated bytes, wrong kind, newer schema,
+inconsistent tensors, out-of-range fields), raises ``WireDecodeError`` with a reason that
+a dead letter can carry. No other exception type escapes ``decode_*``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeVar
+
+import msgspec
+
+from rollstream.wire.messages import (
+    SCHEMA_VERSION,
+    Batch,
+    BatchesMessage,
+    DeadLetter,
+    Episode,
+    EpisodesMessage,
+    GroupOutcome,
+    PromptTask,
+    ScoredEpisode,
+    ScoredMessage,
+    SampleRejected,
+    TaskFailed,
+)
+from rollstream.wire.tensor_codec import TensorDecodeError, WireTensor, decode_tensor
+
+MAX_GROUP_SIZE = 1024
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
+
+T = TypeVar("T")
+
+
+class WireDecodeError(ValueError):
+    """A message that cannot be decoded or fails validation; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {
+    kind: msgspec.msgpack.Decoder(kind)
+    for kind in (
+        PromptTask,
+        EpisodesMessage,
+        ScoredMessage,
+        BatchesMessage,
+        DeadLetter,
+        GroupOutcome,
+    )
+}
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    """MessagePack bytes of ``message``."""
+    return _encoder.encode(message)
+
+
+def _decode(kind: Any, data: bytes | memoryview | None) -> Any:
+    if data is None:
+        raise WireDecodeError("empty record value (tombstone) where a message was expected")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise WireDecodeError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        message = _decoders[kind].decode(data)
+    except msgspec.ValidationError as exc:
+        raise WireDecodeError(f"schema validation failed: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise WireDecodeError(f"undecodable MessagePack: {exc}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise WireDecodeError(f"undecodable message: {type(exc).__name__}: {exc}") from None
+    _check_schema_version(message)
+    return message
+
+
+def _check_schema_version(message: Any) -> None:
+    version = message.schema_version
+    if not 1 <= version <= SCHEMA_VERSION:
+        raise WireDecodeError(
+            f"unsupported schema_version {version} (this reader knows 1..{SCHEMA_VERSION})"
+        )
+
+
+def _check_group(task_id: str, group_size: int, sample_idx: int | None = None) -> None:
+    if not task_id:
+        raise WireDecodeError("empty task_id")
+    if not 1 <= group_size <= MAX_GROUP_SIZE:
+        raise WireDecodeError(f"group_size {group_size} outside 1..{MAX_GROUP_SIZE}")
+    if sample_idx is not None and not 0 <= sample_idx < group_size:
+        raise WireDecodeError(f"sample_idx {sample_idx} outside 0..{group_size - 1}")
+
+
+def check_trajectory(trajectory: dict[str, WireTensor]) -> None:
+    """Validate a wire trajectory: required keys, dtypes, ``[b, L]`` shapes, finite logprobs."""
+    required = {"input_ids": "int32", "attention_mask": "bool"}
+    expected = {**required, "loss_mask": "int32", "logprobs": "float32", "versions": "int32"}
+    for key in required:
+        if key not in trajectory:
+            raise WireDecodeError(f"trajectory lacks {key!r}")
+    shape = trajectory["input_ids"].shape
+    if len(shape) != 2 or shape[0] < 1:
+        raise WireDecodeError(f"input_ids must be [batch, seq_len], got {shape}")
+    for key, dtype in expected.items():
+        wire = trajectory.get(key)
+        if wire is None:
+            continue
+        if wire.dtype != dtype:
+            raise WireDecodeError(f"{key} must be {dtype}, got {wire.dtype}")
+        if wire.shape != shape:
+            raise WireDecodeError(f"{key} shape {wire.shape} differs from input_ids {shape}")
+    try:
+        tensors = {key: decode_tensor(value) for key, value in trajectory.items()}
+    except TensorDecodeError as exc:
+        raise WireDecodeError(str(exc)) from None
+    logprobs = tensors.get("logprobs")
+    if logprobs is not None and not bool(logprobs.isfinite().all()):
+        raise WireDecodeError("logprobs contain NaN or infinity")
+    rewards = tensors.get("rewards")
+    if rewards is not None and (rewards.dim() != 1 or rewards.shape[0] != shape[0]):
+        raise WireDecodeError(f"rewards must be [{shape[0]}], got {list(rewards.shape)}")
+
+
+def decode_prompt(data: bytes | memoryview | None) -> PromptTask:
+    task: PromptTask = _decode(PromptTask, data)
+    _check_group(task.task_id, task.group_size)
+    return task
+
+
+def _check_episode(episode: Episode) -> None:
+    _check_group(episode.task_id, episode.group_size, episode.sample_idx)
+    check_trajectory(episode.trajectory)
+
+
+def _check_episodes_message(message: Any) -> None:
+    match message:
+        case Episode():
+            _check_episode(message)
+        case ScoredEpisode():
+            _check_episode(message.episode)
+            if not math.isfinite(message.reward):
+                raise WireDecodeError(f"reward {message.reward} is not finite")
+        case SampleRejected():
+            _check_group(message.task_id, message.group_size, message.sample_idx)
+        case TaskFailed():
+            if not message.task_id:
+                raise WireDecodeError("empty task_id")
+
+
+def decode_episode(data: bytes | memoryview | None) -> EpisodesMessage:
+    message = _decode(EpisodesMessage, data)
+    _check_episodes_message(message)
+    return message
+
+
+def decode_scored(data: bytes | memoryview | None) -> ScoredMessage:
+    message = _decode(ScoredMessage, data)
+    _check_episodes_message(message)
+    return message
+
+
+def decode_batch(data: bytes | memoryview | None) -> BatchesMessage:
+    message = _decode(BatchesMessage, data)
+    if isinstance(message, Batch):
+        try:
+            for wire in message.tensors.values():
+                decode_tensor(wire)
+        except TensorDecodeError as exc:
+            raise WireDecodeError(str(exc)) from None
+    return message
+
+
+def decode_dead_letter(data: bytes | memoryview | None) -> DeadLetter:
+    return _decode(DeadLetter, data)
+
+
+def decode_outcome(data: bytes | memoryview | None) -> GroupOutcome:
+    return _decode(GroupOutcome, data)

@@ -1,0 +1,147 @@
+"""Every message that crosses a process boundary, one tagged union per topic.
+
+Evolution rules (review checklist): a new field gets a default and goes at the end; never
+reorder or retype a field; bump ``SCHEMA_VERSION`` only for a change old readers cannot
+ignore. A reader refuses messages whose ``schema_version`` is newer than its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from rollstream.wire.tensor_codec import WireTensor
+
+SCHEMA_VERSION = 1
+
+DropReason = Literal[
+    "all_rejected",  # every sample of the group was rejected by the workflow
+    "filtered",  # a group filter removed it (e.g. all rewards equal)
+    "stale",  # the oldest generated token is beyond the staleness bound
+    "timeout",  # the group did not complete within the grouping timeout
+    "task_failed",  # the prompt could not be run (dead-lettered upstream)
+]
+
+
+class _Message(msgspec.Struct, tag_field="kind", kw_only=True):
+    schema_version: int = SCHEMA_VERSION
+
+
+class PromptTask(_Message, tag="prompt"):
+    """One prompt to roll out ``group_size`` times. Key: ``task_id``."""
+
+    task_id: str
+    group_size: int
+    data: dict[str, Any]
+    is_eval: bool = False
+    workflow: str | None = None  # a key of the worker's allow-list, never code
+    epoch: int = 0
+    index: int = 0
+    created_at: float = 0.0
+
+
+class Episode(_Message, tag="episode"):
+    """One sample of a group: its trajectory tensors ``[b, L]`` and how it ended."""
+
+    task_id: str
+    sample_idx: int
+    group_size: int
+    trajectory: dict[str, WireTensor]
+    is_eval: bool = False
+    data: dict[str, Any] = {}
+    stop_reason: str = "stop"
+    head_version: int = -1  # oldest version over generated tokens (-1: none generated)
+    tail_version: int = -1  # newest version over generated tokens
+    has_reward: bool = False  # the workflow set ``rewards`` itself
+    worker_id: str = ""
+    generated_at: float = 0.0
+
+
+class SampleRejected(_Message, tag="rejected"):
+    """A sample the workflow rejected (returned None) or failed on; the group can still complete."""
+
+    task_id: str
+    sample_idx: int
+    group_size: int
+    is_eval: bool = False
+    reason: str = "rejected"
+    failed: bool = False  # True: an exception, not a rejection; counted apart
+
+
+class TaskFailed(_Message, tag="task_failed"):
+    """A whole prompt that could not be run; its group ends as a drop."""
+
+    task_id: str
+    group_size: int = 0
+    is_eval: bool = False
+    reason: str = ""
+
+
+class ScoredEpisode(_Message, tag="scored"):
+    """An episode with its scalar reward (also written into ``trajectory['rewards']``)."""
+
+    episode: Episode
+    reward: float
+    scored_by: str = ""
+    scored_at: float = 0.0
+
+
+class Batch(_Message, tag="batch"):
+    """One or more complete groups, padded to one ``[N, L]`` tensor dict.
+
+    ``row_task`` maps each row to its index in ``task_ids``. ``trainer_version`` is the
+    version read from Redis at emission; ``staleness = trainer_version - head_version``.
+    """
+
+    task_ids: list[str]
+    group_sizes: list[int]
+    row_task: list[int]
+    sample_idx: list[int]
+    tensors: dict[str, WireTensor]
+    is_eval: bool = False
+    trainer_version: int = 0
+    head_version: int = -1
+    tail_version: int = -1
+    staleness: int = 0
+    emitted_at: float = 0.0
+
+
+class GroupDropped(_Message, tag="dropped"):
+    """A group that ended without training data, with the reason; counted, never silent."""
+
+    task_id: str
+    reason: DropReason
+    is_eval: bool = False
+    detail: str = ""
+    trainer_version: int = 0
+    dropped_at: float = 0.0
+
+
+class GroupOutcome(_Message, tag="outcome"):
+    """Grouping changelog value: how a task's group ended (emitted or dropped)."""
+
+    task_id: str
+    outcome: Literal["emitted", "dropped"]
+    source_partition: int
+    max_offset: int
+    at: float = 0.0
+
+
+class DeadLetter(_Message, tag="dead_letter"):
+    """A record a tier could not process: where it came from, what it was, and why."""
+
+    tier: str
+    source_topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    reason: str
+    error_type: str = ""
+    at: float = 0.0
+
+
+EpisodesMessage = Episode | SampleRejected | TaskFailed
+ScoredMessage = ScoredEpisode | SampleRejected | TaskFailed
+BatchesMessage = Batch | GroupDropped
