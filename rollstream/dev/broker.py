@@ -1,0 +1,279 @@
+"""A single-node Apache Kafka broker (KRaft, combined broker+controller) run from Maven jars.
+
+Used by the test fixtures and `rollstream dev up`. The broker is real Kafka: transactions,
+consumer groups, compaction and restarts behave as in production, on one node with replication 1.
+
+Ports are chosen once, at construction, and kept across `restart()`, so clients built with
+`bootstrap` before a restart reconnect to the same address afterwards. The data directory is kept
+too: storage is formatted on the first start only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import logging
+import re
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from rollstream.dev.kafka_jars import LOG4J_CONFIG, classpath, ensure_kafka_jars, java_executable
+from rollstream.dev.processes import LOCALHOST, ServiceProcess, free_port, log_tail, port_open
+
+logger = logging.getLogger(__name__)
+
+STARTED_LINE = "Kafka Server started"
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+_SCRAM_SAFE = re.compile(r"^[^\s,=\[\]\"']+$")
+
+
+class BrokerStartError(RuntimeError):
+    """The broker did not become ready; the message ends with the last lines of its log."""
+
+
+def new_cluster_id() -> str:
+    """A random 22-character URL-safe base64 UUID, as `kafka-storage random-uuid` prints."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):  # would be parsed as an option by StorageTool
+            return cluster_id
+
+
+class LocalKafkaBroker:
+    """One KRaft broker process on 127.0.0.1, its data and log under `workdir`.
+
+    `sasl_scram_users` (name -> password) adds a SASL_PLAINTEXT listener with SCRAM-SHA-256 and
+    SCRAM-SHA-512 for those users, at `sasl_bootstrap`. `detached=True` lets the broker outlive
+    this Python process (used by `rollstream dev up`).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        heap: str = "512m",
+        sasl_scram_users: dict[str, str] | None = None,
+        detached: bool = False,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.heap = heap
+        self.sasl_scram_users = dict(sasl_scram_users or {})
+        _check_scram_users(self.sasl_scram_users)
+        self.port = free_port()
+        self.controller_port = free_port()
+        self.sasl_port: int | None = free_port() if self.sasl_scram_users else None
+        self.startup_seconds: float | None = None
+        self._process = ServiceProcess("kafka broker", self.workdir / "broker.log", detached)
+
+    @property
+    def bootstrap(self) -> str:
+        """The PLAINTEXT bootstrap address, "127.0.0.1:PORT"; stable across restarts."""
+        return f"{LOCALHOST}:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str | None:
+        """The SASL_PLAINTEXT (SCRAM) bootstrap address, or None without SCRAM users."""
+        return None if self.sasl_port is None else f"{LOCALHOST}:{self.sasl_port}"
+
+    @property
+    def log_path(self) -> Path:
+        """The file that receives the broker's stdout and stderr (appended across restarts)."""
+        return self._process.log_path
+
+    @property
+    def pid(self) -> int | None:
+        """The broker's process id while it runs."""
+        return self._process.pid
+
+    def is_running(self) -> bool:
+        """True while the broker process is alive (ready or not)."""
+        return self._process.is_running()
+
+    def start(self, timeout: float = 120.0) -> str:
+        """Start the broker and block until it serves metadata; return `bootstrap`.
+
+        Sets `startup_seconds` (formatting on first start included). Raises BrokerStartError with
+        the log's tail when the process exits or is not ready within `timeout` seconds.
+        """
+        began = time.monotonic()
+        libs = ensure_kafka_jars()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self._write_config()
+        if not (self._data_dir / "meta.properties").exists():
+            self._format(libs, config)
+        offset = self._process.log_offset()
+        argv = [
+            java_executable(), "-Xms128m", f"-Xmx{self.heap}", "-XX:+UseSerialGC",
+            "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            "-cp", classpath(libs), "kafka.Kafka", str(config),
+        ]
+        self._process.start(argv, cwd=self.workdir)
+        try:
+            self._wait_ready(offset, began + timeout)
+        except BaseException:
+            self._process.kill()
+            raise
+        self.startup_seconds = time.monotonic() - began
+        logger.info("kafka broker ready at %s in %.2fs", self.bootstrap, self.startup_seconds)
+        return self.bootstrap
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Shut down cleanly (SIGTERM); SIGKILL if still alive after `timeout` seconds."""
+        self._process.stop(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crash would; the next start recovers its logs."""
+        self._process.kill()
+
+    def restart(self, timeout: float = 120.0) -> str:
+        """Stop (cleanly) and start again on the same ports and data directory."""
+        self.stop()
+        return self.start(timeout)
+
+    def __enter__(self) -> LocalKafkaBroker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def _data_dir(self) -> Path:
+        return self.workdir / "data"
+
+    def _write_config(self) -> Path:
+        path = self.workdir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
+        return path
+
+    def server_properties(self) -> dict[str, str]:
+        """The broker configuration written to `workdir/server.properties` before each start."""
+        listeners = [f"PLAINTEXT://{self.bootstrap}", f"CONTROLLER://{LOCALHOST}:{self.controller_port}"]
+        advertised = [f"PLAINTEXT://{self.bootstrap}"]
+        protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{LOCALHOST}:{self.controller_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self._data_dir),
+            "num.partitions": "1",
+            "default.replication.factor": "1",
+            "auto.create.topics.enable": "false",  # each tier creates its own topics
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",  # small: the first group commit is faster
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # compacted topics (changelogs) get cleaned within a test's lifetime once a segment
+            # rolls; tests that need compaction set segment.ms on their topic
+            "log.cleaner.enable": "true",
+            "log.cleaner.threads": "1",
+            "log.cleaner.backoff.ms": "200",
+            "log.cleaner.min.cleanable.ratio": "0.01",
+            "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
+            # two cores in CI: fewer threads than the defaults
+            "num.network.threads": "2",
+            "num.io.threads": "4",
+            "background.threads": "4",
+        }
+        if self.sasl_port is not None:
+            sasl = f"SASL_PLAINTEXT://{LOCALHOST}:{self.sasl_port}"
+            listeners.append(sasl)
+            advertised.append(sasl)
+            protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
+            props["sasl.enabled.mechanisms"] = ",".join(SCRAM_MECHANISMS)
+            for mechanism in SCRAM_MECHANISMS:
+                key = f"listener.name.sasl_plaintext.{mechanism.lower()}.sasl.jaas.config"
+                props[key] = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        props["listeners"] = ",".join(listeners)
+        props["advertised.listeners"] = ",".join(advertised)
+        props["listener.security.protocol.map"] = ",".join(protocols)
+        return props
+
+    def _format(self, libs: Path, config: Path) -> None:
+        argv = [
+            java_executable(), "-Xmx256m", "-XX:+UseSerialGC",
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            "-cp", classpath(libs), "kafka.tools.StorageTool", "format",
+            "-t", new_cluster_id(), "-c", str(config),
+        ]
+        for name, password in self.sasl_scram_users.items():
+            for mechanism in SCRAM_MECHANISMS:
+                argv += ["--add-scram", f"{mechanism}=[name={name},password={password}]"]
+        with self.log_path.open("ab") as log:
+            log.write(b"\n==== formatting storage\n")
+            log.flush()
+            result = subprocess.run(
+                argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, timeout=120,
+            )
+        if result.returncode != 0:
+            raise BrokerStartError(
+                f"kafka storage format failed (exit {result.returncode}); "
+                f"{self.log_path}:\n{log_tail(self.log_path)}"
+            )
+
+    def _wait_ready(self, log_offset: int, deadline: float) -> None:
+        """Wait for the started line in this start's log output, then for a metadata answer."""
+        while time.monotonic() < deadline:
+            if not self.is_running():
+                self._fail(f"kafka broker exited with {self._process.exit_code()}")
+            if _log_contains(self.log_path, log_offset, STARTED_LINE) and port_open(self.port):
+                remaining = max(1.0, deadline - time.monotonic())
+                if _metadata_answers(self.bootstrap, remaining):
+                    return
+            time.sleep(0.1)
+        self._fail("kafka broker not ready in time")
+
+    def _fail(self, why: str) -> None:
+        raise BrokerStartError(f"{why}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+
+
+def _check_scram_users(users: dict[str, str]) -> None:
+    for name, password in users.items():
+        if not (_SCRAM_SAFE.match(name) and _SCRAM_SAFE.match(password)):
+            raise ValueError(
+                f"SCRAM user {name!r}: names and passwords may not contain whitespace, quotes or ,=[]"
+            )
+
+
+def _log_contains(path: Path, offset: int, needle: str) -> bool:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            return needle.encode() in handle.read()
+    except FileNotFoundError:
+        return False
+
+
+def _metadata_answers(bootstrap: str, timeout: float) -> bool:
+    """True when a real Kafka metadata request to `bootstrap` lists at least one broker.
+
+    Runs aiokafka on its own event loop in a worker thread, so it works whether or not the
+    caller is inside a running loop.
+    """
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            return pool.submit(asyncio.run, _probe(bootstrap, timeout)).result(timeout + 5)
+        except Exception as exc:  # not ready yet: any failure means "ask again"
+            logger.debug("metadata probe of %s failed: %r", bootstrap, exc)
+            return False
+
+
+async def _probe(bootstrap: str, timeout: float) -> bool:
+    from aiokafka import AIOKafkaClient  # heavy import, only needed here
+
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout)
+        return bool(client.cluster.brokers())
+    finally:
+        await client.close()

@@ -1,0 +1,205 @@
+"""Run synchronous reward functions in a shared process pool, with timeouts and retries.
+
+Semantics follow the reference system: each attempt runs under ``asyncio.wait_for(timeout)``;
+there are ``max_retries`` retries after the first attempt; a timeout on the last attempt yields
+the float 0.0 (logged); a broken pool is rebuilt and the call retried, re-raising after the last
+attempt; any other exception is retried and then re-raised.
+
+Better than the reference: a call that times out while running keeps its worker process busy
+forever, and enough such calls would take every worker. So when a running call times out, the
+pool is rebuilt: its worker processes are terminated and a fresh pool is started on next use.
+Other calls in flight on the terminated pool fail with ``BrokenProcessPool`` and are retried
+like any broken-pool failure (this uses one of their attempts).
+
+Workers are started with "forkserver" (or "spawn" where that is missing), never "fork":
+forking a process that holds torch and its threads is unsafe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import inspect
+import logging
+import multiprocessing
+import pickle
+import threading
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+class _SharedPool:
+    """One lazily started process pool, shared by every wrapper that asks for its size."""
+
+    def __init__(self, max_workers: int | None) -> None:
+        self.max_workers = max_workers
+        self.refcount = 0
+        self._executor: concurrent.futures.ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def executor(self) -> concurrent.futures.ProcessPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ProcessPoolExecutor(
+                    max_workers=self.max_workers,
+                    mp_context=multiprocessing.get_context(START_METHOD),
+                )
+            return self._executor
+
+    def rebuild(self, old: concurrent.futures.ProcessPoolExecutor) -> None:
+        """Retire ``old`` (killing its workers) unless another caller already replaced it."""
+        with self._lock:
+            if self._executor is not old:
+                return
+            self._executor = None
+        logger.warning("rebuilding reward process pool (max_workers=%s)", self.max_workers)
+        _terminate(old)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            old, self._executor = self._executor, None
+        if old is not None:
+            _terminate(old)
+
+
+def _terminate(executor: concurrent.futures.ProcessPoolExecutor) -> None:
+    # ProcessPoolExecutor (before 3.14) has no public way to stop a busy worker; killing the
+    # processes makes the pool fail every pending call with BrokenProcessPool, which callers retry.
+    processes = getattr(executor, "_processes", None) or {}
+    for proc in list(processes.values()):
+        if proc.is_alive():
+            proc.terminate()
+    executor.shutdown(wait=False)
+
+
+_pools: dict[int | None, _SharedPool] = {}
+_pools_lock = threading.Lock()
+
+
+def _acquire(max_workers: int | None) -> _SharedPool:
+    with _pools_lock:
+        pool = _pools.setdefault(max_workers, _SharedPool(max_workers))
+        pool.refcount += 1
+        return pool
+
+
+def _release(pool: _SharedPool) -> None:
+    with _pools_lock:
+        pool.refcount -= 1
+        if pool.refcount > 0:
+            return
+        _pools.pop(pool.max_workers, None)
+    pool.shutdown()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.shutdown()
+
+
+def _check_picklable(reward_fn: Callable[..., Any]) -> None:
+    if inspect.iscoroutinefunction(reward_fn):
+        raise TypeError("AsyncRewardWrapper runs synchronous reward functions; await an async one directly")
+    try:
+        pickle.dumps(reward_fn)
+    except Exception as exc:
+        raise TypeError(
+            f"reward function {reward_fn!r} cannot be pickled: reward functions run in worker "
+            "processes and must be picklable (module-level functions, not lambdas or local functions)"
+        ) from exc
+
+
+class AsyncRewardWrapper:
+    """Awaitable wrapper around a picklable, synchronous ``reward_fn`` returning a number.
+
+    ``await wrapper(*args, **kwargs)`` returns ``float(reward_fn(*args, **kwargs))``, 0.0 when
+    the last attempt timed out, or raises the last error. Arguments must pickle too.
+    Wrappers with the same ``max_workers`` share one pool; call :meth:`aclose` when done (the
+    pool is shut down when its last wrapper closes, or at interpreter exit).
+    """
+
+    def __init__(
+        self,
+        reward_fn: Callable[..., Any],
+        timeout_seconds: float = 15.0,
+        max_retries: int = 3,
+        max_workers: int | None = None,
+    ) -> None:
+        _check_picklable(reward_fn)
+        if timeout_seconds <= 0:
+            raise ValueError(f"timeout_seconds must be positive, got {timeout_seconds}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.reward_fn = reward_fn
+        self.timeout_seconds = timeout_seconds
+        self.max_retries = max_retries
+        self._pool: _SharedPool | None = _acquire(max_workers)
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> float:
+        attempts = self.max_retries + 1
+        for attempt in range(1, attempts + 1):
+            last = attempt == attempts
+            try:
+                return await self._attempt(args, kwargs)
+            except TimeoutError:
+                if last:
+                    logger.warning(
+                        "reward function %s timed out after %s s on all %d attempts; reward 0.0",
+                        self._name, self.timeout_seconds, attempts,
+                    )
+                    return 0.0
+                logger.warning("reward function %s timed out (attempt %d/%d)", self._name, attempt, attempts)
+            except BrokenProcessPool:
+                if last:
+                    raise
+                logger.warning("reward pool broken during %s (attempt %d/%d)", self._name, attempt, attempts)
+            except Exception as exc:
+                if last:
+                    raise
+                logger.warning("reward function %s raised %r (attempt %d/%d)", self._name, exc, attempt, attempts)
+        raise AssertionError("unreachable")
+
+    async def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+        pool = self._require_pool()
+        executor = pool.executor()
+        try:
+            cfut = executor.submit(self.reward_fn, *args, **kwargs)
+        except BrokenProcessPool:
+            pool.rebuild(executor)
+            raise
+        try:
+            result = await asyncio.wait_for(asyncio.wrap_future(cfut), self.timeout_seconds)
+        except TimeoutError:
+            # A call still queued was simply cancelled; a running one holds its worker hostage.
+            if not cfut.cancel() and not cfut.done():
+                pool.rebuild(executor)
+            raise
+        except BrokenProcessPool:
+            pool.rebuild(executor)
+            raise
+        return float(result)
+
+    def _require_pool(self) -> _SharedPool:
+        if self._pool is None:
+            raise RuntimeError("AsyncRewardWrapper is closed")
+        return self._pool
+
+    @property
+    def _name(self) -> str:
+        return getattr(self.reward_fn, "__qualname__", repr(self.reward_fn))
+
+    async def aclose(self) -> None:
+        """Release this wrapper's share of the pool; further calls raise ``RuntimeError``."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            _release(pool)
