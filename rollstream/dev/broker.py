@@ -172,6 +172,10 @@ class LocalKafkaBroker:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
+            # after a kill, the restarted broker waits for its old session to expire before it
+            # is unfenced (9 s by default); a short session makes crash tests quicker
+            "broker.heartbeat.interval.ms": "500",
+            "broker.session.timeout.ms": "4000",
             # compacted topics (changelogs) get cleaned within a test's lifetime once a segment
             # rolls; tests that need compaction set segment.ms on their topic
             "log.cleaner.enable": "true",

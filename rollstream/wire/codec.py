@@ -20,6 +20,7 @@ from rollstream.wire.messages import (
     Episode,
     EpisodesMessage,
     GroupOutcome,
+    ProducerCursor,
     PromptTask,
     ScoredEpisode,
     ScoredMessage,
@@ -53,6 +54,7 @@ _decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {
         BatchesMessage,
         DeadLetter,
         GroupOutcome,
+        ProducerCursor,
     )
 }
 
@@ -181,3 +183,7 @@ def decode_dead_letter(data: bytes | memoryview | None) -> DeadLetter:
 
 def decode_outcome(data: bytes | memoryview | None) -> GroupOutcome:
     return _decode(GroupOutcome, data)
+
+
+def decode_cursor(data: bytes | memoryview | None) -> ProducerCursor:
+    return _decode(ProducerCursor, data)

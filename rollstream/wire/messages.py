@@ -142,6 +142,19 @@ class DeadLetter(_Message, tag="dead_letter"):
     at: float = 0.0
 
 
+class ProducerCursor(_Message, tag="cursor"):
+    """A producer's position in its dataset, committed in the same transaction as its prompts.
+
+    ``epoch``/``index`` name the NEXT sample to publish.
+    """
+
+    producer_id: str
+    epoch: int
+    index: int
+    published: int = 0
+    at: float = 0.0
+
+
 EpisodesMessage = Episode | SampleRejected | TaskFailed
 ScoredMessage = ScoredEpisode | SampleRejected | TaskFailed
 BatchesMessage = Batch | GroupDropped
