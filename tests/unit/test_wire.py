@@ -1,0 +1,197 @@
+"""Wire schemas: round trips over dtypes and shapes, zero-copy decoding, one error type."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollstream.wire import (
+    Batch,
+    DeadLetter,
+    Episode,
+    GroupDropped,
+    PromptTask,
+    SampleRejected,
+    ScoredEpisode,
+    TaskFailed,
+    WireDecodeError,
+    decode_batch,
+    decode_episode,
+    decode_prompt,
+    decode_scored,
+    decode_tensor,
+    decode_tensor_dict,
+    encode,
+    encode_tensor,
+    encode_tensor_dict,
+)
+from rollstream.wire.messages import SCHEMA_VERSION
+from rollstream.wire.tensor_codec import DTYPES, WireTensor
+
+DECODERS = [decode_prompt, decode_episode, decode_scored, decode_batch]
+
+
+def trajectory(length: int = 6, prompt: int = 2, version: int = 0) -> dict[str, torch.Tensor]:
+    loss_mask = torch.tensor([[0] * prompt + [1] * (length - prompt)], dtype=torch.int32)
+    return {
+        "input_ids": torch.arange(length, dtype=torch.int32).unsqueeze(0),
+        "attention_mask": torch.ones(1, length, dtype=torch.bool),
+        "loss_mask": loss_mask,
+        "logprobs": torch.where(loss_mask.bool(), -0.5, 0.0).float(),
+        "versions": torch.where(loss_mask.bool(), version, -1).int(),
+    }
+
+
+def episode(**kw) -> Episode:
+    fields = dict(task_id="t1", sample_idx=0, group_size=2, trajectory=encode_tensor_dict(trajectory()))
+    fields.update(kw)
+    return Episode(**fields)
+
+
+@st.composite
+def tensors(draw: st.DrawFn) -> torch.Tensor:
+    name = draw(st.sampled_from(sorted(DTYPES)))
+    shape = draw(st.lists(st.integers(0, 5), min_size=0, max_size=4))
+    numel = math.prod(shape)
+    raw = draw(st.binary(min_size=numel * 8, max_size=numel * 8))
+    base = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    dtype = DTYPES[name]
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    flat = base[: numel * itemsize].clone()
+    if dtype == torch.bool:
+        flat = flat % 2
+    return flat.view(dtype).reshape(shape) if numel else torch.empty(shape, dtype=dtype)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tensors())
+def test_tensor_round_trip_is_bit_exact(tensor: torch.Tensor) -> None:
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(encode_tensor(tensor)), type=WireTensor)
+    decoded = decode_tensor(wire)
+    assert decoded.dtype == tensor.dtype
+    assert decoded.shape == tensor.shape
+    assert decoded.reshape(-1).view(torch.uint8).tolist() == tensor.reshape(-1).view(torch.uint8).tolist()
+
+
+def test_decoding_shares_the_message_buffer() -> None:
+    data = encode(episode())
+    message = decode_episode(data)
+    ids = decode_tensor_dict(message.trajectory)["input_ids"]
+    base = torch.frombuffer(data, dtype=torch.uint8).data_ptr()
+    assert base <= ids.data_ptr() < base + len(data)
+
+
+def test_non_contiguous_tensor_is_encoded_in_c_order() -> None:
+    tensor = torch.arange(12, dtype=torch.int32).reshape(3, 4).t()
+    assert torch.equal(decode_tensor(encode_tensor(tensor)), tensor)
+
+
+@pytest.mark.parametrize(
+    "message, decoder",
+    [
+        (PromptTask(task_id="a", group_size=4, data={"prompt": "1+1", "answer": "2"}, is_eval=True), decode_prompt),
+        (episode(), decode_episode),
+        (SampleRejected(task_id="a", sample_idx=1, group_size=2, reason="rejected"), decode_episode),
+        (TaskFailed(task_id="a", group_size=2, reason="bad"), decode_scored),
+        (ScoredEpisode(episode=episode(), reward=1.0), decode_scored),
+        (GroupDropped(task_id="a", reason="all_rejected"), decode_batch),
+    ],
+)
+def test_messages_round_trip(message: msgspec.Struct, decoder) -> None:
+    decoded = decoder(encode(message))
+    assert type(decoded) is type(message)
+    assert msgspec.to_builtins(decoded) == msgspec.to_builtins(message)
+
+
+def test_batch_round_trip_keeps_tensors() -> None:
+    tensors_in = trajectory()
+    batch = Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], tensors=encode_tensor_dict(tensors_in))
+    decoded = decode_batch(encode(batch))
+    assert isinstance(decoded, Batch)
+    out = decode_tensor_dict(decoded.tensors)
+    assert all(torch.equal(out[k], tensors_in[k]) for k in tensors_in)
+
+
+def test_every_message_carries_the_schema_version() -> None:
+    raw = msgspec.msgpack.decode(encode(episode()))
+    assert raw["schema_version"] == SCHEMA_VERSION
+    assert raw["kind"] == "episode"
+
+
+def bad_messages() -> list[tuple[str, bytes]]:
+    good = encode(episode())
+    raw = msgspec.msgpack.decode(good)
+    cases = {
+        "truncated": good[: len(good) // 2],
+        "random": b"\x93\x01\xff\x00garbage",
+        "empty": b"",
+        "newer schema": msgspec.msgpack.encode({**raw, "schema_version": SCHEMA_VERSION + 1}),
+        "unknown kind": msgspec.msgpack.encode({**raw, "kind": "mystery"}),
+        "wrong kind for topic": encode(PromptTask(task_id="a", group_size=1, data={})),
+        "negative group size": encode(episode(group_size=-3)),
+        "huge group size": encode(episode(group_size=10**9)),
+        "sample index out of range": encode(episode(sample_idx=5)),
+        "empty task id": encode(episode(task_id="")),
+    }
+    t = trajectory()
+    t["logprobs"][0, 3] = float("nan")
+    cases["nan logprobs"] = encode(episode(trajectory=encode_tensor_dict(t)))
+    t = trajectory()
+    t["logprobs"][0, 4] = float("inf")
+    cases["inf logprobs"] = encode(episode(trajectory=encode_tensor_dict(t)))
+    t = trajectory()
+    t["logprobs"] = t["logprobs"][:, :3].contiguous()
+    cases["length mismatch"] = encode(episode(trajectory=encode_tensor_dict(t)))
+    wire = encode_tensor_dict(trajectory())
+    wire["input_ids"] = WireTensor("int32", [1, 6], memoryview(b"\x00" * 7))
+    cases["byte count"] = encode(episode(trajectory=wire))
+    wire = encode_tensor_dict(trajectory())
+    wire["input_ids"] = WireTensor("complex128", [1, 6], memoryview(b"\x00" * 96))
+    cases["unknown dtype"] = encode(episode(trajectory=wire))
+    return list(cases.items())
+
+
+@pytest.mark.parametrize("name, data", bad_messages())
+def test_bad_input_raises_one_error_type_with_a_reason(name: str, data: bytes) -> None:
+    with pytest.raises(WireDecodeError) as info:
+        decode_episode(data)
+    assert info.value.reason
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=512))
+def test_random_bytes_never_crash_any_decoder(data: bytes) -> None:
+    for decoder in DECODERS:
+        try:
+            decoder(data)
+        except WireDecodeError:
+            pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 64))
+def test_truncated_and_corrupted_messages_raise_wire_errors(position: int, flip: int) -> None:
+    good = bytearray(encode(ScoredEpisode(episode=episode(), reward=0.5)))
+    corrupted = bytes(good[: position % len(good)])
+    mutated = bytearray(good)
+    mutated[position % len(good)] ^= flip
+    for data in (corrupted, bytes(mutated)):
+        try:
+            decode_scored(data)
+        except WireDecodeError:
+            pass
+
+
+def test_tombstone_is_an_error_not_a_crash() -> None:
+    with pytest.raises(WireDecodeError, match="tombstone"):
+        decode_scored(None)
+
+
+def test_dead_letter_holds_raw_bytes() -> None:
+    letter = DeadLetter(tier="reward", source_topic="x", partition=0, offset=3, key=b"k", value=b"\x00\x01", reason="bad")
+    assert msgspec.msgpack.decode(encode(letter), type=DeadLetter) == letter
