@@ -1,0 +1,272 @@
+"""Find or start the Kafka broker and Redis that tests and the local demo run against.
+
+Each service is resolved on its own, in this order:
+
+1. the environment: KAFKA_BOOTSTRAP_SERVERS / REDIS_URL (nothing is started or stopped);
+2. testcontainers, only when a Docker engine answers a ping within two seconds
+   (set ROLLSTREAM_DEV_NO_DOCKER=1 to skip this step);
+3. local processes: `LocalKafkaBroker` from Maven jars and `LocalRedisServer`.
+
+`dev_stack()` stops exactly what it started. `dev_up()` / `dev_down()` start and stop local
+services that outlive the Python process, recorded in `<state_dir>/state.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rollstream.dev.broker import LocalKafkaBroker
+from rollstream.dev.processes import pid_alive, stop_pid
+from rollstream.dev.redis_server import LocalRedisServer
+
+logger = logging.getLogger(__name__)
+
+KAFKA_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+REDIS_ENV = "REDIS_URL"
+NO_DOCKER_ENV = "ROLLSTREAM_DEV_NO_DOCKER"
+STATE_FILE = "state.json"
+
+
+@dataclass(frozen=True)
+class Services:
+    """Where the services are. `source` is "env", "testcontainers" or "local" when both
+    services came from the same place, else e.g. "kafka=env,redis=local"."""
+
+    kafka_bootstrap: str
+    redis_url: str
+    source: str
+
+
+@dataclass
+class DevStack:
+    """The resolved services plus the local process objects (None when not started locally),
+    so fault tests can stop, kill and restart them."""
+
+    services: Services
+    broker: LocalKafkaBroker | None = None
+    redis: LocalRedisServer | None = None
+
+
+class DevStateError(RuntimeError):
+    """`rollstream dev` found no running services, or a state file it cannot use."""
+
+
+def export_lines(services: Services) -> str:
+    """Shell lines that point clients at `services`, one `export NAME=value` per line."""
+    return (
+        f"export {KAFKA_ENV}={shlex.quote(services.kafka_bootstrap)}\n"
+        f"export {REDIS_ENV}={shlex.quote(services.redis_url)}\n"
+    )
+
+
+def docker_available(timeout: float = 2.0) -> bool:
+    """True when testcontainers is installed and a Docker engine answers a ping in time."""
+    if os.environ.get(NO_DOCKER_ENV):
+        return False
+    try:
+        import docker  # optional (dev extra)
+        import testcontainers  # noqa: F401  (optional too)
+
+        client = docker.from_env(timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception as exc:  # no engine, no socket, no permission, no package: all "no"
+        logger.debug("no Docker engine: %r", exc)
+        return False
+
+
+@contextlib.contextmanager
+def dev_stack(workdir: Path | None = None) -> Iterator[DevStack]:
+    """Resolve both services (see the module docstring) and stop what was started on exit.
+
+    Local processes keep their data and logs under `workdir`; without one, a temporary
+    directory is used and removed afterwards.
+    """
+    with contextlib.ExitStack() as stack:
+        kafka_env, redis_env = os.environ.get(KAFKA_ENV), os.environ.get(REDIS_ENV)
+        use_docker = not (kafka_env and redis_env) and docker_available()
+        if workdir is None and not (kafka_env and redis_env) and not use_docker:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rollstream-dev-")))
+        kafka_source, bootstrap, broker = _resolve_kafka(stack, kafka_env, use_docker, workdir)
+        redis_source, url, redis = _resolve_redis(stack, redis_env, use_docker, workdir)
+        services = Services(bootstrap, url, _combined_source(kafka_source, redis_source))
+        logger.info("dev services: %s", services)
+        yield DevStack(services, broker, redis)
+
+
+@contextlib.contextmanager
+def dev_services(workdir: Path | None = None) -> Iterator[Services]:
+    """Like `dev_stack()`, yielding only the `Services`."""
+    with dev_stack(workdir) as dev:
+        yield dev.services
+
+
+def _combined_source(kafka_source: str, redis_source: str) -> str:
+    if kafka_source == redis_source:
+        return kafka_source
+    return f"kafka={kafka_source},redis={redis_source}"
+
+
+def _resolve_kafka(
+    stack: contextlib.ExitStack, env: str | None, docker: bool, workdir: Path | None
+) -> tuple[str, str, LocalKafkaBroker | None]:
+    if env:
+        return "env", env, None
+    if docker:
+        return "testcontainers", _start_kafka_container(stack), None
+    assert workdir is not None
+    broker = LocalKafkaBroker(workdir / "kafka")
+    stack.callback(broker.stop)  # registered first: a failed start still cleans up
+    broker.start()
+    return "local", broker.bootstrap, broker
+
+
+def _resolve_redis(
+    stack: contextlib.ExitStack, env: str | None, docker: bool, workdir: Path | None
+) -> tuple[str, str, LocalRedisServer | None]:
+    if env:
+        return "env", env, None
+    if docker:
+        return "testcontainers", _start_redis_container(stack), None
+    assert workdir is not None
+    redis = LocalRedisServer(workdir / "redis")
+    stack.callback(redis.stop)
+    redis.start()
+    return "local", redis.url, redis
+
+
+def _start_kafka_container(stack: contextlib.ExitStack) -> str:
+    try:
+        from testcontainers.community.kafka import KafkaContainer
+    except ImportError:  # testcontainers < 4.9 kept the modules at the top level
+        from testcontainers.kafka import KafkaContainer  # type: ignore[no-redef]
+
+    # One KRaft node: transactions need their state log at replication 1, and our tiers
+    # create their own topics.
+    container = (
+        KafkaContainer()
+        .with_kraft()
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+        .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+    )
+    container.start()
+    stack.callback(container.stop)
+    return str(container.get_bootstrap_server())
+
+
+def _start_redis_container(stack: contextlib.ExitStack) -> str:
+    try:
+        from testcontainers.community.redis import RedisContainer
+    except ImportError:
+        from testcontainers.redis import RedisContainer  # type: ignore[no-redef]
+
+    container = RedisContainer()
+    container.start()
+    stack.callback(container.stop)
+    host, port = container.get_container_host_ip(), container.get_exposed_port(container.port)
+    return f"redis://{host}:{port}/0"
+
+
+def dev_up(state_dir: Path) -> Services:
+    """Start a local broker and Redis that outlive this process; record them in state.json.
+
+    Returns the running services unchanged when they are already up.
+    """
+    state_dir = Path(state_dir).resolve()
+    state = _read_state(state_dir)
+    if state is not None:
+        if _alive(state):
+            return Services(**state["services"])
+        dev_down(state_dir)  # leftovers of a crash: clear them before starting again
+    state_dir.mkdir(parents=True, exist_ok=True)
+    broker = LocalKafkaBroker(state_dir / "kafka", detached=True)
+    redis = LocalRedisServer(state_dir / "redis", detached=True)
+    broker.start()
+    try:
+        redis.start()
+    except BaseException:
+        broker.stop()
+        raise
+    services = Services(broker.bootstrap, redis.url, "local")
+    _write_state(state_dir, services, broker, redis)
+    return services
+
+
+def dev_down(state_dir: Path) -> bool:
+    """Stop the services `dev_up` started and delete their data; False when none were up."""
+    state_dir = Path(state_dir).resolve()
+    state = _read_state(state_dir)
+    if state is None:
+        return False
+    stopped = _alive(state)
+    stop_pid(state["kafka"]["pid"], must_contain=state["kafka"]["cmdline_mark"])
+    stop_pid(state["redis"]["pid"], must_contain=state["redis"]["cmdline_mark"])
+    for name in ("kafka", "redis"):
+        shutil.rmtree(state_dir / name, ignore_errors=True)
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    return stopped
+
+
+def dev_env(state_dir: Path) -> str:
+    """The export lines for the services `dev_up` started; DevStateError when none run."""
+    state = _read_state(Path(state_dir).resolve())
+    if state is None or not _alive(state):
+        raise DevStateError(f"no dev services running for {state_dir} (run `rollstream dev up`)")
+    return export_lines(Services(**state["services"]))
+
+
+def _alive(state: dict[str, Any]) -> bool:
+    return pid_alive(state["kafka"]["pid"]) and pid_alive(state["redis"]["pid"])
+
+
+def _read_state(state_dir: Path) -> dict[str, Any] | None:
+    path = state_dir / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        state: dict[str, Any] = json.loads(path.read_text())
+        for key in ("kafka", "redis"):
+            int(state[key]["pid"])  # TypeError when null
+        Services(**state["services"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DevStateError(f"unreadable dev state {path} ({exc!r}); delete it by hand") from exc
+    return state
+
+
+def _write_state(
+    state_dir: Path, services: Services, broker: LocalKafkaBroker, redis: LocalRedisServer
+) -> None:
+    state = {
+        "services": asdict(services),
+        "kafka": {
+            "pid": broker.pid,
+            "port": broker.port,
+            "controller_port": broker.controller_port,
+            "log": str(broker.log_path),
+            # what /proc/<pid>/cmdline must contain before dev_down signals the pid
+            "cmdline_mark": str(broker.workdir / "server.properties"),
+        },
+        "redis": {
+            "pid": redis.pid,
+            "port": redis.port,
+            "log": str(redis.log_path),
+            "cmdline_mark": "redis-server",
+        },
+    }
+    path = state_dir / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,143 @@
+"""A local `redis-server` process for tests and `rollstream dev up`.
+
+Persistence is off by default (`--save "" --appendonly no`): `kill()` or `restart()` loses every
+key, exactly as a production Redis without persistence does when it crashes. Fault tests use this
+to prove that the pipeline survives losing its Redis state. Pass `appendonly=True` to keep data
+across restarts instead (AOF with fsync on every write). The port never changes across restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from rollstream.dev.kafka_jars import MissingToolError
+from rollstream.dev.processes import LOCALHOST, ServiceProcess, free_port, log_tail
+
+logger = logging.getLogger(__name__)
+
+
+class RedisStartError(RuntimeError):
+    """redis-server did not answer PING; the message ends with the last lines of its log."""
+
+
+def redis_server_executable() -> str:
+    """Path of `redis-server`; raises MissingToolError with the install hint when absent."""
+    found = shutil.which("redis-server")
+    if found is None:
+        raise MissingToolError(
+            "redis-server not found: install it with `apt-get install redis-server`, "
+            "or set REDIS_URL to use an existing Redis"
+        )
+    return found
+
+
+class LocalRedisServer:
+    """One redis-server on 127.0.0.1 with its working files and log under `workdir`."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        password: str | None = None,
+        appendonly: bool = False,
+        detached: bool = False,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.password = password
+        self.appendonly = appendonly
+        self.port = free_port()
+        self.startup_seconds: float | None = None
+        self._process = ServiceProcess("redis-server", self.workdir / "redis.log", detached)
+
+    @property
+    def url(self) -> str:
+        """redis://127.0.0.1:PORT/0, with the password as redis://:PASS@... when one is set."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{LOCALHOST}:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        """The file that receives redis-server's output (appended across restarts)."""
+        return self._process.log_path
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._process.pid
+
+    def is_running(self) -> bool:
+        """True while the redis-server process is alive."""
+        return self._process.is_running()
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Start redis-server and block until it answers PING; return `url`."""
+        began = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._process.start(self._argv(), cwd=self.workdir)
+        try:
+            self._wait_ready(began + timeout)
+        except BaseException:
+            self._process.kill()
+            raise
+        self.startup_seconds = time.monotonic() - began
+        logger.info("redis-server ready on port %d in %.2fs", self.port, self.startup_seconds)
+        return self.url
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (redis exits promptly), SIGKILL after `timeout` seconds."""
+        self._process.stop(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        self._process.kill()
+
+    def restart(self, timeout: float = 30.0) -> str:
+        """Stop and start on the same port; data is lost unless `appendonly=True`."""
+        self.stop()
+        return self.start(timeout)
+
+    def __enter__(self) -> LocalRedisServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _argv(self) -> list[str]:
+        argv = [
+            redis_server_executable(),
+            "--port", str(self.port),
+            "--bind", LOCALHOST,
+            "--dir", str(self.workdir),
+            "--daemonize", "no",
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "always",
+            "--logfile", "",
+        ]
+        if self.password:
+            argv += ["--requirepass", self.password]
+        return argv
+
+    def _wait_ready(self, deadline: float) -> None:
+        import redis  # the client library is a project dependency; only needed here
+
+        while time.monotonic() < deadline:
+            if not self.is_running():
+                self._fail(f"redis-server exited with {self._process.exit_code()}")
+            client = redis.Redis.from_url(self.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+            try:
+                if client.ping():
+                    return
+            except redis.RedisError:
+                pass
+            finally:
+                client.close()
+            time.sleep(0.05)
+        self._fail("redis-server did not answer PING in time")
+
+    def _fail(self, why: str) -> None:
+        raise RedisStartError(f"{why}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")

@@ -1,0 +1,76 @@
+"""Session fixtures: one real Kafka broker and one real Redis for the whole test session.
+
+They come from KAFKA_BOOTSTRAP_SERVERS / REDIS_URL when set, else testcontainers where Docker
+runs, else local processes (see rollstream.dev.launcher). They start only when a test asks for
+them, so unit tests never pay for a broker. Tests isolate their data with `unique_name` (topic
+and key prefixes) instead of wiping shared state.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+
+from rollstream.dev.kafka_jars import KAFKA_VERSION
+from rollstream.dev.launcher import DevStack, Services, dev_stack as start_dev_stack
+
+# Filled by the dev_stack fixture, printed by pytest_terminal_summary.
+_startup_lines: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    """The session's services; `.broker` / `.redis` are None unless started locally."""
+    with start_dev_stack(tmp_path_factory.mktemp("services")) as dev:
+        if dev.broker is not None and dev.broker.startup_seconds is not None:
+            _startup_lines.append(
+                f"kafka broker started in {dev.broker.startup_seconds:.2f}s "
+                f"(Kafka {KAFKA_VERSION}, local, {dev.broker.bootstrap})"
+            )
+        else:
+            _startup_lines.append(f"kafka broker: {dev.services.kafka_bootstrap} ({dev.services.source})")
+        yield dev
+
+
+@pytest.fixture(scope="session")
+def services(dev_stack: DevStack) -> Services:
+    """Addresses of the session's Kafka and Redis."""
+    return dev_stack.services
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(services: Services) -> str:
+    """The session broker's bootstrap address ("host:port")."""
+    return services.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def redis_url(services: Services) -> str:
+    """The session Redis as a redis:// URL."""
+    return services.redis_url
+
+
+@pytest.fixture
+def unique_name() -> str:
+    """A short name no other test uses: prefix topics, groups and Redis keys with it."""
+    return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest_asyncio.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """An asyncio Redis client on the session Redis; closed after the test, nothing flushed."""
+    client = aioredis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Show how long the session broker took to start (visible in plain `pytest` output)."""
+    for line in _startup_lines:
+        terminalreporter.write_line(line)
