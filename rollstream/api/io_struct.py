@@ -47,8 +47,8 @@ class GenerationHyperparameters:
         unknown = set(kwargs) - known
         if unknown:
             raise TypeError(f"unknown generation settings: {sorted(unknown)}")
-        copied = replace(self, stop_token_ids=list(self.stop_token_ids))
-        return replace(copied, **kwargs)
+        stop_ids = kwargs.pop("stop_token_ids", self.stop_token_ids)
+        return replace(self, stop_token_ids=list(stop_ids), **kwargs)
 
     def new_with_stop_and_pad_token_ids(self, tokenizer: TokenizerLike) -> GenerationHyperparameters:
         """A copy whose stop ids also hold the tokenizer's pad id, then its eos id."""
@@ -89,6 +89,7 @@ class ModelRequest:
             input_ids=list(self.input_ids),
             gconfig=self.gconfig.new(),
             metadata=dict(self.metadata),
+            image_data=None if self.image_data is None else list(self.image_data),
         )
 
 

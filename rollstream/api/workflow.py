@@ -84,19 +84,21 @@ def interactions_to_tensors(interactions: dict[str, Interaction]) -> dict[str, T
 
 def merge_results(results: list[EpisodeResult]) -> EpisodeResult:
     """Combine episode results: ``None`` dropped (all ``None`` -> ``None``); interaction dicts
-    merged; tensor dicts concatenated. Mixing the two kinds raises ``TypeError``."""
-    kept = [r for r in results if r is not None]
+    merged (an id already taken by an earlier member gets ``@<member index>`` appended, so no
+    interaction is lost); tensor dicts concatenated. Mixing the two kinds raises ``TypeError``."""
+    kept = [(i, r) for i, r in enumerate(results) if r is not None]
     if not kept:
         return None
-    kinds = {is_interactions(r) for r in kept}
+    kinds = {is_interactions(r) for _, r in kept}
     if len(kinds) > 1:
         raise TypeError("cannot merge tensor dicts with interaction dicts from the same group")
     if kinds == {True}:
         merged: dict[str, Interaction] = {}
-        for r in kept:
-            merged.update(r)  # type: ignore[arg-type]
+        for i, r in kept:
+            for key, inter in r.items():  # type: ignore[union-attr]
+                merged[f"{key}@{i}" if key in merged else key] = inter
         return merged
-    return concat_padded_tensors(kept)  # type: ignore[arg-type]
+    return concat_padded_tensors([r for _, r in kept])  # type: ignore[misc]
 
 
 class GroupedRolloutWorkflow(RolloutWorkflow):

@@ -1,0 +1,66 @@
+"""Module-level reward functions, importable by process-pool workers (spawn/forkserver)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _mark(path: str) -> int:
+    """Append one line to ``path`` and return how many lines it has now (attempt counter)."""
+    with open(path, "a") as f:
+        f.write("x\n")
+    return len(Path(path).read_text().splitlines())
+
+
+def add(a: float, b: float) -> float:
+    return a + b
+
+
+def worker_pid() -> int:
+    return os.getpid()
+
+
+def answer_in_completion(prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int],
+                         answer: str = "", **data: Any) -> float:
+    """1.0 when the expected answer word appears in the completion."""
+    return 1.0 if answer and answer in completion.split() else 0.0
+
+
+def prompt_echo(prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int], **data: Any) -> float:
+    """Length of the prompt ids (to check the arguments arrive)."""
+    return float(len(prompt_ids))
+
+
+def sleepy(counter: str, seconds: float) -> float:
+    _mark(counter)
+    time.sleep(seconds)
+    return 1.0
+
+
+def always_fails(counter: str) -> float:
+    _mark(counter)
+    raise ValueError("reward exploded")
+
+
+def fails_then_succeeds(counter: str, failures: int) -> float:
+    if _mark(counter) <= failures:
+        raise ValueError("transient")
+    return 0.75
+
+
+def killed_once(marker: str) -> float:
+    """Kills its worker process on the first call (no marker yet); 1.0 afterwards."""
+    if not os.path.exists(marker):
+        Path(marker).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 1.0
+
+
+def always_killed(counter: str) -> float:
+    _mark(counter)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return 0.0

@@ -1,0 +1,142 @@
+"""AsyncRewardWrapper: pooled execution, timeouts, retries, broken-pool rebuild, picklability."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from rollstream import reward_wrapper
+from rollstream.reward_wrapper import AsyncRewardWrapper
+from tests.unit import reward_fns
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.fixture
+async def wrappers() -> AsyncIterator[list[AsyncRewardWrapper]]:
+    """Wrappers created by a test, all closed afterwards (so pools never outlive a test)."""
+    made: list[AsyncRewardWrapper] = []
+    yield made
+    for w in made:
+        await w.aclose()
+    assert reward_wrapper._pools == {}
+
+
+def make(made: list[AsyncRewardWrapper], fn: object, **kw: object) -> AsyncRewardWrapper:
+    w = AsyncRewardWrapper(fn, max_workers=kw.pop("max_workers", 1), **kw)  # type: ignore[arg-type]
+    made.append(w)
+    return w
+
+
+async def test_returns_float_result_from_worker_process(wrappers: list[AsyncRewardWrapper]) -> None:
+    w = make(wrappers, reward_fns.add)
+    result = await w(1, b=2)
+    assert result == 3.0 and isinstance(result, float)
+    results = await asyncio.gather(*(w(i, i) for i in range(5)))
+    assert results == [0.0, 2.0, 4.0, 6.0, 8.0]
+
+
+async def test_pools_are_shared_per_size_and_closed_on_last_release(wrappers: list[AsyncRewardWrapper]) -> None:
+    a, b = make(wrappers, reward_fns.worker_pid), make(wrappers, reward_fns.worker_pid)
+    assert await a() == await b()  # one worker process serves both
+    assert reward_wrapper._pools[1].refcount == 2
+    await a.aclose()
+    assert reward_wrapper._pools[1].refcount == 1
+    with pytest.raises(RuntimeError, match="closed"):
+        await a()
+    await b.aclose()
+    assert 1 not in reward_wrapper._pools
+
+
+async def test_timeout_on_every_attempt_gives_zero(
+    wrappers: list[AsyncRewardWrapper], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    counter = tmp_path / "attempts"
+    w = make(wrappers, reward_fns.sleepy, timeout_seconds=0.5, max_retries=2)
+    with caplog.at_level(logging.WARNING, logger="rollstream.reward_wrapper"):
+        result = await w(str(counter), 30.0)
+    assert result == 0.0 and isinstance(result, float)
+    assert lines(counter) == 3  # max_retries=2 -> 3 attempts
+    assert "timed out after 0.5 s on all 3 attempts" in caplog.text
+    # the hung workers were terminated with their pool, so the wrapper still works at once
+    started = time.monotonic()
+    assert await w(str(counter), 0.0) == 1.0
+    assert time.monotonic() - started < 5.0
+
+
+async def test_call_caught_in_a_rebuild_is_retried(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:
+    hung, slow = tmp_path / "hung", tmp_path / "slow"
+    hanging = make(wrappers, reward_fns.sleepy, timeout_seconds=0.5, max_retries=0, max_workers=2)
+    patient = make(wrappers, reward_fns.sleepy, timeout_seconds=10.0, max_retries=2, max_workers=2)
+    results = await asyncio.gather(hanging(str(hung), 30.0), patient(str(slow), 1.0))
+    assert results == [0.0, 1.0]
+    assert lines(slow) == 2  # its first run died with the rebuilt pool, the retry finished
+
+
+async def test_other_exceptions_are_retried_then_raised(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:
+    counter = tmp_path / "attempts"
+    w = make(wrappers, reward_fns.always_fails, max_retries=3)
+    with pytest.raises(ValueError, match="reward exploded"):
+        await w(str(counter))
+    assert lines(counter) == 4
+
+
+async def test_transient_exception_recovers(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:
+    counter = tmp_path / "attempts"
+    w = make(wrappers, reward_fns.fails_then_succeeds, max_retries=2)
+    assert await w(str(counter), 2) == 0.75
+    assert lines(counter) == 3
+
+
+async def test_pool_rebuilt_after_worker_is_killed(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:
+    marker = tmp_path / "killed"
+    w = make(wrappers, reward_fns.killed_once)
+    assert await w(str(marker)) == 1.0
+    assert marker.exists()
+    assert await w(str(marker)) == 1.0
+
+
+async def test_broken_pool_on_last_attempt_is_raised(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:
+    from concurrent.futures.process import BrokenProcessPool
+
+    counter = tmp_path / "attempts"
+    w = make(wrappers, reward_fns.always_killed, max_retries=1)
+    with pytest.raises(BrokenProcessPool):
+        await w(str(counter))
+    assert lines(counter) == 2
+
+
+def _local_reward() -> float:
+    return 1.0
+
+
+@pytest.mark.parametrize("fn", [lambda: 1.0, (lambda: (lambda x: x))()], ids=["lambda", "local"])
+def test_unpicklable_function_is_refused(fn: object) -> None:
+    with pytest.raises(TypeError, match="must be picklable"):
+        AsyncRewardWrapper(fn)  # type: ignore[arg-type]
+    assert reward_wrapper._pools == {}
+
+
+def test_async_function_and_bad_settings_are_refused() -> None:
+    async def coro_fn() -> float:
+        return 1.0
+
+    with pytest.raises(TypeError, match="synchronous"):
+        AsyncRewardWrapper(coro_fn)
+    with pytest.raises(ValueError, match="timeout_seconds"):
+        AsyncRewardWrapper(reward_fns.add, timeout_seconds=0)
+    with pytest.raises(ValueError, match="max_retries"):
+        AsyncRewardWrapper(reward_fns.add, max_retries=-1)
+
+
+def test_workers_are_never_forked() -> None:
+    assert reward_wrapper.START_METHOD in ("forkserver", "spawn")
