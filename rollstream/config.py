@@ -72,6 +72,9 @@ class ProducerConfig(_Section):
     max_prompts: int | None = None
     producer_id: str = "producer-0"
     admission_poll_seconds: float = 0.5
+    max_batch_prompts: int = 64  # prompts per Kafka transaction at most
+    batch_linger_ms: int = 50  # commit a partial batch once its first prompt waited this long
+    progress_every: int = 100  # log progress every this many published prompts
 
 
 class WorkflowSpec(_Section):
@@ -104,7 +107,10 @@ class RewardConfig(_Section):
     max_workers: int = 2
     on_timeout: Literal["zero", "reject"] = "zero"
     max_batch: int = 64
-    worker_id: str = ""
+    worker_id: str = ""  # default "<hostname>-<pid>"; set a stable one (see reward_workers.service)
+    poll_timeout_ms: int = 200
+    session_timeout_ms: int = 10_000  # consumer group session: how fast a dead worker is noticed
+    max_consecutive_failures: int = 5  # failed transactions in a row before the worker gives up
 
 
 class GroupingConfig(_Section):

@@ -1,0 +1,117 @@
+"""The producer's dataset cursor, kept in the compacted ``producer_cursor`` topic.
+
+A producer writes its cursor (the NEXT sample to publish) in the same transaction as the
+prompts it covers, so the committed cursor always matches the committed prompts. Read it only
+after the producer's transactional producer has started: starting it (``init_transactions``)
+aborts any transaction a crashed predecessor with the same ``transactional_id`` left open,
+which would otherwise hold the topic's last stable offset back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from rollstream.config import RollstreamConfig
+from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.topics import TopicNames
+from rollstream.wire import ProducerCursor, WireDecodeError, decode_cursor, encode
+
+log = logging.getLogger(__name__)
+
+READ_TIMEOUT_SECONDS = 60.0
+
+
+class CursorError(RuntimeError):
+    """The cursor topic cannot be read, or its latest record for this producer is corrupt."""
+
+
+def cursor_record(cursor: ProducerCursor) -> tuple[bytes, bytes]:
+    """``(key, value)`` of the cursor record: keyed by producer id, so compaction keeps the last."""
+    return cursor.producer_id.encode(), encode(cursor)
+
+
+def advance(cursor: ProducerCursor, epoch: int, index: int, published: int) -> ProducerCursor:
+    """A new cursor at ``(epoch, index)`` with ``published`` prompts so far."""
+    return ProducerCursor(
+        producer_id=cursor.producer_id, epoch=epoch, index=index, published=published, at=time.time()
+    )
+
+
+async def read_cursor(
+    config: RollstreamConfig, names: TopicNames, producer_id: str
+) -> ProducerCursor | None:
+    """The last committed cursor of ``producer_id``, or None when it has none (a fresh start).
+
+    Reads the whole topic up to its last stable offset with a group-less ``read_committed``
+    consumer. Raises ``CursorError`` when the topic cannot be read within 60 s or when the
+    latest record for this producer does not decode.
+    """
+    # Subscribed without a group, aiokafka assigns every partition of the topic to this consumer.
+    consumer = make_consumer(
+        config.kafka, f"cursor-reader-{producer_id}", names.producer_cursor,
+        group_id=None, read_committed=True,
+    )
+    await consumer.start()
+    try:
+        return await asyncio.wait_for(
+            _scan(consumer, names.producer_cursor, producer_id), READ_TIMEOUT_SECONDS
+        )
+    except TimeoutError:
+        raise CursorError(
+            f"could not read {names.producer_cursor} to its end within {READ_TIMEOUT_SECONDS:.0f}s"
+        ) from None
+    finally:
+        await consumer.stop()
+
+
+async def _scan(consumer: AIOKafkaConsumer, topic: str, producer_id: str) -> ProducerCursor | None:
+    partitions = await _partitions(consumer, topic)
+    await consumer.seek_to_beginning(*partitions)
+    # With read_committed, end offsets are last stable offsets: committed data only.
+    ends = await consumer.end_offsets(partitions)
+    key = producer_id.encode()
+    latest: tuple[int, int, bytes | None] | None = None  # partition, offset, value
+    remaining = {tp for tp in partitions if ends[tp] > 0}
+    while remaining:
+        batches = await consumer.getmany(*remaining, timeout_ms=200)
+        for records in batches.values():
+            for record in records:
+                if record.key == key:
+                    latest = (record.partition, record.offset, record.value)
+        for tp in list(remaining):
+            if await consumer.position(tp) >= ends[tp]:
+                remaining.discard(tp)
+    return _decode_latest(topic, producer_id, latest)
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    while not consumer.assignment():  # assigned once the topic's metadata arrived
+        await asyncio.sleep(0.05)
+    return sorted(consumer.assignment())
+
+
+def _decode_latest(
+    topic: str, producer_id: str, latest: tuple[int, int, bytes | None] | None
+) -> ProducerCursor | None:
+    if latest is None:
+        return None
+    partition, offset, value = latest
+    if value is None:  # a tombstone: the cursor was deleted on purpose (start over)
+        return None
+    try:
+        cursor = decode_cursor(value)
+    except WireDecodeError as exc:
+        # Falling back to an older cursor would republish prompts: refuse loudly instead.
+        raise CursorError(
+            f"cursor of producer {producer_id!r} at {topic}[{partition}]@{offset} is corrupt: {exc.reason}"
+        ) from None
+    if cursor.producer_id != producer_id:
+        raise CursorError(
+            f"cursor record at {topic}[{partition}]@{offset} keyed {producer_id!r} names "
+            f"producer {cursor.producer_id!r}"
+        )
+    return cursor

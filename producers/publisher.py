@@ -1,0 +1,94 @@
+"""Publish admitted prompts together with the producer's cursor, one transaction per batch.
+
+Prompts and the cursor that covers them commit or abort together, so after any crash the
+committed cursor names exactly the first sample whose prompt was not committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaProducer
+
+from producers.cursor import cursor_record
+from rollstream.kafka.dead_letter import send_dead_letter
+from rollstream.kafka.topics import TopicNames
+from rollstream.metrics import DEAD_LETTERS, MESSAGES_OUT
+from rollstream.wire import DeadLetter, ProducerCursor, PromptTask
+
+log = logging.getLogger(__name__)
+
+TIER = "producer"
+
+
+@dataclass
+class PendingBatch:
+    """Encoded prompts (and dead letters) waiting for their transaction, plus the cursor after them."""
+
+    prompts: list[tuple[bytes, bytes]] = field(default_factory=list)  # (key, value)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    cursor: ProducerCursor | None = None
+    first_added: float = 0.0
+    eval_prompts: int = 0
+
+    def add_prompt(self, task: PromptTask, value: bytes, cursor: ProducerCursor) -> None:
+        self._touch()
+        self.prompts.append((task.task_id.encode(), value))
+        self.eval_prompts += task.is_eval
+        self.cursor = cursor
+
+    def add_dead_letter(self, letter: DeadLetter, cursor: ProducerCursor) -> None:
+        self._touch()
+        self.dead_letters.append(letter)
+        self.cursor = cursor
+
+    def _touch(self) -> None:
+        if self.cursor is None:
+            self.first_added = time.monotonic()
+
+    def is_empty(self) -> bool:
+        return self.cursor is None
+
+    def is_due(self, max_prompts: int, linger_seconds: float) -> bool:
+        """Full, or its first entry has waited ``linger_seconds``."""
+        if self.is_empty():
+            return False
+        size = len(self.prompts) + len(self.dead_letters)
+        return size >= max_prompts or time.monotonic() - self.first_added >= linger_seconds
+
+
+class PromptPublisher:
+    """Commits pending batches on a started transactional producer."""
+
+    def __init__(self, producer: AIOKafkaProducer, names: TopicNames) -> None:
+        self._producer = producer
+        self._names = names
+
+    async def commit(self, batch: PendingBatch) -> None:
+        """Send every prompt, dead letter and the cursor in one transaction; raises on failure.
+
+        On failure the transaction is aborted (nothing of it is visible to read_committed
+        readers) and the error propagates: the producer restarts from its committed cursor.
+        """
+        if batch.is_empty() or batch.cursor is None:
+            return
+        async with self._producer.transaction():
+            futures = [
+                await self._producer.send(self._names.prompts, value, key=key)
+                for key, value in batch.prompts
+            ]
+            for letter in batch.dead_letters:
+                await send_dead_letter(self._producer, self._names.dead_letter, letter)
+            key, value = cursor_record(batch.cursor)
+            futures.append(await self._producer.send(self._names.producer_cursor, value, key=key))
+            for future in futures:
+                await future  # surfaces a delivery error inside the transaction, so it aborts
+        MESSAGES_OUT.labels(TIER, "prompts").inc(len(batch.prompts))
+        for letter in batch.dead_letters:
+            DEAD_LETTERS.labels(TIER, "unencodable_row").inc()
+        log.debug(
+            "committed %d prompts; cursor epoch %d index %d",
+            len(batch.prompts), batch.cursor.epoch, batch.cursor.index,
+        )

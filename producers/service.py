@@ -1,0 +1,220 @@
+"""The producer tier: dataset rows -> admitted prompts on the ``prompts`` topic.
+
+For each sample from the committed cursor on, the producer derives a deterministic task id
+``"{producer_id}:{epoch}:{index}"``, admits it through the staleness budget (eval prompts
+skip admission), and publishes the ``PromptTask`` plus the advanced cursor in one Kafka
+transaction (several prompts per transaction). It returns when the dataset is exhausted
+(burst style), when ``producer.max_prompts`` prompts were published in total (counted across
+restarts through the cursor), or when ``stop`` is set (after committing what it admitted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from producers.admission import Admission
+from producers.cursor import advance, read_cursor
+from producers.dataset import iter_samples, load_rows, next_position, task_id_for
+from producers.publisher import TIER, PendingBatch, PromptPublisher
+from rollstream.config import ConfigError, RollstreamConfig
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_producer
+from rollstream.kafka.topics import TopicNames
+from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.wire import DeadLetter, ProducerCursor, PromptTask, encode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    """What one run of the producer did; ``reason`` is exhausted | max_prompts | stopped."""
+
+    published: int = 0  # prompts committed by this run
+    eval_prompts: int = 0
+    dead_lettered: int = 0  # dataset rows that could not be encoded
+    transactions: int = 0
+    admission_waits: int = 0
+    total_published: int = 0  # including earlier runs (from the cursor)
+    reason: str = "stopped"
+
+
+def check_config(config: RollstreamConfig) -> None:
+    """Raise ``ConfigError`` naming the producer setting that cannot work."""
+    pc = config.producer
+    problems = [
+        (not pc.dataset, "producer.dataset must name a JSONL, Parquet or HF dataset path"),
+        (not pc.producer_id, "producer.producer_id must not be empty"),
+        (pc.admission_poll_seconds <= 0, "producer.admission_poll_seconds must be > 0"),
+        (pc.max_prompts is not None and pc.max_prompts < 0, "producer.max_prompts must be >= 0"),
+        (pc.max_batch_prompts < 1, "producer.max_batch_prompts must be >= 1"),
+        (pc.batch_linger_ms < 0, "producer.batch_linger_ms must be >= 0"),
+        (pc.progress_every < 1, "producer.progress_every must be >= 1"),
+    ]
+    for bad, message in problems:
+        if bad:
+            raise ConfigError(f"invalid configuration: {message}")
+
+
+def transactional_id(names: TopicNames, producer_id: str) -> str:
+    return f"{names.group_id('producer')}.{producer_id}"
+
+
+async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
+    """Publish prompts until the dataset is exhausted, ``max_prompts`` is reached, or ``stop``."""
+    await run_producer(config, stop)
+
+
+async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSummary:
+    """:func:`run`, returning the summary of what was published (for tests and tools)."""
+    check_config(config)
+    pc = config.producer
+    rows = await asyncio.to_thread(load_rows, pc.dataset, pc.dataset_format, pc.split)
+    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    await ensure_topics(config.kafka, names)
+    async with contextlib.AsyncExitStack() as stack:
+        producer = make_producer(
+            config.kafka, f"producer-{pc.producer_id}",
+            transactional_id=transactional_id(names, pc.producer_id),
+        )
+        # Starting fences a crashed predecessor and aborts its open transaction, so the
+        # cursor read below sees the final committed state.
+        await producer.start()
+        stack.push_async_callback(producer.stop)
+        redis = connect(config.redis)
+        stack.push_async_callback(redis.aclose)
+        cursor = await read_cursor(config, names, pc.producer_id)
+        if cursor is None:
+            cursor = ProducerCursor(producer_id=pc.producer_id, epoch=0, index=0, published=0)
+        log.info(
+            "producer %s starts at epoch %d index %d (%d published before) over %d rows",
+            pc.producer_id, cursor.epoch, cursor.index, cursor.published, len(rows),
+        )
+        budget = StalenessBudget(
+            redis, RedisKeys(config.experiment.experiment_name, config.experiment.trial_name),
+            config.staleness.max_head_offpolicyness, config.staleness.batch_size,
+        )
+        admission = Admission(
+            budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled
+        )
+        loop = _ProduceLoop(config, rows, cursor, admission, PromptPublisher(producer, names), stop)
+        summary = await loop.run()
+    log.info(
+        "producer %s finished (%s): %d prompts published (%d eval, %d total), %d rows dead-lettered, "
+        "%d transactions, %d admission waits",
+        pc.producer_id, summary.reason, summary.published, summary.eval_prompts,
+        summary.total_published, summary.dead_lettered, summary.transactions, summary.admission_waits,
+    )
+    return summary
+
+
+class _ProduceLoop:
+    """The sample loop of one run; holds the pending batch and the counters."""
+
+    def __init__(
+        self,
+        config: RollstreamConfig,
+        rows: list[dict[str, Any]],
+        cursor: ProducerCursor,
+        admission: Admission,
+        publisher: PromptPublisher,
+        stop: asyncio.Event,
+    ) -> None:
+        self._pc = config.producer
+        self._rows = rows
+        self._cursor = cursor
+        self._admission = admission
+        self._publisher = publisher
+        self._stop = stop
+        self._batch = PendingBatch()
+        self._summary = RunSummary(total_published=cursor.published)
+
+    async def run(self) -> RunSummary:
+        pc, summary = self._pc, self._summary
+        samples = iter_samples(
+            len(self._rows), pc.epochs, pc.shuffle, pc.seed, self._cursor.epoch, self._cursor.index
+        )
+        summary.reason = "exhausted"
+        for epoch, index, row_index in samples:
+            if self._stop.is_set():
+                summary.reason = "stopped"
+                break
+            if pc.max_prompts is not None and summary.total_published >= pc.max_prompts:
+                summary.reason = "max_prompts"
+                break
+            if not await self._handle(epoch, index, row_index):
+                summary.reason = "stopped"
+                break
+            if self._batch.is_due(pc.max_batch_prompts, pc.batch_linger_ms / 1000):
+                await self._flush()
+        await self._flush()  # everything admitted is published, whatever ended the loop
+        summary.admission_waits = self._admission.waits
+        return summary
+
+    async def _handle(self, epoch: int, index: int, row_index: int) -> bool:
+        """Admit and queue one sample; False when ``stop`` interrupted its admission."""
+        pc = self._pc
+        task_id = task_id_for(pc.producer_id, epoch, index)
+        nxt_epoch, nxt_index = next_position(epoch, index, len(self._rows))
+        task = PromptTask(
+            task_id=task_id, group_size=pc.group_size, data=self._rows[row_index],
+            is_eval=pc.is_eval, workflow=pc.workflow, epoch=epoch, index=index, created_at=time.time(),
+        )
+        try:
+            value = encode(task)
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            self._dead_letter(task_id, row_index, exc, nxt_epoch, nxt_index)
+            return True
+        if not await self._admit(task_id, pc.is_eval):
+            return False
+        self._summary.total_published += 1
+        self._batch.add_prompt(
+            task, value, advance(self._cursor, nxt_epoch, nxt_index, self._summary.total_published)
+        )
+        return True
+
+    async def _admit(self, task_id: str, is_eval: bool) -> bool:
+        while not await self._admission.try_admit(task_id, is_eval):
+            if self._stop.is_set():
+                return False
+            # Publish what is admitted before waiting: the budget grows only when the
+            # pipeline (and so the trainer) can make progress on those prompts.
+            await self._flush()
+            if not await self._admission.wait_for_room():
+                return False
+        return True
+
+    def _dead_letter(self, task_id: str, row_index: int, exc: Exception, epoch: int, index: int) -> None:
+        log.error("dataset row %d (task %s) cannot be encoded: %s", row_index, task_id, exc)
+        letter = DeadLetter(
+            tier=TIER, source_topic=f"dataset:{self._pc.dataset}", partition=-1, offset=row_index,
+            key=task_id.encode(), value=None, reason=f"row {row_index} cannot be encoded: {exc}",
+            error_type=type(exc).__name__, at=time.time(),
+        )
+        self._batch.add_dead_letter(letter, advance(self._cursor, epoch, index, self._summary.total_published))
+
+    async def _flush(self) -> None:
+        batch, self._batch = self._batch, PendingBatch()
+        if batch.is_empty():
+            return
+        await self._publisher.commit(batch)
+        summary = self._summary
+        before = summary.published
+        summary.published += len(batch.prompts)
+        summary.eval_prompts += batch.eval_prompts
+        summary.dead_lettered += len(batch.dead_letters)
+        summary.transactions += 1
+        every = self._pc.progress_every
+        if summary.published // every > before // every:
+            log.info(
+                "producer %s: %d prompts published this run (%d total), last task %s",
+                self._pc.producer_id, summary.published, summary.total_published,
+                batch.prompts[-1][0].decode() if batch.prompts else "-",
+            )
