@@ -1,0 +1,100 @@
+"""The dump tier: reads ``scored`` in its own consumer group and writes trajectory dumps.
+
+Each poll's lines are flushed to their files before the poll's offsets are committed, so a
+crash never loses a line; it may repeat the lines of the last uncommitted poll
+(at-least-once; every line carries ``task_id`` and ``sample_idx`` to de-duplicate).
+Undecodable records go to the dead-letter topic (delivered before the commit) and the tier
+keeps running. Layout and line format: :mod:`rollstream.dump`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import CommitFailedError
+from aiokafka.structs import ConsumerRecord
+
+from rollstream.config import RollstreamConfig
+from rollstream.dump import DumpWriter
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_consumer, make_producer
+from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
+from rollstream.kafka.topics import TopicNames
+from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT
+from rollstream.wire import ScoredEpisode, WireDecodeError, decode_scored
+
+log = logging.getLogger(__name__)
+
+TIER = "dump"
+POLL_TIMEOUT_MS = 500
+
+
+async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
+    """Dump every scored episode until ``stop`` is set; commits after each flushed poll."""
+    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    writer = DumpWriter.from_config(config)  # fails early, naming the setting, without a tokenizer
+    await ensure_topics(config.kafka, names)
+    async with contextlib.AsyncExitStack() as stack:
+        consumer = make_consumer(
+            config.kafka, TIER, names.scored, group_id=names.group_id(TIER), read_committed=True
+        )
+        await consumer.start()
+        stack.push_async_callback(consumer.stop)
+        producer = make_producer(config.kafka, TIER)
+        await producer.start()
+        stack.push_async_callback(producer.stop)
+        stack.push_async_callback(writer.close)
+        log.info("dumping %s to %s", names.scored, writer.root / writer.experiment / writer.trial)
+        while not stop.is_set():
+            polled = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
+            if polled:
+                await _handle_poll(polled, consumer, producer, writer, names)
+
+
+async def _handle_poll(
+    polled: dict[TopicPartition, list[ConsumerRecord]],
+    consumer: AIOKafkaConsumer,
+    producer: AIOKafkaProducer,
+    writer: DumpWriter,
+    names: TopicNames,
+) -> None:
+    task_ids: list[str] = []
+    for records in polled.values():
+        for record in records:
+            task_id = await _handle_record(record, producer, writer, names)
+            if task_id is not None:
+                task_ids.append(task_id)
+    await writer.flush()
+    await producer.flush()  # dead letters are delivered before their offsets are committed
+    offsets = {tp: records[-1].offset + 1 for tp, records in polled.items() if records}
+    try:
+        await consumer.commit(offsets)
+    except CommitFailedError as exc:
+        # A rebalance took the partitions away: their new owner re-dumps these lines.
+        log.warning("commit failed after a rebalance (%s); lines may be repeated", exc)
+    if task_ids:
+        shown = ", ".join(sorted(set(task_ids))[:8])
+        log.info("dumped %d episode(s) of task(s) %s%s", len(task_ids), shown, "..." if len(set(task_ids)) > 8 else "")
+
+
+async def _handle_record(
+    record: ConsumerRecord, producer: AIOKafkaProducer, writer: DumpWriter, names: TopicNames
+) -> str | None:
+    """Dump one record (or dead-letter it); returns the dumped episode's task id."""
+    MESSAGES_IN.labels(TIER, "scored").inc()
+    try:
+        message = decode_scored(record.value)
+    except WireDecodeError as exc:
+        DEAD_LETTERS.labels(TIER, "undecodable").inc()
+        letter = dead_letter_for(record, TIER, exc.reason, exc)
+        await send_dead_letter(producer, names.dead_letter, letter)
+        MESSAGES_OUT.labels(TIER, "dead-letter").inc()
+        return None
+    if not isinstance(message, ScoredEpisode):
+        return None  # rejections and failures have no trajectory to dump
+    await writer.write(message)
+    EPISODES.labels(TIER, "dumped").inc()
+    return message.episode.task_id

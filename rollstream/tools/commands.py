@@ -1,0 +1,183 @@
+"""``rollstream replay | tail | status``: the debugging tools on the command line.
+
+Each subcommand takes ``--config/-c`` and ``--set`` like the tiers; the topics are those of
+the configured experiment and trial. Handlers return the process exit code (2: bad arguments
+or configuration, 1: the tool failed, 130: interrupted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from rollstream.cli import add_config_arguments
+from rollstream.config import ConfigError, RollstreamConfig, load_config, secret_values
+from rollstream.logs import setup_logging
+from rollstream.shutdown import ShutdownSignal
+from rollstream.tools.filters import RecordFilter
+from rollstream.tools.positions import parse_offset_specs, parse_since
+from rollstream.tools.roles import ROLES
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    _register_replay(subparsers)
+    _register_tail(subparsers)
+    _register_status(subparsers)
+
+
+def _register_replay(subparsers: Any) -> None:
+    p = subparsers.add_parser("replay", help="replay a topic into a dump, a JSONL file or another experiment")
+    add_config_arguments(p)
+    p.add_argument("role", choices=ROLES, metavar="TOPIC_ROLE", help=" | ".join(ROLES))
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--from-beginning", action="store_true", help="start at the first offset (default)")
+    start.add_argument("--offset", action="append", default=[], metavar="P:O", help="start partition P at offset O (repeatable; a bare O means every partition)")
+    start.add_argument("--since", metavar="TIME", help="start at the first record at or after TIME (ISO 8601, naive = UTC, or epoch ms)")
+    p.add_argument("--task-id", action="append", default=[], help="keep only this task (repeatable)")
+    p.add_argument("--min-version", type=int, help="keep tail version >= this")
+    p.add_argument("--max-version", type=int, help="keep tail version <= this")
+    p.add_argument("--eval", dest="is_eval", action=argparse.BooleanOptionalAction, default=None, help="keep only eval (--eval) or only training (--no-eval) messages")
+    p.add_argument("--min-reward", type=float)
+    p.add_argument("--max-reward", type=float)
+    p.add_argument("--to-dump", type=Path, metavar="DIR", help="write trajectory dumps under DIR")
+    p.add_argument("--to-jsonl", type=Path, metavar="FILE", help="write decoded messages, one JSON line each")
+    p.add_argument("--tensors", choices=("full", "summary"), default="full", help="tensors in --to-jsonl: full values (default) or dtype/shape/digest")
+    p.add_argument("--to-experiment", metavar="NAME", help="re-publish the raw records into this experiment's topic of the same role")
+    p.add_argument("--to-trial", metavar="T", help="trial of --to-experiment (default: the source trial)")
+    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer for --to-dump (default: rollout.tokenizer_path, reward.tokenizer_path, rollout.model_path)")
+    p.add_argument("--resume-file", type=Path, metavar="F", help="save progress here; a later run with it continues")
+    p.add_argument("--checkpoint-every", type=int, default=100, metavar="N", help="save the resume file every N records")
+    p.add_argument("--max-records", type=int, metavar="N", help="stop (resumably) after reading N records")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_replay_command)
+
+
+def _register_tail(subparsers: Any) -> None:
+    p = subparsers.add_parser("tail", help="print a topic's messages as they arrive")
+    add_config_arguments(p)
+    p.add_argument("role", choices=ROLES, metavar="TOPIC_ROLE", help=" | ".join(ROLES))
+    p.add_argument("--from-beginning", action="store_true", help="start at the first offset instead of the end")
+    p.add_argument("--max-messages", type=int, metavar="N", help="exit after N messages")
+    p.add_argument("--json", dest="as_json", action="store_true", help="whole messages as JSON (tensors summarized)")
+    p.add_argument("--decode", metavar="TOKENIZER_PATH", help="show prompt and completion text")
+    p.set_defaults(func=_tail_command)
+
+
+def _register_status(subparsers: Any) -> None:
+    p = subparsers.add_parser("status", help="offsets, lags, version and staleness budget on one screen")
+    add_config_arguments(p)
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="refresh period (default 2 s)")
+    p.set_defaults(func=_status_command)
+
+
+def _load(args: argparse.Namespace, tool: str) -> RollstreamConfig | None:
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"rollstream {tool}: {exc}", file=sys.stderr)
+        return None
+    setup_logging(tool, config.log_level, secret_values(config))
+    return config
+
+
+def _run(tool: str, body: Callable[[asyncio.Event], Awaitable[int]]) -> int:
+    """Run ``body(stop)`` with SIGINT/SIGTERM setting ``stop`` (main thread only)."""
+
+    async def main() -> int:
+        shutdown = ShutdownSignal()
+        if threading.current_thread() is threading.main_thread():
+            shutdown.install()
+        return await body(shutdown.event)
+
+    try:
+        return asyncio.run(main())
+    except (ValueError, RuntimeError) as exc:  # ReplayError, missing topics, bad files
+        print(f"rollstream {tool}: {exc}", file=sys.stderr)
+        return 1
+    except Exception:
+        log.exception("%s failed", tool)
+        return 1
+
+
+def _replay_options(args: argparse.Namespace) -> Any:
+    from rollstream.tools.replay import ReplayOptions
+
+    record_filter = RecordFilter(
+        task_ids=frozenset(args.task_id), min_version=args.min_version, max_version=args.max_version,
+        is_eval=args.is_eval, min_reward=args.min_reward, max_reward=args.max_reward,
+    )
+    return ReplayOptions(
+        offsets=parse_offset_specs(args.offset), since_ms=parse_since(args.since) if args.since else None,
+        filter=record_filter, to_dump=args.to_dump, to_jsonl=args.to_jsonl, tensors=args.tensors,
+        to_experiment=args.to_experiment, to_trial=args.to_trial, tokenizer_path=args.tokenizer,
+        resume_file=args.resume_file, checkpoint_every=max(1, args.checkpoint_every), max_records=args.max_records,
+    )
+
+
+def _replay_command(args: argparse.Namespace) -> int:
+    from rollstream.tools.progress import replay_progress
+    from rollstream.tools.replay import replay
+
+    config = _load(args, "replay")
+    if config is None:
+        return 2
+    try:
+        options = _replay_options(args)
+    except ValueError as exc:
+        print(f"rollstream replay: {exc}", file=sys.stderr)
+        return 2
+
+    async def body(stop: asyncio.Event) -> int:
+        with replay_progress(enabled=not args.no_progress) as bar:
+            stats = await replay(config, args.role, options, stop=stop, on_start=bar.start, progress=bar.advance)
+        print(
+            f"{stats.topic}: read {stats.read}, matched {stats.matched}, written {stats.written}, "
+            f"undecodable {stats.undecodable}; {'complete' if stats.completed else 'stopped (resumable)'}",
+            file=sys.stderr,
+        )
+        return 0 if stats.completed or args.max_records is not None else 130
+
+    return _run("replay", body)
+
+
+def _tail_command(args: argparse.Namespace) -> int:
+    from rollstream.tools.tail import TailOptions, tail
+
+    config = _load(args, "tail")
+    if config is None:
+        return 2
+    options = TailOptions(
+        from_beginning=args.from_beginning, max_messages=args.max_messages,
+        as_json=args.as_json, tokenizer_path=args.decode,
+    )
+
+    async def body(stop: asyncio.Event) -> int:
+        with contextlib.suppress(BrokenPipeError):  # e.g. piped into `head`
+            await tail(config, args.role, options, stop=stop)
+        return 0
+
+    return _run("tail", body)
+
+
+def _status_command(args: argparse.Namespace) -> int:
+    from rollstream.tools.status import status
+
+    config = _load(args, "status")
+    if config is None:
+        return 2
+
+    async def body(stop: asyncio.Event) -> int:
+        await status(config, once=args.once, interval=args.interval, stop=stop)
+        return 0
+
+    return _run("status", body)

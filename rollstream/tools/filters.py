@@ -1,0 +1,105 @@
+"""Which replayed messages to keep: task ids, tail-version range, eval flag, reward range.
+
+A message that lacks the property a filter asks about never matches that filter: with a
+version range set, prompts, rejections, failures, drops and dead letters are left out; with a
+reward range set, everything but scored episodes, episodes whose workflow set ``rewards``,
+and batches (mean reward of their rows) is left out; dead letters have no eval flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollstream.wire import (
+    Batch,
+    DeadLetter,
+    Episode,
+    ScoredEpisode,
+    decode_tensor,
+)
+
+
+def task_ids_of(message: Any) -> list[str]:
+    """The task ids a message belongs to (a batch can hold several groups)."""
+    match message:
+        case ScoredEpisode():
+            return [message.episode.task_id]
+        case Batch():
+            return list(message.task_ids)
+        case DeadLetter():
+            return [message.key.decode("utf-8", "replace")] if message.key else []
+    task_id = getattr(message, "task_id", None)
+    return [task_id] if task_id else []
+
+
+def tail_version_of(message: Any) -> int | None:
+    """Newest version over generated tokens of an episode, scored episode or batch."""
+    match message:
+        case ScoredEpisode():
+            return message.episode.tail_version
+        case Episode() | Batch():
+            return message.tail_version
+    return None
+
+
+def reward_of(message: Any) -> float | None:
+    match message:
+        case ScoredEpisode():
+            return message.reward
+        case Episode():
+            wire = message.trajectory.get("rewards")
+            return float(decode_tensor(wire).float().mean()) if wire is not None else None
+        case Batch():
+            wire = message.tensors.get("rewards")
+            if wire is None:
+                return None
+            rewards = decode_tensor(wire)
+            return float(rewards.float().mean()) if rewards.numel() else None
+    return None
+
+
+def is_eval_of(message: Any) -> bool | None:
+    if isinstance(message, ScoredEpisode):
+        return message.episode.is_eval
+    value = getattr(message, "is_eval", None)
+    return value if isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class RecordFilter:
+    """All set conditions must hold (an unset one always holds)."""
+
+    task_ids: frozenset[str] = field(default_factory=frozenset)
+    min_version: int | None = None
+    max_version: int | None = None
+    is_eval: bool | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+
+    @property
+    def active(self) -> bool:
+        """True when some condition is set (so records must be decoded to be judged)."""
+        return bool(self.task_ids) or any(
+            value is not None
+            for value in (self.min_version, self.max_version, self.is_eval, self.min_reward, self.max_reward)
+        )
+
+    def accepts(self, message: Any) -> bool:
+        if self.task_ids and not self.task_ids.intersection(task_ids_of(message)):
+            return False
+        if self.min_version is not None or self.max_version is not None:
+            version = tail_version_of(message)
+            if version is None or not _within(version, self.min_version, self.max_version):
+                return False
+        if self.is_eval is not None and is_eval_of(message) is not self.is_eval:
+            return False
+        if self.min_reward is not None or self.max_reward is not None:
+            reward = reward_of(message)
+            if reward is None or not _within(reward, self.min_reward, self.max_reward):
+                return False
+        return True
+
+
+def _within(value: float, low: float | None, high: float | None) -> bool:
+    return (low is None or value >= low) and (high is None or value <= high)

@@ -1,0 +1,136 @@
+"""Messages as JSON (tensors in full or summarized) and as one readable summary line.
+
+JSON is deterministic: struct fields in schema order (with the ``kind`` tag first), dict keys
+sorted, tensors either ``{"dtype", "shape", "values"}`` (``tensors="full"``, nested lists) or
+``{"dtype", "shape", "sha1"}`` (``tensors="summary"``: a digest of the raw little-endian bytes,
+enough to tell two tensors apart without printing them). Bytes (dead-letter keys and values)
+are base64 strings. NaN and infinities become ``null``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+import msgspec
+
+from rollstream.dump import Tokenizer, row_record
+from rollstream.wire import (
+    Batch,
+    DeadLetter,
+    Episode,
+    GroupDropped,
+    PromptTask,
+    SampleRejected,
+    ScoredEpisode,
+    TaskFailed,
+    WireTensor,
+    decode_tensor,
+    decode_tensor_dict,
+)
+
+TensorMode = Literal["full", "summary"]
+TEXT_PREVIEW_CHARS = 300
+
+
+def tensor_json(wire: WireTensor, mode: TensorMode) -> dict[str, Any]:
+    if mode == "summary":
+        return {"dtype": wire.dtype, "shape": list(wire.shape), "sha1": hashlib.sha1(wire.data).hexdigest()[:16]}
+    return {"dtype": wire.dtype, "shape": list(wire.shape), "values": decode_tensor(wire).tolist()}
+
+
+def to_jsonable(obj: Any, tensors: TensorMode = "full") -> Any:
+    """``obj`` (a message or part of one) as JSON-ready builtins (see the module docstring)."""
+    if isinstance(obj, WireTensor):
+        return tensor_json(obj, tensors)
+    if isinstance(obj, msgspec.Struct):
+        out: dict[str, Any] = {}
+        tag = type(obj).__struct_config__.tag
+        if tag is not None:
+            out["kind"] = tag
+        for field in obj.__struct_fields__:
+            out[field] = to_jsonable(getattr(obj, field), tensors)
+        return out
+    if isinstance(obj, dict):
+        return {str(key): to_jsonable(value, tensors) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(value, tensors) for value in obj]
+    return msgspec.to_builtins(obj)  # bytes -> base64, scalars unchanged
+
+
+def message_json(message: Any, tensors: TensorMode = "full") -> bytes:
+    """Deterministic JSON bytes of ``message`` (no trailing newline)."""
+    return msgspec.json.encode(to_jsonable(message, tensors), order="deterministic")
+
+
+def _versions(head: int, tail: int) -> str:
+    return f"v={head}..{tail}" if head != tail else f"v={tail}"
+
+
+def _episode_summary(episode: Episode, reward: float | None, tokenizer: Tokenizer | None) -> str:
+    tensors = decode_tensor_dict(episode.trajectory)
+    record = row_record(tensors, 0, task_id=episode.task_id, sample_idx=episode.sample_idx, reward=reward, tokenizer=tokenizer)
+    rows = tensors["input_ids"].shape[0]
+    reward_text = "-" if reward is None else f"{reward:.4g}"
+    text = (
+        f"task={episode.task_id} sample={episode.sample_idx}/{episode.group_size} "
+        f"{_versions(episode.head_version, episode.tail_version)} reward={reward_text} "
+        f"stop={episode.stop_reason} len={record['prompt_len']}+{record['seqlen'] - record['prompt_len']}"
+        f"{f' rows={rows}' if rows > 1 else ''}{' eval' if episode.is_eval else ''}"
+    )
+    if tokenizer is not None:
+        text += f"\n    prompt: {_preview(record['prompt'])}\n    completion: {_preview(record['completion'])}"
+    return text
+
+
+def _preview(text: str | None) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= TEXT_PREVIEW_CHARS else shown[:TEXT_PREVIEW_CHARS] + "..."
+
+
+def _batch_summary(batch: Batch) -> str:
+    tensors = decode_tensor_dict(batch.tensors)
+    rewards = tensors.get("rewards")
+    mean = f"{float(rewards.float().mean()):.4g}" if rewards is not None and rewards.numel() else "-"
+    shape = list(tensors["input_ids"].shape) if "input_ids" in tensors else []
+    tasks = ",".join(batch.task_ids[:4]) + ("..." if len(batch.task_ids) > 4 else "")
+    return (
+        f"tasks={tasks} groups={len(batch.task_ids)} shape={shape} "
+        f"{_versions(batch.head_version, batch.tail_version)} trainer={batch.trainer_version} "
+        f"staleness={batch.staleness} reward_mean={mean}{' eval' if batch.is_eval else ''}"
+    )
+
+
+def summary_line(message: Any, tokenizer: Tokenizer | None = None) -> str:
+    """One readable line (kind, task, sample, versions, reward, stop reason, lengths);
+    with a tokenizer, episodes get two more lines with the prompt and completion text."""
+    match message:
+        case ScoredEpisode():
+            body = _episode_summary(message.episode, message.reward, tokenizer)
+        case Episode():
+            body = _episode_summary(message, None, tokenizer)
+        case SampleRejected():
+            body = (
+                f"task={message.task_id} sample={message.sample_idx}/{message.group_size} "
+                f"reason={message.reason!r} failed={'yes' if message.failed else 'no'}"
+            )
+        case TaskFailed():
+            body = f"task={message.task_id} reason={message.reason!r}"
+        case PromptTask():
+            body = (
+                f"task={message.task_id} group={message.group_size} workflow={message.workflow or '-'} "
+                f"epoch={message.epoch} index={message.index}{' eval' if message.is_eval else ''}"
+            )
+        case Batch():
+            body = _batch_summary(message)
+        case GroupDropped():
+            body = f"task={message.task_id} reason={message.reason} trainer={message.trainer_version} detail={message.detail!r}"
+        case DeadLetter():
+            body = (
+                f"tier={message.tier} from={message.source_topic}[{message.partition}]@{message.offset} "
+                f"reason={message.reason!r}"
+            )
+        case _:
+            body = repr(message)
+    kind = type(message).__struct_config__.tag if isinstance(message, msgspec.Struct) else "?"
+    return f"{kind:<11} {body}"

@@ -1,0 +1,240 @@
+"""A one-screen view of an experiment: topic offsets and rates, group lags, version, budget.
+
+``collect`` takes one snapshot (rates come from the previous snapshot's end offsets); the
+reward means per version come from a sample of the last ``REWARD_SAMPLE`` records of
+``scored`` (cheap, and enough to spot a reward function that went wrong).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import GroupCoordinatorNotAvailableError, KafkaError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from rollstream.config import RollstreamConfig
+from rollstream.kafka.clients import make_admin, make_consumer
+from rollstream.kafka.topics import TopicNames
+from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.tools.roles import ROLES, topic_for
+from rollstream.wire import ScoredEpisode, WireDecodeError, decode_scored
+
+REWARD_SAMPLE = 200
+SAMPLE_SECONDS = 2.0
+
+
+@dataclass
+class GroupLag:
+    tier: str
+    group_id: str
+    topic: str | None  # input topic; None for a tier that consumes with no group
+    committed: int | None = None  # sum of committed offsets; None when nothing committed
+    lag: int | None = None
+    error: str | None = None  # why the offsets could not be read
+
+
+@dataclass
+class Snapshot:
+    at: float
+    experiment: str
+    ends: dict[str, dict[int, int]]  # topic -> partition -> end offset
+    roles: dict[str, str]  # role -> topic
+    rates: dict[str, float | None]
+    groups: list[GroupLag]
+    usage: dict[str, int]
+    drops: dict[str, int]
+    reward_by_version: dict[int, tuple[float, int]] = field(default_factory=dict)
+
+    def end_total(self, role: str) -> int:
+        return sum(self.ends.get(self.roles[role], {}).values())
+
+
+def consumer_groups(config: RollstreamConfig, names: TopicNames) -> list[GroupLag]:
+    """Every tier's consumer group and the topic whose lag it has."""
+    return [
+        GroupLag("producer", names.group_id("producer"), None),
+        GroupLag("rollout-worker", names.group_id("rollout-worker"), names.prompts),
+        GroupLag("reward-worker", names.group_id("reward-worker"), names.episodes),
+        GroupLag("grouping", names.group_id("grouping"), names.scored),
+        GroupLag("dump", names.group_id("dump"), names.scored),
+        GroupLag("trainer", config.trainer.group_id, names.batches),
+    ]
+
+
+class StatusCollector:
+    """Holds the clients between refreshes; use as an async context manager."""
+
+    def __init__(self, config: RollstreamConfig) -> None:
+        self.config = config
+        self.names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+        self._stack = contextlib.AsyncExitStack()
+        self._previous: Snapshot | None = None
+
+    async def __aenter__(self) -> StatusCollector:
+        self.consumer: AIOKafkaConsumer = make_consumer(self.config.kafka, "status", group_id=None, read_committed=True)
+        await self.consumer.start()
+        self._stack.push_async_callback(self.consumer.stop)
+        self.admin: AIOKafkaAdminClient = make_admin(self.config.kafka, "status")
+        await self.admin.start()
+        self._stack.push_async_callback(self.admin.close)
+        self.redis = connect(self.config.redis)
+        self._stack.push_async_callback(self.redis.aclose)
+        exp = self.config.experiment
+        self.budget = StalenessBudget(
+            self.redis, RedisKeys(exp.experiment_name, exp.trial_name),
+            self.config.staleness.max_head_offpolicyness, self.config.staleness.batch_size,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def collect(self) -> Snapshot:
+        roles = {role: topic_for(self.names, role) for role in ROLES}
+        ends = await self._end_offsets(list(roles.values()))
+        now = time.monotonic()
+        groups = consumer_groups(self.config, self.names)
+        for group in groups:
+            await self._fill_lag(group, ends)
+        snapshot = Snapshot(
+            at=now, experiment=f"{self.names.experiment}/{self.names.trial}", ends=ends, roles=roles,
+            rates=self._rates(ends, now), groups=groups,
+            usage=await self.budget.usage(), drops=await self.budget.drops_by_reason(),
+            reward_by_version=await self._reward_sample(ends.get(roles["scored"], {})),
+        )
+        self._previous = snapshot
+        return snapshot
+
+    async def _end_offsets(self, topics: list[str]) -> dict[str, dict[int, int]]:
+        existing = set(await self.admin.list_topics())
+        wanted = [topic for topic in topics if topic in existing]
+        described = await self.admin.describe_topics(wanted) if wanted else []
+        tps = [
+            TopicPartition(entry["topic"], part["partition"])
+            for entry in described if entry["error_code"] == 0
+            for part in entry["partitions"]
+        ]
+        ends: dict[str, dict[int, int]] = {}
+        for tp, offset in sorted((await self.consumer.end_offsets(tps) if tps else {}).items()):
+            ends.setdefault(tp.topic, {})[tp.partition] = offset
+        return ends
+
+    async def _fill_lag(self, group: GroupLag, ends: dict[str, dict[int, int]]) -> None:
+        if group.topic is None or group.topic not in ends:
+            return
+        tps = [TopicPartition(group.topic, p) for p in ends[group.topic]]
+        try:
+            offsets = await self.admin.list_consumer_group_offsets(group.group_id, partitions=tps)
+        except KafkaError as exc:
+            # e.g. no coordinator yet on a fresh broker: show it, keep the rest of the screen
+            group.error = "no coordinator yet" if isinstance(exc, GroupCoordinatorNotAvailableError) else type(exc).__name__
+            return
+        committed = {tp.partition: meta.offset for tp, meta in offsets.items() if meta is not None and meta.offset >= 0}
+        if committed:
+            group.committed = sum(committed.values())
+            group.lag = sum(end - committed.get(p, 0) for p, end in ends[group.topic].items())
+
+    def _rates(self, ends: dict[str, dict[int, int]], now: float) -> dict[str, float | None]:
+        prev = self._previous
+        rates: dict[str, float | None] = {}
+        for topic, partitions in ends.items():
+            if prev is None or now <= prev.at or topic not in prev.ends:
+                rates[topic] = None
+            else:
+                rates[topic] = (sum(partitions.values()) - sum(prev.ends[topic].values())) / (now - prev.at)
+        return rates
+
+    async def _reward_sample(self, ends: dict[int, int]) -> dict[int, tuple[float, int]]:
+        if not ends:
+            return {}
+        topic = self.names.scored
+        per_partition = math.ceil(REWARD_SAMPLE / len(ends))
+        tps = [TopicPartition(topic, p) for p in ends]
+        begins = await self.consumer.beginning_offsets(tps)
+        self.consumer.assign(tps)
+        for tp in tps:
+            self.consumer.seek(tp, max(begins[tp], ends[tp.partition] - per_partition))
+        sums: dict[int, list[float]] = {}
+        deadline = time.monotonic() + SAMPLE_SECONDS
+        while time.monotonic() < deadline:
+            polled = await self.consumer.getmany(timeout_ms=200)
+            for records in polled.values():
+                for record in records:
+                    _add_reward(sums, record.value)
+            positions = [await self.consumer.position(tp) for tp in tps]
+            if all(pos >= ends[tp.partition] for pos, tp in zip(positions, tps)):
+                break
+        self.consumer.unsubscribe()
+        return {v: (sum(r) / len(r), len(r)) for v, r in sorted(sums.items())}
+
+
+def _add_reward(sums: dict[int, list[float]], value: bytes | None) -> None:
+    try:
+        message = decode_scored(value)
+    except WireDecodeError:
+        return
+    if isinstance(message, ScoredEpisode):
+        sums.setdefault(message.episode.tail_version, []).append(message.reward)
+
+
+def render(snapshot: Snapshot) -> Group:
+    """The snapshot as rich tables."""
+    topics = Table(title=f"rollstream {snapshot.experiment}", title_justify="left")
+    for column in ("role", "topic", "end offset", "rate/s"):
+        topics.add_column(column, justify="right" if column != "topic" and column != "role" else "left")
+    for role, topic in snapshot.roles.items():
+        rate = snapshot.rates.get(topic)
+        exists = topic in snapshot.ends
+        topics.add_row(role, topic, str(snapshot.end_total(role)) if exists else "missing", "-" if rate is None else f"{rate:.1f}")
+    groups = Table(title="consumer groups", title_justify="left")
+    for column in ("tier", "group", "input", "committed", "lag"):
+        groups.add_column(column)
+    for g in snapshot.groups:
+        groups.add_row(
+            g.tier, g.group_id, g.topic or "(no group input)",
+            g.error or ("-" if g.committed is None else str(g.committed)), "-" if g.lag is None else str(g.lag),
+        )
+    usage = snapshot.usage
+    used = usage.get("admitted", 0) - usage.get("dropped", 0)
+    budget = Table(title="trainer version and staleness budget", title_justify="left")
+    for column in ("version", "admitted", "dropped", "in flight", "capacity", "used", "drops by reason"):
+        budget.add_column(column)
+    drops = ", ".join(f"{reason}={count}" for reason, count in sorted(snapshot.drops.items())) or "-"
+    capacity = usage.get("capacity", 0)
+    budget.add_row(
+        str(usage.get("version", 0)), str(usage.get("admitted", 0)), str(usage.get("dropped", 0)),
+        str(used), str(capacity), f"{100 * used / capacity:.0f}%" if capacity else "-", drops,
+    )
+    rewards = Table(title=f"reward by tail version (last {REWARD_SAMPLE} scored)", title_justify="left")
+    for column in ("version", "mean reward", "samples"):
+        rewards.add_column(column)
+    for version, (mean, count) in snapshot.reward_by_version.items():
+        rewards.add_row(str(version), f"{mean:.4f}", str(count))
+    return Group(topics, groups, budget, rewards)
+
+
+async def status(config: RollstreamConfig, *, once: bool, interval: float = 2.0,
+                 console: Console | None = None, stop: asyncio.Event | None = None) -> Snapshot:
+    """Print one snapshot (``once``) or refresh a live screen every ``interval`` seconds
+    until ``stop`` is set; returns the last snapshot."""
+    console = console or Console()
+    async with StatusCollector(config) as collector:
+        snapshot = await collector.collect()
+        if once:
+            console.print(render(snapshot))
+            return snapshot
+        with Live(render(snapshot), console=console, refresh_per_second=4) as live:
+            while not (stop is not None and stop.is_set()):
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for((stop or asyncio.Event()).wait(), interval)
+                snapshot = await collector.collect()
+                live.update(render(snapshot))
+    return snapshot

@@ -1,0 +1,308 @@
+"""Debugging tools against the real broker and Redis: replay, tail, status, dump service, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+
+from consumers import dump_service
+from rollstream.api.engine import WeightUpdate
+from rollstream.config import RollstreamConfig
+from rollstream.dump import dump_path, dump_record
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_admin, make_consumer, make_producer
+from rollstream.kafka.topics import TopicNames
+from rollstream.metrics import serve_metrics
+from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.tools.replay import ReplayOptions, replay
+from rollstream.tools.roles import partitions_of, topic_for
+from rollstream.wire import SampleRejected, ScoredEpisode, decode_dead_letter, encode
+from tests.helpers import make_config
+from tests.unit.fakes import make_tokenizer
+from tests.unit.test_dump_record import multi_turn, scored, single_turn
+
+pytestmark = pytest.mark.broker
+
+WAIT_S = 60.0
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("tokenizer")
+    make_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def config(kafka_bootstrap: str, redis_url: str, unique_name: str, tokenizer_dir: str, tmp_path: Path) -> RollstreamConfig:
+    return make_config(
+        kafka_bootstrap, redis_url, unique_name,
+        {"rollout": {"tokenizer_path": tokenizer_dir, "fileroot": str(tmp_path / "service-dumps")}},
+    )
+
+
+def names_of(config: RollstreamConfig) -> TopicNames:
+    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+
+
+def sample_messages() -> list[ScoredEpisode]:
+    """Two tasks of two samples each, at different versions, one multi-turn."""
+    return [
+        scored(single_turn("what is two plus two", "four <eos>", [1, 2]), 1.0, task_id="q/1", sample_idx=0),
+        scored(single_turn("what is two plus two", "five <eos>", [2, 2]), 0.0, task_id="q/1", sample_idx=1),
+        scored(multi_turn(), 0.5, task_id="q2", sample_idx=0),
+        scored(single_turn("hello", "world <eos>", [3, 3]), 0.0, task_id="q2", sample_idx=1, is_eval=True),
+    ]
+
+
+async def publish(config: RollstreamConfig, role: str, values: list[tuple[bytes, bytes]]) -> None:
+    """Send (key, value) records into ``role`` of ``config``'s experiment, in order."""
+    names = names_of(config)
+    await ensure_topics(config.kafka, names)
+    producer = make_producer(config.kafka, "test")
+    await producer.start()
+    try:
+        for key, value in values:
+            await producer.send_and_wait(topic_for(names, role), value, key=key)
+    finally:
+        await producer.stop()
+
+
+async def publish_scored(config: RollstreamConfig) -> list[ScoredEpisode]:
+    messages = sample_messages()
+    records = [(m.episode.task_id.encode(), encode(m)) for m in messages]
+    records.insert(2, (b"q/1", encode(SampleRejected(task_id="q/1", sample_idx=1, group_size=2))))
+    records.append((b"bad", b"\xc1 not msgpack"))
+    await publish(config, "scored", records)
+    return messages
+
+
+async def read_raw(config: RollstreamConfig, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
+    """Every (partition, key, value) of ``topic`` up to its end, partition by partition."""
+    consumer = make_consumer(config.kafka, "test-reader", group_id=None)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in await partitions_of(config.kafka, topic) or []]
+        ends = await consumer.end_offsets(tps)
+        found: list[tuple[int, bytes | None, bytes | None]] = []
+        for tp in tps:
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            while await consumer.position(tp) < ends[tp]:
+                for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
+                    found.append((record.partition, record.key, record.value))
+        return found
+    finally:
+        await consumer.stop()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def read_dump(root: Path, config: RollstreamConfig) -> dict[tuple[str, int], dict[str, Any]]:
+    base = root / config.experiment.experiment_name / config.experiment.trial_name
+    lines = [json.loads(line) for path in sorted(base.rglob("*.jsonl")) for line in path.read_text().splitlines()]
+    return {(line["task_id"], line["sample_idx"]): line for line in lines}
+
+
+async def test_replay_scored_to_dump_matches_the_episodes(config: RollstreamConfig, tmp_path: Path) -> None:
+    messages = await publish_scored(config)
+    stats = await replay(config, "scored", ReplayOptions(to_dump=tmp_path / "dump"))
+    assert stats.completed and stats.read == 6 and stats.undecodable == 1
+    dumped = read_dump(tmp_path / "dump", config)
+    tokenizer = make_tokenizer()
+    assert len(dumped) == 4
+    for message in messages:
+        episode = message.episode
+        expected = dump_record(message, tokenizer)
+        assert dumped[(episode.task_id, episode.sample_idx)] == expected
+        exp = config.experiment
+        path = dump_path(tmp_path / "dump", exp.experiment_name, exp.trial_name, episode.is_eval, expected["tail_version"], episode.task_id)
+        assert json.dumps(expected, ensure_ascii=False) in path.read_text()
+    assert dumped[("q2", 0)]["prompt_len"] == 4 and dumped[("q2", 0)]["head_version"] == 3
+
+
+async def test_replay_filters(config: RollstreamConfig, tmp_path: Path) -> None:
+    await publish_scored(config)
+    only_q2 = await replay(
+        config, "scored", ReplayOptions(to_dump=tmp_path / "a", filter=_filter(task_ids=frozenset({"q2"}), is_eval=False))
+    )
+    assert only_q2.matched == 1 and set(read_dump(tmp_path / "a", config)) == {("q2", 0)}
+    await replay(config, "scored", ReplayOptions(to_dump=tmp_path / "b", filter=_filter(min_reward=0.5)))
+    assert set(read_dump(tmp_path / "b", config)) == {("q/1", 0), ("q2", 0)}
+    await replay(config, "scored", ReplayOptions(to_dump=tmp_path / "c", filter=_filter(min_reward=0.5, max_version=4)))
+    assert set(read_dump(tmp_path / "c", config)) == {("q/1", 0)}  # q2 sample 0 ends at version 5
+
+
+def _filter(**kw: Any) -> Any:
+    from rollstream.tools.filters import RecordFilter
+
+    return RecordFilter(**kw)
+
+
+async def test_replay_to_jsonl_twice_gives_identical_bytes(config: RollstreamConfig, tmp_path: Path) -> None:
+    await publish_scored(config)
+    await replay(config, "scored", ReplayOptions(to_jsonl=tmp_path / "one.jsonl"))
+    await replay(config, "scored", ReplayOptions(to_jsonl=tmp_path / "two.jsonl"))
+    one = (tmp_path / "one.jsonl").read_bytes()
+    assert one == (tmp_path / "two.jsonl").read_bytes()
+    lines = [json.loads(line) for line in one.splitlines()]
+    assert len(lines) == 6
+    assert [line["offset"] for line in lines if line["partition"] == 0] == sorted(
+        line["offset"] for line in lines if line["partition"] == 0
+    )
+    assert [line["partition"] for line in lines] == sorted(line["partition"] for line in lines)
+    assert sum("error" in line for line in lines) == 1
+    kinds = sorted(line["message"]["kind"] for line in lines if "message" in line)
+    assert kinds == ["rejected", "scored", "scored", "scored", "scored"]
+
+
+async def test_replay_to_experiment_copies_records_byte_for_byte(config: RollstreamConfig, unique_name: str) -> None:
+    await publish_scored(config)
+    stats = await replay(config, "scored", ReplayOptions(to_experiment=f"{unique_name}-copy"))
+    assert stats.written == 6
+    source = await read_raw(config, names_of(config).scored)
+    target = await read_raw(config, TopicNames(f"{unique_name}-copy", "t0").scored)
+    assert target == source  # same partitions, keys and bytes, in order (the bad record too)
+
+
+async def test_stop_and_resume_adds_up_to_one_run(config: RollstreamConfig, tmp_path: Path) -> None:
+    await publish_scored(config)
+    await replay(config, "scored", ReplayOptions(to_jsonl=tmp_path / "whole.jsonl"))
+    resume = tmp_path / "resume.json"
+    parts = tmp_path / "parts.jsonl"
+    first = await replay(config, "scored", ReplayOptions(to_jsonl=parts, resume_file=resume, max_records=2))
+    assert not first.completed and first.read == 2
+    saved = json.loads(resume.read_text())["next"]
+    assert sum(saved.values()) - sum(first.start.values()) == 2
+    stop = asyncio.Event()
+
+    def stop_after_one(stats: Any) -> None:
+        stop.set()  # the replay finishes the record in hand, then stops
+
+    second = await replay(
+        config, "scored", ReplayOptions(to_jsonl=parts, resume_file=resume), stop=stop, progress=stop_after_one
+    )
+    assert not second.completed and second.read == 1
+    third = await replay(config, "scored", ReplayOptions(to_jsonl=parts, resume_file=resume))
+    assert third.completed and first.read + second.read + third.read == 6
+    assert parts.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+
+
+def cli(config: RollstreamConfig, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    overrides = [
+        f"kafka.bootstrap_servers={config.kafka.bootstrap_servers}", f"redis.url={config.redis.url}",
+        f"experiment.experiment_name={config.experiment.experiment_name}", "experiment.trial_name=t0",
+    ]
+    argv = [sys.executable, "-m", "rollstream.cli", *args]
+    for item in overrides:
+        argv += ["--set", item]
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env, check=False)
+
+
+async def test_tail_prints_summaries(config: RollstreamConfig) -> None:
+    await publish_scored(config)
+    done = await asyncio.to_thread(cli, config, "tail", "scored", "--from-beginning", "--max-messages", "6")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 6
+    assert sum(" scored " in line for line in lines) == 4
+    assert any("task=q2 sample=0/2 v=3..5 reward=0.5 stop=stop len=4+7" in line for line in lines)
+    assert any("rejected" in line and "task=q/1" in line for line in lines)
+    assert any(line.startswith("undecodable") for line in lines)
+
+
+async def test_status_once_shows_offsets_and_version(config: RollstreamConfig) -> None:
+    await publish_scored(config)
+    client = connect(config.redis)
+    exp = config.experiment
+    await VersionStore(client, RedisKeys(exp.experiment_name, exp.trial_name)).publish(WeightUpdate(3, "/weights/v3"))
+    await client.aclose()
+    done = await asyncio.to_thread(cli, config, "status", "--once")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    scored_row = next(line for line in out.splitlines() if names_of(config).scored in line and "scored" in line.split()[1:3])
+    assert " 6 " in scored_row
+    assert "consumer groups" in out and names_of(config).group_id("dump") in out
+    version_row = out.split("trainer version and staleness budget")[1].splitlines()
+    assert any(line.split("│")[1].strip() == "3" for line in version_row if line.count("│") > 3)
+    assert "reward by tail version" in out
+
+
+async def test_dump_service_writes_the_layout_and_serves_metrics(config: RollstreamConfig) -> None:
+    messages = await publish_scored(config)
+    stop = asyncio.Event()
+    service = asyncio.create_task(dump_service.run(config, stop))
+    root = Path(config.rollout.fileroot)
+    exp = config.experiment
+
+    async def all_dumped() -> bool:
+        if service.done():
+            service.result()
+        return len(read_dump(root, config)) == 4 if root.exists() else False
+
+    try:
+        await eventually(all_dumped, "the dump service to write 4 lines")
+        names = names_of(config)
+
+        async def committed() -> bool:
+            admin = make_admin(config.kafka, "test")
+            await admin.start()
+            try:
+                offsets = await admin.list_consumer_group_offsets(names.group_id("dump"))
+            finally:
+                await admin.close()
+            return sum(meta.offset for meta in offsets.values()) == 6
+
+        await eventually(committed, "the dump group to commit every offset")
+    finally:
+        stop.set()
+        await asyncio.wait_for(service, WAIT_S)
+    tokenizer = make_tokenizer()
+    for message in messages:
+        expected = dump_record(message, tokenizer)
+        path = dump_path(root, exp.experiment_name, exp.trial_name, message.episode.is_eval, expected["tail_version"], message.episode.task_id)
+        assert json.dumps(expected, ensure_ascii=False) in path.read_text()
+    letters = [decode_dead_letter(value) for _, _, value in await read_raw(config, names_of(config).dead_letter)]
+    assert [(letter.tier, letter.source_topic, letter.key) for letter in letters] == [("dump", names_of(config).scored, b"bad")]
+    await assert_metrics_served()
+
+
+async def assert_metrics_served() -> None:
+    """GET /metrics from serve_metrics: every pipeline metric is exported, the dump's with values."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    serve_metrics(port)
+
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    text = await asyncio.to_thread(get)
+    for name in (
+        "rollstream_messages_in_total", "rollstream_messages_out_total", "rollstream_episodes_total",
+        "rollstream_generated_tokens_total", "rollstream_reward", "rollstream_staleness_versions",
+        "rollstream_group_completion_seconds", "rollstream_dead_letters_total", "rollstream_engine_request_seconds",
+    ):
+        assert f"# TYPE {name} " in text, name
+    assert 'rollstream_dead_letters_total{reason="undecodable",tier="dump"}' in text
+    assert 'rollstream_episodes_total{outcome="dumped",tier="dump"}' in text

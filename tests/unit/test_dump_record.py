@@ -1,0 +1,146 @@
+"""Trajectory dump lines and layout: the fields, the two fixes over the reference, the writer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rollstream.dump import DUMP_FIELDS, DumpWriter, dump_lines, dump_path, dump_record, safe_task_id
+from rollstream.tensors import TrajectoryBuilder, concat_padded_tensors
+from rollstream.wire import Batch, Episode, SampleRejected, ScoredEpisode, encode_tensor_dict
+from tests.unit.fakes import ids, make_tokenizer
+
+
+def single_turn(prompt: str, output: str, versions: list[int], reward: float | None = None) -> dict[str, torch.Tensor]:
+    builder = TrajectoryBuilder()
+    builder.add_prompt(ids(prompt))
+    out = ids(output)
+    builder.add_output(out, [-0.5] * len(out), versions)
+    return builder.to_tensors(reward=reward)
+
+
+def multi_turn() -> dict[str, torch.Tensor]:
+    """prompt (4) | turn 1 (2 tokens, v3) | user retry (3) | turn 2 (2 tokens, v4, v5)."""
+    builder = TrajectoryBuilder()
+    builder.add_prompt(ids("<|user|> what is two"))
+    builder.add_output(ids("<|assistant|> five"), [-0.1, -0.2], [3, 3])
+    builder.add_prompt(ids("<|user|> try again"))
+    builder.add_output(ids("<|assistant|> four"), [-0.3, -0.4], [4, 5])
+    return builder.to_tensors(reward=1.0)
+
+
+def episode(
+    tensors: dict[str, torch.Tensor], task_id: str = "task-1", sample_idx: int = 0,
+    group_size: int = 2, is_eval: bool = False,
+) -> Episode:
+    versions = tensors["versions"][tensors["loss_mask"].bool()]
+    return Episode(
+        task_id=task_id, sample_idx=sample_idx, group_size=group_size,
+        trajectory=encode_tensor_dict(tensors), is_eval=is_eval,
+        head_version=int(versions.min()), tail_version=int(versions.max()),
+    )
+
+
+def scored(tensors: dict[str, torch.Tensor], reward: float, **kw: object) -> ScoredEpisode:
+    return ScoredEpisode(episode=episode(tensors, **kw), reward=reward)  # type: ignore[arg-type]
+
+
+def test_single_turn_fields() -> None:
+    record = dump_record(scored(single_turn("what is two plus two", "four <eos>", [2, 3]), 1.0), make_tokenizer())
+    assert list(record) == list(DUMP_FIELDS)
+    assert record["task_id"] == "task-1" and record["sample_idx"] == 0
+    assert record["seqlen"] == 7 and record["prompt_len"] == 5
+    # fix 1: head is the oldest GENERATED token's version, not the prompt's -1
+    assert (record["head_version"], record["tail_version"]) == (2, 3)
+    assert record["reward"] == 1.0
+    assert record["prompt"] == "what is two plus two"
+    assert record["completion"] == "four <eos>"  # special tokens kept
+
+
+def test_multi_turn_prompt_len_counts_tokens_before_first_generated_token() -> None:
+    record = dump_record(scored(multi_turn(), 0.25), make_tokenizer())
+    assert record["seqlen"] == 11
+    # fix 2: the reference's seqlen - sum(loss_mask) = 7 counts the user retry as prompt
+    assert record["prompt_len"] == 4
+    assert (record["head_version"], record["tail_version"]) == (3, 5)
+    assert record["prompt"] == "<|user|> what is two"
+    assert record["completion"] == "<|assistant|> five <|user|> try again <|assistant|> four"
+    assert record["reward"] == 0.25  # a one-row scored episode: the message's reward
+
+
+def test_rows_of_a_padded_episode_each_get_a_line() -> None:
+    rows = concat_padded_tensors([
+        single_turn("what is two", "four", [1], reward=0.5),
+        single_turn("hello", "world again <eos>", [1, 2, 2], reward=-1.0),
+    ])
+    lines = dump_lines(episode(rows), make_tokenizer())
+    assert [line.record["seqlen"] for line in lines] == [4, 4]
+    assert [line.record["prompt_len"] for line in lines] == [3, 1]
+    assert [line.record["reward"] for line in lines] == [0.5, -1.0]
+    assert [line.tail_version for line in lines] == [1, 2]
+    assert lines[0].record["completion"] == "four"  # padding is not part of the sequence
+
+
+def test_no_generated_token_and_no_tokenizer() -> None:
+    builder = TrajectoryBuilder()
+    builder.add_prompt(ids("hello world"))
+    record = dump_record(episode_without_output(builder.to_tensors()), None)
+    assert record["prompt_len"] == record["seqlen"] == 2
+    assert (record["head_version"], record["tail_version"]) == (-1, -1)
+    assert record["prompt"] is None and record["completion"] is None and record["reward"] is None
+
+
+def episode_without_output(tensors: dict[str, torch.Tensor]) -> Episode:
+    return Episode(task_id="t", sample_idx=0, group_size=1, trajectory=encode_tensor_dict(tensors))
+
+
+def test_batches_dump_one_line_per_row_with_their_task() -> None:
+    rows = concat_padded_tensors([single_turn("hello", "world", [4], 1.0), single_turn("what", "is two", [5, 6], 0.0)])
+    batch = Batch(
+        task_ids=["a", "b"], group_sizes=[1, 1], row_task=[0, 1], sample_idx=[0, 0],
+        tensors=encode_tensor_dict(rows), tail_version=6,
+    )
+    lines = dump_lines(batch, make_tokenizer())
+    assert [(line.task_id, line.tail_version, line.record["reward"]) for line in lines] == [("a", 4, 1.0), ("b", 6, 0.0)]
+
+
+def test_rejections_are_not_dumped() -> None:
+    assert dump_lines(SampleRejected(task_id="t", sample_idx=0, group_size=1), None) == []
+
+
+@pytest.mark.parametrize(
+    ("task_id", "expected_prefix"),
+    [("gsm8k-17", "gsm8k-17"), ("a/b", "a_b-"), ("../x", "_._x-"), (".hidden", "_hidden-"), ("", "-")],
+)
+def test_safe_task_id(task_id: str, expected_prefix: str) -> None:
+    name = safe_task_id(task_id)
+    assert name.startswith(expected_prefix)
+    assert "/" not in name and not name.startswith(".")
+    if task_id == "gsm8k-17":
+        assert name == task_id
+
+
+def test_safe_task_id_never_merges_different_ids() -> None:
+    assert safe_task_id("a/b") != safe_task_id("a:b") != safe_task_id("a_b")
+    assert len(safe_task_id("x" * 1000)) <= 200
+
+
+def test_layout() -> None:
+    assert dump_path("/r", "exp", "t0", False, 7, "q/1") == Path(f"/r/exp/t0/rollout/7/{safe_task_id('q/1')}.jsonl")
+    assert dump_path("/r", "exp", "t0", True, 0, "q1") == Path("/r/exp/t0/eval-rollout/0/q1.jsonl")
+
+
+async def test_writer_appends_lines_under_the_tail_version(tmp_path: Path) -> None:
+    writer = DumpWriter(tmp_path, "exp", "t0", make_tokenizer(), flush_every=1000)
+    await writer.write(scored(single_turn("hello", "world", [2]), 1.0, sample_idx=0))
+    await writer.write(scored(single_turn("hello", "four", [2]), 0.0, sample_idx=1))
+    await writer.write(scored(single_turn("hello", "five", [3]), 0.0, task_id="task-1", is_eval=True))
+    assert not (tmp_path / "exp").exists()  # buffered until flushed
+    await writer.close()
+    lines = (tmp_path / "exp/t0/rollout/2/task-1.jsonl").read_text().splitlines()
+    assert [json.loads(line)["completion"] for line in lines] == ["world", "four"]
+    assert json.loads((tmp_path / "exp/t0/eval-rollout/3/task-1.jsonl").read_text())["tail_version"] == 3
+    assert writer.lines_written == 3
