@@ -18,6 +18,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from rollstream.dev.processes import MissingToolError
+
 logger = logging.getLogger(__name__)
 
 KAFKA_VERSION = "4.1.1"  # keep in step with <kafka.version> in pom.xml
@@ -25,10 +27,6 @@ POM_PATH = Path(__file__).with_name("pom.xml")
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 MAVEN_TIMEOUT_S = 1200.0
 _MARKER = ".complete"
-
-
-class MissingToolError(RuntimeError):
-    """A program the local dev services need (java, mvn, redis-server) is not installed."""
 
 
 def cache_dir() -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,13 +22,47 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 LOCALHOST = "127.0.0.1"
+_random = random.SystemRandom()  # independent of any random.seed() a test may call
+_handed_out: set[int] = set()
+
+
+class MissingToolError(RuntimeError):
+    """A program the local dev services need (java, mvn, redis-server) is not installed."""
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port on 127.0.0.1 that was free a moment ago, below the ephemeral range.
+
+    Outside the ephemeral range, no client connection can take the port as its source port
+    while a server is down for a restart (which would also let a reconnecting client connect
+    to itself and keep the port busy).
+    """
+    low, high = 10000, _ephemeral_start()
+    for _ in range(100):
+        port = _random.randrange(low, high)
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)  # never twice in one process, even before it is bound
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # let the OS pick
         sock.bind((LOCALHOST, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_start() -> int:
+    try:
+        start = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        start = 32768
+    return max(start, 10001)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((LOCALHOST, port))
+        except OSError:
+            return False
+    return True
 
 
 def port_open(port: int, host: str = LOCALHOST, timeout: float = 0.5) -> bool:

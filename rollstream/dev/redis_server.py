@@ -14,8 +14,13 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from rollstream.dev.kafka_jars import MissingToolError
-from rollstream.dev.processes import LOCALHOST, ServiceProcess, free_port, log_tail
+from rollstream.dev.processes import (
+    LOCALHOST,
+    MissingToolError,
+    ServiceProcess,
+    free_port,
+    log_tail,
+)
 
 logger = logging.getLogger(__name__)
 
