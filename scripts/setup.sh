@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install what rollstream needs on a fresh Debian machine: redis-server, Java and Maven (for
+# the local Kafka broker), the package with its dev extra, and the Kafka broker jars (cached
+# under ~/.cache/rollstream). Safe to run again: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || missing+=(maven)
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${missing[*]}" >&2
+  $sudo apt-get update
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+if ! python -c 'import rollstream, pytest_asyncio, hypothesis, matplotlib' 2>/dev/null \
+   || [ "${ROLLSTREAM_REINSTALL:-0}" = 1 ] || ! pip show rollstream >/dev/null 2>&1; then
+  python -m pip install --disable-pip-version-check -q -e '.[dev]'
+fi
+# Re-register entry points when the source tree's tiers changed since the last install.
+python -m pip install --disable-pip-version-check -q --no-deps -e . >/dev/null
+
+python -c 'from rollstream.dev.kafka_jars import ensure_kafka_jars; print("kafka jars:", ensure_kafka_jars())'

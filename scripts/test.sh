@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command: set up, then run the whole suite against a real Kafka broker and Redis
+# (started by the test fixtures, or taken from KAFKA_BOOTSTRAP_SERVERS / REDIS_URL).
+# Fails on any test failure and when no test ran (pytest exit 5).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+status=0
+python -m pytest -q "$@" || status=$?
+if [ "$status" -ne 0 ]; then
+  echo "test.sh: pytest exited with status $status" >&2
+  exit "$status"
+fi
