@@ -230,7 +230,8 @@ class _Runner:
             batch = (await self.consumer.getmany(tp, timeout_ms=POLL_MS)).get(tp, [])
             before = self.stats.next[tp.partition]
             for record in batch:
-                if record.offset >= end:
+                if record.offset >= end:  # written after the replay started
+                    self._advance(tp, end)
                     break
                 if self._should_stop():
                     return False

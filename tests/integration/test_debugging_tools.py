@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import serve_metrics
 from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.tools.positions import ALL_PARTITIONS
 from rollstream.tools.replay import ReplayOptions, replay
 from rollstream.tools.roles import partitions_of, topic_for
 from rollstream.wire import SampleRejected, ScoredEpisode, decode_dead_letter, encode
@@ -204,6 +206,36 @@ async def test_stop_and_resume_adds_up_to_one_run(config: RollstreamConfig, tmp_
     third = await replay(config, "scored", ReplayOptions(to_jsonl=parts, resume_file=resume))
     assert third.completed and first.read + second.read + third.read == 6
     assert parts.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+
+
+async def test_replay_is_bounded_by_the_end_offsets_at_start(config: RollstreamConfig) -> None:
+    await publish_scored(config)
+    late: list[asyncio.Task[None]] = []
+
+    def publish_more(stats: Any) -> None:  # records that arrive while the replay runs
+        late.append(asyncio.ensure_future(publish(config, "scored", [(b"q9", b"late")] * 3)))
+
+    stats = await replay(config, "scored", ReplayOptions(), on_start=publish_more)
+    await late[0]
+    assert stats.completed and stats.read == 6 and sum(stats.end.values()) == 6
+    again = await replay(config, "scored", ReplayOptions())
+    assert again.read == 9
+
+
+async def test_replay_start_positions(config: RollstreamConfig) -> None:
+    await publish_scored(config)
+    whole = await replay(config, "scored", ReplayOptions())
+    non_empty = sum(1 for p in whole.end if whole.end[p] > 0)
+    skip_first = await replay(config, "scored", ReplayOptions(offsets={ALL_PARTITIONS: 1}))
+    assert skip_first.read == 6 - non_empty
+    busiest = max(whole.end, key=lambda p: whole.end[p])
+    one = await replay(config, "scored", ReplayOptions(offsets={busiest: whole.end[busiest] - 1}))
+    assert one.start[busiest] == whole.end[busiest] - 1
+    assert one.read == 6 - whole.end[busiest] + 1
+    future = await replay(config, "scored", ReplayOptions(since_ms=int(time.time() * 1000) + 3_600_000))
+    assert future.read == 0 and future.completed
+    past = await replay(config, "scored", ReplayOptions(since_ms=0))
+    assert past.read == 6
 
 
 def cli(config: RollstreamConfig, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
