@@ -1,0 +1,593 @@
+"""A local transformers engine: continuous batching with a KV cache, interruptible per token.
+
+Callers may rely on:
+
+* Sampling follows SGLang's order: penalties (frequency penalty; stop tokens masked while fewer
+  than ``min_new_tokens`` were generated), then temperature, then top-k, then top-p on the
+  renormalised top-k. Greedy (``greedy=True`` or ``temperature <= 0``) takes the argmax.
+* ``output_logprobs[i] = log_softmax(logits / T)[token]`` after penalties and before top-k/top-p
+  filtering, as SGLang reports them. Greedy requests use ``T = 1.0`` for the logprob.
+* Stopping: a token in ``stop_token_ids``, or the model's eos id unless ``ignore_eos``, ends the
+  request with "stop" and is kept in the output (as in SGLang); so does a ``stop`` string in the
+  decoded output. Reaching the budget ``gconfig.budget(prompt_len)`` ends it with "length",
+  which (as in SGLang) wins over a stop token sampled as the last budgeted token.
+* ``output_versions[i]`` is the engine version when token ``i`` was sampled. ``pause`` returns
+  once the step in flight has finished; requests keep their tokens and wait. ``update_weights``
+  loads a checkpoint directory and sets the version; after ``resume`` every in-flight request's
+  cache is recomputed with the new weights from the tokens it already has.
+* With ``seed`` set, results are reproducible for the same sequence of requests and arrivals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import itertools
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import torch
+
+from rollstream.api.engine import InferenceEngine, WeightUpdate
+from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_SMALL_MODEL_PARAMS = 50_000_000
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Per-request sampling settings, resolved once at submission."""
+
+    greedy: bool
+    temperature: float  # 1.0 for greedy rows: the logprob temperature
+    top_k: int  # <= 0 or >= vocab: off
+    top_p: float
+    min_new_tokens: int
+    stop_ids: frozenset[int]
+    stop_strings: tuple[str, ...]
+    frequency_penalty: float
+
+
+def _apply_penalties(logits: torch.Tensor, specs: list[SamplingSpec], outs: list[list[int]]) -> None:
+    """In place, as SGLang's penalizers: frequency penalty, stop tokens banned below min_new."""
+    vocab = logits.shape[-1]
+    for i, (spec, out) in enumerate(zip(specs, outs)):
+        if spec.frequency_penalty and out:
+            counts = torch.bincount(torch.tensor(out, device=logits.device), minlength=vocab)[:vocab]
+            logits[i] -= spec.frequency_penalty * counts.to(logits.dtype)
+        if len(out) < spec.min_new_tokens and spec.stop_ids:
+            banned = [t for t in spec.stop_ids if 0 <= t < vocab]
+            logits[i, banned] = float("-inf")
+
+
+def _sample_filtered(
+    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, gen: torch.Generator
+) -> torch.Tensor:
+    """Sample one token per row after top-k, then top-p on the renormalised top-k."""
+    vocab = scaled.shape[-1]
+    if not bool((top_k > 0).any() or (top_p < 1).any()):
+        return torch.multinomial(torch.softmax(scaled, -1), 1, generator=gen).squeeze(1)
+    sorted_logits, order = scaled.sort(-1, descending=True)
+    ranks = torch.arange(vocab, device=scaled.device)
+    k = torch.where(top_k > 0, top_k, vocab)
+    sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
+    probs = torch.softmax(sorted_logits, -1)
+    # Drop a token once the mass before it already reaches top_p; the top token always stays.
+    drop = (probs.cumsum(-1) - probs) > top_p[:, None]
+    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), -1)
+    picked = torch.multinomial(probs, 1, generator=gen)
+    return order.gather(-1, picked).squeeze(1)
+
+
+def sample(
+    logits: torch.Tensor, specs: list[SamplingSpec], outs: list[list[int]], gen: torch.Generator
+) -> tuple[list[int], list[float]]:
+    """Pick one token per row of float32 ``logits`` and return it with its logprob.
+
+    The logprob is ``log_softmax(penalised_logits / T)`` at the token (T = 1 for greedy).
+    """
+    logits = logits.clone()
+    _apply_penalties(logits, specs, outs)
+    vocab = logits.shape[-1]
+    temps = torch.tensor([s.temperature for s in specs], device=logits.device)
+    scaled = logits / temps[:, None]
+    tokens = logits.argmax(-1)
+    sampled_rows = [i for i, s in enumerate(specs) if not s.greedy]
+    if sampled_rows:
+        rows = torch.tensor(sampled_rows, device=logits.device)
+        top_k = torch.tensor([specs[i].top_k if 0 < specs[i].top_k < vocab else 0 for i in sampled_rows],
+                             device=logits.device)
+        top_p = torch.tensor([specs[i].top_p for i in sampled_rows], device=logits.device)
+        tokens[rows] = _sample_filtered(scaled[rows], top_k, top_p, gen)
+    logprobs = torch.log_softmax(scaled, -1).gather(-1, tokens[:, None]).squeeze(1)
+    return tokens.tolist(), logprobs.tolist()
+
+
+@dataclass
+class HFEngineStats:
+    """Counters callers may read for throughput figures (never reset by the engine)."""
+
+    tokens_generated: int = 0
+    decode_steps: int = 0
+    prefill_tokens: int = 0
+    requests_finished: int = 0
+
+
+@dataclass
+class _Seq:
+    """One request in the engine. Mutated only on the event loop, read by the worker."""
+
+    sid: int
+    prompt: list[int]
+    budget: int
+    spec: SamplingSpec
+    future: asyncio.Future[ModelResponse]
+    started: float
+    tokenizer: Any = None
+    out_tokens: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    out_versions: list[int] = field(default_factory=list)
+    first_token_at: float | None = None
+
+
+def _make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Any:
+    from transformers import DynamicCache
+
+    if not layers:
+        return DynamicCache()
+    try:
+        return DynamicCache(ddp_cache_data=layers)
+    except TypeError:  # transformers < 4.56
+        return DynamicCache.from_legacy_cache(tuple(layers))
+
+
+def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))  # transformers < 4.56
+
+
+def _pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class _KVBatch:
+    """The left-padded KV cache of the running rows. Used by the worker thread only.
+
+    Invariant: for every row the cache holds all of its tokens but the last sampled one,
+    which the next decode step feeds in. ``mask`` is 1 on real positions.
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cache: Any = None
+        self.mask: torch.Tensor | None = None
+
+    def keep(self, wanted: set[int]) -> None:
+        """Drop rows not in ``wanted`` and trim columns that are padding for every row."""
+        idx = [i for i, sid in enumerate(self.rows) if sid in wanted]
+        if len(idx) == len(self.rows):
+            return
+        if not idx:
+            self.rows, self.cache, self.mask = [], None, None
+            return
+        assert self.mask is not None
+        sel = torch.tensor(idx, device=self.mask.device)
+        mask = self.mask[sel]
+        cut = mask.shape[1] - int(mask.sum(-1).max())
+        self.cache = _make_cache([(k[sel, :, cut:], v[sel, :, cut:]) for k, v in _cache_layers(self.cache)])
+        self.mask = mask[:, cut:]
+        self.rows = [self.rows[i] for i in idx]
+
+    def extend(self, rows: list[int], cache: Any, mask: torch.Tensor) -> None:
+        """Append freshly prefilled rows, left-padding whichever side is shorter."""
+        if not self.rows:
+            self.rows, self.cache, self.mask = list(rows), cache, mask
+            return
+        assert self.mask is not None
+        length = max(self.mask.shape[1], mask.shape[1])
+        merged = [
+            (torch.cat([_pad_left(k0, length, 2), _pad_left(k1, length, 2)]),
+             torch.cat([_pad_left(v0, length, 2), _pad_left(v1, length, 2)]))
+            for (k0, v0), (k1, v1) in zip(_cache_layers(self.cache), _cache_layers(cache))
+        ]
+        self.cache = _make_cache(merged)
+        self.mask = torch.cat([_pad_left(self.mask, length, 1), _pad_left(mask, length, 1)])
+        self.rows += rows
+
+
+class HFEngine(InferenceEngine):
+    """``InferenceEngine`` over a local ``AutoModelForCausalLM`` (see the module docstring).
+
+    All torch work runs in one worker thread so the event loop stays responsive; a background
+    task batches every active request (up to ``max_batch_size``) into one forward pass per token.
+    ``num_threads`` sets torch's intra-op threads from the worker thread (torch applies it to
+    threads started later too); by default a CPU model under 50M parameters uses 1 thread.
+    Use the engine from one event loop.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch_size: int = 32,
+        seed: int | None = None,
+        *,
+        num_threads: int | None = None,
+    ) -> None:
+        if dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
+        self.model_path = str(model_path)
+        self.device = torch.device(device)
+        self.dtype = _DTYPES[dtype]
+        self.max_batch_size = max_batch_size
+        self.seed = seed
+        self.num_threads = num_threads
+        self.stats = HFEngineStats()
+        self._version = 0
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._eos_ids: frozenset[int] = frozenset()
+        self._pad_id = 0
+        self._fwd_kw: dict[str, str] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._generator: torch.Generator | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._pending: deque[_Seq] = deque()
+        self._active: list[_Seq] = []
+        self._kv = _KVBatch()
+        self._reset_cache = False
+        self._ids = itertools.count()
+        self._wake = asyncio.Event()
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
+        self._step_lock = asyncio.Lock()
+        self._start_lock = asyncio.Lock()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer saved with the model (``AutoTokenizer.from_pretrained(model_path)``)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
+
+    async def start(self) -> None:
+        """Load the model (in the worker thread) and start the decoding loop. Idempotent."""
+        async with self._start_lock:
+            if self._loop_task is not None:
+                return
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
+            await self._in_worker(self._load_model)
+            self._loop_task = asyncio.create_task(self._run(), name="hf-engine-loop")
+
+    async def close(self) -> None:
+        """Stop the loop and fail requests still waiting with ``RuntimeError``."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+        for seq in [*self._pending, *self._active]:
+            if not seq.future.done():
+                seq.future.set_exception(RuntimeError("HFEngine closed"))
+        self._pending.clear()
+        self._active.clear()
+        self._kv, self._reset_cache = _KVBatch(), False
+        if self._executor is not None:
+            await asyncio.to_thread(self._executor.shutdown, True)
+            self._executor = None
+
+    def _load_model(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.model_path)
+        self._model = model.to(device=self.device, dtype=self.dtype).eval()
+        self._set_threads(sum(p.numel() for p in model.parameters()))
+        self._eos_ids = frozenset(self._config_eos_ids(model))
+        pad = model.config.pad_token_id
+        self._pad_id = pad if isinstance(pad, int) else min(self._eos_ids, default=0)
+        params = inspect.signature(model.forward).parameters
+        # transformers 5 renamed past_key_values -> cache and num_logits_to_keep -> logits_to_keep.
+        self._fwd_kw = {"cache": "cache" if "cache" in params else "past_key_values"}
+        keep = [name for name in ("logits_to_keep", "num_logits_to_keep") if name in params]
+        if keep:  # only the last position's logits are needed
+            self._fwd_kw["keep"] = keep[0]
+        self._generator = torch.Generator(device=self.device)
+        if self.seed is not None:
+            self._generator.manual_seed(self.seed)
+        else:
+            self._generator.seed()
+
+    def _set_threads(self, n_params: int) -> None:
+        # Intra-op threads do not pay off for tiny matrices, and spinning OpenMP threads on
+        # shared cores made the tiny model 10-20x slower (measured on 2 busy cores).
+        threads = self.num_threads
+        if threads is None and self.device.type == "cpu" and n_params < _SMALL_MODEL_PARAMS:
+            threads = 1
+        if threads:
+            torch.set_num_threads(threads)  # called in the worker thread; see the class docstring
+
+    @staticmethod
+    def _config_eos_ids(model: Any) -> set[int]:
+        ids: set[int] = set()
+        gen_config = getattr(model, "generation_config", None)
+        for value in (model.config.eos_token_id, getattr(gen_config, "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    # ------------------------------------------------------------------- versions
+
+    def get_version(self) -> int:
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        self._version = version
+
+    async def pause(self) -> None:
+        """Return once no step is running; no new step starts until ``resume``."""
+        self._unpaused.clear()
+        async with self._step_lock:
+            pass
+
+    async def resume(self) -> None:
+        self._unpaused.set()
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Load ``update.path`` (safetensors files, else ``from_pretrained``) and set the version.
+
+        Runs between steps even when not paused. Raises ``ValueError`` (weights unchanged) when
+        the checkpoint's parameter names or shapes do not match the model.
+        """
+        await self.start()
+        async with self._step_lock:
+            await self._in_worker(self._load_weights, update.path)
+            self._version = update.version
+            self._reset_cache = True  # cached keys/values came from the old weights
+        logger.info("HFEngine loaded weights version %d from %s", update.version, update.path)
+
+    def _load_weights(self, path: str) -> None:
+        files = sorted(Path(path).glob("*.safetensors"))
+        if files:
+            from safetensors.torch import load_file
+
+            state: dict[str, torch.Tensor] = {}
+            for file in files:
+                state.update(load_file(str(file)))
+        else:
+            from transformers import AutoModelForCausalLM
+
+            state = AutoModelForCausalLM.from_pretrained(path).state_dict()
+        self._check_state(state)
+        with torch.no_grad():
+            self._model.load_state_dict(state, strict=False)
+
+    def _check_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Validate before loading, so a bad checkpoint leaves the model untouched."""
+        expected = self._model.state_dict()
+        unexpected = sorted(set(state) - set(expected))
+        wrong = sorted(k for k in state if k in expected and state[k].shape != expected[k].shape)
+        # Tied parameters (lm_head = embeddings) are saved under one name only.
+        names_by_tensor: dict[int, set[str]] = {}
+        for name, param in self._model.named_parameters(remove_duplicate=False):
+            names_by_tensor.setdefault(id(param), set()).add(name)
+        covered = {n for names in names_by_tensor.values() if names & set(state) for n in names}
+        missing = sorted(set(expected) - set(state) - covered)
+        if unexpected or wrong or missing:
+            raise ValueError(
+                f"checkpoint does not match the model: unexpected={unexpected[:5]} "
+                f"wrong_shape={wrong[:5]} missing={missing[:5]}"
+            )
+
+    # ----------------------------------------------------------------- generation
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """Generate for ``req`` (see the module docstring). Raises ``ValueError`` on no budget."""
+        if not req.input_ids:
+            raise ValueError("HFEngine needs a non-empty input_ids")
+        budget = req.gconfig.budget(len(req.input_ids))
+        await self.start()
+        seq = _Seq(
+            sid=next(self._ids),
+            prompt=list(req.input_ids),
+            budget=budget,
+            spec=self._spec(req.gconfig),
+            future=asyncio.get_running_loop().create_future(),
+            started=time.monotonic(),
+            tokenizer=req.tokenizer,
+        )
+        self._pending.append(seq)
+        self._wake.set()
+        return await seq.future
+
+    def _spec(self, g: GenerationHyperparameters) -> SamplingSpec:
+        stop_ids = set(g.stop_token_ids)
+        if not g.ignore_eos:
+            stop_ids |= self._eos_ids
+        greedy = g.greedy or g.temperature <= 0
+        return SamplingSpec(
+            greedy=greedy,
+            temperature=1.0 if greedy else float(g.temperature),
+            top_k=int(g.top_k),
+            top_p=float(g.top_p),
+            min_new_tokens=g.min_new_tokens,
+            stop_ids=frozenset(stop_ids),
+            stop_strings=tuple(s for s in (g.stop or []) if s),
+            frequency_penalty=float(g.frequency_penalty),
+        )
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            await self._unpaused.wait()
+            async with self._step_lock:
+                if not self._unpaused.is_set():
+                    continue  # paused while we waited for the lock
+                self._admit()
+                if not self._active:
+                    self._wake.clear()
+                    continue
+                await self._step_once()
+
+    def _admit(self) -> None:
+        self._active = [s for s in self._active if not s.future.done()]  # dropped by callers
+        while self._pending and len(self._active) < self.max_batch_size:
+            seq = self._pending.popleft()
+            if not seq.future.done():
+                self._active.append(seq)
+
+    async def _step_once(self) -> None:
+        reset, self._reset_cache = self._reset_cache, False
+        version = self._version  # no weight update can run during the step (step lock)
+        seqs = list(self._active)
+        try:
+            results = await self._in_worker(self._compute_step, seqs, reset)
+            self._apply(seqs, results, version)
+        except Exception as exc:  # fail this batch, keep the engine alive for new requests
+            logger.exception("HFEngine step failed; failing %d requests", len(seqs))
+            for seq in seqs:
+                if not seq.future.done():
+                    seq.future.set_exception(exc)
+            self._active.clear()
+            self._reset_cache = True
+
+    def _apply(self, seqs: list[_Seq], results: dict[int, tuple[int, float]], version: int) -> None:
+        now = time.monotonic()
+        for seq in seqs:
+            if seq.future.done():
+                continue
+            token, logprob = results[seq.sid]
+            seq.out_tokens.append(token)
+            seq.out_logprobs.append(logprob)
+            seq.out_versions.append(version)
+            seq.first_token_at = seq.first_token_at or now
+            self.stats.tokens_generated += 1
+            reason = self._finish_reason(seq)
+            if reason is not None:
+                self._finish(seq, reason, now)
+        self._active = [s for s in self._active if not s.future.done()]
+
+    def _finish_reason(self, seq: _Seq) -> StopReason | None:
+        n = len(seq.out_tokens)
+        if n >= seq.budget:
+            return "length"
+        if n < seq.spec.min_new_tokens:
+            return None
+        if seq.out_tokens[-1] in seq.spec.stop_ids:
+            return "stop"
+        if seq.spec.stop_strings and self._hit_stop_string(seq):
+            return "stop"
+        return None
+
+    def _hit_stop_string(self, seq: _Seq) -> bool:
+        # A token decodes to at least one byte, so this tail covers any stop string.
+        tail = 4 * max(len(s) for s in seq.spec.stop_strings) + 2
+        text = self.tokenizer.decode(seq.out_tokens[-tail:])
+        return any(s in text for s in seq.spec.stop_strings)
+
+    def _finish(self, seq: _Seq, reason: StopReason, now: float) -> None:
+        self.stats.requests_finished += 1
+        seq.future.set_result(
+            ModelResponse(
+                input_tokens=seq.prompt,
+                output_tokens=seq.out_tokens,
+                output_logprobs=seq.out_logprobs,
+                output_versions=seq.out_versions,
+                stop_reason=reason,
+                latency=now - seq.started,
+                ttft=(seq.first_token_at or now) - seq.started,
+                tokenizer=seq.tokenizer,
+            )
+        )
+
+    # ------------------------------------------------------- worker-thread torch
+
+    @torch.no_grad()
+    def _compute_step(self, seqs: list[_Seq], reset: bool) -> dict[int, tuple[int, float]]:
+        """One token for every row: decode the cached rows, prefill the new ones, sample."""
+        if reset:
+            self._kv = _KVBatch()
+        kv = self._kv
+        by_id = {s.sid: s for s in seqs}
+        kv.keep(set(by_id))
+        old = set(kv.rows)
+        parts = []
+        if kv.rows:
+            parts.append(self._decode(kv, [by_id[sid].out_tokens[-1] for sid in kv.rows]))
+        new = [s for s in seqs if s.sid not in old]
+        if new:
+            parts.append(self._prefill(kv, new))
+        logits = torch.cat(parts).float()
+        rows = [by_id[sid] for sid in kv.rows]
+        tokens, logprobs = sample(logits, [s.spec for s in rows], [s.out_tokens for s in rows], self._generator)
+        self.stats.decode_steps += 1
+        return {s.sid: (t, lp) for s, t, lp in zip(rows, tokens, logprobs)}
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> Any:
+        kwargs: dict[str, Any] = {self._fwd_kw["cache"]: cache}
+        if "keep" in self._fwd_kw:
+            kwargs[self._fwd_kw["keep"]] = 1
+        return self._model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
+
+    @staticmethod
+    def _out_cache(out: Any) -> Any:
+        cache = getattr(out, "cache", None)
+        return cache if cache is not None else out.past_key_values
+
+    def _decode(self, kv: _KVBatch, last_tokens: list[int]) -> torch.Tensor:
+        assert kv.mask is not None
+        ids = torch.tensor(last_tokens, device=self.device).unsqueeze(1)
+        pos = kv.mask.sum(-1, keepdim=True)  # real tokens so far = position of the new one
+        mask = torch.cat([kv.mask, kv.mask.new_ones(len(last_tokens), 1)], dim=1)
+        out = self._forward(ids, mask, pos, kv.cache)
+        kv.cache, kv.mask = self._out_cache(out), mask
+        return out.logits[:, -1]
+
+    def _prefill(self, kv: _KVBatch, seqs: list[_Seq]) -> torch.Tensor:
+        seq_tokens = [s.prompt + s.out_tokens for s in seqs]
+        length = max(len(t) for t in seq_tokens)
+        ids = torch.full((len(seqs), length), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), length), dtype=torch.long)
+        for i, toks in enumerate(seq_tokens):
+            ids[i, length - len(toks):] = torch.tensor(toks)
+            mask[i, length - len(toks):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self._forward(ids, mask, pos, _make_cache())
+        kv.extend([s.sid for s in seqs], self._out_cache(out), mask)
+        self.stats.prefill_tokens += sum(len(t) for t in seq_tokens)
+        return out.logits[:, -1]
