@@ -85,9 +85,9 @@ class PromptPublisher:
             futures.append(await self._producer.send(self._names.producer_cursor, value, key=key))
             for future in futures:
                 await future  # surfaces a delivery error inside the transaction, so it aborts
-        MESSAGES_OUT.labels(TIER, "prompts").inc(len(batch.prompts))
-        for letter in batch.dead_letters:
-            DEAD_LETTERS.labels(TIER, "unencodable_row").inc()
+        MESSAGES_OUT.labels(TIER, self._names.prompts).inc(len(batch.prompts))
+        MESSAGES_OUT.labels(TIER, self._names.dead_letter).inc(len(batch.dead_letters))
+        DEAD_LETTERS.labels(TIER, "unencodable_row").inc(len(batch.dead_letters))
         log.debug(
             "committed %d prompts; cursor epoch %d index %d",
             len(batch.prompts), batch.cursor.epoch, batch.cursor.index,

@@ -1,0 +1,148 @@
+"""The reward worker's ``RewardScorer``: the configured reward function, run in a process pool.
+
+The reward function is named only by configuration (``reward.reward_fn``, an import string
+``"module:function"`` or ``"module.function"``) and must be on the allow-list
+``{reward.reward_fn} | reward.allowed_reward_fns``; nothing in a message can choose it.
+It runs through ``rollstream.reward_wrapper.AsyncRewardWrapper`` (process pool, timeout,
+retries).
+
+``AsyncRewardWrapper`` returns 0.0 when its last attempt times out, which the ``"reject"``
+timeout policy cannot tell from a genuine 0.0. ``TimeoutAwareRewardWrapper`` is a minimal
+subclass that records each attempt's outcome in a per-call context variable and raises
+``RewardTimeout`` instead. It hooks the wrapper's per-attempt method ``_attempt``; the unit
+test ``test_timeout_then_reject`` guards that hook.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
+from typing import Any, Literal
+
+from rollstream.config import ConfigError, RewardConfig
+from rollstream.reward_wrapper import AsyncRewardWrapper
+from reward_workers.scoring import RewardTimeout
+
+log = logging.getLogger(__name__)
+
+# One list per reward call (each asyncio task has its own context): True = that attempt timed out.
+_attempt_timeouts: ContextVar[list[bool] | None] = ContextVar("reward_attempt_timeouts", default=None)
+
+
+def resolve_reward_fn(spec: str, allowed: Iterable[str]) -> Callable[..., Any]:
+    """The callable named by ``spec`` (``"pkg.mod:fn"`` or ``"pkg.mod.fn"``) if allow-listed.
+
+    Raises ``ConfigError`` naming the setting when ``spec`` is not allowed, cannot be
+    imported, or is not callable.
+    """
+    if spec not in set(allowed):
+        raise ConfigError(
+            f"reward function {spec!r} is not allow-listed (reward.reward_fn, reward.allowed_reward_fns)"
+        )
+    module_name, attr = spec.split(":", 1) if ":" in spec else spec.rpartition(".")[::2]
+    if not module_name or not attr:
+        raise ConfigError(f"reward.reward_fn {spec!r} must look like 'module:function' or 'module.function'")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"reward.reward_fn {spec!r} cannot be imported: {exc}") from None
+    if not callable(target):
+        raise ConfigError(f"reward.reward_fn {spec!r} is not callable")
+    return target
+
+
+class TimeoutAwareRewardWrapper(AsyncRewardWrapper):
+    """``AsyncRewardWrapper`` whose :meth:`call` raises ``RewardTimeout`` on a final timeout."""
+
+    async def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+        record = _attempt_timeouts.get()
+        try:
+            result = await super()._attempt(args, kwargs)
+        except TimeoutError:
+            if record is not None:
+                record.append(True)
+            raise
+        except BaseException:
+            if record is not None:
+                record.append(False)
+            raise
+        if record is not None:
+            record.append(False)
+        return result
+
+    async def call(self, *args: Any, **kwargs: Any) -> float:
+        """``await self(*args, **kwargs)``, but a timeout of the last attempt raises ``RewardTimeout``."""
+        record: list[bool] = []
+        token = _attempt_timeouts.set(record)
+        try:
+            value = await self(*args, **kwargs)
+        finally:
+            _attempt_timeouts.reset(token)
+        if record and record[-1]:
+            raise RewardTimeout(f"reward function timed out on all {len(record)} attempts")
+        return value
+
+
+class Scorer:
+    """Decodes token ids with the configured tokenizer and calls the reward function."""
+
+    def __init__(
+        self,
+        wrapper: TimeoutAwareRewardWrapper,
+        tokenizer: Any | None,
+        on_timeout: Literal["zero", "reject"] = "zero",
+        worker_id: str = "",
+    ) -> None:
+        self._wrapper = wrapper
+        self._tokenizer = tokenizer
+        self.on_timeout = on_timeout
+        self.worker_id = worker_id
+        if tokenizer is None:
+            log.warning(
+                "reward.tokenizer_path is not set: reward functions get empty prompt and completion "
+                "text (token ids only)"
+            )
+
+    @classmethod
+    def from_config(cls, config: RewardConfig, worker_id: str) -> Scorer:
+        """The scorer ``config`` describes; raises ``ConfigError`` naming a bad setting."""
+        allowed = {config.reward_fn, *config.allowed_reward_fns}
+        fn = resolve_reward_fn(config.reward_fn, allowed)
+        try:
+            wrapper = TimeoutAwareRewardWrapper(
+                fn, timeout_seconds=config.timeout_seconds, max_retries=config.max_retries,
+                max_workers=config.max_workers,
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"reward settings cannot be used: {exc}") from None
+        return cls(wrapper, load_tokenizer(config.tokenizer_path), config.on_timeout, worker_id)
+
+    def decode(self, ids: list[int]) -> str:
+        if self._tokenizer is None or not ids:
+            return ""
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+    async def reward(
+        self, prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int],
+        data: dict[str, Any],
+    ) -> float:
+        return await self._wrapper.call(prompt, completion, prompt_ids, completion_ids, **data)
+
+    async def aclose(self) -> None:
+        await self._wrapper.aclose()
+
+
+def load_tokenizer(path: str) -> Any | None:
+    """The tokenizer at ``path`` (transformers ``AutoTokenizer``), or None for an empty path."""
+    if not path:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"reward.tokenizer_path {path!r} cannot be loaded: {exc}") from None

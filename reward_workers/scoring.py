@@ -1,0 +1,158 @@
+"""Scoring one ``episodes`` message: pure logic over a ``RewardScorer`` (no Kafka).
+
+``score_message`` turns an ``Episode`` into a ``ScoredEpisode`` (or a ``SampleRejected`` when
+the reward cannot be computed) and passes ``SampleRejected`` / ``TaskFailed`` through
+unchanged. It never raises for a bad episode or a failing reward function: every outcome is
+a message for the ``scored`` topic, so the group can still complete downstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any, Literal, Protocol
+
+import msgspec
+import torch
+
+from rollstream.wire import (
+    Episode,
+    SampleRejected,
+    ScoredEpisode,
+    TaskFailed,
+    decode_tensor_dict,
+    encode_tensor,
+)
+
+# Names the reward function receives positionally; dataset keys with these names are not
+# passed again as keyword arguments (that would be a TypeError in every call).
+RESERVED_ARGS = frozenset({"prompt", "completion", "prompt_ids", "completion_ids"})
+
+ScoreResult = ScoredEpisode | SampleRejected | TaskFailed
+
+
+class RewardTimeout(Exception):
+    """Every attempt of the reward function timed out."""
+
+
+class RewardScorer(Protocol):
+    """What ``score_message`` needs: text decoding, the reward call, and the timeout policy."""
+
+    worker_id: str
+    on_timeout: Literal["zero", "reject"]
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids`` (special tokens kept); "" when no tokenizer is configured."""
+
+    async def reward(
+        self, prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int],
+        data: dict[str, Any],
+    ) -> float:
+        """The reward; raises ``RewardTimeout`` when every attempt timed out, or the fn's error."""
+
+
+def split_prompt_completion(
+    trajectory: dict[str, torch.Tensor], row: int = 0
+) -> tuple[list[int], list[int]]:
+    """``(prompt_ids, completion_ids)`` of one row of a ``[b, L]`` trajectory.
+
+    Only attended tokens (``attention_mask == 1``) count, so padding is never included.
+    The prompt is every token before the first generated token (``loss_mask == 1``); the
+    completion is every generated token. In a multi-turn trajectory the completion is all
+    generated tokens of all turns, concatenated (tool/user tokens between turns, which have
+    ``loss_mask == 0``, belong to neither). Without ``loss_mask`` or generated tokens, the
+    whole row is the prompt and the completion is empty.
+    """
+    ids = trajectory["input_ids"][row]
+    attended = trajectory["attention_mask"][row].to(torch.bool)
+    loss_mask = trajectory.get("loss_mask")
+    generated = (
+        loss_mask[row].to(torch.bool) & attended
+        if loss_mask is not None
+        else torch.zeros_like(attended)
+    )
+    positions = generated.nonzero()
+    if positions.numel() == 0:
+        return ids[attended].tolist(), []
+    first = int(positions[0, 0])
+    return ids[:first][attended[:first]].tolist(), ids[generated].tolist()
+
+
+async def score_message(
+    message: Episode | SampleRejected | TaskFailed, scorer: RewardScorer
+) -> ScoreResult:
+    """The ``scored`` message for one ``episodes`` message (see the module docstring).
+
+    An ``Episode`` gets ``trajectory["rewards"]`` (float32 ``[b]``) and ``reward`` (row 0's
+    reward when ``b == 1``, else the mean over rows). With ``has_reward`` the workflow's
+    rewards are kept and the reward function is not called. A timeout on the last attempt
+    scores 0.0 (``on_timeout="zero"``) or rejects the sample with reason ``reward_timeout``
+    (``"reject"``); any other failure rejects it with ``failed=True`` and reason
+    ``"reward_error: ..."``.
+    """
+    match message:
+        case Episode():
+            try:
+                rewards = await _episode_rewards(message, scorer)
+            except RewardTimeout:
+                return _rejected(message, "reward_timeout", failed=False)
+            except Exception as exc:  # noqa: BLE001 - a reward failure is a sample outcome
+                return _rejected(message, f"reward_error: {type(exc).__name__}: {exc}", failed=True)
+            return _scored(message, rewards, scorer.worker_id)
+        case _:
+            return message
+
+
+async def _episode_rewards(episode: Episode, scorer: RewardScorer) -> list[float]:
+    tensors = decode_tensor_dict(episode.trajectory)
+    rows = int(tensors["input_ids"].shape[0])
+    if episode.has_reward:
+        if "rewards" not in tensors:
+            raise ValueError("has_reward is set but the trajectory has no 'rewards'")
+        rewards = tensors["rewards"].to(torch.float32).tolist()
+    else:
+        data = {k: v for k, v in episode.data.items() if k not in RESERVED_ARGS}
+        rewards = list(await asyncio.gather(*(_row_reward(tensors, row, data, scorer) for row in range(rows))))
+    bad = [r for r in rewards if not math.isfinite(r)]
+    if bad:
+        raise ValueError(f"non-finite reward {bad[0]}")
+    return rewards
+
+
+async def _row_reward(
+    tensors: dict[str, torch.Tensor], row: int, data: dict[str, Any], scorer: RewardScorer
+) -> float:
+    prompt_ids, completion_ids = split_prompt_completion(tensors, row)
+    try:
+        return float(await scorer.reward(
+            scorer.decode(prompt_ids), scorer.decode(completion_ids), prompt_ids, completion_ids, data
+        ))
+    except RewardTimeout:
+        if scorer.on_timeout == "reject":
+            raise
+        return 0.0
+
+
+def _scored(episode: Episode, rewards: list[float], worker_id: str) -> ScoredEpisode:
+    # A new dict: the decoded message's tensors are read-only views of its buffer.
+    trajectory = dict(episode.trajectory)
+    trajectory["rewards"] = encode_tensor(torch.tensor(rewards, dtype=torch.float32))
+    reward = rewards[0] if len(rewards) == 1 else sum(rewards) / len(rewards)
+    return ScoredEpisode(
+        episode=msgspec.structs.replace(episode, trajectory=trajectory),
+        reward=float(reward),
+        scored_by=worker_id,
+        scored_at=time.time(),
+    )
+
+
+def _rejected(episode: Episode, reason: str, failed: bool) -> SampleRejected:
+    return SampleRejected(
+        task_id=episode.task_id,
+        sample_idx=episode.sample_idx,
+        group_size=episode.group_size,
+        is_eval=episode.is_eval,
+        reason=reason,
+        failed=failed,
+    )

@@ -1,0 +1,238 @@
+"""The reward worker against the real broker and Redis: transactional, exactly-once scoring."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from aiokafka import TopicPartition
+
+from reward_workers.service import run
+from rollstream.config import RollstreamConfig
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_admin, make_consumer, make_producer
+from rollstream.kafka.topics import TopicNames
+from rollstream.wire import (
+    Episode,
+    SampleRejected,
+    ScoredEpisode,
+    decode_dead_letter,
+    decode_scored,
+    decode_tensor_dict,
+    encode,
+    encode_tensor_dict,
+)
+from tests.helpers import make_config
+from tests.unit.fakes import ids, make_tokenizer
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def trajectory(i: int) -> dict[str, torch.Tensor]:
+    """A distinct one-row trajectory per ``i`` whose completion text contains "five"."""
+    prompt = ids("what is two plus three" + " please" * (i % 4))
+    completion = ids("the answer is five") + [2]  # 2 = <eos>
+    tokens = prompt + completion
+    return {
+        "input_ids": torch.tensor([tokens], dtype=torch.int32),
+        "attention_mask": torch.ones(1, len(tokens), dtype=torch.bool),
+        "loss_mask": torch.tensor([[0] * len(prompt) + [1] * len(completion)], dtype=torch.int32),
+        "logprobs": torch.tensor([[0.0] * len(prompt) + [-0.3] * len(completion)], dtype=torch.float32),
+        "versions": torch.tensor([[-1] * len(prompt) + [0] * len(completion)], dtype=torch.int32),
+    }
+
+
+def episode(i: int) -> Episode:
+    answer = "five" if i % 3 else "seven"  # so every third episode scores 0.0
+    return Episode(
+        task_id=f"p:0:{i}", sample_idx=0, group_size=1, trajectory=encode_tensor_dict(trajectory(i)),
+        data={"answer": answer},
+    )
+
+
+def expected_reward(i: int) -> float:
+    return 1.0 if i % 3 else 0.0
+
+
+def names_of(config: RollstreamConfig) -> TopicNames:
+    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+
+
+def reward_config(kafka: str, redis: str, name: str, tokenizer: str, **reward: Any) -> RollstreamConfig:
+    sections = {"reward": {"tokenizer_path": tokenizer, "max_batch": 8, "worker_id": "w-1",
+                           "session_timeout_ms": 6000, "max_workers": 1, **reward}}
+    return make_config(kafka, redis, name, sections)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("tok")
+    make_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+async def produce_episodes(config: RollstreamConfig, values: list[tuple[bytes, bytes]]) -> None:
+    names = names_of(config)
+    await ensure_topics(config.kafka, names)
+    producer = make_producer(config.kafka, "test-episodes")
+    await producer.start()
+    try:
+        for key, value in values:
+            await producer.send_and_wait(names.episodes, value, key=key)
+    finally:
+        await producer.stop()
+
+
+async def read_topic(config: RollstreamConfig, topic: str, decode: Callable[[bytes], Any]) -> list[Any]:
+    """Every committed message of ``topic``, decoded (read_committed, to the last stable offset)."""
+    consumer = make_consumer(config.kafka, "test-reader", group_id=None, read_committed=True)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in range(config.kafka.partitions)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        found: list[Any] = []
+        while any([await consumer.position(tp) < ends[tp] for tp in parts]):
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                found.extend(decode(r.value) for r in records)
+        return found
+    finally:
+        await consumer.stop()
+
+
+async def wait_for_scored(config: RollstreamConfig, n: int, timeout: float = 90.0) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        scored = await read_topic(config, names_of(config).scored, decode_scored)
+        if len(scored) >= n:
+            return scored
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {len(scored)} of {n} scored messages after {timeout}s")
+        await asyncio.sleep(0.2)
+
+
+async def test_scores_every_episode_once_and_dead_letters_garbage(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tokenizer_dir: str
+) -> None:
+    n = 12
+    config = reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir)
+    names = names_of(config)
+    rejected = SampleRejected(task_id="p:0:99", sample_idx=0, group_size=1, reason="workflow_none")
+    values = [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(n)]
+    values += [(b"garbage", b"\xc1not msgpack"), (b"p:0:99", encode(rejected))]
+    await produce_episodes(config, values)
+
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run(config, stop))
+    try:
+        scored = await wait_for_scored(config, n + 1)
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 30)
+
+    episodes = [m for m in scored if isinstance(m, ScoredEpisode)]
+    assert len(scored) == n + 1 and [m for m in scored if isinstance(m, SampleRejected)] == [rejected]
+    assert sorted(m.episode.task_id for m in episodes) == sorted(f"p:0:{i}" for i in range(n))
+    for message in episodes:
+        i = int(message.episode.task_id.rsplit(":", 1)[1])
+        assert message.reward == expected_reward(i) and message.scored_by == "w-1"
+        tensors = decode_tensor_dict(message.episode.trajectory)
+        assert tensors.pop("rewards").tolist() == [expected_reward(i)]
+        original = trajectory(i)
+        assert tensors.keys() == original.keys()
+        assert all(torch.equal(tensors[k], original[k]) for k in original)
+
+    letters = await read_topic(config, names.dead_letter, decode_dead_letter)
+    assert [(d.key, d.value, d.tier) for d in letters] == [(b"garbage", b"\xc1not msgpack", "reward-worker")]
+    assert letters[0].reason and letters[0].source_topic == names.episodes
+
+    assert await group_offsets(config) == await end_offsets(config, names.episodes)
+
+
+async def group_offsets(config: RollstreamConfig) -> dict[TopicPartition, int]:
+    admin = make_admin(config.kafka)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(names_of(config).group_id("reward-worker"))
+    finally:
+        await admin.close()
+    return {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+
+
+async def end_offsets(config: RollstreamConfig, topic: str) -> dict[TopicPartition, int]:
+    consumer = make_consumer(config.kafka, "test-ends", group_id=None)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in range(config.kafka.partitions)]
+        return {tp: end for tp, end in (await consumer.end_offsets(parts)).items() if end > 0}
+    finally:
+        await consumer.stop()
+
+
+def start_worker_process(config: RollstreamConfig, tokenizer: str, log_path: Path) -> subprocess.Popen[bytes]:
+    settings = {
+        "kafka.bootstrap_servers": config.kafka.bootstrap_servers,
+        "kafka.partitions": config.kafka.partitions,
+        "kafka.transaction_timeout_ms": config.kafka.transaction_timeout_ms,
+        "redis.url": config.redis.url,
+        "experiment.experiment_name": config.experiment.experiment_name,
+        "experiment.trial_name": config.experiment.trial_name,
+        "reward.reward_fn": "tests.integration.reward_service_fns:slow_exact_match",
+        "reward.tokenizer_path": tokenizer,
+        "reward.max_batch": 4,
+        "reward.max_workers": 2,
+        "reward.timeout_seconds": 60,
+        "reward.worker_id": "w-stable",
+        "reward.session_timeout_ms": 6000,
+    }
+    argv = [sys.executable, "-m", "reward_workers"]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLSTREAM__", "KAFKA_", "REDIS_"))}
+    with log_path.open("ab") as log:
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.slow
+async def test_killed_worker_restarted_with_same_id_scores_each_episode_exactly_once(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tokenizer_dir: str, tmp_path: Path
+) -> None:
+    n = 40
+    config = reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir)
+    await produce_episodes(config, [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(n)])
+    log_path = tmp_path / "worker.log"
+
+    first = start_worker_process(config, tokenizer_dir, log_path)
+    try:
+        seen = await wait_for_scored(config, 4)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    assert len(seen) < n, "the worker finished before it could be killed; use more episodes"
+
+    second = start_worker_process(config, tokenizer_dir, log_path)
+    try:
+        scored = await wait_for_scored(config, n, timeout=120)
+        await asyncio.sleep(1.0)  # anything extra (a duplicate) would show up now
+        scored = await read_topic(config, names_of(config).scored, decode_scored)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        code = second.wait(60)
+    assert code == 0, log_path.read_text()[-3000:]
+
+    keys = [(m.episode.task_id, m.episode.sample_idx) for m in scored]
+    assert len(keys) == len(set(keys)) == n
+    assert all(m.reward == expected_reward(int(m.episode.task_id.rsplit(":", 1)[1])) for m in scored)
+    assert await group_offsets(config) == await end_offsets(config, names_of(config).episodes)

@@ -1,0 +1,226 @@
+"""Splitting trajectories and scoring episodes (no broker).
+
+The reward functions at the top are module-level so the real process pool can import them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from reward_workers.scorer import Scorer, TimeoutAwareRewardWrapper, load_tokenizer
+from reward_workers.scoring import (
+    RewardTimeout,
+    score_message,
+    split_prompt_completion,
+)
+from rollstream.config import ConfigError, RewardConfig
+from rollstream.wire import (
+    Episode,
+    SampleRejected,
+    ScoredEpisode,
+    TaskFailed,
+    decode_episode,
+    decode_scored,
+    decode_tensor_dict,
+    encode,
+    encode_tensor_dict,
+)
+
+
+def sleeping_reward(
+    prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int], **data: Any
+) -> float:
+    time.sleep(30)
+    return 1.0
+
+
+def raising_reward(
+    prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int], **data: Any
+) -> float:
+    raise ValueError("reward exploded")
+
+
+def trajectory(rows: list[tuple[list[int], list[int]]], rewards: list[float] | None = None) -> dict[str, torch.Tensor]:
+    """A right-padded ``[b, L]`` trajectory from (token ids, loss mask) rows."""
+    length = max(len(ids) for ids, _ in rows)
+    pad = lambda xs, v: xs + [v] * (length - len(xs))  # noqa: E731
+    traj = {
+        "input_ids": torch.tensor([pad(ids, 0) for ids, _ in rows], dtype=torch.int32),
+        "attention_mask": torch.tensor([pad([1] * len(ids), 0) for ids, _ in rows], dtype=torch.bool),
+        "loss_mask": torch.tensor([pad(mask, 0) for _, mask in rows], dtype=torch.int32),
+        "logprobs": torch.tensor([pad([-0.5 * m for m in mask], 0) for _, mask in rows], dtype=torch.float32),
+        "versions": torch.tensor([pad([0 if m else -1 for m in mask], -1) for _, mask in rows], dtype=torch.int32),
+    }
+    if rewards is not None:
+        traj["rewards"] = torch.tensor(rewards, dtype=torch.float32)
+    return traj
+
+
+def episode(traj: dict[str, torch.Tensor], **kw: Any) -> Episode:
+    """An Episode as a reward worker sees it: decoded from bytes (read-only tensor views)."""
+    fields: dict[str, Any] = {"task_id": "p:0:0", "sample_idx": 1, "group_size": 2, "data": {"answer": "7"}}
+    fields.update(kw)
+    decoded = decode_episode(encode(Episode(trajectory=encode_tensor_dict(traj), **fields)))
+    assert isinstance(decoded, Episode)
+    return decoded
+
+
+SINGLE = trajectory([([10, 11, 12, 20, 21, 2], [0, 0, 0, 1, 1, 1])])
+
+
+def test_split_single_turn_drops_padding() -> None:
+    traj = trajectory([([10, 11, 20], [0, 0, 1]), ([10, 11, 12, 20, 21], [0, 0, 0, 1, 1])])
+    assert split_prompt_completion(traj, 0) == ([10, 11], [20])
+    assert split_prompt_completion(traj, 1) == ([10, 11, 12], [20, 21])
+
+
+def test_split_multi_turn_completion_is_every_generated_token() -> None:
+    # prompt | turn 1 | user feedback | turn 2
+    traj = trajectory([([10, 11, 20, 21, 30, 31, 22], [0, 0, 1, 1, 0, 0, 1])])
+    assert split_prompt_completion(traj) == ([10, 11], [20, 21, 22])
+
+
+def test_split_without_generated_tokens_is_all_prompt() -> None:
+    traj = trajectory([([10, 11], [0, 0])])
+    assert split_prompt_completion(traj) == ([10, 11], [])
+    no_mask = {k: v for k, v in traj.items() if k != "loss_mask"}
+    assert split_prompt_completion(no_mask) == ([10, 11], [])
+
+
+class FakeScorer:
+    """A RewardScorer with a scripted outcome; records every call."""
+
+    def __init__(self, outcome: float | BaseException, on_timeout: str = "zero") -> None:
+        self.outcome = outcome
+        self.on_timeout = on_timeout
+        self.worker_id = "w-test"
+        self.calls: list[tuple[str, str, list[int], list[int], dict[str, Any]]] = []
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(f"t{i}" for i in ids)
+
+    async def reward(self, prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int],
+                     data: dict[str, Any]) -> float:
+        self.calls.append((prompt, completion, prompt_ids, completion_ids, data))
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+
+async def test_episode_is_scored_with_rewards_in_its_trajectory() -> None:
+    scorer = FakeScorer(0.75)
+    ep = episode(SINGLE, data={"answer": "7", "prompt": "clashes with an argument name"})
+    result = await score_message(ep, scorer)
+    assert isinstance(result, ScoredEpisode)
+    assert result.reward == 0.75 and result.scored_by == "w-test" and result.scored_at > 0
+    assert scorer.calls == [("t10 t11 t12", "t20 t21 t2", [10, 11, 12], [20, 21, 2], {"answer": "7"})]
+    tensors = decode_tensor_dict(result.episode.trajectory)
+    assert tensors["rewards"].dtype == torch.float32 and tensors["rewards"].tolist() == [0.75]
+    for key, value in SINGLE.items():
+        assert torch.equal(tensors[key], value)
+    assert "rewards" not in ep.trajectory  # the input episode is untouched
+    # And it survives the wire as a valid scored message.
+    decoded = decode_scored(encode(result))
+    assert isinstance(decoded, ScoredEpisode) and decoded.episode.task_id == "p:0:0"
+
+
+async def test_batch_rows_are_scored_each_and_averaged() -> None:
+    traj = trajectory([([10, 20], [0, 1]), ([10, 11, 21], [0, 0, 1])])
+    result = await score_message(episode(traj), FakeScorer(1.0))
+    assert isinstance(result, ScoredEpisode)
+    assert decode_tensor_dict(result.episode.trajectory)["rewards"].tolist() == [1.0, 1.0]
+
+
+async def test_has_reward_keeps_the_workflow_reward() -> None:
+    scorer = FakeScorer(0.0)
+    result = await score_message(episode(trajectory([([10, 20], [0, 1])], rewards=[0.25]), has_reward=True), scorer)
+    assert isinstance(result, ScoredEpisode) and result.reward == 0.25
+    assert scorer.calls == []
+
+
+async def test_has_reward_without_rewards_is_a_failed_rejection() -> None:
+    result = await score_message(episode(SINGLE, has_reward=True), FakeScorer(0.0))
+    assert isinstance(result, SampleRejected) and result.failed and result.reason.startswith("reward_error:")
+
+
+async def test_rejections_and_failures_pass_through_unchanged() -> None:
+    scorer = FakeScorer(1.0)
+    rejected = SampleRejected(task_id="p:0:1", sample_idx=0, group_size=2, reason="workflow_none")
+    failed = TaskFailed(task_id="p:0:2", group_size=2, reason="bad prompt")
+    assert await score_message(rejected, scorer) is rejected
+    assert await score_message(failed, scorer) is failed
+    assert scorer.calls == []
+
+
+async def test_timeout_policy_zero_and_reject() -> None:
+    zero = await score_message(episode(SINGLE), FakeScorer(RewardTimeout("slow"), on_timeout="zero"))
+    assert isinstance(zero, ScoredEpisode) and zero.reward == 0.0
+    reject = await score_message(episode(SINGLE, sample_idx=0), FakeScorer(RewardTimeout("slow"), on_timeout="reject"))
+    assert reject == SampleRejected(task_id="p:0:0", sample_idx=0, group_size=2, reason="reward_timeout", failed=False)
+
+
+async def test_reward_error_and_non_finite_reward_are_failed_rejections() -> None:
+    error = await score_message(episode(SINGLE), FakeScorer(ValueError("boom")))
+    assert isinstance(error, SampleRejected) and error.failed
+    assert error.reason == "reward_error: ValueError: boom"
+    nan = await score_message(episode(SINGLE), FakeScorer(float("nan")))
+    assert isinstance(nan, SampleRejected) and nan.failed and "non-finite" in nan.reason
+
+
+def make_scorer(fn: Any, on_timeout: str = "zero", timeout: float = 30.0, tokenizer: Any = None) -> Scorer:
+    wrapper = TimeoutAwareRewardWrapper(fn, timeout_seconds=timeout, max_retries=0, max_workers=1)
+    return Scorer(wrapper, tokenizer, on_timeout, "w-pool")  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(120)
+async def test_timeout_then_reject_through_the_process_pool() -> None:
+    """A reward fn sleeping past a tiny timeout: "reject" rejects, "zero" scores 0.0."""
+    for policy, expected in (("reject", SampleRejected), ("zero", ScoredEpisode)):
+        scorer = make_scorer(sleeping_reward, on_timeout=policy, timeout=0.5)
+        try:
+            result = await score_message(episode(SINGLE), scorer)
+        finally:
+            await scorer.aclose()
+        assert isinstance(result, expected)
+        if isinstance(result, SampleRejected):
+            assert (result.reason, result.failed) == ("reward_timeout", False)
+        else:
+            assert result.reward == 0.0
+
+
+@pytest.mark.timeout(120)
+async def test_real_reward_fn_and_error_through_the_process_pool(tmp_path: Path) -> None:
+    from reward_workers.rewards import exact_match_reward
+    from tests.unit.fakes import ids, make_tokenizer
+
+    make_tokenizer().save_pretrained(tmp_path / "tok")
+    tokenizer = load_tokenizer(str(tmp_path / "tok"))
+    prompt, answer = ids("what is two plus five"), ids("the answer is five") + [2]
+    traj = trajectory([(prompt + answer, [0] * len(prompt) + [1] * len(answer))])
+    good = make_scorer(exact_match_reward, tokenizer=tokenizer)
+    bad = make_scorer(raising_reward)
+    try:
+        assert good.decode(answer) == "the answer is five <eos>"  # special tokens kept
+        right = await score_message(episode(traj, data={"answer": "five"}), good)
+        wrong = await score_message(episode(traj, data={"answer": "four"}), good)
+        failed = await score_message(episode(traj), bad)
+    finally:
+        await good.aclose()
+        await bad.aclose()
+    assert isinstance(right, ScoredEpisode) and right.reward == 1.0
+    assert isinstance(wrong, ScoredEpisode) and wrong.reward == 0.0  # a genuine 0.0, not a timeout
+    assert isinstance(failed, SampleRejected) and failed.failed
+    assert failed.reason == "reward_error: ValueError: reward exploded"
+
+
+def test_scorer_from_config_errors_name_the_setting(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="reward.tokenizer_path"):
+        load_tokenizer(str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="not allow-listed|cannot be imported"):
+        Scorer.from_config(RewardConfig(reward_fn="nope_mod:fn"), "w")
+    assert load_tokenizer("") is None
