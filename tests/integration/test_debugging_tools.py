@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiokafka import TopicPartition
 
@@ -29,7 +30,15 @@ from rollstream.redis_state import RedisKeys, VersionStore, connect
 from rollstream.tools.positions import ALL_PARTITIONS
 from rollstream.tools.replay import ReplayOptions, replay
 from rollstream.tools.roles import partitions_of, topic_for
-from rollstream.wire import SampleRejected, ScoredEpisode, decode_dead_letter, encode
+from rollstream.wire import (
+    Episode,
+    SampleRejected,
+    ScoredEpisode,
+    decode_dead_letter,
+    decode_scored,
+    decode_tensor,
+    encode,
+)
 from tests.helpers import make_config
 from tests.unit.fakes import make_tokenizer
 from tests.unit.test_dump_record import multi_turn, scored, single_turn
@@ -338,3 +347,57 @@ async def assert_metrics_served() -> None:
         assert f"# TYPE {name} " in text, name
     assert 'rollstream_dead_letters_total{reason="undecodable",tier="dump"}' in text
     assert 'rollstream_episodes_total{outcome="dumped",tier="dump"}' in text
+
+
+async def test_replayed_episodes_rescored_in_another_experiment(
+    config: RollstreamConfig, unique_name: str, tokenizer_dir: str, tmp_path: Path
+) -> None:
+    from reward_workers import service as reward_service
+
+    originals = [
+        episode_of(single_turn("what is two plus two", "four <eos>", [1, 1]), "r1", 0),
+        episode_of(single_turn("what is two plus two", "five <eos>", [1, 2]), "r1", 1),
+        episode_of(multi_turn(), "r2", 0),
+    ]
+    await publish(config, "episodes", [(e.task_id.encode(), encode(e)) for e in originals])
+    copied = await replay(config, "episodes", ReplayOptions(to_experiment=f"{unique_name}-rescore"))
+    assert copied.written == 3
+    rescoring = make_config(
+        config.kafka.bootstrap_servers, config.redis.url, f"{unique_name}-rescore",
+        {"reward": {"reward_fn": "tests.unit.reward_fns:prompt_echo", "tokenizer_path": tokenizer_dir,
+                    "max_workers": 1, "worker_id": "rescore-0", "session_timeout_ms": 6000}},
+    )
+    stop = asyncio.Event()
+    worker = asyncio.create_task(reward_service.run(rescoring, stop))
+    try:
+        async def all_scored() -> bool:
+            if worker.done():
+                worker.result()
+            return len(await read_raw(rescoring, names_of(rescoring).scored)) == 3
+
+        await eventually(all_scored, "the reward worker of the new experiment to score 3 episodes")
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, WAIT_S)
+    await replay(rescoring, "scored", ReplayOptions(to_dump=tmp_path / "after"))
+    after = read_dump(tmp_path / "after", rescoring)
+    tokenizer = make_tokenizer()
+    for original in originals:
+        line = after[(original.task_id, original.sample_idx)]
+        before = dump_record(original, tokenizer)
+        # the same trajectory, a new reward: prompt_echo scores the prompt's token count
+        assert {k: v for k, v in line.items() if k != "reward"} == {k: v for k, v in before.items() if k != "reward"}
+        assert line["reward"] == float(before["prompt_len"])
+    for _, _, value in await read_raw(rescoring, names_of(rescoring).scored):
+        message = decode_scored(value)
+        assert isinstance(message, ScoredEpisode)
+        original = next(e for e in originals if (e.task_id, e.sample_idx) == (message.episode.task_id, message.episode.sample_idx))
+        for key, wire in original.trajectory.items():
+            if key != "rewards":  # the one thing re-scoring changes
+                assert bytes(message.episode.trajectory[key].data) == bytes(wire.data), key
+        assert float(decode_tensor(message.episode.trajectory["rewards"])[0]) == message.reward
+
+
+def episode_of(tensors: dict[str, Any], task_id: str, sample_idx: int) -> Episode:
+    base = scored(tensors, 0.0, task_id=task_id, sample_idx=sample_idx).episode
+    return msgspec.structs.replace(base, data={"answer": "four"})
