@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
 
 from producers.cursor import cursor_record
 from rollstream.kafka.dead_letter import send_dead_letter
@@ -59,6 +60,10 @@ class PendingBatch:
         return size >= max_prompts or time.monotonic() - self.first_added >= linger_seconds
 
 
+class ProducerFencedError(RuntimeError):
+    """Another producer process with the same ``producer.producer_id`` took over."""
+
+
 class PromptPublisher:
     """Commits pending batches on a started transactional producer."""
 
@@ -74,17 +79,13 @@ class PromptPublisher:
         """
         if batch.is_empty() or batch.cursor is None:
             return
-        async with self._producer.transaction():
-            futures = [
-                await self._producer.send(self._names.prompts, value, key=key)
-                for key, value in batch.prompts
-            ]
-            for letter in batch.dead_letters:
-                await send_dead_letter(self._producer, self._names.dead_letter, letter)
-            key, value = cursor_record(batch.cursor)
-            futures.append(await self._producer.send(self._names.producer_cursor, value, key=key))
-            for future in futures:
-                await future  # surfaces a delivery error inside the transaction, so it aborts
+        try:
+            await self._send_all(batch, batch.cursor)
+        except (ProducerFenced, InvalidProducerEpoch) as exc:
+            raise ProducerFencedError(
+                f"another producer with producer.producer_id={batch.cursor.producer_id!r} started and "
+                "fenced this one; each producer needs its own producer_id"
+            ) from exc
         MESSAGES_OUT.labels(TIER, self._names.prompts).inc(len(batch.prompts))
         MESSAGES_OUT.labels(TIER, self._names.dead_letter).inc(len(batch.dead_letters))
         DEAD_LETTERS.labels(TIER, "unencodable_row").inc(len(batch.dead_letters))
@@ -92,3 +93,16 @@ class PromptPublisher:
             "committed %d prompts; cursor epoch %d index %d",
             len(batch.prompts), batch.cursor.epoch, batch.cursor.index,
         )
+
+    async def _send_all(self, batch: PendingBatch, cursor: ProducerCursor) -> None:
+        async with self._producer.transaction():
+            futures = [
+                await self._producer.send(self._names.prompts, value, key=key)
+                for key, value in batch.prompts
+            ]
+            for letter in batch.dead_letters:
+                await send_dead_letter(self._producer, self._names.dead_letter, letter)
+            key, value = cursor_record(cursor)
+            futures.append(await self._producer.send(self._names.producer_cursor, value, key=key))
+            for future in futures:
+                await future  # surfaces a delivery error inside the transaction, so it aborts

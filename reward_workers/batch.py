@@ -44,6 +44,17 @@ class ScoredBatch:
     records: int = 0
 
 
+def first_offsets(batches: dict[TopicPartition, list[ConsumerRecord]]) -> dict[TopicPartition, int]:
+    """Where to seek to retry a failed batch: each partition's first fetched offset.
+
+    Between batches a partition's position is the offset committed with its previous batch
+    (read_committed skips only transaction markers and aborted records, which a retry would
+    skip again), so this equals the committed offset, known without asking the broker,
+    which may be the very thing that is unreachable.
+    """
+    return {tp: records[0].offset for tp, records in batches.items() if records}
+
+
 def task_id_of(result: ScoreResult) -> str:
     return result.episode.task_id if isinstance(result, ScoredEpisode) else result.task_id
 

@@ -31,7 +31,7 @@ from aiokafka.errors import (
     UnsupportedVersionError,
 )
 
-from reward_workers.batch import ScoredBatch, commit_batch, score_batch, task_id_of
+from reward_workers.batch import ScoredBatch, commit_batch, first_offsets, score_batch, task_id_of
 from reward_workers.rebalance import BatchGuard
 from reward_workers.scorer import Scorer
 from rollstream.config import ConfigError, RollstreamConfig
@@ -50,7 +50,8 @@ FATAL_ERRORS = (
     TransactionalIdAuthorizationFailed,
     UnsupportedVersionError,
 )
-RETRY_BACKOFF_SECONDS = 0.5
+RETRY_BACKOFF_SECONDS = 0.5  # doubled after each failure in a row, up to the cap
+RETRY_BACKOFF_CAP_SECONDS = 10.0
 
 
 class WorkerFencedError(RuntimeError):
@@ -151,10 +152,7 @@ class _Worker:
                     continue
                 ok = await self._process(fetched)
             if not ok:
-                # Outside the lock: fetching committed offsets must not wait on a rebalance
-                # that itself waits for the lock.
-                await self._rewind(list(fetched))
-                await asyncio.sleep(RETRY_BACKOFF_SECONDS)
+                await asyncio.sleep(self._backoff())
 
     async def _process(self, fetched: dict[TopicPartition, list]) -> bool:  # type: ignore[type-arg]
         """Score and commit one batch; False when it failed and was rewound for a retry."""
@@ -167,30 +165,32 @@ class _Worker:
                 f"the same reward.worker_id may have started; exiting so it can take over"
             ) from exc
         except (KafkaError, OSError, TimeoutError) as exc:
+            # Retryable (broker unreachable, coordinator moved, request timed out): the
+            # transaction is aborted, so nothing of this batch is visible; score it again.
             self._failures += 1
             if self._failures >= self._rc.max_consecutive_failures:
+                log.error("%d batch transactions failed in a row: giving up", self._failures)
                 raise
             log.warning(
                 "batch transaction failed (%s: %s; %d in a row): aborted, rewinding to committed offsets",
                 type(exc).__name__, exc, self._failures,
             )
+            self._rewind(fetched)
             return False
         self._failures = 0
         self.batches += 1
         _log_batch(batch)
         return True
 
-    async def _rewind(self, partitions: list[TopicPartition]) -> None:
-        """Seek ``partitions`` (those still assigned) back to their committed offsets."""
+    def _backoff(self) -> float:
+        return min(RETRY_BACKOFF_SECONDS * 2 ** (self._failures - 1), RETRY_BACKOFF_CAP_SECONDS)
+
+    def _rewind(self, fetched: dict[TopicPartition, list]) -> None:  # type: ignore[type-arg]
+        """Seek each partition of a failed batch back to its committed offset (see ``first_offsets``)."""
         assigned = self._consumer.assignment()
-        for tp in partitions:
-            if tp not in assigned:
-                continue
-            committed = await self._consumer.committed(tp)
-            if committed is None:
-                await self._consumer.seek_to_beginning(tp)
-            else:
-                self._consumer.seek(tp, committed)
+        for tp, offset in first_offsets(fetched).items():
+            if tp in assigned:
+                self._consumer.seek(tp, offset)
 
 
 def _log_batch(batch: ScoredBatch) -> None:

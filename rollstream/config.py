@@ -110,7 +110,7 @@ class RewardConfig(_Section):
     worker_id: str = ""  # default "<hostname>-<pid>"; set a stable one (see reward_workers.service)
     poll_timeout_ms: int = 200
     session_timeout_ms: int = 10_000  # consumer group session: how fast a dead worker is noticed
-    max_consecutive_failures: int = 5  # failed transactions in a row before the worker gives up
+    max_consecutive_failures: int = 10  # failed transactions in a row before the worker gives up
 
 
 class GroupingConfig(_Section):

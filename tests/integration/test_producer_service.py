@@ -19,7 +19,7 @@ from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, StalenessBudget, VersionStore, connect
-from rollstream.wire import PromptTask, decode_prompt
+from rollstream.wire import PromptTask, decode_dead_letter, decode_prompt
 from tests.helpers import make_config
 
 pytestmark = pytest.mark.broker
@@ -255,3 +255,26 @@ async def test_eval_prompts_are_not_gated(
     keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
     assert (await StalenessBudget(redis, keys, 0, 1).usage())["admitted"] == 0
     await redis.aclose()
+
+
+async def test_unencodable_row_is_dead_lettered_and_skipped(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"q": 0}\n{"q": 100000000000000000000000000000}\n{"q": 2}\n')  # row 1: int too big
+    config = producer_config(kafka_bootstrap, redis_url, unique_name, str(path))
+    summary = await asyncio.wait_for(run_producer(config, asyncio.Event()), 60)
+    assert (summary.published, summary.dead_lettered) == (2, 1)
+    assert sorted(t.index for _, t in await read_prompts(config)) == [0, 2]
+
+    consumer = make_consumer(config.kafka, "test-dl", names_of(config).dead_letter, group_id=None)
+    await consumer.start()
+    try:
+        records = await consumer.getmany(timeout_ms=5000)
+    finally:
+        await consumer.stop()
+    [letter] = [decode_dead_letter(r.value) for rs in records.values() for r in rs]
+    assert (letter.tier, letter.offset, letter.key) == ("producer", 1, b"producer-0:0:1")
+    assert "cannot be encoded" in letter.reason
+    cursor = await read_cursor(config, names_of(config), "producer-0")
+    assert cursor is not None and (cursor.epoch, cursor.index, cursor.published) == (1, 0, 2)

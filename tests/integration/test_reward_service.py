@@ -16,7 +16,7 @@ import pytest
 import torch
 from aiokafka import TopicPartition
 
-from reward_workers.service import run
+from reward_workers.service import WorkerFencedError, run
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer
@@ -181,6 +181,29 @@ async def end_offsets(config: RollstreamConfig, topic: str) -> dict[TopicPartiti
         await consumer.stop()
 
 
+async def test_a_fenced_worker_stops_loudly_and_publishes_nothing_more(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tokenizer_dir: str
+) -> None:
+    config = reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir, worker_id="w-dup")
+    names = names_of(config)
+    await produce_episodes(config, [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(3)])
+    worker = asyncio.create_task(run(config, asyncio.Event()))
+    try:
+        await wait_for_scored(config, 3)
+        # A second worker with the same worker id takes over the transactional id.
+        usurper = make_producer(
+            config.kafka, "usurper", transactional_id=f"{names.group_id('reward-worker')}.w-dup"
+        )
+        await usurper.start()
+        await usurper.stop()
+        await produce_episodes(config, [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(3, 6)])
+        with pytest.raises(WorkerFencedError, match="reward.worker_id"):
+            await asyncio.wait_for(worker, 60)
+    finally:
+        worker.cancel()
+    assert len(await read_topic(config, names.scored, decode_scored)) == 3
+
+
 def start_worker_process(config: RollstreamConfig, tokenizer: str, log_path: Path) -> subprocess.Popen[bytes]:
     settings = {
         "kafka.bootstrap_servers": config.kafka.bootstrap_servers,
@@ -236,3 +259,32 @@ async def test_killed_worker_restarted_with_same_id_scores_each_episode_exactly_
     assert len(keys) == len(set(keys)) == n
     assert all(m.reward == expected_reward(int(m.episode.task_id.rsplit(":", 1)[1])) for m in scored)
     assert await group_offsets(config) == await end_offsets(config, names_of(config).episodes)
+
+
+@pytest.mark.slow
+async def test_worker_survives_a_broker_restart_without_loss_or_duplicates(
+    dev_stack: Any, kafka_bootstrap: str, redis_url: str, unique_name: str, tokenizer_dir: str
+) -> None:
+    broker = dev_stack.broker
+    if broker is None:
+        pytest.skip("KAFKA_BOOTSTRAP_SERVERS points at an external broker: cannot restart it")
+    n = 30
+    config = reward_config(
+        kafka_bootstrap, redis_url, unique_name, tokenizer_dir, max_batch=4, max_workers=2,
+        reward_fn="tests.integration.reward_service_fns:slow_exact_match",
+    )
+    await produce_episodes(config, [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(n)])
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run(config, stop))
+    try:
+        await wait_for_scored(config, 4)
+        await asyncio.to_thread(broker.restart)
+        scored = await wait_for_scored(config, n, timeout=150)
+        await asyncio.sleep(1.0)
+        scored = await read_topic(config, names_of(config).scored, decode_scored)
+        assert not worker.done(), "the worker gave up during the restart"
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 60)
+    keys = [(m.episode.task_id, m.episode.sample_idx) for m in scored]
+    assert len(keys) == len(set(keys)) == n

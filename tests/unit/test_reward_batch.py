@@ -9,7 +9,7 @@ import torch
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from reward_workers.batch import outcome_of, score_batch, task_id_of
+from reward_workers.batch import first_offsets, outcome_of, score_batch, task_id_of
 from reward_workers.rebalance import BatchGuard
 from rollstream.wire import Episode, SampleRejected, ScoredEpisode, TaskFailed, encode, encode_tensor_dict
 
@@ -57,6 +57,8 @@ async def test_batch_decodes_scores_and_dead_letters() -> None:
     [letter] = batch.dead_letters
     assert (letter.source_topic, letter.partition, letter.offset, letter.tier) == (TOPIC, 0, 6, "reward-worker")
     assert letter.value == b"\x00garbage" and letter.reason
+    # A failed batch is retried from each partition's first fetched record.
+    assert first_offsets(fetched) == {TopicPartition(TOPIC, 0): 5, TopicPartition(TOPIC, 1): 9}
 
 
 def test_outcome_labels() -> None:
