@@ -121,7 +121,8 @@ class GroupingConfig(_Section):
     group_timeout_seconds: float = 600.0
     commit_interval_ms: int = 100
     dedupe_window_seconds: float = 3600.0
-    instance_id: str = "grouping-0"
+    instance_id: str = "grouping-0"  # keep stable per instance: part of the transactional id
+    session_timeout_ms: int = 10_000  # consumer group session: how soon a dead instance's partitions move
 
 
 class TrainerConfig(_Section):

@@ -1,0 +1,99 @@
+"""Turning ended groups into ``batches`` records: pure functions, no I/O.
+
+:func:`build_batch` pads the trajectories of one or more complete groups into one ``[N, L]``
+tensor dict (``versions`` pad with -1, ``attention_mask`` with 0, the rest with
+``pad_value``), adds ``rewards`` ``[N]`` and the version bookkeeping the trainer needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import Tensor
+
+from consumers.grouping import CompleteGroup, DroppedGroup
+from rollstream.tensors import concat_padded_tensors
+from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_tensor_dict, encode_tensor_dict
+
+log = logging.getLogger(__name__)
+
+
+def episode_rows(scored: ScoredEpisode) -> dict[str, Tensor]:
+    """The ``[b, L]`` trajectory of one scored episode with ``rewards`` ``[b]`` float32.
+
+    The trajectory's own ``rewards`` are kept when they have the right shape; otherwise every
+    row gets the scalar ``reward``.
+    """
+    rows = dict(decode_tensor_dict(scored.episode.trajectory))
+    b = rows["input_ids"].shape[0]
+    rewards = rows.get("rewards")
+    if rewards is None or tuple(rewards.shape) != (b,):
+        rewards = torch.full((b,), float(scored.reward), dtype=torch.float32)
+    rows["rewards"] = rewards.to(torch.float32)
+    return rows
+
+
+def version_span(versions: Tensor | None) -> tuple[int, int]:
+    """(head, tail): min and max version over generated tokens (versions >= 0); (-1, -1) if none."""
+    if versions is None:
+        return -1, -1
+    generated = versions[versions >= 0]
+    if generated.numel() == 0:
+        return -1, -1
+    return int(generated.min()), int(generated.max())
+
+
+def common_keys(parts: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+    """Keep only keys every trajectory has (an optional key missing in one would fail the concat)."""
+    common = set(parts[0]).intersection(*parts[1:])
+    extra = set().union(*parts) - common
+    if extra:
+        log.warning("dropping trajectory keys %s that not every episode of the batch has", sorted(extra))
+    return [{k: v for k, v in p.items() if k in common} for p in parts]
+
+
+def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: float = 0.0) -> Batch:
+    """One ``Batch`` record for ``groups`` (all train or all eval; at least one group)."""
+    if not groups:
+        raise ValueError("build_batch needs at least one group")
+    if len({g.is_eval for g in groups}) > 1:
+        raise ValueError("build_batch: eval and train groups must not share a batch")
+    parts: list[dict[str, Tensor]] = []
+    row_task: list[int] = []
+    sample_idx: list[int] = []
+    for index, group in enumerate(groups):
+        for scored in group.episodes:
+            rows = episode_rows(scored)
+            b = rows["input_ids"].shape[0]
+            parts.append(rows)
+            row_task += [index] * b
+            sample_idx += [scored.episode.sample_idx] * b
+    tensors = concat_padded_tensors(common_keys(parts), pad_value)
+    head, tail = version_span(tensors.get("versions"))
+    return Batch(
+        task_ids=[g.task_id for g in groups],
+        group_sizes=[g.group_size for g in groups],
+        row_task=row_task,
+        sample_idx=sample_idx,
+        tensors=encode_tensor_dict({k: v.contiguous() for k, v in tensors.items()}),
+        is_eval=groups[0].is_eval,
+        trainer_version=trainer_version,
+        head_version=head,
+        tail_version=tail,
+        staleness=trainer_version - head if head >= 0 else 0,
+        emitted_at=time.time(),
+    )
+
+
+def drop_record(group: DroppedGroup, trainer_version: int) -> GroupDropped:
+    """The ``dropped`` record announcing ``group``'s end."""
+    return GroupDropped(
+        task_id=group.task_id,
+        reason=group.reason,
+        is_eval=group.is_eval,
+        detail=group.detail,
+        trainer_version=trainer_version,
+        dropped_at=time.time(),
+    )

@@ -1,0 +1,245 @@
+"""Gathering the samples of each prompt group: pure logic, no I/O.
+
+:class:`GroupBuffer` takes decoded ``scored`` messages with their partition and offset and
+returns what ended: a :class:`CompleteGroup` (its accepted episodes, ready for a batch) or a
+:class:`DroppedGroup` with a reason. It also answers the offset that is safe to commit per
+partition (:meth:`GroupBuffer.watermark`): below it, every group has ended.
+
+Rules (what callers may rely on):
+
+- a message of a task whose outcome is known (:class:`~consumers.outcomes.OutcomeLog`) is
+  ignored: a late duplicate from a re-run prompt, or input re-read after a crash;
+- a second message for the same ``(task_id, sample_idx)`` is ignored;
+- a message whose ``group_size`` differs from its open group's raises :class:`ConflictError`
+  and leaves the group unchanged (the caller dead-letters the record);
+- ``TaskFailed`` drops the group at once ("task_failed");
+- once ``group_size`` samples arrived: all rejected -> "all_rejected"; else the filters run
+  (train groups only; eval groups are never filtered): equal rewards -> "filtered", oldest
+  generated token more than ``max_head_offpolicyness`` versions behind -> "stale";
+- :meth:`GroupBuffer.expire` drops groups open longer than the timeout ("timeout"). The clock
+  restarts when a group is rebuilt after a crash (its first sample is re-read then).
+
+Memory holds the open groups and the outcome log (bounded by its window), nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from consumers.outcomes import OutcomeLog
+from rollstream.wire import SampleRejected, ScoredEpisode, TaskFailed
+from rollstream.wire.messages import DropReason
+
+Sample = ScoredEpisode | SampleRejected
+ScoredInput = ScoredEpisode | SampleRejected | TaskFailed
+
+
+class ConflictError(ValueError):
+    """A message that contradicts its open group (different ``group_size``)."""
+
+
+@dataclass(frozen=True)
+class GroupFilters:
+    """Optional drops of complete train groups. ``max_head_offpolicyness=None``: no staleness check."""
+
+    drop_equal_rewards: bool = False
+    max_head_offpolicyness: int | None = None
+
+
+@dataclass
+class OpenGroup:
+    """A group still waiting for samples; offsets are of its records in ``partition``."""
+
+    task_id: str
+    group_size: int
+    is_eval: bool
+    first_seen: float
+    partition: int
+    min_offset: int
+    max_offset: int
+    samples: dict[int, Sample] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompleteGroup:
+    """A group with every sample in: the accepted episodes sorted by ``sample_idx``."""
+
+    task_id: str
+    group_size: int
+    is_eval: bool
+    episodes: tuple[ScoredEpisode, ...]
+    rejected: int
+    partition: int
+    min_offset: int
+    max_offset: int
+    first_seen: float
+
+    @property
+    def head_version(self) -> int:
+        """Oldest version over generated tokens of the group (-1: none generated)."""
+        heads = [e.episode.head_version for e in self.episodes if e.episode.head_version >= 0]
+        return min(heads) if heads else -1
+
+
+@dataclass(frozen=True)
+class DroppedGroup:
+    """A group that ended without training data, and why."""
+
+    task_id: str
+    reason: DropReason
+    detail: str
+    is_eval: bool
+    group_size: int
+    partition: int
+    min_offset: int
+    max_offset: int
+    first_seen: float
+
+
+GroupResult = CompleteGroup | DroppedGroup
+
+
+def _drop(group: OpenGroup | CompleteGroup, reason: DropReason, detail: str) -> DroppedGroup:
+    return DroppedGroup(
+        group.task_id, reason, detail, group.is_eval, group.group_size,
+        group.partition, group.min_offset, group.max_offset, group.first_seen,
+    )
+
+
+def apply_filters(group: CompleteGroup, filters: GroupFilters, trainer_version: int) -> GroupResult:
+    """``group`` itself, or its drop when a filter removes it (eval groups pass unfiltered)."""
+    if group.is_eval:
+        return group
+    if filters.drop_equal_rewards and len({e.reward for e in group.episodes}) <= 1:
+        detail = f"all {len(group.episodes)} accepted rewards equal {group.episodes[0].reward}"
+        return _drop(group, "filtered", detail)
+    eta = filters.max_head_offpolicyness
+    head = group.head_version
+    if eta is not None and head >= 0 and trainer_version - head > eta:
+        lag = trainer_version - head
+        detail = f"head version {head} is {lag} behind trainer version {trainer_version} (max {eta})"
+        return _drop(group, "stale", detail)
+    return group
+
+
+class GroupBuffer:
+    """Open groups of any number of partitions, and the outcome log of the groups that ended."""
+
+    def __init__(
+        self,
+        group_timeout_seconds: float,
+        dedupe_window_seconds: float,
+        filters: GroupFilters | None = None,
+    ) -> None:
+        if group_timeout_seconds <= 0:
+            raise ValueError("grouping.group_timeout_seconds must be > 0")
+        self.group_timeout_seconds = group_timeout_seconds
+        self.filters = filters or GroupFilters()
+        self.outcomes = OutcomeLog(dedupe_window_seconds)
+        self._open: dict[int, dict[str, OpenGroup]] = {}
+        self._next_offset: dict[int, int] = {}  # highest offset seen + 1, per partition
+
+    def open_count(self) -> int:
+        return sum(len(groups) for groups in self._open.values())
+
+    def open_groups(self, partition: int) -> list[OpenGroup]:
+        return list(self._open.get(partition, {}).values())
+
+    def mark_seen(self, partition: int, offset: int) -> None:
+        """Account for a record at ``offset`` (also undecodable ones, so the watermark passes them)."""
+        if offset + 1 > self._next_offset.get(partition, -1):
+            self._next_offset[partition] = offset + 1
+
+    def watermark(self, partition: int) -> int | None:
+        """The offset to commit: the lowest first offset of an open group, else highest seen + 1.
+
+        None when no record of ``partition`` was seen since it was assigned.
+        """
+        groups = self._open.get(partition)
+        if groups:
+            return min(g.min_offset for g in groups.values())
+        return self._next_offset.get(partition)
+
+    def add(
+        self, message: ScoredInput, partition: int, offset: int, now: float, trainer_version: int = 0
+    ) -> list[GroupResult]:
+        """Take one message; returns the group it ended, if any. May raise :class:`ConflictError`."""
+        self.mark_seen(partition, offset)
+        task_id = _task_of(message)
+        if self.outcomes.known(task_id):
+            return []
+        groups = self._open.setdefault(partition, {})
+        group = groups.get(task_id)
+        if isinstance(message, TaskFailed):
+            if group is None:
+                group = OpenGroup(task_id, message.group_size, message.is_eval, now, partition, offset, offset)
+            group.max_offset = max(group.max_offset, offset)
+            groups.pop(task_id, None)
+            return [self._ended(_drop(group, "task_failed", message.reason), now)]
+        if group is None:
+            group = OpenGroup(task_id, _size_of(message), _is_eval(message), now, partition, offset, offset)
+            groups[task_id] = group
+        elif _size_of(message) != group.group_size:
+            raise ConflictError(
+                f"task {group.task_id}: group_size {_size_of(message)} differs from the open "
+                f"group's {group.group_size}"
+            )
+        group.max_offset = max(group.max_offset, offset)
+        group.samples.setdefault(_idx_of(message), message)
+        if len(group.samples) < group.group_size:
+            return []
+        del groups[task_id]
+        return [self._ended(self._finish(group, trainer_version), now)]
+
+    def _finish(self, group: OpenGroup, trainer_version: int) -> GroupResult:
+        accepted = [s for _, s in sorted(group.samples.items()) if isinstance(s, ScoredEpisode)]
+        rejected = len(group.samples) - len(accepted)
+        if not accepted:
+            return _drop(group, "all_rejected", f"all {rejected} samples rejected")
+        complete = CompleteGroup(
+            group.task_id, group.group_size, group.is_eval, tuple(accepted), rejected,
+            group.partition, group.min_offset, group.max_offset, group.first_seen,
+        )
+        return apply_filters(complete, self.filters, trainer_version)
+
+    def _ended(self, result: GroupResult, now: float) -> GroupResult:
+        outcome = "emitted" if isinstance(result, CompleteGroup) else "dropped"
+        self.outcomes.record(result.task_id, outcome, now, result.partition, result.max_offset)
+        return result
+
+    def expire(self, now: float) -> list[DroppedGroup]:
+        """Drop ("timeout") every group open for ``group_timeout_seconds`` or longer."""
+        cutoff = now - self.group_timeout_seconds
+        dropped: list[DroppedGroup] = []
+        for groups in self._open.values():
+            for task_id in [t for t, g in groups.items() if g.first_seen <= cutoff]:
+                group = groups.pop(task_id)
+                detail = f"{len(group.samples)} of {group.group_size} samples after {now - group.first_seen:.1f}s"
+                drop = _drop(group, "timeout", detail)
+                self._ended(drop, now)
+                dropped.append(drop)
+        return dropped
+
+    def revoke(self, partitions: Collection[int]) -> None:
+        """Forget the open groups, offsets and outcomes of ``partitions``."""
+        for partition in partitions:
+            self._open.pop(partition, None)
+            self._next_offset.pop(partition, None)
+        self.outcomes.revoke(partitions)
+
+
+def _task_of(message: ScoredInput) -> str:
+    return message.episode.task_id if isinstance(message, ScoredEpisode) else message.task_id
+
+
+def _size_of(message: Sample) -> int:
+    return message.group_size if isinstance(message, SampleRejected) else message.episode.group_size
+
+
+def _idx_of(message: Sample) -> int:
+    return message.sample_idx if isinstance(message, SampleRejected) else message.episode.sample_idx
+
+
+def _is_eval(message: Sample) -> bool:
+    return message.is_eval if isinstance(message, SampleRejected) else message.episode.is_eval

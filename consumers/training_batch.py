@@ -1,0 +1,173 @@
+"""What a trainer step receives: ``batch_size`` groups padded into one ``[N, L]`` tensor dict.
+
+Pure, no I/O: :func:`split_groups` cuts a ``Batch`` record into its groups, :func:`assemble`
+pads groups from any number of records into one :class:`TrainingBatch`, and
+:class:`BatchAccumulator` turns ``batches`` records into training batches with the offsets
+that are safe to commit once the trainer has used them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from aiokafka.structs import ConsumerRecord, TopicPartition
+from torch import Tensor
+
+from consumers.batching import common_keys, version_span
+from rollstream.tensors import concat_padded_tensors
+from rollstream.wire import Batch, GroupDropped, WireDecodeError, decode_batch, decode_tensor_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupRows:
+    """The rows of one group and where its record is (``offset`` in ``tp`` of ``batches``)."""
+
+    task_id: str
+    group_size: int
+    is_eval: bool
+    trainer_version: int
+    tensors: dict[str, Tensor]
+    sample_idx: list[int]
+    tp: TopicPartition | None = None
+    offset: int = -1
+
+
+@dataclass
+class TrainingBatch:
+    """``batch_size`` groups for one trainer step.
+
+    ``tensors`` are ``[N, L]`` (``rewards`` ``[N]``), padded across the groups: ``versions``
+    with -1, ``attention_mask`` with 0, the rest with ``grouping.pad_value``; they are fresh,
+    writable tensors. ``row_task[r]`` indexes ``task_ids`` for row r. ``trainer_versions`` and
+    ``group_is_eval`` are per group. ``head_version``/``tail_version`` span every generated
+    token (-1: none); ``max_staleness`` is the largest ``trainer_version - head`` of a group.
+    ``offsets`` is what :meth:`BatchConsumer.ack` commits.
+    """
+
+    tensors: dict[str, Tensor]
+    task_ids: list[str]
+    group_sizes: list[int]
+    row_task: list[int]
+    sample_idx: list[int]
+    trainer_versions: list[int]
+    group_is_eval: list[bool]
+    head_version: int
+    tail_version: int
+    max_staleness: int
+    offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    generation: int = 0
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.task_ids)
+
+    @property
+    def is_eval(self) -> bool:
+        """True when every group is an eval group."""
+        return bool(self.group_is_eval) and all(self.group_is_eval)
+
+
+def split_groups(batch: Batch) -> list[GroupRows]:
+    """The groups of a ``Batch`` record; ``ValueError`` if its bookkeeping is inconsistent."""
+    tensors = decode_tensor_dict(batch.tensors)
+    n = tensors["input_ids"].shape[0] if "input_ids" in tensors else -1
+    if len(batch.row_task) != n or len(batch.sample_idx) != n:
+        raise ValueError(f"batch has {n} rows but {len(batch.row_task)} row_task entries")
+    if len(batch.group_sizes) != len(batch.task_ids) or any(not 0 <= t < len(batch.task_ids) for t in batch.row_task):
+        raise ValueError("batch row_task / group_sizes do not match its task_ids")
+    groups = []
+    for index, task_id in enumerate(batch.task_ids):
+        rows = [r for r, t in enumerate(batch.row_task) if t == index]
+        picked = torch.tensor(rows, dtype=torch.long)
+        group_tensors = {k: v.index_select(0, picked) if v.dim() else v for k, v in tensors.items()}
+        groups.append(GroupRows(
+            task_id, batch.group_sizes[index], batch.is_eval, batch.trainer_version,
+            group_tensors, [batch.sample_idx[r] for r in rows],
+        ))
+    return groups
+
+
+def assemble(groups: list[GroupRows], pad_value: float = 0.0) -> TrainingBatch:
+    """Pad ``groups`` into one :class:`TrainingBatch` (``offsets`` left for the caller)."""
+    if not groups:
+        raise ValueError("assemble needs at least one group")
+    parts = common_keys([g.tensors for g in groups])
+    tensors = concat_padded_tensors(parts, pad_value) if len(parts) > 1 else {k: v.clone() for k, v in parts[0].items()}
+    row_task = [i for i, g in enumerate(groups) for _ in g.sample_idx]
+    head, tail = version_span(tensors.get("versions"))
+    staleness = [g.trainer_version - h for g in groups if (h := version_span(g.tensors.get("versions"))[0]) >= 0]
+    return TrainingBatch(
+        tensors=tensors,
+        task_ids=[g.task_id for g in groups],
+        group_sizes=[g.group_size for g in groups],
+        row_task=row_task,
+        sample_idx=[s for g in groups for s in g.sample_idx],
+        trainer_versions=[g.trainer_version for g in groups],
+        group_is_eval=[g.is_eval for g in groups],
+        head_version=head,
+        tail_version=tail,
+        max_staleness=max(staleness, default=0),
+    )
+
+
+class BatchAccumulator:
+    """Collects groups record by record; hands out ``batch_size`` of them with commit offsets.
+
+    ``batch.offsets`` covers every record taken so far, except a record whose groups were
+    split across two batches: it is committed with the batch that uses its last group.
+    """
+
+    def __init__(self, batch_size: int, pad_value: float = 0.0, include_eval: bool = False) -> None:
+        self.batch_size = batch_size
+        self.pad_value = pad_value
+        self.include_eval = include_eval
+        self.drops_by_reason: Counter[str] = Counter()
+        self.undecodable = 0
+        self.eval_skipped = 0
+        self._groups: list[GroupRows] = []
+        self._progress: dict[TopicPartition, int] = {}  # next offset after the last record taken
+
+    def ready(self) -> bool:
+        return len(self._groups) >= self.batch_size
+
+    def reset(self) -> None:
+        """Forget what was taken but not handed out."""
+        self._groups.clear()
+        self._progress.clear()
+
+    def take(self, record: ConsumerRecord) -> None:
+        """Take one ``batches`` record: groups queue up, drops and bad records are counted."""
+        tp = TopicPartition(record.topic, record.partition)
+        self._progress[tp] = record.offset + 1
+        try:
+            message = decode_batch(record.value)
+            groups = split_groups(message) if isinstance(message, Batch) else []
+        except (WireDecodeError, ValueError) as exc:
+            self.undecodable += 1
+            log.warning("skipping undecodable batches record %s@%d: %s", tp, record.offset, exc)
+            return
+        if isinstance(message, GroupDropped):
+            self.drops_by_reason[message.reason] += 1
+            return
+        if message.is_eval and not self.include_eval:
+            self.eval_skipped += len(groups)
+            return
+        for group in groups:
+            group.tp, group.offset = tp, record.offset
+        self._groups.extend(groups)
+
+    def hand_out(self) -> TrainingBatch:
+        """The first ``batch_size`` waiting groups (call when :meth:`ready`)."""
+        taken, self._groups = self._groups[: self.batch_size], self._groups[self.batch_size :]
+        batch = assemble(taken, self.pad_value)
+        offsets = dict(self._progress)
+        for left in self._groups:  # a record split across two batches is not committed yet
+            if left.tp is not None:
+                offsets[left.tp] = min(offsets.get(left.tp, left.offset), left.offset)
+        batch.offsets = offsets
+        return batch

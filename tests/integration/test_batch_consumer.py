@@ -1,0 +1,84 @@
+"""BatchConsumer and VersionPublisher against a real broker and Redis."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from consumers.batch_consumer import BatchConsumer, VersionPublisher
+from consumers.batching import build_batch
+from consumers.grouping import CompleteGroup
+from rollstream.config import RollstreamConfig
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_producer
+from rollstream.kafka.topics import TopicNames
+from rollstream.redis_state import RedisKeys, VersionStore
+from rollstream.wire import GroupDropped, encode
+from tests.helpers import make_config
+from tests.unit.test_grouping_support import scored
+
+pytestmark = pytest.mark.broker
+
+
+def group(task: str, gen_len: int = 2, is_eval: bool = False) -> CompleteGroup:
+    eps = tuple(scored(task, i, 2, reward=float(i), gen_len=gen_len + i, version=1, is_eval=is_eval) for i in range(2))
+    return CompleteGroup(task, 2, is_eval, eps, 0, 0, 0, 0, 0.0)
+
+
+async def write_batches(config: RollstreamConfig, messages: list[msgspec.Struct | bytes]) -> None:
+    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    producer = make_producer(config.kafka, "test-batches")
+    await producer.start()
+    try:
+        for message in messages:
+            value = message if isinstance(message, bytes) else encode(message)
+            await producer.send_and_wait(names.batches, value, key=b"k", partition=0)
+    finally:
+        await producer.stop()
+
+
+async def test_batches_are_redelivered_until_acked(kafka_bootstrap: str, redis_url: str, unique_name: str) -> None:
+    config = make_config(
+        kafka_bootstrap, redis_url, unique_name, {"trainer": {"batch_size": 2, "group_id": f"{unique_name}-trainer"}}
+    )
+    await ensure_topics(config.kafka, TopicNames(config.experiment.experiment_name, config.experiment.trial_name))
+    await write_batches(config, [
+        build_batch([group("a")], trainer_version=2),
+        GroupDropped(task_id="x", reason="timeout"),
+        b"\x00 garbage",
+        build_batch([group("e", is_eval=True)], trainer_version=2),
+        build_batch([group("b", gen_len=5)], trainer_version=3),
+        build_batch([group("c"), group("d")], trainer_version=3),
+        build_batch([group("f")], trainer_version=4),
+    ])
+    async with BatchConsumer(config) as consumer:
+        first = await consumer.next_batch(timeout=60)
+        assert first is not None and first.task_ids == ["a", "b"]
+        assert first.tensors["input_ids"].shape == (4, 8)  # 2 prompt + up to 6 generated tokens
+        assert first.tensors["versions"][0].tolist() == [-1, -1, 1, 1, -1, -1, -1, -1]
+        assert first.row_task == [0, 0, 1, 1] and first.trainer_versions == [2, 3]
+        assert (first.head_version, first.tail_version, first.max_staleness) == (1, 1, 2)
+        assert await consumer.ack(first)
+        second = await consumer.next_batch(timeout=60)
+        assert second is not None and second.task_ids == ["c", "d"]  # read, never acked
+        assert consumer.drops_by_reason == {"timeout": 1}
+        assert (consumer.undecodable, consumer.eval_skipped) == (1, 1)
+    async with BatchConsumer(config) as again:
+        redelivered = await again.next_batch(timeout=60)
+        assert redelivered is not None and redelivered.task_ids == ["c", "d"]
+        assert await again.ack(redelivered)
+        assert await again.next_batch(timeout=2) is None  # "f" alone is not a full batch
+    async with BatchConsumer(config) as last:
+        assert await last.next_batch(timeout=2) is None  # c, d stay acked
+
+
+async def test_version_publisher_sets_the_redis_version(redis_url: str, unique_name: str, redis_client) -> None:
+    config = make_config("127.0.0.1:1", redis_url, unique_name)
+    async with VersionPublisher(config) as publisher:
+        await publisher.publish(5, "/weights/5")
+        with pytest.raises(ValueError):
+            await publisher.publish(-1, "/nowhere")
+    store = VersionStore(redis_client, RedisKeys(config.experiment.experiment_name, config.experiment.trial_name))
+    assert await store.get_version() == 5
+    update = await store.get_update()
+    assert update is not None and update.path == "/weights/5"

@@ -1,0 +1,344 @@
+"""The grouping service against a real broker and Redis: one record per task, exactly once,
+through bad input, a SIGKILL with half-open groups, and a rebalance between two instances."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import msgspec
+import pytest
+import yaml
+from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from consumers.grouping_service import run
+from rollstream.api.engine import WeightUpdate
+from rollstream.config import RollstreamConfig
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_admin, make_consumer, make_producer
+from rollstream.kafka.topics import TopicNames
+from rollstream.redis_state import RedisKeys, StalenessBudget, VersionStore
+from rollstream.wire import (
+    Batch,
+    GroupDropped,
+    decode_batch,
+    decode_dead_letter,
+    decode_outcome,
+    decode_tensor_dict,
+    encode,
+)
+from tests.helpers import make_config
+from tests.unit.test_grouping_support import failed, rejected, scored
+
+pytestmark = pytest.mark.broker
+
+GROUPING = {"commit_interval_ms": 100, "session_timeout_ms": 6000, "group_timeout_seconds": 60}
+WAIT_S = 90.0
+
+
+def names_of(config: RollstreamConfig) -> TopicNames:
+    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+
+
+def task_of(message: msgspec.Struct) -> str:
+    return message.episode.task_id if hasattr(message, "episode") else message.task_id
+
+
+async def write_scored(config: RollstreamConfig, items: Iterable[tuple[msgspec.Struct | bytes, int]]) -> None:
+    """Write ``(message or raw bytes, partition)`` pairs to ``scored``, in order."""
+    producer = make_producer(config.kafka, "test-writer")
+    await producer.start()
+    try:
+        for item, partition in items:
+            value = item if isinstance(item, bytes) else encode(item)
+            key = b"junk" if isinstance(item, bytes) else task_of(item).encode()
+            await producer.send_and_wait(names_of(config).scored, value, key=key, partition=partition)
+    finally:
+        await producer.stop()
+
+
+async def read_all(config: RollstreamConfig, topic: str, until: int, settle_s: float = 2.0) -> list:
+    """Every committed record of ``topic`` once at least ``until`` arrived (waiting ``settle_s``
+    more, so duplicates would show). Values decoded with decode_batch (raw for other topics)."""
+    consumer = make_consumer(config.kafka, "test-reader", group_id=None, read_committed=True)
+    await consumer.start()
+    records: list = []
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(config.kafka.partitions)])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_S
+        settled_at: float | None = None
+        while settled_at is None or loop.time() < settled_at:
+            for batch in (await consumer.getmany(timeout_ms=300)).values():
+                records.extend(batch)
+            if settled_at is None and len(records) >= until:
+                settled_at = loop.time() + settle_s
+            if loop.time() > deadline:
+                pytest.fail(f"only {len(records)} of {until} records on {topic} after {WAIT_S}s")
+    finally:
+        await consumer.stop()
+    return records
+
+
+def outcome_per_task(records: list) -> dict[str, list[str]]:
+    """task -> every outcome recorded for it ("batch" or the drop reason)."""
+    seen: dict[str, list[str]] = {}
+    for record in records:
+        message = decode_batch(record.value)
+        if isinstance(message, Batch):
+            for task in message.task_ids:
+                seen.setdefault(task, []).append("batch")
+        else:
+            seen.setdefault(message.task_id, []).append(message.reason)
+    return seen
+
+
+def group_messages(task: str, size: int = 4, version: int = 1) -> list[msgspec.Struct]:
+    return [scored(task, i, size, reward=float(i % 2), version=version, gen_len=1 + i) for i in range(size)]
+
+
+async def test_groups_drops_and_dead_letters(kafka_bootstrap: str, redis_url: str, unique_name: str, redis_client) -> None:
+    config = make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": {**GROUPING, "group_timeout_seconds": 4}})
+    names = names_of(config)
+    keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
+    await VersionStore(redis_client, keys).publish(WeightUpdate(3, "/weights/3"))
+    await ensure_topics(config.kafka, names)
+    items: list[tuple[msgspec.Struct | bytes, int]] = []
+    for t in range(6):  # complete groups, samples shuffled and one duplicated
+        msgs = group_messages(f"ok{t}")
+        items += [(m, t % 2) for m in [msgs[2], msgs[0], msgs[0], msgs[3], msgs[1]]]
+    items += [(rejected("rej", i), 0) for i in range(4)]
+    items += [(scored("fail", 0), 1), (failed("fail"), 1)]
+    items += [(scored("mixed", 0), 0), (rejected("mixed", 1), 0), (scored("mixed", 2, reward=0.0), 0), (rejected("mixed", 3), 0)]
+    items += [(scored("late", 0), 1)]  # never completes: times out
+    items += [(b"\xff\x00 not a message", 1), (scored("late", 1, group_size=2), 1)]  # garbage, conflict
+    await write_scored(config, items)
+
+    stop = asyncio.Event()
+    service = asyncio.create_task(run(config, stop))
+    try:
+        records = await read_all(config, names.batches, until=10)
+        letters = await read_all(config, names.dead_letter, until=2, settle_s=0.5)
+    finally:
+        stop.set()
+        await asyncio.wait_for(service, 60)
+
+    seen = outcome_per_task(records)
+    expected = {f"ok{t}": ["batch"] for t in range(6)}
+    expected |= {"rej": ["all_rejected"], "fail": ["task_failed"], "mixed": ["batch"], "late": ["timeout"]}
+    assert seen == expected
+    batches = [decode_batch(r.value) for r in records]
+    for batch in (b for b in batches if isinstance(b, Batch)):
+        tensors = decode_tensor_dict(batch.tensors)
+        assert batch.trainer_version == 3
+        if batch.task_ids == ["mixed"]:  # two accepted samples of 2 prompt + 3 generated tokens
+            assert tensors["input_ids"].shape == (2, 5) and batch.sample_idx == [0, 2]
+            assert tensors["rewards"].tolist() == [1.0, 0.0]
+            assert (batch.head_version, batch.staleness) == (0, 3)
+            continue
+        assert tensors["input_ids"].shape == (4, 6)  # prompt 2 + longest generation 4
+        assert tensors["versions"][0].tolist() == [-1, -1, 1, -1, -1, -1]  # padding is -1
+        assert tensors["attention_mask"][0].tolist() == [True] * 3 + [False] * 3
+        assert batch.sample_idx == [0, 1, 2, 3] and tensors["rewards"].tolist() == [0.0, 1.0, 0.0, 1.0]
+        assert (batch.head_version, batch.tail_version, batch.staleness) == (1, 1, 2)
+    assert all(isinstance(b, GroupDropped) and b.trainer_version == 3 for b in batches if not isinstance(b, Batch))
+    reasons = sorted(decode_dead_letter(r.value).reason for r in letters)
+    assert len(reasons) == 2 and "group_size 2" in reasons[0] + reasons[1]
+    budget = StalenessBudget(redis_client, keys, 0, 1)
+    assert await budget.drops_by_reason() == {"all_rejected": 1, "task_failed": 1, "timeout": 1}
+
+
+async def test_groups_per_batch_partial_flush_and_tombstones(
+    kafka_bootstrap: str, redis_url: str, unique_name: str
+) -> None:
+    """3 groups per batch: a full batch, an overdue partial one, eval apart; with a zero dedupe
+    window every outcome is tombstoned once the committed offset has passed its group."""
+    sections = {"grouping": {**GROUPING, "groups_per_batch": 3, "dedupe_window_seconds": 0}}
+    config = make_config(kafka_bootstrap, redis_url, unique_name, sections)
+    names = names_of(config)
+    await ensure_topics(config.kafka, names)
+    items = [(m, 0) for t in range(4) for m in group_messages(f"b{t}", size=2)]
+    items += [(scored("ev", i, 2, is_eval=True), 1) for i in range(2)]
+    await write_scored(config, items)
+    stop = asyncio.Event()
+    service = asyncio.create_task(run(config, stop))
+    try:
+        records = await read_all(config, names.batches, until=3)
+        changelog = await read_all(config, names.grouping_changelog, until=10, settle_s=0.5)
+    finally:
+        stop.set()
+        await asyncio.wait_for(service, 60)
+    batches = sorted((decode_batch(r.value) for r in records), key=lambda b: (b.is_eval, -len(b.task_ids)))
+    assert [b.task_ids for b in batches] == [["b0", "b1", "b2"], ["b3"], ["ev"]]
+    assert [b.is_eval for b in batches] == [False, False, True]
+    assert decode_tensor_dict(batches[0].tensors)["input_ids"].shape == (6, 4)
+    assert batches[0].row_task == [0, 0, 1, 1, 2, 2]
+    history: dict[str, list[str]] = {}
+    for record in changelog:
+        outcome = "tombstone" if record.value is None else decode_outcome(record.value).outcome
+        history.setdefault(record.key.decode(), []).append(outcome)
+    assert history == {t: ["emitted", "tombstone"] for t in ("b0", "b1", "b2", "b3", "ev")}
+
+
+def write_config_file(config: RollstreamConfig, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(msgspec.to_builtins(config)))
+    return path
+
+
+def start_subprocess(config_file: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "consumers", "--config", str(config_file), "--set", "grouping.instance_id=g-crash"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+
+
+async def test_sigkill_with_half_open_groups_is_exactly_once(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
+) -> None:
+    config = make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": GROUPING})
+    names = names_of(config)
+    await ensure_topics(config.kafka, names)
+    tasks = [f"g{t}" for t in range(6)]
+    groups = {t: group_messages(t) for t in tasks}
+    first = [(m, i % 2) for i, t in enumerate(tasks) for m in groups[t][:2]]
+    first += [(m, p) for p in (0, 1) for m in group_messages(f"mark{p}")]  # proves the halves were read
+    await write_scored(config, first)
+    config_file = write_config_file(config, tmp_path / "grouping.yaml")
+    log_path = tmp_path / "grouping.log"
+    proc = start_subprocess(config_file, log_path)
+    try:
+        await read_all(config, names.batches, until=2, settle_s=0.5)
+        await asyncio.sleep(0.5)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        await write_scored(config, [(m, i % 2) for i, t in enumerate(tasks) for m in groups[t][2:]])
+        proc = start_subprocess(config_file, log_path)
+        records = await read_all(config, names.batches, until=len(tasks) + 2, settle_s=3.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == 0, log_path.read_text()[-3000:]
+    seen = outcome_per_task(records)
+    assert seen == {t: ["batch"] for t in tasks + ["mark0", "mark1"]}, log_path.read_text()[-3000:]
+
+
+async def test_sigkill_mid_stream_is_exactly_once(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
+) -> None:
+    """Samples keep arriving while the instance is killed (likely inside a transaction)."""
+    config = make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": GROUPING})
+    names = names_of(config)
+    await ensure_topics(config.kafka, names)
+    tasks = [f"s{t}" for t in range(24)]
+    order = [(m, i % 2) for k in range(4) for i, t in enumerate(tasks) for m in group_messages(t)[k : k + 1]]
+    config_file = write_config_file(config, tmp_path / "grouping.yaml")
+    log_path = tmp_path / "grouping.log"
+    proc = start_subprocess(config_file, log_path)
+    try:
+        for start in range(0, len(order), 8):
+            await write_scored(config, order[start : start + 8])
+            if start == 48:
+                await asyncio.sleep(1.0)
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
+                proc = start_subprocess(config_file, log_path)
+        records = await read_all(config, names.batches, until=len(tasks), settle_s=3.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert outcome_per_task(records) == {t: ["batch"] for t in tasks}, log_path.read_text()[-3000:]
+
+
+async def test_failed_transaction_is_aborted_and_rebuilt(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker refuses a batch (too large for the topic): the transaction aborts, state is
+    rebuilt from the committed offsets, and once the topic allows it every group is emitted once."""
+    caplog.set_level(logging.INFO, logger="consumers.grouping_service")
+    config = make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": GROUPING})
+    names = names_of(config)
+    admin = make_admin(config.kafka)
+    await admin.start()
+    try:
+        small = {"max.message.bytes": "20000"}
+        await admin.create_topics([NewTopic(names.batches, 2, 1, topic_configs=small)])
+        await ensure_topics(config.kafka, names)
+        items = [(m, 0) for t in ("a", "b") for m in group_messages(t, size=2)]
+        items += [(scored("big", i, 2, reward=float(i), gen_len=4000), 0) for i in range(2)]
+        items += [(m, p) for p, t in ((0, "c"), (1, "d")) for m in group_messages(t, size=2)]
+        await write_scored(config, items)
+        stop = asyncio.Event()
+        service = asyncio.create_task(run(config, stop))
+        try:
+            await wait_for_log(caplog, "transaction failed")
+            resource = ConfigResource(ConfigResourceType.TOPIC, names.batches, configs={"max.message.bytes": "1048576"})
+            await admin.alter_configs([resource])
+            records = await read_all(config, names.batches, until=5, settle_s=2.0)
+        finally:
+            stop.set()
+            await asyncio.wait_for(service, 60)
+    finally:
+        await admin.close()
+    assert outcome_per_task(records) == {t: ["batch"] for t in ("a", "b", "big", "c", "d")}
+
+
+async def wait_for_log(caplog: pytest.LogCaptureFixture, text: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not any(text in m for m in caplog.messages):
+        if loop.time() > deadline:
+            pytest.fail(f"no log line with {text!r}")
+        await asyncio.sleep(0.1)
+
+
+async def test_rebalance_between_two_instances_is_exactly_once(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="consumers.grouping_service")
+    configs = [
+        make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": {**GROUPING, "instance_id": name}})
+        for name in ("g-a", "g-b")
+    ]
+    names = names_of(configs[0])
+    await ensure_topics(configs[0].kafka, names)
+    tasks = [f"r{t}" for t in range(8)]
+    groups = {t: group_messages(t, size=4 if i < 4 else 2) for i, t in enumerate(tasks)}
+
+    def part(k: int) -> list[tuple[msgspec.Struct, int]]:
+        """Sample k of every group (groups of 2 complete at k=1, while both instances run)."""
+        return [(groups[t][k], i % 2) for i, t in enumerate(tasks) if k < len(groups[t])]
+
+    stops = [asyncio.Event(), asyncio.Event()]
+    a = asyncio.create_task(run(configs[0], stops[0]))
+    b: asyncio.Task[None] | None = None
+    try:
+        await write_scored(configs[0], part(0))
+        await asyncio.sleep(3)
+        b = asyncio.create_task(run(configs[1], stops[1]))  # joins: partitions move mid-groups
+        await asyncio.sleep(4)
+        await write_scored(configs[0], part(1))
+        await asyncio.sleep(2)
+        await write_scored(configs[0], part(2))
+        stops[1].set()  # leaves mid-run: its partitions go back to the first instance
+        await asyncio.wait_for(b, 60)
+        await write_scored(configs[0], part(3))
+        records = await read_all(configs[0], names.batches, until=len(tasks), settle_s=3.0)
+    finally:
+        for stop in stops:
+            stop.set()
+        await asyncio.wait_for(a, 60)
+        if b is not None and not b.done():
+            await asyncio.wait_for(b, 60)
+    assert outcome_per_task(records) == {t: ["batch"] for t in tasks}
+    emitters = {m.split(":")[0] for m in caplog.messages if ": emitted batch of" in m}
+    assert emitters == {"g-a", "g-b"}, "both instances should have owned partitions with groups"

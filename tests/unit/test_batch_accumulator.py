@@ -1,0 +1,85 @@
+"""split_groups / assemble / BatchAccumulator: groups across records, counts, commit offsets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from consumers.batching import build_batch
+from consumers.grouping import CompleteGroup
+from consumers.training_batch import BatchAccumulator, assemble, split_groups
+from rollstream.wire import GroupDropped, encode
+from tests.unit.test_grouping_support import scored
+
+TOPIC = "rs.x.t0.batches"
+
+
+def group(task: str, gen_lens: list[int], version: int = 1, is_eval: bool = False) -> CompleteGroup:
+    eps = tuple(scored(task, i, len(gen_lens), reward=float(i), gen_len=n, version=version, is_eval=is_eval) for i, n in enumerate(gen_lens))
+    return CompleteGroup(task, len(gen_lens), is_eval, eps, 0, 0, 0, 0, 0.0)
+
+
+def record(value: bytes | None, offset: int, partition: int = 0) -> ConsumerRecord:
+    return ConsumerRecord(TOPIC, partition, offset, 0, 0, b"k", value, None, 1, len(value or b""), ())
+
+
+def test_split_groups_recovers_each_groups_rows() -> None:
+    batch = build_batch([group("a", [1, 4]), group("b", [2, 2, 2])], trainer_version=3)
+    a, b = split_groups(batch)
+    assert (a.task_id, a.group_size, a.sample_idx, a.trainer_version) == ("a", 2, [0, 1], 3)
+    assert a.tensors["input_ids"].shape == (2, 6) and b.tensors["input_ids"].shape == (3, 6)
+    assert b.tensors["rewards"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_assemble_pads_across_records_and_tracks_versions() -> None:
+    g1 = split_groups(build_batch([group("a", [1, 1], version=2)], trainer_version=5))
+    g2 = split_groups(build_batch([group("b", [4], version=4)], trainer_version=6))
+    batch = assemble(g1 + g2, pad_value=0.0)
+    t = batch.tensors
+    assert t["input_ids"].shape == (3, 6) and t["versions"][0].tolist() == [-1, -1, 2, -1, -1, -1]
+    assert t["attention_mask"][0].tolist() == [True, True, True, False, False, False]
+    assert batch.row_task == [0, 0, 1] and batch.task_ids == ["a", "b"] and batch.group_sizes == [2, 1]
+    assert batch.trainer_versions == [5, 6]
+    assert (batch.head_version, batch.tail_version, batch.max_staleness) == (2, 4, 3)
+    t["input_ids"][0, 0] = 99  # fresh, writable memory
+    single = assemble(g2)
+    single.tensors["rewards"].add_(1)
+    assert not single.is_eval and single.num_groups == 1
+
+
+def test_accumulator_counts_and_offsets() -> None:
+    acc = BatchAccumulator(batch_size=2)
+    acc.take(record(encode(build_batch([group("a", [1])], 0)), 0))
+    acc.take(record(encode(GroupDropped(task_id="d", reason="timeout")), 1))
+    acc.take(record(b"\x00garbage", 2))
+    acc.take(record(encode(build_batch([group("e", [1], is_eval=True)], 0)), 3))
+    assert not acc.ready()
+    acc.take(record(encode(build_batch([group("b", [1]), group("c", [1])], 0)), 4))  # two groups
+    assert acc.ready()
+    first = acc.hand_out()
+    assert first.task_ids == ["a", "b"]
+    assert first.offsets == {TopicPartition(TOPIC, 0): 4}  # record 4 still has group "c" waiting
+    assert (acc.drops_by_reason["timeout"], acc.undecodable, acc.eval_skipped) == (1, 1, 1)
+    acc.take(record(encode(build_batch([group("f", [1])], 0)), 0, partition=1))
+    second = acc.hand_out()
+    assert second.task_ids == ["c", "f"]
+    assert second.offsets == {TopicPartition(TOPIC, 0): 5, TopicPartition(TOPIC, 1): 1}
+
+
+def test_accumulator_can_include_eval() -> None:
+    acc = BatchAccumulator(batch_size=1, include_eval=True)
+    acc.take(record(encode(build_batch([group("e", [1], is_eval=True)], 0)), 0))
+    batch = acc.hand_out()
+    assert batch.is_eval and batch.group_is_eval == [True]
+
+
+def test_inconsistent_batch_is_rejected() -> None:
+    batch = build_batch([group("a", [1, 1])], 0)
+    batch.row_task = [0, 1]
+    with pytest.raises(ValueError):
+        split_groups(batch)
+    acc = BatchAccumulator(batch_size=1)
+    acc.take(record(encode(batch), 0))
+    assert acc.undecodable == 1 and not acc.ready()
+    assert torch.is_tensor(split_groups(build_batch([group("a", [1])], 0))[0].tensors["rewards"])

@@ -1,0 +1,67 @@
+"""build_batch: shapes, dtypes, padding, rewards, row bookkeeping, versions and staleness."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from consumers.batching import build_batch, drop_record, version_span
+from consumers.grouping import CompleteGroup, DroppedGroup
+from rollstream.wire import decode_batch, decode_tensor_dict, encode
+from tests.unit.test_grouping_support import scored
+
+
+def group(task: str, episodes: list, is_eval: bool = False) -> CompleteGroup:
+    return CompleteGroup(task, len(episodes) + 1, is_eval, tuple(episodes), 1, 0, 0, 9, 0.0)
+
+
+def test_shapes_dtypes_and_padding() -> None:
+    g1 = group("a", [scored("a", 0, reward=1.0, gen_len=3, version=2), scored("a", 2, reward=0.0, gen_len=5, version=3)])
+    g2 = group("b", [scored("b", 1, reward=0.5, gen_len=1, version=4, rows=2)])
+    batch = decode_batch(encode(build_batch([g1, g2], trainer_version=6, pad_value=7.0)))
+    t = decode_tensor_dict(batch.tensors)
+    assert t["input_ids"].shape == (4, 7) and t["input_ids"].dtype == torch.int32
+    assert t["attention_mask"].dtype == torch.bool and t["versions"].dtype == torch.int32
+    assert t["rewards"].dtype == torch.float32 and t["rewards"].tolist() == [1.0, 0.0, 0.5, 0.5]
+    row0 = t["versions"][0].tolist()
+    assert row0 == [-1, -1, 2, 2, 2, -1, -1]  # prompt -1, generated 2, padding -1 (never pad_value)
+    assert t["attention_mask"][0].tolist() == [True] * 5 + [False] * 2
+    assert t["input_ids"][0, 5:].tolist() == [7, 7] and t["logprobs"][3, 3:].tolist() == [7.0] * 4
+    assert batch.task_ids == ["a", "b"] and batch.group_sizes == [3, 2]
+    assert batch.row_task == [0, 0, 1, 1] and batch.sample_idx == [0, 2, 1, 1]
+    assert (batch.head_version, batch.tail_version, batch.staleness) == (2, 4, 4)
+    assert batch.trainer_version == 6 and not batch.is_eval
+
+
+def test_no_generated_tokens_means_no_staleness() -> None:
+    batch = build_batch([group("a", [scored("a", 0, gen_len=0)])], trainer_version=5)
+    assert (batch.head_version, batch.tail_version, batch.staleness) == (-1, -1, 0)
+
+
+def test_scalar_reward_when_trajectory_has_none() -> None:
+    ep = scored("a", 0, reward=0.25, rows=2)
+    trajectory = dict(ep.episode.trajectory)
+    del trajectory["rewards"]
+    ep.episode.trajectory = trajectory
+    batch = build_batch([group("a", [ep])], trainer_version=0)
+    assert decode_tensor_dict(batch.tensors)["rewards"].tolist() == [0.25, 0.25]
+
+
+def test_eval_and_train_are_not_mixed() -> None:
+    with pytest.raises(ValueError, match="eval"):
+        build_batch([group("a", [scored("a", 0)]), group("e", [scored("e", 0)], is_eval=True)], 0)
+    with pytest.raises(ValueError):
+        build_batch([], 0)
+
+
+def test_version_span() -> None:
+    assert version_span(torch.tensor([[-1, 3, 1], [-1, -1, 2]])) == (1, 3)
+    assert version_span(None) == (-1, -1)
+
+
+def test_drop_record() -> None:
+    drop = DroppedGroup("t", "timeout", "2 of 4", True, 4, 1, 3, 8, 0.0)
+    record = drop_record(drop, trainer_version=3)
+    assert (record.task_id, record.reason, record.is_eval, record.detail, record.trainer_version) == (
+        "t", "timeout", True, "2 of 4", 3,
+    )
