@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rollstream.config import RollstreamConfig
+from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.wire import Batch, Episode, ScoredEpisode
 from rollstream.wire.tensor_codec import decode_tensor
 
@@ -124,17 +124,6 @@ def row_record(
         "prompt": _decode(tokenizer, ids[:prompt_len]),
         "completion": _decode(tokenizer, ids[prompt_len:]),
     }
-
-
-async def _uncancellable(work: Any) -> None:
-    """Await ``work`` to completion even when the caller is cancelled (then re-raise), so a
-    cancellation never cuts a batch of appends in half nor lets the next flush overlap it."""
-    task = asyncio.ensure_future(work)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await task
-        raise
 
 
 def _row_values(
@@ -261,7 +250,7 @@ class DumpWriter:
         if tokenizer is None:
             path = tokenizer_path_for(config)
             if path is None:
-                raise ValueError(
+                raise ConfigError(
                     "trajectory dumps need a tokenizer: set rollout.tokenizer_path "
                     "(or reward.tokenizer_path / rollout.model_path)"
                 )
@@ -307,3 +296,14 @@ class DumpWriter:
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a", encoding="utf-8") as handle:
                 handle.write("".join(texts))
+
+
+async def _uncancellable(work: Any) -> None:
+    """Await ``work`` to completion even when the caller is cancelled (then re-raise), so a
+    cancellation never cuts a batch of appends in half nor lets the next flush overlap it."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rollstream.config import ConfigError, config_from_dict
 from rollstream.dump import DUMP_FIELDS, DumpWriter, dump_lines, dump_path, dump_record, safe_task_id
 from rollstream.tensors import TrajectoryBuilder, concat_padded_tensors
 from rollstream.wire import Batch, Episode, SampleRejected, ScoredEpisode, encode_tensor_dict
@@ -144,3 +145,15 @@ async def test_writer_appends_lines_under_the_tail_version(tmp_path: Path) -> No
     assert [json.loads(line)["completion"] for line in lines] == ["world", "four"]
     assert json.loads((tmp_path / "exp/t0/eval-rollout/3/task-1.jsonl").read_text())["tail_version"] == 3
     assert writer.lines_written == 3
+
+
+def test_writer_from_config_names_the_missing_tokenizer_setting(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="rollout.tokenizer_path"):
+        DumpWriter.from_config(config_from_dict({}))
+    make_tokenizer().save_pretrained(tmp_path / "tok")
+    config = config_from_dict({
+        "rollout": {"tokenizer_path": str(tmp_path / "tok"), "fileroot": str(tmp_path / "d")},
+        "experiment": {"experiment_name": "e", "trial_name": "t"},
+    })
+    writer = DumpWriter.from_config(config)
+    assert (writer.root, writer.experiment, writer.trial) == (tmp_path / "d", "e", "t")
