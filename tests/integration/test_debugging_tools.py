@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import torch
 from aiokafka import TopicPartition
 
 from consumers import dump_service
@@ -30,14 +31,19 @@ from rollstream.redis_state import RedisKeys, VersionStore, connect
 from rollstream.tools.positions import ALL_PARTITIONS
 from rollstream.tools.replay import ReplayOptions, replay
 from rollstream.tools.roles import partitions_of, topic_for
+from rollstream.tensors import concat_padded_tensors
 from rollstream.wire import (
+    Batch,
     Episode,
+    GroupDropped,
     SampleRejected,
     ScoredEpisode,
     decode_dead_letter,
     decode_scored,
     decode_tensor,
+    decode_tensor_dict,
     encode,
+    encode_tensor_dict,
 )
 from tests.helpers import make_config
 from tests.unit.fakes import make_tokenizer
@@ -401,3 +407,56 @@ async def test_replayed_episodes_rescored_in_another_experiment(
 def episode_of(tensors: dict[str, Any], task_id: str, sample_idx: int) -> Episode:
     base = scored(tensors, 0.0, task_id=task_id, sample_idx=sample_idx).episode
     return msgspec.structs.replace(base, data={"answer": "four"})
+
+
+async def test_replayed_batches_read_by_batch_consumer_bit_for_bit(config: RollstreamConfig, unique_name: str) -> None:
+    from consumers.batch_consumer import BatchConsumer
+
+    records = [
+        recorded_batch(["b1", "b2"], [single_turn("hello", "world <eos>", [3, 4], 1.0), multi_turn()] * 2),
+        recorded_batch(["b3"], [single_turn("what is two", "four", [4], 0.5), single_turn("two", "five five", [2, 4], 0.0)]),
+    ]
+    dropped = GroupDropped(task_id="b4", reason="stale", trainer_version=6)
+    values = [(b.task_ids[0].encode(), encode(b)) for b in records] + [(b"b4", encode(dropped))]
+    await publish(config, "batches", values)
+    await replay(config, "batches", ReplayOptions(to_experiment=f"{unique_name}-train"))
+    trainer = make_config(
+        config.kafka.bootstrap_servers, config.redis.url, f"{unique_name}-train",
+        {"trainer": {"batch_size": 1, "group_id": f"{unique_name}-trainer"}},
+    )
+    expected = {task: rows for batch in records for task, rows in groups_of(batch).items()}
+    async with BatchConsumer(trainer) as consumer:
+        seen: dict[str, dict[str, torch.Tensor]] = {}
+        for _ in range(len(expected)):
+            batch = await consumer.next_batch(timeout=WAIT_S)
+            assert batch is not None and len(batch.task_ids) == 1
+            seen[batch.task_ids[0]] = batch.tensors
+            assert await consumer.ack(batch)
+        assert await consumer.next_batch(timeout=3.0) is None  # only the drop is left
+        assert dict(consumer.drops_by_reason) == {"stale": 1}
+    assert set(seen) == set(expected)
+    for task, tensors in expected.items():
+        assert set(seen[task]) == set(tensors)
+        for key, original in tensors.items():
+            got = seen[task][key]
+            assert got.dtype == original.dtype and got.shape == original.shape, (task, key)
+            assert got.contiguous().view(torch.uint8).numpy().tobytes() == original.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def recorded_batch(task_ids: list[str], rows: list[dict[str, torch.Tensor]]) -> Batch:
+    """A ``Batch`` whose rows are split evenly over ``task_ids`` (in order)."""
+    per = len(rows) // len(task_ids)
+    tensors = concat_padded_tensors(rows)
+    return Batch(
+        task_ids=task_ids, group_sizes=[per] * len(task_ids), row_task=[r // per for r in range(len(rows))],
+        sample_idx=[r % per for r in range(len(rows))], tensors=encode_tensor_dict(tensors),
+        trainer_version=5, head_version=2, tail_version=5, staleness=3,
+    )
+
+
+def groups_of(batch: Batch) -> dict[str, dict[str, torch.Tensor]]:
+    tensors = decode_tensor_dict(batch.tensors)
+    return {
+        task: {key: value[[r for r, t in enumerate(batch.row_task) if t == index]] for key, value in tensors.items()}
+        for index, task in enumerate(batch.task_ids)
+    }
