@@ -96,6 +96,8 @@ class RolloutConfig(_Section):
     worker_id: str = ""
     dump_to_file: bool = False
     fileroot: str = "runs/dumps"
+    shutdown_grace_seconds: float = 30.0  # on stop: wait this long for in-flight samples
+    commit_interval_seconds: float = 1.0  # how often finished prompts' offsets are committed
 
 
 class RewardConfig(_Section):

@@ -1,0 +1,98 @@
+"""Commit the tracker's committable offsets: periodically, on revocation and at shutdown.
+
+Only partitions the consumer still owns are committed, and only offsets that moved since
+the last successful commit. A failed commit (e.g. the group is rebalancing) is logged and
+retried at the next commit point; committing late only means re-running a few prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.structs import TopicPartition
+
+from rollout_workers.offsets import OffsetTracker
+
+log = logging.getLogger(__name__)
+
+POSITION_TIMEOUT_SECONDS = 5.0
+
+
+class OffsetCommitter:
+    """Commits ``tracker.committable()`` for owned partitions through ``consumer``."""
+
+    def __init__(self, consumer: AIOKafkaConsumer, tracker: OffsetTracker) -> None:
+        self._consumer = consumer
+        self._tracker = tracker
+        self._committed: dict[TopicPartition, int] = {}
+
+    async def advance_positions(self) -> None:
+        """Let idle partitions commit up to the consumer position (past transaction markers).
+
+        Call only from the loop that hands every fetched record to the tracker, between fetches.
+        """
+        for tp in self._consumer.assignment():
+            try:
+                position = await asyncio.wait_for(self._consumer.position(tp), POSITION_TIMEOUT_SECONDS)
+            except (IllegalStateError, asyncio.TimeoutError, KafkaError):
+                continue  # revoked meanwhile, or not known yet: nothing to advance
+            self._tracker.advance(tp, position)
+
+    async def commit(self, only: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+        """Commit what may be committed (restricted to ``only``); returns what was committed."""
+        owned = self._consumer.assignment()
+        wanted = set(only) if only is not None else owned
+        offsets = {
+            tp: offset
+            for tp, offset in self._tracker.committable().items()
+            if tp in owned and tp in wanted and self._committed.get(tp) != offset
+        }
+        if not offsets:
+            return {}
+        try:
+            await self._consumer.commit(offsets)
+        except (KafkaError, IllegalStateError) as exc:
+            log.warning("offset commit failed (%s: %s); will retry", type(exc).__name__, exc)
+            return {}
+        self._committed.update(offsets)
+        log.debug("committed %s", {f"{tp.topic}[{tp.partition}]": o for tp, o in offsets.items()})
+        return offsets
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        for tp in tps:
+            self._committed.pop(tp, None)
+
+
+class CommitOnRevoke(ConsumerRebalanceListener):
+    """Before partitions move to another worker: commit what is done, then forget them.
+
+    Prompts of revoked partitions that are still running go on and publish their samples;
+    the new owner re-runs them from the committed offset (duplicates are removed downstream).
+    """
+
+    def __init__(self, committer: OffsetCommitter, tracker: OffsetTracker) -> None:
+        self._committer = committer
+        self._tracker = tracker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        if not revoked:
+            return
+        committed = await self._committer.commit(only=revoked)
+        unfinished = sum(self._tracker.in_flight(tp) for tp in revoked)
+        self._tracker.forget(revoked)
+        self._committer.forget(revoked)
+        log.info(
+            "partitions revoked: %s (committed %s; %d prompts still running will be re-run by the new owner)",
+            _names(revoked), {f"{tp.topic}[{tp.partition}]": o for tp, o in committed.items()}, unfinished,
+        )
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        log.info("partitions assigned: %s", _names(assigned))
+
+
+def _names(tps: Iterable[TopicPartition]) -> str:
+    return ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in tps)) or "none"

@@ -1,0 +1,75 @@
+"""Build the worker's inference engine and tokenizer from ``rollout.*`` settings.
+
+``rollout.engine: hf`` runs a local transformers model (``rollout.model_path``, ``device``,
+``seed``); ``rollout.engine: sglang`` talks to SGLang servers (``rollout.sglang_urls``) and
+needs a tokenizer path (``rollout.tokenizer_path``, else ``rollout.model_path``). Bad settings
+raise :class:`~rollstream.config.ConfigError` naming the setting.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rollstream.api.engine import InferenceEngine
+from rollstream.config import ConfigError, RolloutConfig
+from rollout_workers.versions import VersionSource, load_weights
+
+log = logging.getLogger(__name__)
+
+
+def tokenizer_path(config: RolloutConfig) -> str:
+    """``rollout.tokenizer_path``, else ``rollout.model_path``; ConfigError when both are empty."""
+    path = config.tokenizer_path or config.model_path
+    if not path:
+        raise ConfigError(
+            "invalid configuration: set rollout.tokenizer_path (or rollout.model_path) so the "
+            "rollout worker can load a tokenizer"
+        )
+    return path
+
+
+def load_tokenizer(config: RolloutConfig) -> Any:
+    """The tokenizer the workflows use (``AutoTokenizer.from_pretrained``)."""
+    from transformers import AutoTokenizer
+
+    path = tokenizer_path(config)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"invalid configuration: cannot load a tokenizer from {path!r}: {exc}") from exc
+
+
+def build_engine(config: RolloutConfig) -> InferenceEngine:
+    """A not yet started engine for ``config`` (call ``start()`` before generating)."""
+    if config.engine == "hf":
+        if not config.model_path:
+            raise ConfigError("invalid configuration: rollout.model_path must be set when rollout.engine is 'hf'")
+        from rollstream.engines.hf import HFEngine
+
+        return HFEngine(config.model_path, device=config.device, seed=config.seed)
+    if config.engine == "sglang":
+        if not config.sglang_urls:
+            raise ConfigError(
+                "invalid configuration: rollout.sglang_urls must list at least one server when "
+                "rollout.engine is 'sglang'"
+            )
+        from rollstream.engines.sglang import SGLangEngine
+
+        return SGLangEngine(config.sglang_urls, tokenizer_path(config))
+    raise ConfigError(f"invalid configuration: unknown rollout.engine {config.engine!r}")
+
+
+async def load_current_version(engine: InferenceEngine, store: VersionSource) -> int:
+    """Load the trainer's current weights into ``engine`` if Redis names any; returns the version.
+
+    Called once at start, before the first prompt is taken, so a worker that joins a running
+    experiment never generates with the initial weights. A failing load raises: a worker that
+    cannot load the current weights should not start.
+    """
+    update = await store.get_update()
+    if update is None or update.version == engine.get_version():
+        log.info("starting with weight version %d", engine.get_version())
+        return engine.get_version()
+    await load_weights(engine, update)
+    return update.version

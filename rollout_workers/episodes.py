@@ -1,0 +1,134 @@
+"""Turn what a workflow returned into the message published on ``episodes``.
+
+Pure functions, no I/O. Every return form of ``arun_episode`` maps to exactly one message:
+
+* a tensor dict -> :class:`Episode` (validated; malformed -> failed :class:`SampleRejected`);
+* a dict of :class:`Interaction` -> converted with ``interactions_to_tensors``, then as above;
+* ``None`` -> :class:`SampleRejected` with ``reason="rejected"`` (a rejection, not a failure);
+* anything else, or tensors that cannot be encoded -> :class:`SampleRejected` with
+  ``failed=True`` and a reason naming the problem.
+
+An exception raised by the workflow itself is turned into a failed rejection by
+:func:`failed_sample`; failures and rejections are always counted apart.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from torch import Tensor
+
+from rollstream.api.workflow import interactions_to_tensors, is_interactions
+from rollstream.tensors import PROMPT_VERSION, validate_trajectory
+from rollstream.wire import Episode, PromptTask, SampleRejected
+from rollstream.wire.tensor_codec import encode_tensor_dict
+
+MAX_REASON_CHARS = 500
+
+
+class MalformedResult(ValueError):
+    """A workflow result that cannot become an episode; the message says why."""
+
+
+def rejected_sample(task: PromptTask, sample_idx: int) -> SampleRejected:
+    """The message for a sample the workflow rejected on purpose (returned ``None``)."""
+    return SampleRejected(
+        task_id=task.task_id, sample_idx=sample_idx, group_size=task.group_size,
+        is_eval=task.is_eval, reason="rejected", failed=False,
+    )
+
+
+def failed_sample(task: PromptTask, sample_idx: int, reason: str) -> SampleRejected:
+    """The message for a sample that failed (an exception or a malformed result)."""
+    return SampleRejected(
+        task_id=task.task_id, sample_idx=sample_idx, group_size=task.group_size,
+        is_eval=task.is_eval, reason=reason[:MAX_REASON_CHARS], failed=True,
+    )
+
+
+def describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def generated_version_range(td: dict[str, Tensor]) -> tuple[int, int]:
+    """``(head, tail)``: min and max version over generated positions; ``(-1, -1)`` if none.
+
+    Generated positions are those with ``loss_mask == 1`` when the dict has a loss mask (else
+    every position), restricted to real versions (``>= 0``) and, when present, to positions the
+    attention mask keeps. Prompt and padding positions carry version -1 and never count.
+    """
+    versions = td.get("versions")
+    if versions is None:
+        return PROMPT_VERSION, PROMPT_VERSION
+    mask = versions >= 0
+    if "loss_mask" in td:
+        mask &= td["loss_mask"] == 1
+    if "attention_mask" in td:
+        mask &= td["attention_mask"].bool()
+    picked = versions[mask]
+    if picked.numel() == 0:
+        return PROMPT_VERSION, PROMPT_VERSION
+    return int(picked.min()), int(picked.max())
+
+
+def as_tensor_dict(result: Any) -> dict[str, Tensor]:
+    """The trajectory tensors of a non-``None`` result; :class:`MalformedResult` otherwise."""
+    if is_interactions(result):
+        try:
+            return interactions_to_tensors(result)
+        except (ValueError, TypeError) as exc:
+            raise MalformedResult(f"cannot turn interactions into tensors: {describe_error(exc)}") from exc
+    if not isinstance(result, dict) or not result:
+        raise MalformedResult(
+            "workflow must return a tensor dict, a dict of Interaction, or None; "
+            f"got {type(result).__name__}{' (empty)' if isinstance(result, dict) else ''}"
+        )
+    for key, value in result.items():
+        if not isinstance(value, Tensor):
+            raise MalformedResult(
+                f"trajectory key {key!r} is a {type(value).__name__}; only tensors travel on episodes"
+            )
+    return {key: value.detach().cpu() for key, value in result.items()}
+
+
+def check_tensors(td: dict[str, Tensor]) -> None:
+    """``validate_trajectory`` plus a ``[B, L]`` batch of at least one row."""
+    try:
+        validate_trajectory(td)
+    except (ValueError, TypeError) as exc:
+        raise MalformedResult(f"malformed trajectory: {exc}") from exc
+    if td["input_ids"].shape[0] < 1:
+        raise MalformedResult("malformed trajectory: input_ids has no rows")
+
+
+def to_episode(
+    task: PromptTask, sample_idx: int, result: Any, stop_reason: str, worker_id: str
+) -> Episode | SampleRejected:
+    """The message for sample ``sample_idx`` of ``task`` whose workflow returned ``result``."""
+    if result is None:
+        return rejected_sample(task, sample_idx)
+    try:
+        td = as_tensor_dict(result)
+        check_tensors(td)
+        trajectory = encode_tensor_dict(td)
+    except MalformedResult as exc:
+        return failed_sample(task, sample_idx, str(exc))
+    except (TypeError, ValueError) as exc:  # e.g. a dtype the wire format does not carry
+        return failed_sample(task, sample_idx, f"cannot encode trajectory: {describe_error(exc)}")
+    head, tail = generated_version_range(td)
+    return Episode(
+        task_id=task.task_id,
+        sample_idx=sample_idx,
+        group_size=task.group_size,
+        trajectory=trajectory,
+        is_eval=task.is_eval,
+        data=task.data,
+        stop_reason=stop_reason,
+        head_version=head,
+        tail_version=tail,
+        has_reward="rewards" in td,
+        worker_id=worker_id,
+        generated_at=time.time(),
+    )
+

@@ -1,0 +1,158 @@
+"""The worker's workflow allow-list: message keys -> workflows named in the config.
+
+A prompt message never carries code. Its ``workflow`` field may only name a key of this
+registry (``None`` means ``rollout.default_workflow``); anything else — including an import
+path — raises :class:`UnknownWorkflowError`, which the worker turns into a ``TaskFailed``
+and a dead letter.
+
+Keys come from ``rollout.workflows`` (``key: {path, kwargs}``) plus the built-in ``rlvr``
+(``RLVRWorkflow`` with the configured generation settings and the model's tokenizer) unless
+the config redefines it. ``path`` is an import string (``pkg.module.Name`` or
+``pkg.module:Name``) or one of the built-in names ``rlvr``, ``multi_turn``, ``vision_rlvr``.
+
+Special values in ``kwargs`` (also inside nested lists and dicts):
+
+* ``"$tokenizer"`` -> the tokenizer of ``rollout.tokenizer_path`` (default: the model path);
+* ``"$gconfig"`` -> ``GenerationHyperparameters().new(**rollout.gconfig)`` with the tokenizer's
+  stop and pad token ids added;
+* a ``reward_fn`` given as a string is imported (``pkg.module.fn``), since the built-in
+  workflows take a callable.
+
+The built-in workflows get ``gconfig="$gconfig"`` and ``tokenizer="$tokenizer"`` unless the
+kwargs set them, so ``multi_turn: {path: multi_turn, kwargs: {reward_fn: pkg.mod.fn,
+max_turns: 2, turn_discount: 0.9}}`` is a complete entry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+from rollstream.api.io_struct import GenerationHyperparameters
+from rollstream.api.workflow import RolloutWorkflow, resolve_workflow
+from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_PLACEHOLDER = "$tokenizer"
+GCONFIG_PLACEHOLDER = "$gconfig"
+BUILTIN_PATHS = {
+    "rlvr": "rollstream.workflows.rlvr:RLVRWorkflow",
+    "multi_turn": "rollstream.workflows.multi_turn:MultiTurnWorkflow",
+    "vision_rlvr": "rollstream.workflows.vision_rlvr:VisionRLVRWorkflow",
+}
+DEFAULT_WORKFLOWS = {"rlvr": WorkflowSpec(path="rlvr")}
+
+
+class UnknownWorkflowError(LookupError):
+    """A message named a workflow that is not a key of the worker's allow-list."""
+
+
+def make_gconfig(settings: dict[str, Any], tokenizer: Any) -> GenerationHyperparameters:
+    """``rollout.gconfig`` as generation settings with the tokenizer's stop/pad ids."""
+    try:
+        gconfig = GenerationHyperparameters().new(**settings)
+    except TypeError as exc:
+        raise ConfigError(f"invalid configuration: rollout.gconfig: {exc}") from None
+    return gconfig.new_with_stop_and_pad_token_ids(tokenizer)
+
+
+def _substitute(value: Any, tokenizer: Any, gconfig: GenerationHyperparameters) -> Any:
+    if value == TOKENIZER_PLACEHOLDER:
+        return tokenizer
+    if value == GCONFIG_PLACEHOLDER:
+        return gconfig.new()  # each workflow gets its own copy
+    if isinstance(value, list):
+        return [_substitute(v, tokenizer, gconfig) for v in value]
+    if isinstance(value, dict):
+        return {k: _substitute(v, tokenizer, gconfig) for k, v in value.items()}
+    return value
+
+
+def build_kwargs(spec: WorkflowSpec, tokenizer: Any, gconfig: GenerationHyperparameters) -> dict[str, Any]:
+    """The constructor kwargs of ``spec`` with placeholders replaced (see the module doc)."""
+    kwargs = dict(spec.kwargs)
+    if spec.path in BUILTIN_PATHS:
+        kwargs.setdefault("gconfig", GCONFIG_PLACEHOLDER)
+        kwargs.setdefault("tokenizer", TOKENIZER_PLACEHOLDER)
+    kwargs = _substitute(kwargs, tokenizer, gconfig)
+    if isinstance(kwargs.get("reward_fn"), str):
+        kwargs["reward_fn"] = import_object(kwargs["reward_fn"])
+    return kwargs
+
+
+def import_object(path: str) -> Any:
+    """``pkg.module.name`` or ``pkg.module:name`` imported; ``ImportError`` naming ``path``."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ImportError(f"{path!r} must look like 'pkg.module.name' or 'pkg.module:name'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ImportError(f"cannot import {path!r}: {exc}") from exc
+    return obj
+
+
+class WorkflowRegistry:
+    """Workflows by allow-list key, built once at start (bad entries fail the start)."""
+
+    def __init__(self, workflows: dict[str, RolloutWorkflow], default_key: str) -> None:
+        if default_key not in workflows:
+            raise ConfigError(
+                f"invalid configuration: rollout.default_workflow {default_key!r} is not a key of "
+                f"rollout.workflows (known: {', '.join(sorted(workflows))})"
+            )
+        self._workflows = workflows
+        self.default_key = default_key
+
+    @classmethod
+    def from_config(cls, config: RolloutConfig, tokenizer: Any) -> WorkflowRegistry:
+        """Build every configured workflow (plus the built-in ``rlvr``) with ``tokenizer``."""
+        gconfig = make_gconfig(config.gconfig, tokenizer)
+        specs = {**DEFAULT_WORKFLOWS, **config.workflows}
+        workflows = {key: _build(key, spec, tokenizer, gconfig) for key, spec in specs.items()}
+        log.info("workflow allow-list: %s (default %s)", ", ".join(sorted(workflows)), config.default_workflow)
+        return cls(workflows, config.default_workflow)
+
+    def keys(self) -> list[str]:
+        return sorted(self._workflows)
+
+    def resolve(self, key: str | None) -> RolloutWorkflow:
+        """The workflow for a message's ``workflow`` field (``None``: the default)."""
+        name = self.default_key if key is None else key
+        workflow = self._workflows.get(name)
+        if workflow is None:
+            raise UnknownWorkflowError(
+                f"workflow {name!r} is not allowed: a prompt may only name a key of "
+                f"rollout.workflows ({', '.join(self.keys())})"
+            )
+        return workflow
+
+    async def aclose(self) -> None:
+        """Release what the workflows hold (e.g. their share of the reward process pool)."""
+        for key, workflow in self._workflows.items():
+            close = getattr(workflow, "aclose", None)
+            if close is None:
+                continue
+            try:
+                await close()
+            except Exception:  # closing must go on for the others
+                log.exception("closing workflow %s failed", key)
+
+
+def _build(key: str, spec: WorkflowSpec, tokenizer: Any, gconfig: GenerationHyperparameters) -> RolloutWorkflow:
+    path = BUILTIN_PATHS.get(spec.path, spec.path)
+    try:
+        kwargs = build_kwargs(spec, tokenizer, gconfig)
+        # group_size=1: the worker runs (and publishes) every sample of a group itself.
+        return resolve_workflow(path, kwargs, group_size=1)
+    except Exception as exc:
+        raise ConfigError(
+            f"invalid configuration: rollout.workflows.{key} (path {spec.path!r}) cannot be built: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc

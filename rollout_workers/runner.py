@@ -1,0 +1,175 @@
+"""Run the samples of each prompt record and publish them as they finish.
+
+:meth:`PromptRunner.take` is called for every prompt record, in offset order. It records the
+offset in the :class:`OffsetTracker` and starts the prompt in the background. Each of the
+prompt's ``group_size`` samples runs the workflow under the rollout semaphore (so at most
+``max_concurrent_rollouts`` episodes generate at once) and publishes its ``Episode`` or
+``SampleRejected`` keyed by task id as soon as it ends. Only when every sample's send has been
+acknowledged is the offset marked done, so it can never be committed early.
+
+A record that cannot be run (undecodable, or naming a workflow outside the allow-list) is
+dead-lettered and answered with a ``TaskFailed`` on ``episodes`` (when its task id is known),
+then marked done. A failing workflow is a failed ``SampleRejected``; a failing publish is fatal
+and surfaces through :attr:`PromptRunner.tasks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from typing import Any
+
+import msgspec
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from rollstream.api.context import workflow_context
+from rollstream.api.engine import InferenceEngine
+from rollstream.api.workflow import RolloutWorkflow
+from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
+from rollstream.kafka.topics import TopicNames
+from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT, TOKENS
+from rollstream.wire import Episode, PromptTask, SampleRejected, TaskFailed, WireDecodeError, decode_prompt, encode
+from rollout_workers.episodes import MAX_REASON_CHARS, describe_error, failed_sample, to_episode
+from rollout_workers.offsets import OffsetTracker
+from rollout_workers.recording import EpisodeEngine
+from rollout_workers.registry import UnknownWorkflowError, WorkflowRegistry
+from rollout_workers.tasks import TaskSet
+
+log = logging.getLogger(__name__)
+
+TIER = "rollout-worker"
+
+
+def outcome_of(message: Episode | SampleRejected) -> str:
+    """Metric label: "episode", "rejected" (workflow returned None) or "failed"."""
+    if isinstance(message, Episode):
+        return "episode"
+    return "failed" if message.failed else "rejected"
+
+
+class PromptRunner:
+    """Turns prompt records into published samples; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        producer: AIOKafkaProducer,
+        names: TopicNames,
+        registry: WorkflowRegistry,
+        engine: InferenceEngine,
+        tracker: OffsetTracker,
+        worker_id: str,
+        max_concurrent_rollouts: int,
+    ) -> None:
+        self._producer = producer
+        self._names = names
+        self._registry = registry
+        self._engine = engine
+        self._tracker = tracker
+        self._worker_id = worker_id
+        self._rollouts = asyncio.Semaphore(max_concurrent_rollouts)
+        self.tasks = TaskSet()
+        self.inflight_samples = 0  # samples started (or waiting to start) and not yet published
+        self._room = asyncio.Event()  # set whenever a sample ends
+
+    def take(self, record: ConsumerRecord) -> None:
+        """Start work on one prompt record (synchronously records its offset first)."""
+        tp = TopicPartition(record.topic, record.partition)
+        self._tracker.add(tp, record.offset)
+        MESSAGES_IN.labels(TIER, record.topic).inc()
+        where = f"{record.topic}[{record.partition}]@{record.offset}"
+        try:
+            task = decode_prompt(record.value)
+        except WireDecodeError as exc:
+            self.tasks.spawn(self._refuse(tp, record, None, "undecodable", exc.reason, exc), f"refuse-{where}")
+            return
+        try:
+            workflow = self._registry.resolve(task.workflow)
+        except UnknownWorkflowError as exc:
+            self.tasks.spawn(self._refuse(tp, record, task, "unknown_workflow", str(exc), exc), f"refuse-{where}")
+            return
+        self.inflight_samples += task.group_size
+        log.info("task %s: running %d samples with workflow %s (%s)", task.task_id, task.group_size,
+                 task.workflow or self._registry.default_key, where)
+        self.tasks.spawn(self._run_prompt(tp, record.offset, task, workflow), f"prompt-{task.task_id}")
+
+    async def wait_for_room(self, timeout: float) -> None:
+        """Return when a sample ends (room for more work), or after ``timeout`` seconds."""
+        self._room.clear()
+        try:
+            await asyncio.wait_for(self._room.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _publish(self, task_id: str, message: msgspec.Struct) -> None:
+        """Send ``message`` to ``episodes`` keyed by ``task_id`` and wait for the broker's ack."""
+        delivery = await self._producer.send(self._names.episodes, encode(message), key=task_id.encode())
+        await delivery
+        MESSAGES_OUT.labels(TIER, self._names.episodes).inc()
+
+    async def _refuse(
+        self, tp: TopicPartition, record: ConsumerRecord, task: PromptTask | None,
+        label: str, reason: str, exc: BaseException,
+    ) -> None:
+        """Dead-letter ``record``, answer its task with ``TaskFailed``, then mark it done."""
+        await send_dead_letter(self._producer, self._names.dead_letter, dead_letter_for(record, TIER, reason, exc))
+        DEAD_LETTERS.labels(TIER, label).inc()
+        MESSAGES_OUT.labels(TIER, self._names.dead_letter).inc()
+        task_id = task.task_id if task else (record.key or b"").decode("utf-8", "replace")
+        if task_id:
+            failed = TaskFailed(
+                task_id=task_id, group_size=task.group_size if task else 0,
+                is_eval=task.is_eval if task else False, reason=reason[:MAX_REASON_CHARS],
+            )
+            await self._publish(task_id, failed)
+            log.warning("task %s: failed before running (%s)", task_id, label)
+        else:
+            log.warning("prompt record %s[%d]@%d has no key: dead-lettered without a TaskFailed",
+                        record.topic, record.partition, record.offset)
+        await self._producer.flush()  # the dead letter too must be stored before the commit
+        self._tracker.done(tp, record.offset)
+
+    async def _run_prompt(self, tp: TopicPartition, offset: int, task: PromptTask, workflow: RolloutWorkflow) -> None:
+        samples = [
+            asyncio.create_task(self._run_sample(task, workflow, i), name=f"sample-{task.task_id}-{i}")
+            for i in range(task.group_size)
+        ]
+        try:
+            await asyncio.gather(*samples)
+        except BaseException:
+            for sample in samples:
+                sample.cancel()
+            await asyncio.gather(*samples, return_exceptions=True)
+            raise
+        self._tracker.done(tp, offset)
+        log.info("task %s: all %d samples published", task.task_id, task.group_size)
+
+    async def _run_sample(self, task: PromptTask, workflow: RolloutWorkflow, sample_idx: int) -> None:
+        try:
+            async with self._rollouts:
+                message = await self._roll(task, workflow, sample_idx)
+            await self._publish(task.task_id, message)
+            EPISODES.labels(TIER, outcome_of(message)).inc()
+        finally:
+            self.inflight_samples -= 1
+            self._room.set()
+
+    async def _roll(self, task: PromptTask, workflow: RolloutWorkflow, sample_idx: int) -> Episode | SampleRejected:
+        """Run one episode in its own workflow context and convert its result."""
+        engine = EpisodeEngine(self._engine)
+        data: dict[str, Any] = copy.deepcopy(task.data)  # a workflow may mutate its data
+        with workflow_context.scope(task_id=task.task_id, is_eval=task.is_eval, sample_idx=sample_idx):
+            try:
+                result = await workflow.arun_episode(engine, data)
+            except Exception as exc:  # a failure, counted apart from rejections
+                log.warning("task %s sample %d: workflow failed: %s", task.task_id, sample_idx,
+                            describe_error(exc), exc_info=True)
+                return failed_sample(task, sample_idx, describe_error(exc))
+            finally:
+                TOKENS.labels(TIER).inc(engine.output_tokens)
+        message = to_episode(task, sample_idx, result, engine.stop_reason, self._worker_id)
+        if isinstance(message, SampleRejected) and message.failed:
+            log.warning("task %s sample %d: %s", task.task_id, sample_idx, message.reason)
+        return message

@@ -1,0 +1,64 @@
+"""A set of background tasks whose failures are never lost.
+
+Every task spawned here is referenced until it ends. The first exception of any task is kept
+and re-raised by :meth:`TaskSet.raise_if_failed` in the owner's loop, so a dead background
+task stops the worker loudly instead of disappearing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class TaskSet:
+    """Owns background tasks: spawn, watch for failures, wait with a deadline, cancel."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._error: BaseException | None = None
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._on_done)
+        return task
+
+    def _on_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and self._error is None:
+            log.error("background task %s failed: %s: %s", task.get_name(), type(exc).__name__, exc)
+            self._error = exc
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def raise_if_failed(self) -> None:
+        """Re-raise the first exception of any task spawned here."""
+        if self._error is not None:
+            raise self._error
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every task to end; True when all ended."""
+        if not self._tasks:
+            return True
+        _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+        return not pending
+
+    async def cancel_all(self) -> None:
+        """Cancel every task still running and wait until they have all ended."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,176 @@
+"""Follow the trainer's weight version: pause, load the new weights, continue.
+
+:class:`VersionFollower.run` runs for the worker's lifetime. It never gives up on transient
+trouble: while Redis is unreachable the engine keeps its last version and the follower
+reconnects with capped exponential backoff; a weight load that fails is logged, generation
+resumes on the old weights, and the load is retried (with backoff) until it works or a newer
+version replaces it. Anything else (a bug) is raised to the owner, which stops the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from redis.exceptions import RedisError
+
+from rollstream.api.engine import InferenceEngine, WeightUpdate
+from rollstream.metrics import WEIGHT_VERSION
+
+log = logging.getLogger(__name__)
+
+TIER = "rollout-worker"
+REDIS_ERRORS = (RedisError, OSError)
+
+
+class VersionSource(Protocol):
+    """What the follower needs of :class:`rollstream.redis_state.VersionStore`."""
+
+    def watch(self, poll_seconds: float = 2.0) -> AsyncIterator[int]: ...
+
+    async def get_update(self, version: int | None = None) -> WeightUpdate | None: ...
+
+
+class Backoff:
+    """Capped exponential delays: ``first``, doubled on each failure, reset on success."""
+
+    def __init__(self, first: float = 0.5, cap: float = 30.0) -> None:
+        self.first, self.cap, self.delay = first, cap, first
+
+    def reset(self) -> None:
+        self.delay = self.first
+
+    async def sleep(self) -> None:
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, self.cap)
+
+
+async def load_weights(engine: InferenceEngine, update: WeightUpdate) -> None:
+    """Pause, load ``update``, declare its version, resume (also when the load raises)."""
+    started = time.monotonic()
+    await engine.pause()
+    try:
+        await engine.update_weights(update)
+        engine.set_version(update.version)
+    finally:
+        await engine.resume()
+    WEIGHT_VERSION.labels(TIER).set(update.version)
+    log.info(
+        "now generating with weight version %d from %s (load took %.2fs)",
+        update.version, update.path, time.monotonic() - started,
+    )
+
+
+class VersionFollower:
+    """Keeps ``engine`` on the newest version published in ``store``."""
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        store: VersionSource,
+        *,
+        poll_seconds: float = 2.0,
+        backoff_first: float = 0.5,
+        backoff_cap: float = 30.0,
+    ) -> None:
+        self._engine = engine
+        self._store = store
+        self._poll_seconds = poll_seconds
+        self._backoff_first, self._backoff_cap = backoff_first, backoff_cap
+        self._target = engine.get_version()
+        self._changed = asyncio.Event()
+        self.failed_loads = 0
+
+    @property
+    def target(self) -> int:
+        """The newest version seen in the store (the engine may still be loading it)."""
+        return self._target
+
+    async def run(self) -> None:
+        """Follow versions until cancelled; raises only on unexpected errors."""
+        tasks = [
+            asyncio.create_task(self._watch_loop(), name="version-watch"),
+            asyncio.create_task(self._apply_loop(), name="version-apply"),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _offer(self, version: int) -> None:
+        if version > self._target:
+            log.info("trainer published weight version %d", version)
+            self._target = version
+            self._changed.set()
+        elif version < self._target:
+            log.warning("version store went back to %d (following %d); ignored", version, self._target)
+
+    async def _watch_loop(self) -> None:
+        backoff = Backoff(self._backoff_first, self._backoff_cap)
+        while True:
+            try:
+                async for version in self._store.watch(self._poll_seconds):
+                    backoff.reset()
+                    self._offer(version)
+            except REDIS_ERRORS as exc:
+                log.warning(
+                    "version store unreachable (%s: %s); keeping version %d, retrying in %.1fs",
+                    type(exc).__name__, exc, self._engine.get_version(), backoff.delay,
+                )
+                await backoff.sleep()
+
+    async def _apply_loop(self) -> None:
+        backoff = Backoff(self._backoff_first, self._backoff_cap)
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            while self._target > self._engine.get_version():
+                outcome = await self._try_load(self._target)
+                if outcome == "loaded":
+                    backoff.reset()
+                elif outcome == "no_weights":
+                    break  # wait for the next version
+                else:
+                    await backoff.sleep()
+
+    async def _try_load(self, version: int) -> str:
+        """"loaded", "no_weights" (the version names no weights) or "failed"."""
+        try:
+            update = await self._store.get_update(version)
+        except REDIS_ERRORS as exc:
+            log.warning("cannot read weights of version %d (%s); will retry", version, exc)
+            return "failed"
+        if update is None:
+            log.warning("version %d was published without weights; keeping version %d",
+                        version, self._engine.get_version())
+            return "no_weights"
+        try:
+            await load_weights(self._engine, update)
+        except Exception as exc:  # a bad checkpoint or a flaky server: keep generating, retry
+            self.failed_loads += 1
+            log.error(
+                "loading weight version %d from %s failed (%s: %s); generating with version %d "
+                "meanwhile, will retry", version, update.path, type(exc).__name__, exc,
+                self._engine.get_version(),
+            )
+            await self._ensure_resumed()
+            return "failed"
+        return "loaded"
+
+    async def _ensure_resumed(self) -> None:
+        """Retry ``resume`` until it works, so a failed load never leaves generation paused."""
+        backoff = Backoff(self._backoff_first, self._backoff_cap)
+        while True:
+            try:
+                await self._engine.resume()
+                return
+            except Exception as exc:
+                log.error("engine resume failed (%s); retrying in %.1fs", exc, backoff.delay)
+                await backoff.sleep()

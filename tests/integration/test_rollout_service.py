@@ -1,0 +1,345 @@
+"""The rollout worker against the real broker and Redis, with a tiny local transformers model.
+
+In-process: prompts in, one message per sample out, garbage dead-lettered, offsets committed;
+weight versions followed mid-generation. As subprocesses: a SIGKILLed worker's unfinished
+prompts are re-run by the next one, and SIGTERM exits 0 after committing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+import yaml
+from aiokafka.structs import TopicPartition
+
+from rollstream.api.engine import WeightUpdate
+from rollstream.config import RollstreamConfig
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_admin, make_consumer, make_producer
+from rollstream.kafka.topics import TopicNames
+from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.tiny_model import build_tiny_model, default_corpus
+from rollstream.wire import Episode, PromptTask, TaskFailed, decode_dead_letter, decode_episode, decode_tensor_dict, encode
+from rollout_workers.service import run
+from tests.helpers import make_config
+
+pytestmark = pytest.mark.broker
+
+REPO = Path(__file__).resolve().parents[2]
+GROUP_TIER = "rollout-worker"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("rollout-model") / "tiny", default_corpus(),
+                            vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
+
+
+def _config(kafka_bootstrap: str, redis_url: str, name: str, model: Path, **rollout: Any) -> RollstreamConfig:
+    settings = {"model_path": str(model), "seed": 0, "worker_id": "w-test", "commit_interval_seconds": 0.2,
+                "max_concurrent_rollouts": 4, "gconfig": {"max_new_tokens": 8}, **rollout}
+    return make_config(kafka_bootstrap, redis_url, name, {"rollout": settings})
+
+
+def _names(config: RollstreamConfig) -> TopicNames:
+    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+
+
+def _prompt(task_id: str, group_size: int = 2, **extra: Any) -> PromptTask:
+    n = int(task_id.rsplit("-", 1)[-1])
+    return PromptTask(task_id=task_id, group_size=group_size, data={"prompt": f"What is {n}+{n}?"}, **extra)
+
+
+async def _publish(config: RollstreamConfig, *records: PromptTask | tuple[bytes, bytes]) -> dict[bytes, tuple[int, int]]:
+    """Prompts (or raw ``(key, value)`` records) to the prompts topic, without a transaction.
+
+    Returns each key's ``(partition, offset)``.
+    """
+    producer = make_producer(config.kafka, "test-prompts")
+    await producer.start()
+    placed: dict[bytes, tuple[int, int]] = {}
+    try:
+        for record in records:
+            key, value = (record.task_id.encode(), encode(record)) if isinstance(record, PromptTask) else record
+            meta = await producer.send_and_wait(_names(config).prompts, value, key=key)
+            placed[key] = (meta.partition, meta.offset)
+    finally:
+        await producer.stop()
+    return placed
+
+
+class TopicReader:
+    """Reads a topic from the start (read_committed) and keeps every decoded message."""
+
+    def __init__(self, config: RollstreamConfig, topic: str, decode: Callable[[bytes], Any]) -> None:
+        self.consumer = make_consumer(config.kafka, "test-reader", topic, group_id=None)
+        self.decode = decode
+        self.messages: list[Any] = []
+
+    async def __aenter__(self) -> TopicReader:
+        await self.consumer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.consumer.stop()
+
+    async def until(self, done: Callable[[list[Any]], bool], timeout: float,
+                    what: str | Callable[[], str]) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not done(self.messages):
+            if loop.time() > deadline:
+                text = what if isinstance(what, str) else what()
+                pytest.fail(f"timed out waiting for {text}; have {len(self.messages)} messages")
+            for batch in (await self.consumer.getmany(timeout_ms=200)).values():
+                self.messages.extend(self.decode(r.value) for r in batch)
+        return self.messages
+
+
+    async def drain(self, idle_ms: int = 1000) -> None:
+        """Read until nothing new arrives for ``idle_ms``."""
+        while batches := await self.consumer.getmany(timeout_ms=idle_ms):
+            for batch in batches.values():
+                self.messages.extend(self.decode(r.value) for r in batch)
+
+
+def episodes(messages: list[Any]) -> list[Episode]:
+    return [m for m in messages if isinstance(m, Episode)]
+
+
+def sample_keys(messages: list[Any]) -> set[tuple[str, int]]:
+    return {(m.task_id, m.sample_idx) for m in episodes(messages)}
+
+
+async def _committed_vs_end(config: RollstreamConfig) -> tuple[dict[int, int], dict[int, int]]:
+    names = _names(config)
+    admin = make_admin(config.kafka)
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(names.group_id(GROUP_TIER))
+    finally:
+        await admin.close()
+    consumer = make_consumer(config.kafka, "test-ends", group_id=None)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(names.prompts, p) for p in range(config.kafka.partitions)]
+        ends = await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+    return ({tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == names.prompts},
+            {tp.partition: offset for tp, offset in ends.items()})
+
+
+def _check_episode(ep: Episode, version: int | None = 0) -> dict[str, torch.Tensor]:
+    td = decode_tensor_dict(ep.trajectory)
+    generated = td["loss_mask"] == 1
+    assert ep.group_size == 2 and ep.worker_id and ep.stop_reason in ("stop", "length")
+    assert not ep.has_reward and ep.data["prompt"].startswith("What is")
+    assert generated.any() and bool((td["versions"][~generated] == -1).all())
+    assert bool((td["logprobs"][~generated] == 0).all()) and bool(td["logprobs"].isfinite().all())
+    assert bool((td["logprobs"][generated] <= 0).all())
+    if version is not None:
+        assert bool((td["versions"][generated] == version).all())
+        assert (ep.head_version, ep.tail_version) == (version, version)
+    return td
+
+
+async def _stop_service(task: asyncio.Task[None], stop: asyncio.Event) -> None:
+    stop.set()
+    await asyncio.wait_for(task, 60)
+
+
+async def test_prompts_become_episodes_and_offsets_are_committed(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path
+) -> None:
+    config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model)
+    names = _names(config)
+    await ensure_topics(config.kafka, names)
+    prompts = [_prompt(f"task-{i}") for i in range(6)]
+    await _publish(config, *prompts[:3], (b"bad-1", b"\x93not a prompt"),
+                   _prompt("task-9", workflow="os.system"), *prompts[3:])
+    stop = asyncio.Event()
+    service = asyncio.create_task(run(config, stop))
+    async with TopicReader(config, names.episodes, decode_episode) as reader:
+        wanted = {(p.task_id, i) for p in prompts for i in range(2)}
+        failed_ids = {"bad-1", "task-9"}
+        msgs = await reader.until(
+            lambda m: sample_keys(m) >= wanted and {x.task_id for x in m if isinstance(x, TaskFailed)} >= failed_ids,
+            timeout=120, what="12 samples and 2 TaskFailed",
+        )
+    await _stop_service(service, stop)
+    assert len(episodes(msgs)) == 12  # no failures, no duplicates in a clean run
+    for ep in episodes(msgs):
+        td = _check_episode(ep)
+        assert ep.data == next(p.data for p in prompts if p.task_id == ep.task_id)
+        assert td["input_ids"].shape[0] == 1
+    failures = {m.task_id: m for m in msgs if isinstance(m, TaskFailed)}
+    assert "not allowed" in failures["task-9"].reason and failures["task-9"].group_size == 2
+    assert failures["bad-1"].reason
+    async with TopicReader(config, names.dead_letter, decode_dead_letter) as letters:
+        dead = await letters.until(lambda m: len(m) >= 2, timeout=30, what="2 dead letters")
+    by_key = {d.key: d for d in dead}
+    assert by_key[b"bad-1"].value == b"\x93not a prompt" and by_key[b"bad-1"].tier == GROUP_TIER
+    assert by_key[b"bad-1"].source_topic == names.prompts
+    assert "os.system" in by_key[b"task-9"].reason
+    committed, ends = await _committed_vs_end(config)
+    assert committed == ends and sum(ends.values()) == 8
+
+
+def _perturbed_copy(model: Path, out: Path) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(model)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in lm.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * 0.5)
+    lm.save_pretrained(out)
+    return out
+
+
+async def test_worker_follows_published_weight_versions(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    long = {"max_new_tokens": 128, "min_new_tokens": 128}  # min: no early stop, a long window
+    # Two samples at a time: four prompts of two samples take several waves, so the update
+    # lands while some sample is mid-generation; the later prompts queue behind them.
+    config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=long, max_concurrent_rollouts=2)
+    names = _names(config)
+    await ensure_topics(config.kafka, names)
+    weights = _perturbed_copy(tiny_model, tmp_path / "v1")
+    first = [_prompt(f"a-{i}") for i in range(4)]
+    later = [_prompt(f"b-{i}") for i in range(2)]
+    await _publish(config, *first)
+    stop = asyncio.Event()
+    service = asyncio.create_task(run(config, stop))
+    redis = connect(config.redis)
+    try:
+        async with TopicReader(config, names.episodes, decode_episode) as reader:
+            await reader.until(lambda m: len(episodes(m)) >= 1, timeout=120, what="a first episode")
+            await VersionStore(redis, RedisKeys(config.experiment.experiment_name, "t0")).publish(
+                WeightUpdate(1, str(weights)))
+            await _publish(config, *later)
+            wanted = {(p.task_id, i) for p in first + later for i in range(2)}
+            msgs = await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
+    finally:
+        await redis.aclose()
+    await _stop_service(service, stop)
+    eps = episodes(msgs)
+    for ep in eps:
+        td = _check_episode(ep, version=None)
+        gen_versions = td["versions"][td["loss_mask"] == 1].tolist()
+        assert gen_versions == sorted(gen_versions) and set(gen_versions) <= {0, 1}
+    assert all((ep.head_version, ep.tail_version) == (1, 1) for ep in eps if ep.task_id.startswith("b-"))
+    assert any(ep.head_version == 0 for ep in eps)
+    assert any((ep.head_version, ep.tail_version) == (0, 1) for ep in eps), "no episode spans the update"
+
+
+async def test_rebalance_between_two_workers_loses_nothing(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="rollout_workers")
+    slow = {"max_new_tokens": 128, "min_new_tokens": 128}
+    config_a = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=slow,
+                       max_concurrent_rollouts=2, worker_id="w-a")
+    config_b = msgspec.structs.replace(config_a, rollout=msgspec.structs.replace(config_a.rollout, worker_id="w-b"))
+    names = _names(config_a)
+    await ensure_topics(config_a.kafka, names)
+    prompts = [_prompt(f"task-{i}") for i in range(12)]
+    await _publish(config_a, *prompts)
+    wanted = {(p.task_id, i) for p in prompts for i in range(2)}
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    worker_a = asyncio.create_task(run(config_a, stop_a))
+    async with TopicReader(config_a, names.episodes, decode_episode) as reader:
+        await reader.until(lambda m: len(episodes(m)) >= 1, timeout=120, what="a first episode")
+        worker_b = asyncio.create_task(run(config_b, stop_b))  # joining revokes worker a's partitions
+        msgs = await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
+        # Prompts that were running when their partition moved publish from the old owner
+        # but are committed only once the new owner has re-run them.
+        await _until_committed_to_end(config_a, timeout=120)
+        await _stop_service(worker_a, stop_a)
+        await _stop_service(worker_b, stop_b)
+    assert any("partitions revoked" in r.getMessage() for r in caplog.records)
+    for ep in episodes(msgs):
+        _check_episode(ep)
+    committed, ends = await _committed_vs_end(config_a)
+    assert committed == ends and sum(ends.values()) == 12
+
+
+async def _until_committed_to_end(config: RollstreamConfig, timeout: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        committed, ends = await _committed_vs_end(config)
+        if committed == ends:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"committed offsets {committed} never reached the end offsets {ends}")
+        await asyncio.sleep(0.5)
+
+
+def _start_worker(config_file: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "rollout_workers", "--config", str(config_file)],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+
+
+def _log_tail(log: Path) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+
+
+@pytest.mark.slow
+async def test_crashed_worker_prompts_are_rerun_and_sigterm_commits(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    slow = {"max_new_tokens": 128, "min_new_tokens": 128}
+    config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=slow,
+                     max_concurrent_rollouts=1, shutdown_grace_seconds=20)
+    names = _names(config)
+    await ensure_topics(config.kafka, names)
+    config_file = tmp_path / "worker.yaml"
+    config_file.write_text(yaml.safe_dump(msgspec.to_builtins(config)))
+    prompts = [_prompt(f"task-{i}") for i in range(6)]
+    placed = await _publish(config, *prompts)
+    wanted = {(p.task_id, i) for p in prompts for i in range(2)}
+    log = tmp_path / "workers.log"
+    first = _start_worker(config_file, log)
+    try:
+        async with TopicReader(config, names.episodes, decode_episode) as reader:
+            await reader.until(lambda m: len(episodes(m)) >= 2, timeout=180, what="episodes of worker 1")
+            first.send_signal(signal.SIGKILL)
+            first.wait(30)
+            assert sample_keys(reader.messages) < wanted, "worker 1 finished everything before the kill"
+            second = _start_worker(config_file, log)
+            try:
+                await reader.until(lambda m: sample_keys(m) >= wanted, timeout=240,
+                                   what=lambda: f"all samples after the restart\n{_log_tail(log)}")
+                more = [_prompt(f"task-{i}") for i in range(6, 9)]
+                placed.update(await _publish(config, *more))
+                await reader.until(lambda m: any(k[0] in {"task-6", "task-7", "task-8"} for k in sample_keys(m)),
+                                   timeout=120, what="a sample of the later prompts")
+                second.send_signal(signal.SIGTERM)  # mid-run: in-flight samples finish, then commit
+                assert await asyncio.to_thread(second.wait, 60) == 0, _log_tail(log)
+                await reader.drain()
+            finally:
+                if second.poll() is None:
+                    second.kill()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    committed, ends = await _committed_vs_end(config)
+    present = sample_keys(reader.messages)
+    for key, (partition, offset) in placed.items():
+        if offset < committed.get(partition, 0):  # committed prompts have every sample published
+            assert {(key.decode(), 0), (key.decode(), 1)} <= present, (key, _log_tail(log))
+    assert sum(committed.values()) >= 7, _log_tail(log)  # at least the first later prompt finished

@@ -1,0 +1,55 @@
+"""Engine and tokenizer settings: the right engine, and errors that name the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollstream.config import ConfigError, RolloutConfig
+from rollstream.engines.hf import HFEngine
+from rollstream.engines.sglang import SGLangEngine
+from rollout_workers.engine_factory import build_engine, load_tokenizer, tokenizer_path
+
+
+def test_hf_engine_from_model_path() -> None:
+    engine = build_engine(RolloutConfig(engine="hf", model_path="/models/tiny", device="cpu", seed=3))
+    assert isinstance(engine, HFEngine)
+    assert engine.model_path == "/models/tiny" and engine.seed == 3
+
+
+def test_sglang_engine_from_urls() -> None:
+    engine = build_engine(RolloutConfig(engine="sglang", sglang_urls=["http://127.0.0.1:1"], tokenizer_path="/tok"))
+    assert isinstance(engine, SGLangEngine)
+
+
+@pytest.mark.parametrize(
+    ("config", "setting"),
+    [
+        (RolloutConfig(engine="hf"), "rollout.model_path"),
+        (RolloutConfig(engine="sglang", tokenizer_path="/tok"), "rollout.sglang_urls"),
+        (RolloutConfig(engine="sglang", sglang_urls=["http://x"]), "rollout.tokenizer_path"),
+    ],
+)
+def test_missing_settings_are_named(config: RolloutConfig, setting: str) -> None:
+    with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
+        build_engine(config)
+
+
+def test_tokenizer_path_falls_back_to_model_path() -> None:
+    assert tokenizer_path(RolloutConfig(model_path="/m")) == "/m"
+    assert tokenizer_path(RolloutConfig(model_path="/m", tokenizer_path="/t")) == "/t"
+
+
+def test_unloadable_tokenizer_is_a_config_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="cannot load a tokenizer"):
+        load_tokenizer(RolloutConfig(model_path=str(tmp_path / "missing")))
+
+
+@pytest.mark.parametrize(
+    ("settings", "setting"),
+    [({"commit_interval_seconds": 0}, "commit_interval_seconds"), ({"shutdown_grace_seconds": -1}, "shutdown_grace")],
+)
+def test_loop_settings_are_checked(settings: dict[str, float], setting: str) -> None:
+    from rollout_workers.service import check_settings
+
+    with pytest.raises(ConfigError, match=setting):
+        check_settings(RolloutConfig(**settings))  # type: ignore[arg-type]
