@@ -131,6 +131,15 @@ class TrainerConfig(_Section):
     batch_size: int = 8  # groups per step
     group_id: str = "trainer"
     checkpoint_dir: str = "runs/checkpoints"
+    # The example GRPO trainer (examples/grpo_trainer.py, `rollstream train`):
+    model_path: str = ""  # the weights of version 0 (the rollout workers' rollout.model_path)
+    device: str = "cpu"
+    learning_rate: float = 1e-6
+    clip: float = 0.2  # PPO ratio clip
+    ppo_epochs: int = 1  # optimizer steps per batch
+    max_grad_norm: float = 1.0
+    max_steps: int = 0  # 0: train until stopped
+    keep_checkpoints: int = 4  # older ckpt/v{n} directories are deleted
 
 
 class MetricsConfig(_Section):
