@@ -40,9 +40,11 @@ def _right_pad(t: Tensor, shape: Sequence[int], value: float) -> Tensor:
     """``t`` right-padded with ``value`` in every non-batch dim up to ``shape[1:]``."""
     if tuple(t.shape[1:]) == tuple(shape):
         return t
-    out = torch.full((t.shape[0], *shape), value, dtype=t.dtype, device=t.device)
-    out[tuple(slice(0, n) for n in t.shape)] = t
-    return out
+    # F.pad takes (left, right) pairs from the last dim backwards; one op, no index tuple
+    pad: list[int] = []
+    for have, want in zip(reversed(t.shape[1:]), reversed(shape)):
+        pad += [0, want - have]
+    return torch.nn.functional.pad(t, pad, value=value)
 
 
 def _concat_key(key: str, values: list[Any], pad_value: float) -> Any:

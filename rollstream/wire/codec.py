@@ -11,6 +11,7 @@ import math
 from typing import Any, TypeVar
 
 import msgspec
+import numpy
 
 from rollstream.wire.messages import (
     SCHEMA_VERSION,
@@ -27,7 +28,7 @@ from rollstream.wire.messages import (
     SampleRejected,
     TaskFailed,
 )
-from rollstream.wire.tensor_codec import TensorDecodeError, WireTensor, decode_tensor
+from rollstream.wire.tensor_codec import TensorDecodeError, WireTensor, check_tensor, decode_tensor
 
 MAX_GROUP_SIZE = 1024
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -117,13 +118,16 @@ def check_trajectory(trajectory: dict[str, WireTensor]) -> None:
         if wire.shape != shape:
             raise WireDecodeError(f"{key} shape {wire.shape} differs from input_ids {shape}")
     try:
-        tensors = {key: decode_tensor(value) for key, value in trajectory.items()}
+        for value in trajectory.values():
+            check_tensor(value)
+        # only the two tensors whose values are checked are built (building costs µs each)
+        logprobs = decode_tensor(trajectory["logprobs"]) if "logprobs" in trajectory else None
+        rewards = decode_tensor(trajectory["rewards"]) if "rewards" in trajectory else None
     except TensorDecodeError as exc:
         raise WireDecodeError(str(exc)) from None
-    logprobs = tensors.get("logprobs")
-    if logprobs is not None and not bool(logprobs.isfinite().all()):
+    # numpy's isfinite on the shared buffer: several times cheaper than torch's for one row
+    if logprobs is not None and not numpy.isfinite(logprobs.numpy()).all():
         raise WireDecodeError("logprobs contain NaN or infinity")
-    rewards = tensors.get("rewards")
     if rewards is not None and (rewards.dim() != 1 or rewards.shape[0] != shape[0]):
         raise WireDecodeError(f"rewards must be [{shape[0]}], got {list(rewards.shape)}")
 
@@ -171,7 +175,7 @@ def decode_batch(data: bytes | memoryview | None) -> BatchesMessage:
     if isinstance(message, Batch):
         try:
             for wire in message.tensors.values():
-                decode_tensor(wire)
+                check_tensor(wire)  # validation only: decode_tensor_dict builds the tensors
         except TensorDecodeError as exc:
             raise WireDecodeError(str(exc)) from None
     return message

@@ -12,6 +12,7 @@ import sys
 import warnings
 
 import msgspec
+import numpy
 import torch
 
 if sys.byteorder != "little":  # pragma: no cover - the wire format is little-endian
@@ -19,6 +20,7 @@ if sys.byteorder != "little":  # pragma: no cover - the wire format is little-en
 
 # torch warns when wrapping an immutable buffer; sharing the message buffer is the point.
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
@@ -33,6 +35,8 @@ DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+ITEMSIZES: dict[str, int] = {k: torch.empty(0, dtype=v).element_size() for k, v in DTYPES.items()}
+NUMPY_DTYPES: dict[str, numpy.dtype] = {k: numpy.dtype(k) for k in DTYPES if k != "bfloat16"}
 MAX_TENSOR_DIMS = 8
 
 
@@ -53,29 +57,63 @@ def encode_tensor(tensor: torch.Tensor) -> WireTensor:
     name = DTYPE_NAMES.get(tensor.dtype)
     if name is None:
         raise TypeError(f"unsupported tensor dtype on the wire: {tensor.dtype}")
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
-    return WireTensor(name, list(tensor.shape), memoryview(raw.numpy()))
+    return WireTensor(name, list(tensor.shape), _raw_bytes(tensor))
 
 
-def decode_tensor(wire: WireTensor) -> torch.Tensor:
-    """The tensor described by ``wire``, sharing its buffer. Raises ``TensorDecodeError``."""
+def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    """A flat byte view of ``tensor``'s memory in C order (a copy only if not contiguous/CPU).
+
+    The common case (a contiguous CPU tensor without grad, numpy-compatible dtype) takes one
+    try: this runs once per tensor per message, and its fixed cost, not the byte copy (which
+    msgspec does), decides the codec's speed for small trajectories (see bench/codec.py).
+    """
+    try:
+        # numpy() raises for grad/GPU/bfloat16/conj tensors; cast() for non-contiguous or empty ones
+        return memoryview(tensor.numpy()).cast("B")
+    except (TypeError, RuntimeError, ValueError):
+        return _raw_bytes_general(tensor)
+
+
+def _raw_bytes_general(tensor: torch.Tensor) -> memoryview:
+    flat = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    if flat.numel() == 0:
+        return memoryview(b"")
+    if flat.dtype == torch.bfloat16:  # numpy has no bfloat16: same bytes as int16
+        flat = flat.view(torch.int16)
+    return memoryview(flat.numpy()).cast("B")
+
+
+def check_tensor(wire: WireTensor) -> torch.dtype:
+    """Validate ``wire`` (dtype, shape, byte count) without building a tensor; its dtype.
+
+    Raises ``TensorDecodeError``. ``decode_tensor`` runs the same checks.
+    """
     dtype = DTYPES.get(wire.dtype)
     if dtype is None:
         raise TensorDecodeError(f"unknown tensor dtype {wire.dtype!r}")
     shape = wire.shape
-    if len(shape) > MAX_TENSOR_DIMS or any(d < 0 for d in shape):
+    if len(shape) > MAX_TENSOR_DIMS or (shape and min(shape) < 0):
         raise TensorDecodeError(f"invalid tensor shape {shape}")
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    expected = math.prod(shape) * itemsize
-    if len(wire.data) != expected:
+    expected = math.prod(shape) * ITEMSIZES[wire.dtype]
+    if wire.data.nbytes != expected:
         raise TensorDecodeError(
             f"tensor of shape {shape} and dtype {wire.dtype} needs {expected} bytes, "
-            f"got {len(wire.data)}"
+            f"got {wire.data.nbytes}"
         )
-    if expected == 0:
+    return dtype
+
+
+def decode_tensor(wire: WireTensor) -> torch.Tensor:
+    """The tensor described by ``wire``, sharing its buffer. Raises ``TensorDecodeError``."""
+    dtype = check_tensor(wire)
+    shape = wire.shape
+    if wire.data.nbytes == 0:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(wire.data, dtype=dtype).reshape(shape)
+    np_dtype = NUMPY_DTYPES.get(wire.dtype)
+    if np_dtype is None:  # bfloat16: numpy cannot describe it
+        return torch.frombuffer(wire.data, dtype=dtype).view(tuple(shape))
+    # numpy builds the shaped view faster than torch.frombuffer(...).view(...); one tensor results
+    return torch.from_numpy(numpy.frombuffer(wire.data, dtype=np_dtype).reshape(shape))
 
 
 def encode_tensor_dict(tensors: dict[str, torch.Tensor]) -> dict[str, WireTensor]:
