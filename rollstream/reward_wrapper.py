@@ -11,6 +11,13 @@ pool is rebuilt: its worker processes are terminated and a fresh pool is started
 Other calls in flight on the terminated pool fail with ``BrokenProcessPool`` and are retried
 like any broken-pool failure (this uses one of their attempts).
 
+A broken pool breaks every call in flight on it, not only the one whose function killed its
+worker (``os._exit``, a segfault, the OOM killer). So a call that met a broken shared pool runs
+its next attempts ISOLATED: alone, in a one-process pool of its own, one isolated call at a
+time. There a break can only be its own fault. A broken shared pool never ends a call: when it
+happens on the last attempt, the call still gets one isolated attempt. Innocent neighbours of a
+poisonous reward function therefore get their rewards; only the culprit fails.
+
 Workers are started with "forkserver" (or "spawn" where that is missing), never "fork":
 forking a process that holds torch and its threads is unsafe.
 """
@@ -25,13 +32,19 @@ import logging
 import multiprocessing
 import pickle
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
+from contextvars import ContextVar
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+# True while the current call's attempt must run isolated (see the module docstring). A context
+# variable rather than an argument, so subclasses overriding ``_attempt(args, kwargs)`` keep working.
+_isolated: ContextVar[bool] = ContextVar("reward_attempt_isolated", default=False)
 
 
 class _SharedPool:
@@ -41,31 +54,58 @@ class _SharedPool:
         self.max_workers = max_workers
         self.refcount = 0
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
+        self._isolated: concurrent.futures.ProcessPoolExecutor | None = None  # one process
         self._lock = threading.Lock()
+        # one isolated call at a time, per event loop (asyncio locks belong to one loop)
+        self._isolation_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
 
-    def executor(self) -> concurrent.futures.ProcessPoolExecutor:
+    def executor(self, isolated: bool = False) -> concurrent.futures.ProcessPoolExecutor:
+        """The shared executor, or with ``isolated`` the one-process executor of isolated calls."""
         with self._lock:
+            if isolated:
+                if self._isolated is None:
+                    self._isolated = _new_executor(1)
+                return self._isolated
             if self._executor is None:
-                self._executor = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=self.max_workers,
-                    mp_context=multiprocessing.get_context(START_METHOD),
-                )
+                self._executor = _new_executor(self.max_workers)
             return self._executor
+
+    def isolation_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            lock = self._isolation_locks.get(loop)
+            if lock is None:
+                lock = self._isolation_locks[loop] = asyncio.Lock()
+            return lock
 
     def rebuild(self, old: concurrent.futures.ProcessPoolExecutor) -> None:
         """Retire ``old`` (killing its workers) unless another caller already replaced it."""
         with self._lock:
-            if self._executor is not old:
+            if self._executor is old:
+                self._executor = None
+                which = f"reward process pool (max_workers={self.max_workers})"
+            elif self._isolated is old:
+                self._isolated = None
+                which = "isolated reward process"
+            else:
                 return
-            self._executor = None
-        logger.warning("rebuilding reward process pool (max_workers=%s)", self.max_workers)
+        logger.warning("rebuilding %s", which)
         _terminate(old)
 
     def shutdown(self) -> None:
         with self._lock:
-            old, self._executor = self._executor, None
-        if old is not None:
-            _terminate(old)
+            old = [e for e in (self._executor, self._isolated) if e is not None]
+            self._executor = self._isolated = None
+        for executor in old:
+            _terminate(executor)
+
+
+def _new_executor(max_workers: int | None) -> concurrent.futures.ProcessPoolExecutor:
+    return concurrent.futures.ProcessPoolExecutor(
+        max_workers=max_workers, mp_context=multiprocessing.get_context(START_METHOD)
+    )
 
 
 def _terminate(executor: concurrent.futures.ProcessPoolExecutor) -> None:
@@ -147,31 +187,46 @@ class AsyncRewardWrapper:
 
     async def __call__(self, *args: Any, **kwargs: Any) -> float:
         attempts = self.max_retries + 1
-        for attempt in range(1, attempts + 1):
-            last = attempt == attempts
+        isolated = False
+        attempt = 0
+        while True:
+            attempt += 1
+            last = attempt >= attempts
+            token = _isolated.set(isolated)
             try:
+                if isolated:
+                    async with self._require_pool().isolation_lock():
+                        return await self._attempt(args, kwargs)
                 return await self._attempt(args, kwargs)
             except TimeoutError:
                 if last:
                     logger.warning(
                         "reward function %s timed out after %s s on all %d attempts; reward 0.0",
-                        self._name, self.timeout_seconds, attempts,
+                        self._name, self.timeout_seconds, attempt,
                     )
                     return 0.0
                 logger.warning("reward function %s timed out (attempt %d/%d)", self._name, attempt, attempts)
             except BrokenProcessPool:
-                if last:
-                    raise
-                logger.warning("reward pool broken during %s (attempt %d/%d)", self._name, attempt, attempts)
+                if isolated and last:
+                    raise  # it broke a pool it had to itself: its own fault
+                if not isolated:
+                    # maybe another call's fault: go on alone, with at least one more attempt
+                    isolated = True
+                    attempts = max(attempts, attempt + 1)
+                logger.warning(
+                    "reward pool broken during %s (attempt %d/%d); retrying it isolated",
+                    self._name, attempt, attempts,
+                )
             except Exception as exc:
                 if last:
                     raise
                 logger.warning("reward function %s raised %r (attempt %d/%d)", self._name, exc, attempt, attempts)
-        raise AssertionError("unreachable")
+            finally:
+                _isolated.reset(token)
 
     async def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
         pool = self._require_pool()
-        executor = pool.executor()
+        executor = pool.executor(isolated=_isolated.get())
         try:
             cfut = executor.submit(self.reward_fn, *args, **kwargs)
         except BrokenProcessPool:
