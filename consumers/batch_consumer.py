@@ -28,6 +28,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from consumers.training_batch import BatchAccumulator, TrainingBatch
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import ConfigError, RollstreamConfig
+from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, VersionStore, connect
@@ -63,8 +64,9 @@ class BatchConsumer:
                 self.batch_size, config.grouping.groups_per_batch,
             )
         self.accumulator = BatchAccumulator(config.trainer.batch_size, config.grouping.pad_value, include_eval)
-        names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-        self._topic = names.batches
+        self._names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+        self._kafka = config.kafka
+        self._topic = self._names.batches
         self._poll_ms = poll_timeout_ms
         self._consumer = make_consumer(config.kafka, client_id, group_id=config.trainer.group_id, read_committed=True)
         self._fetched: deque[ConsumerRecord] = deque()
@@ -83,6 +85,9 @@ class BatchConsumer:
         return self.accumulator.eval_skipped
 
     async def start(self) -> None:
+        # A trainer may start before any tier: create the trial's topics rather than wait
+        # on a topic that does not exist yet.
+        await ensure_topics(self._kafka, self._names)
         self._consumer.subscribe([self._topic], listener=_Reset(self))
         await self._consumer.start()
 
