@@ -27,6 +27,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from rollstream.api.context import workflow_context
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.workflow import RolloutWorkflow
+from rollstream.dump import DumpWriter
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT, TOKENS
@@ -62,6 +63,7 @@ class PromptRunner:
         tracker: OffsetTracker,
         worker_id: str,
         max_concurrent_rollouts: int,
+        dump: DumpWriter | None = None,
     ) -> None:
         self._producer = producer
         self._names = names
@@ -69,6 +71,7 @@ class PromptRunner:
         self._engine = engine
         self._tracker = tracker
         self._worker_id = worker_id
+        self._dump = dump  # rollout.dump_to_file: the reference system's in-worker dumps
         self._rollouts = asyncio.Semaphore(max_concurrent_rollouts)
         self.tasks = TaskSet()
         self.inflight_samples = 0  # samples started (or waiting to start) and not yet published
@@ -152,6 +155,8 @@ class PromptRunner:
                 message = await self._roll(task, workflow, sample_idx)
             await self._publish(task.task_id, message)
             EPISODES.labels(TIER, outcome_of(message)).inc()
+            if self._dump is not None and isinstance(message, Episode):
+                await self._dump.write(message)
         finally:
             self.inflight_samples -= 1
             self._room.set()

@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
 
 from rollstream.config import ConfigError, RolloutConfig, RollstreamConfig
+from rollstream.dump import DumpWriter
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
@@ -66,7 +67,8 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
     # Configuration errors surface here, before any connection is made.
     check_settings(rollout)
     engine = build_engine(rollout)
-    registry = WorkflowRegistry.from_config(rollout, load_tokenizer(rollout))
+    tokenizer = load_tokenizer(rollout)
+    registry = WorkflowRegistry.from_config(rollout, tokenizer)
     tracker = OffsetTracker()
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(registry.aclose)
@@ -87,9 +89,12 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         consumer.subscribe([names.prompts], listener=CommitOnRevoke(committer, tracker))
         await consumer.start()
         stack.push_async_callback(consumer.stop)
+        dump = DumpWriter.from_config(config, tokenizer) if rollout.dump_to_file else None
+        if dump is not None:
+            stack.push_async_callback(dump.close)  # flushes the last lines
         runner = PromptRunner(
             producer=producer, names=names, registry=registry, engine=engine, tracker=tracker,
-            worker_id=worker_id, max_concurrent_rollouts=rollout.max_concurrent_rollouts,
+            worker_id=worker_id, max_concurrent_rollouts=rollout.max_concurrent_rollouts, dump=dump,
         )
         follower = VersionFollower(engine, store)
         follower_task = asyncio.create_task(follower.run(), name="version-follower")

@@ -8,6 +8,7 @@ prompts are re-run by the next one, and SIGTERM exits 0 after committing.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -343,3 +344,27 @@ async def test_crashed_worker_prompts_are_rerun_and_sigterm_commits(
         if offset < committed.get(partition, 0):  # committed prompts have every sample published
             assert {(key.decode(), 0), (key.decode(), 1)} <= present, (key, _log_tail(log))
     assert sum(committed.values()) >= 7, _log_tail(log)  # at least the first later prompt finished
+
+
+async def test_dump_to_file_writes_the_reference_layout(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """``rollout.dump_to_file`` writes one JSONL line per sample under the reference layout."""
+    config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model,
+                     dump_to_file=True, fileroot=str(tmp_path / "dumps"))
+    names = _names(config)
+    await ensure_topics(config.kafka, names)
+    await _publish(config, _prompt("task-1"), _prompt("task-2"))
+    stop = asyncio.Event()
+    service = asyncio.create_task(run(config, stop))
+    async with TopicReader(config, names.episodes, decode_episode) as reader:
+        await reader.until(lambda m: len(sample_keys(m)) >= 4, timeout=120, what="4 samples")
+    await _stop_service(service, stop)
+    root = tmp_path / "dumps" / unique_name / config.experiment.trial_name / "rollout"
+    lines = [json.loads(line) for path in sorted(root.glob("*/*.jsonl")) for line in path.read_text().splitlines()]
+    assert sorted((d["task_id"], d["sample_idx"]) for d in lines) == [
+        ("task-1", 0), ("task-1", 1), ("task-2", 0), ("task-2", 1)]
+    for line in lines:
+        assert line["head_version"] == 0 and line["tail_version"] == 0
+        assert 0 < line["prompt_len"] < line["seqlen"] and line["completion"]
+        assert (root / "0" / f"{line['task_id']}.jsonl").exists()
