@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from aiokafka.admin import NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from rollstream.config import KafkaConfig
 from rollstream.kafka.clients import make_admin
@@ -13,16 +15,48 @@ from rollstream.kafka.topics import TopicNames
 
 log = logging.getLogger(__name__)
 
+BROKER_WAIT_SECONDS = 300.0  # how long a starting tier waits for an unreachable broker
 
-async def ensure_topics(config: KafkaConfig, names: TopicNames) -> None:
+
+def _transient(exc: BaseException) -> bool:
+    """A broker that is down, restarting or electing a controller: worth waiting for."""
+    if isinstance(exc, (KafkaTimeoutError, asyncio.TimeoutError)):
+        return True
+    return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
+
+
+async def ensure_topics(config: KafkaConfig, names: TopicNames, wait_seconds: float = BROKER_WAIT_SECONDS) -> None:
     """Create every topic of the trial that does not exist yet (idempotent, race-safe).
 
     All data topics share ``config.partitions`` so that keys (task ids) land in the same
     partition number everywhere; the grouping changelog is co-partitioned with ``scored``.
+
+    Every tier calls this first, so it also waits for the broker: while the broker cannot be
+    reached (down, restarting) it retries with capped backoff, logging each try, for up to
+    ``wait_seconds``; then the last error is raised. A tier started during a broker restart
+    therefore comes up with the broker instead of crash-looping.
     """
+    deadline = time.monotonic() + wait_seconds
+    delay = 0.5
+    while True:
+        try:
+            await _ensure_once(config, names)
+            return
+        except Exception as exc:
+            if not _transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            log.warning(
+                "kafka at %s not reachable yet (%s: %s); retrying in %.1fs",
+                config.bootstrap_servers, type(exc).__name__, exc, delay,
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+async def _ensure_once(config: KafkaConfig, names: TopicNames) -> None:
     admin = make_admin(config)
-    await admin.start()
     try:
+        await admin.start()
         existing = set(await admin.list_topics())
         wanted = [
             _new_topic(config, name, compacted=False) for name in names.data_topics()
