@@ -15,12 +15,12 @@ test ``test_timeout_then_reject`` guards that hook.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any, Literal
 
+from rollstream.imports import import_object
 from rollstream.config import ConfigError, RewardConfig
 from rollstream.reward_wrapper import AsyncRewardWrapper
 from reward_workers.scoring import RewardTimeout
@@ -41,14 +41,11 @@ def resolve_reward_fn(spec: str, allowed: Iterable[str]) -> Callable[..., Any]:
         raise ConfigError(
             f"reward function {spec!r} is not allow-listed (reward.reward_fn, reward.allowed_reward_fns)"
         )
-    module_name, attr = spec.split(":", 1) if ":" in spec else spec.rpartition(".")[::2]
-    if not module_name or not attr:
-        raise ConfigError(f"reward.reward_fn {spec!r} must look like 'module:function' or 'module.function'")
     try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
+        target: Any = import_object(spec)
+    except ValueError:
+        raise ConfigError(f"reward.reward_fn {spec!r} must look like 'module:function' or 'module.function'") from None
+    except ImportError as exc:
         raise ConfigError(f"reward.reward_fn {spec!r} cannot be imported: {exc}") from None
     if not callable(target):
         raise ConfigError(f"reward.reward_fn {spec!r} is not callable")

@@ -8,13 +8,12 @@ generated (for metrics).
 
 from __future__ import annotations
 
-from typing import Any
 
-from rollstream.api.engine import InferenceEngine, WeightUpdate
+from rollstream.api.engine import DelegatingEngine, InferenceEngine
 from rollstream.api.io_struct import ModelRequest, ModelResponse
 
 
-class EpisodeEngine(InferenceEngine):
+class EpisodeEngine(DelegatingEngine):
     """Delegates to the shared engine and records every ``agenerate`` response.
 
     Attributes the workflow reads that this class does not define (e.g. a tokenizer the engine
@@ -22,7 +21,7 @@ class EpisodeEngine(InferenceEngine):
     """
 
     def __init__(self, inner: InferenceEngine) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.responses: list[ModelResponse] = []
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
@@ -43,25 +42,3 @@ class EpisodeEngine(InferenceEngine):
     @property
     def output_tokens(self) -> int:
         return sum(resp.output_len for resp in self.responses)
-
-    def get_version(self) -> int:
-        return self.inner.get_version()
-
-    def set_version(self, version: int) -> None:
-        self.inner.set_version(version)
-
-    async def pause(self) -> None:
-        await self.inner.pause()
-
-    async def resume(self) -> None:
-        await self.inner.resume()
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        await self.inner.update_weights(update)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only called for attributes not found normally; guard against recursion while
-        # ``inner`` itself is not set yet (e.g. during copy or unpickling).
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)

@@ -25,13 +25,13 @@ max_turns: 2, turn_discount: 0.9}}`` is a complete entry.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.api.workflow import RolloutWorkflow, resolve_workflow
 from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
+from rollstream.imports import import_object
 
 log = logging.getLogger(__name__)
 
@@ -80,22 +80,6 @@ def build_kwargs(spec: WorkflowSpec, tokenizer: Any, gconfig: GenerationHyperpar
     if isinstance(kwargs.get("reward_fn"), str):
         kwargs["reward_fn"] = import_object(kwargs["reward_fn"])
     return kwargs
-
-
-def import_object(path: str) -> Any:
-    """``pkg.module.name`` or ``pkg.module:name`` imported; ``ImportError`` naming ``path``."""
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ImportError(f"{path!r} must look like 'pkg.module.name' or 'pkg.module:name'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ImportError(f"cannot import {path!r}: {exc}") from exc
-    return obj
 
 
 class WorkflowRegistry:

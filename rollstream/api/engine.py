@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import Any
 
 from rollstream.api.io_struct import ModelRequest, ModelResponse
 
@@ -53,3 +54,39 @@ class InferenceEngine(abc.ABC):
 
     async def close(self) -> None:
         """Release resources. Default: nothing to do."""
+
+
+class DelegatingEngine(InferenceEngine):
+    """An engine that forwards every call to ``inner``; subclasses override what they observe.
+
+    Attributes this class does not define (e.g. a tokenizer the engine exposes) are looked up
+    on ``inner``.
+    """
+
+    def __init__(self, inner: InferenceEngine) -> None:
+        self.inner = inner
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        return await self.inner.agenerate(req)
+
+    def get_version(self) -> int:
+        return self.inner.get_version()
+
+    def set_version(self, version: int) -> None:
+        self.inner.set_version(version)
+
+    async def pause(self) -> None:
+        await self.inner.pause()
+
+    async def resume(self) -> None:
+        await self.inner.resume()
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        await self.inner.update_weights(update)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not found normally; ``inner`` itself may be missing
+        # while the object is being copied or unpickled.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import importlib
 import inspect
 import logging
 from dataclasses import dataclass
@@ -24,7 +23,8 @@ from typing import Any, Union
 from torch import Tensor
 
 from rollstream.api.context import workflow_context
-from rollstream.api.engine import InferenceEngine, WeightUpdate
+from rollstream.imports import import_object
+from rollstream.api.engine import DelegatingEngine, InferenceEngine
 from rollstream.api.io_struct import ModelRequest, ModelResponse
 from rollstream.tensors import concat_padded_tensors, trajectory_row
 
@@ -131,11 +131,11 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
         return merge_results(list(results))
 
 
-class _RecordingEngine(InferenceEngine):
+class _RecordingEngine(DelegatingEngine):
     """Delegates to ``inner`` and records every ``agenerate`` as an :class:`Interaction`."""
 
     def __init__(self, inner: InferenceEngine) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.interactions: dict[str, Interaction] = {}
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
@@ -147,23 +147,6 @@ class _RecordingEngine(InferenceEngine):
         self.interactions[key] = Interaction(request=sent, response=resp)
         return resp
 
-    def get_version(self) -> int:
-        return self.inner.get_version()
-
-    def set_version(self, version: int) -> None:
-        self.inner.set_version(version)
-
-    async def pause(self) -> None:
-        await self.inner.pause()
-
-    async def resume(self) -> None:
-        await self.inner.resume()
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        await self.inner.update_weights(update)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)  # e.g. a tokenizer the engine exposes
 
 
 class AgentWorkflow(RolloutWorkflow):
@@ -207,22 +190,8 @@ def _assign_rewards(interactions: dict[str, Interaction], result: object) -> Non
 
 
 def _import_string(path: str) -> Any:
-    """Import ``pkg.module.Name`` or ``pkg.module:Name`` (the colon form allows ``Outer.Inner``)."""
-    if ":" in path:
-        module_name, _, attr = path.partition(":")
-    else:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"workflow import string {path!r} must look like 'pkg.module.Name' or 'pkg.module:Name'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except ImportError as exc:
-        raise ImportError(f"cannot import workflow {path!r}: {exc}") from exc
-    except AttributeError as exc:
-        raise ImportError(f"cannot import workflow {path!r}: module {module_name!r} has no {attr!r}") from exc
-    return obj
+    """Import a workflow named by ``pkg.module.Name`` or ``pkg.module:Name``."""
+    return import_object(path)
 
 
 def _has_async_run(obj: Any) -> bool:

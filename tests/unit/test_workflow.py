@@ -167,7 +167,7 @@ def test_resolve_import_string_both_forms(path: str) -> None:
 @pytest.mark.parametrize(
     ("path", "error", "message"),
     [
-        ("tests.unit.no_such_module.Thing", ImportError, "cannot import workflow 'tests.unit.no_such_module.Thing'"),
+        ("tests.unit.no_such_module.Thing", ImportError, "cannot import 'tests.unit.no_such_module.Thing'"),
         ("tests.unit.fakes:Missing", ImportError, "'tests.unit.fakes:Missing'.*has no 'Missing'"),
         ("NoDots", ValueError, "'NoDots' must look like"),
         (":Name", ValueError, "must look like"),

@@ -1,0 +1,29 @@
+"""Import strings from configuration (``pkg.module.name`` or ``pkg.module:Outer.name``).
+
+Only configuration names code to import; messages never do (see the workflow allow-list).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+def import_object(path: str) -> Any:
+    """The object ``path`` names. ``ValueError`` for a malformed string, ``ImportError``
+    (naming ``path``) when the module or attribute does not exist."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"import string {path!r} must look like 'pkg.module.name' or 'pkg.module:name'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(f"cannot import {path!r}: {exc}") from exc
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ImportError(f"cannot import {path!r}: module {module_name!r} has no {attr!r}") from None
+    return obj
