@@ -36,6 +36,8 @@ import torch
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
+from rollstream.engines.kv_batch import KVBatch, make_cache
+from rollstream.engines.sampling import SamplingSpec, sample
 
 logger = logging.getLogger(__name__)
 
@@ -51,75 +53,6 @@ _DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
-
-
-@dataclass(frozen=True)
-class SamplingSpec:
-    """Per-request sampling settings, resolved once at submission."""
-
-    greedy: bool
-    temperature: float  # 1.0 for greedy rows: the logprob temperature
-    top_k: int  # <= 0 or >= vocab: off
-    top_p: float
-    min_new_tokens: int
-    stop_ids: frozenset[int]
-    stop_strings: tuple[str, ...]
-    frequency_penalty: float
-
-
-def _apply_penalties(logits: torch.Tensor, specs: list[SamplingSpec], outs: list[list[int]]) -> None:
-    """In place, as SGLang's penalizers: frequency penalty, stop tokens banned below min_new."""
-    vocab = logits.shape[-1]
-    for i, (spec, out) in enumerate(zip(specs, outs)):
-        if spec.frequency_penalty and out:
-            counts = torch.bincount(torch.tensor(out, device=logits.device), minlength=vocab)[:vocab]
-            logits[i] -= spec.frequency_penalty * counts.to(logits.dtype)
-        if len(out) < spec.min_new_tokens and spec.stop_ids:
-            banned = [t for t in spec.stop_ids if 0 <= t < vocab]
-            logits[i, banned] = float("-inf")
-
-
-def _sample_filtered(
-    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, gen: torch.Generator
-) -> torch.Tensor:
-    """Sample one token per row after top-k, then top-p on the renormalised top-k."""
-    vocab = scaled.shape[-1]
-    if not bool((top_k > 0).any() or (top_p < 1).any()):
-        return torch.multinomial(torch.softmax(scaled, -1), 1, generator=gen).squeeze(1)
-    sorted_logits, order = scaled.sort(-1, descending=True)
-    ranks = torch.arange(vocab, device=scaled.device)
-    k = torch.where(top_k > 0, top_k, vocab)
-    sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
-    probs = torch.softmax(sorted_logits, -1)
-    # Drop a token once the mass before it already reaches top_p; the top token always stays.
-    drop = (probs.cumsum(-1) - probs) > top_p[:, None]
-    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), -1)
-    picked = torch.multinomial(probs, 1, generator=gen)
-    return order.gather(-1, picked).squeeze(1)
-
-
-def sample(
-    logits: torch.Tensor, specs: list[SamplingSpec], outs: list[list[int]], gen: torch.Generator
-) -> tuple[list[int], list[float]]:
-    """Pick one token per row of float32 ``logits`` and return it with its logprob.
-
-    The logprob is ``log_softmax(penalised_logits / T)`` at the token (T = 1 for greedy).
-    """
-    logits = logits.clone()
-    _apply_penalties(logits, specs, outs)
-    vocab = logits.shape[-1]
-    temps = torch.tensor([s.temperature for s in specs], device=logits.device)
-    scaled = logits / temps[:, None]
-    tokens = logits.argmax(-1)
-    sampled_rows = [i for i, s in enumerate(specs) if not s.greedy]
-    if sampled_rows:
-        rows = torch.tensor(sampled_rows, device=logits.device)
-        top_k = torch.tensor([specs[i].top_k if 0 < specs[i].top_k < vocab else 0 for i in sampled_rows],
-                             device=logits.device)
-        top_p = torch.tensor([specs[i].top_p for i in sampled_rows], device=logits.device)
-        tokens[rows] = _sample_filtered(scaled[rows], top_k, top_p, gen)
-    logprobs = torch.log_softmax(scaled, -1).gather(-1, tokens[:, None]).squeeze(1)
-    return tokens.tolist(), logprobs.tolist()
 
 
 @dataclass
@@ -147,77 +80,6 @@ class _Seq:
     out_logprobs: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
     first_token_at: float | None = None
-
-
-def _make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Any:
-    from transformers import DynamicCache
-
-    if not layers:
-        return DynamicCache()
-    try:
-        return DynamicCache(ddp_cache_data=layers)
-    except TypeError:  # transformers < 4.56
-        return DynamicCache.from_legacy_cache(tuple(layers))
-
-
-def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache))  # transformers < 4.56
-
-
-def _pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    missing = length - t.shape[dim]
-    if missing == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-class _KVBatch:
-    """The left-padded KV cache of the running rows. Used by the worker thread only.
-
-    Invariant: for every row the cache holds all of its tokens but the last sampled one,
-    which the next decode step feeds in. ``mask`` is 1 on real positions.
-    """
-
-    def __init__(self) -> None:
-        self.rows: list[int] = []
-        self.cache: Any = None
-        self.mask: torch.Tensor | None = None
-
-    def keep(self, wanted: set[int]) -> None:
-        """Drop rows not in ``wanted`` and trim columns that are padding for every row."""
-        idx = [i for i, sid in enumerate(self.rows) if sid in wanted]
-        if len(idx) == len(self.rows):
-            return
-        if not idx:
-            self.rows, self.cache, self.mask = [], None, None
-            return
-        assert self.mask is not None
-        sel = torch.tensor(idx, device=self.mask.device)
-        mask = self.mask[sel]
-        cut = mask.shape[1] - int(mask.sum(-1).max())
-        self.cache = _make_cache([(k[sel, :, cut:], v[sel, :, cut:]) for k, v in _cache_layers(self.cache)])
-        self.mask = mask[:, cut:]
-        self.rows = [self.rows[i] for i in idx]
-
-    def extend(self, rows: list[int], cache: Any, mask: torch.Tensor) -> None:
-        """Append freshly prefilled rows, left-padding whichever side is shorter."""
-        if not self.rows:
-            self.rows, self.cache, self.mask = list(rows), cache, mask
-            return
-        assert self.mask is not None
-        length = max(self.mask.shape[1], mask.shape[1])
-        merged = [
-            (torch.cat([_pad_left(k0, length, 2), _pad_left(k1, length, 2)]),
-             torch.cat([_pad_left(v0, length, 2), _pad_left(v1, length, 2)]))
-            for (k0, v0), (k1, v1) in zip(_cache_layers(self.cache), _cache_layers(cache))
-        ]
-        self.cache = _make_cache(merged)
-        self.mask = torch.cat([_pad_left(self.mask, length, 1), _pad_left(mask, length, 1)])
-        self.rows += rows
 
 
 class HFEngine(InferenceEngine):
@@ -260,7 +122,7 @@ class HFEngine(InferenceEngine):
         self._loop_task: asyncio.Task[None] | None = None
         self._pending: deque[_Seq] = deque()
         self._active: list[_Seq] = []
-        self._kv = _KVBatch()
+        self._kv = KVBatch()
         self._reset_cache = False
         self._ids = itertools.count()
         self._wake = asyncio.Event()
@@ -300,7 +162,7 @@ class HFEngine(InferenceEngine):
                 seq.future.set_exception(RuntimeError("HFEngine closed"))
         self._pending.clear()
         self._active.clear()
-        self._kv, self._reset_cache = _KVBatch(), False
+        self._kv, self._reset_cache = KVBatch(), False
         if self._executor is not None:
             await asyncio.to_thread(self._executor.shutdown, True)
             self._executor = None
@@ -540,7 +402,7 @@ class HFEngine(InferenceEngine):
     def _compute_step(self, seqs: list[_Seq], reset: bool) -> dict[int, tuple[int, float]]:
         """One token for every row: decode the cached rows, prefill the new ones, sample."""
         if reset:
-            self._kv = _KVBatch()
+            self._kv = KVBatch()
         kv = self._kv
         by_id = {s.sid: s for s in seqs}
         kv.keep(set(by_id))
@@ -568,7 +430,7 @@ class HFEngine(InferenceEngine):
         cache = getattr(out, "cache", None)
         return cache if cache is not None else out.past_key_values
 
-    def _decode(self, kv: _KVBatch, last_tokens: list[int]) -> torch.Tensor:
+    def _decode(self, kv: KVBatch, last_tokens: list[int]) -> torch.Tensor:
         assert kv.mask is not None
         ids = torch.tensor(last_tokens, device=self.device).unsqueeze(1)
         pos = kv.mask.sum(-1, keepdim=True)  # real tokens so far = position of the new one
@@ -577,7 +439,7 @@ class HFEngine(InferenceEngine):
         kv.cache, kv.mask = self._out_cache(out), mask
         return out.logits[:, -1]
 
-    def _prefill(self, kv: _KVBatch, seqs: list[_Seq]) -> torch.Tensor:
+    def _prefill(self, kv: KVBatch, seqs: list[_Seq]) -> torch.Tensor:
         seq_tokens = [s.prompt + s.out_tokens for s in seqs]
         length = max(len(t) for t in seq_tokens)
         ids = torch.full((len(seqs), length), self._pad_id, dtype=torch.long)
@@ -587,7 +449,7 @@ class HFEngine(InferenceEngine):
             mask[i, length - len(toks):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self._forward(ids, mask, pos, _make_cache())
+        out = self._forward(ids, mask, pos, make_cache())
         kv.extend([s.sid for s in seqs], self._out_cache(out), mask)
         self.stats.prefill_tokens += sum(len(t) for t in seq_tokens)
         return out.logits[:, -1]
