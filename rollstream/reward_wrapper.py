@@ -13,8 +13,9 @@ like any broken-pool failure (this uses one of their attempts).
 
 A broken pool breaks every call in flight on it, not only the one whose function killed its
 worker (``os._exit``, a segfault, the OOM killer). So a call that met a broken shared pool runs
-its next attempts ISOLATED: alone, in a one-process pool of its own, one isolated call at a
-time. There a break can only be its own fault. A broken shared pool never ends a call: when it
+its next attempts ISOLATED: alone in a one-process pool (one of ``max_workers`` isolation
+slots, so a hanging isolated call holds up only its own slot). There a break can only be its
+own fault. A broken shared pool never ends a call: when it
 happens on the last attempt, the call still gets one isolated attempt. Innocent neighbours of a
 poisonous reward function therefore get their rewards; only the culprit fails.
 
@@ -27,13 +28,15 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import inspect
 import logging
 import multiprocessing
+import os
 import pickle
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures.process import BrokenProcessPool
 from contextvars import ContextVar
 from typing import Any
@@ -42,43 +45,55 @@ logger = logging.getLogger(__name__)
 
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
-# True while the current call's attempt must run isolated (see the module docstring). A context
-# variable rather than an argument, so subclasses overriding ``_attempt(args, kwargs)`` keep working.
-_isolated: ContextVar[bool] = ContextVar("reward_attempt_isolated", default=False)
+# The isolation slot the current call's attempt runs in, None for the shared pool (see the module
+# docstring). A context variable rather than an argument, so subclasses overriding
+# ``_attempt(args, kwargs)`` keep working.
+_isolation_slot: ContextVar[int | None] = ContextVar("reward_isolation_slot", default=None)
 
 
 class _SharedPool:
-    """One lazily started process pool, shared by every wrapper that asks for its size."""
+    """One lazily started process pool, shared by every wrapper that asks for its size, plus
+    as many one-process isolation slots as the pool has workers."""
 
     def __init__(self, max_workers: int | None) -> None:
         self.max_workers = max_workers
         self.refcount = 0
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
-        self._isolated: concurrent.futures.ProcessPoolExecutor | None = None  # one process
+        slots = max(1, max_workers or os.cpu_count() or 1)
+        self._slots: list[concurrent.futures.ProcessPoolExecutor | None] = [None] * slots
         self._lock = threading.Lock()
-        # one isolated call at a time, per event loop (asyncio locks belong to one loop)
-        self._isolation_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+        # free slot numbers, per event loop (asyncio queues belong to one loop)
+        self._free: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Queue[int]] = (
             weakref.WeakKeyDictionary()
         )
 
-    def executor(self, isolated: bool = False) -> concurrent.futures.ProcessPoolExecutor:
-        """The shared executor, or with ``isolated`` the one-process executor of isolated calls."""
+    def executor(self, slot: int | None = None) -> concurrent.futures.ProcessPoolExecutor:
+        """The shared executor, or the one-process executor of isolation slot ``slot``."""
         with self._lock:
-            if isolated:
-                if self._isolated is None:
-                    self._isolated = _new_executor(1)
-                return self._isolated
+            if slot is not None:
+                executor = self._slots[slot]
+                if executor is None:
+                    executor = self._slots[slot] = _new_executor(1)
+                return executor
             if self._executor is None:
                 self._executor = _new_executor(self.max_workers)
             return self._executor
 
-    def isolation_lock(self) -> asyncio.Lock:
+    @contextlib.asynccontextmanager
+    async def isolation_slot(self) -> AsyncIterator[int]:
+        """A slot no other call uses until the block ends (waits for one to be free)."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            lock = self._isolation_locks.get(loop)
-            if lock is None:
-                lock = self._isolation_locks[loop] = asyncio.Lock()
-            return lock
+            free = self._free.get(loop)
+            if free is None:
+                free = self._free[loop] = asyncio.Queue()
+                for slot in range(len(self._slots)):
+                    free.put_nowait(slot)
+        slot = await free.get()
+        try:
+            yield slot
+        finally:
+            free.put_nowait(slot)
 
     def rebuild(self, old: concurrent.futures.ProcessPoolExecutor) -> None:
         """Retire ``old`` (killing its workers) unless another caller already replaced it."""
@@ -86,9 +101,10 @@ class _SharedPool:
             if self._executor is old:
                 self._executor = None
                 which = f"reward process pool (max_workers={self.max_workers})"
-            elif self._isolated is old:
-                self._isolated = None
-                which = "isolated reward process"
+            elif old in self._slots:
+                slot = self._slots.index(old)
+                self._slots[slot] = None
+                which = f"isolated reward process (slot {slot})"
             else:
                 return
         logger.warning("rebuilding %s", which)
@@ -96,8 +112,9 @@ class _SharedPool:
 
     def shutdown(self) -> None:
         with self._lock:
-            old = [e for e in (self._executor, self._isolated) if e is not None]
-            self._executor = self._isolated = None
+            old = [e for e in (self._executor, *self._slots) if e is not None]
+            self._executor = None
+            self._slots = [None] * len(self._slots)
         for executor in old:
             _terminate(executor)
 
@@ -192,11 +209,14 @@ class AsyncRewardWrapper:
         while True:
             attempt += 1
             last = attempt >= attempts
-            token = _isolated.set(isolated)
             try:
                 if isolated:
-                    async with self._require_pool().isolation_lock():
-                        return await self._attempt(args, kwargs)
+                    async with self._require_pool().isolation_slot() as slot:
+                        token = _isolation_slot.set(slot)
+                        try:
+                            return await self._attempt(args, kwargs)
+                        finally:
+                            _isolation_slot.reset(token)
                 return await self._attempt(args, kwargs)
             except TimeoutError:
                 if last:
@@ -221,12 +241,10 @@ class AsyncRewardWrapper:
                 if last:
                     raise
                 logger.warning("reward function %s raised %r (attempt %d/%d)", self._name, exc, attempt, attempts)
-            finally:
-                _isolated.reset(token)
 
     async def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
         pool = self._require_pool()
-        executor = pool.executor(isolated=_isolated.get())
+        executor = pool.executor(_isolation_slot.get())
         try:
             cfut = executor.submit(self.reward_fn, *args, **kwargs)
         except BrokenProcessPool:
