@@ -1,0 +1,149 @@
+"""Memory benchmark: peak RSS of each tier under the pipeline load, and the grouping consumer's
+memory as groups pass (bounded by the open groups and the dedupe window, not by history).
+
+Part 1 runs ``bench/pipeline.py``'s pipeline (every tier in its own process, the LOAD
+GENERATOR engine) and reads each tier's RSS once it is ready (idle) and its peak (VmHWM)
+under load; "with children" adds the reward tier's process pool.
+
+Part 2 feeds a ``GroupBuffer`` in this process as the grouping tier does (decode each
+``scored`` record, add, build + encode the batch of each complete group, expire old outcomes
+against the watermark) with a fixed number of open groups, and records RSS and Python's
+allocated blocks after 1k and 20k emitted groups. The clock is simulated at ``--groups-per-
+second`` with ``--dedupe-window`` seconds of outcomes kept, so both checkpoints hold a full
+window: growth between them would be memory that depends on how many groups have passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+from bench.common import Report, base_parser
+from bench.data import trajectory
+from bench.pipeline_run import PipelineSettings, memory_rows, run_pipeline
+from bench.stack import rss_bytes, services
+from consumers.batching import build_batch
+from consumers.grouping import CompleteGroup, GroupBuffer
+from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode, encode_tensor_dict
+
+MB = 1e6
+GROUP_SIZE = 8
+
+
+def tier_memory(report: Report, quick: bool) -> None:
+    settings = PipelineSettings(prompts=4 if quick else 200, prompt_tokens=64 if quick else 512,
+                                completion_tokens=128 if quick else 1536, timeout_s=90 if quick else 150,
+                                confirm_ready=not quick)
+    with tempfile.TemporaryDirectory(prefix="rollstream-bench-") as tmp, services(Path(tmp)) as dev:
+        result = asyncio.run(run_pipeline(dev.services, Path(tmp) / "pipeline", settings))
+    rows = memory_rows(result)
+    report.table(f"Tier memory under the pipeline load ({result.groups} groups of {settings.group_size}, "
+                 f"{settings.prompt_tokens}+{settings.completion_tokens} tokens)", rows)
+    report.extra["tiers"] = rows
+    report.note(f"`import torch` alone is {import_rss('torch') / MB:.0f} MB of RSS here (mostly shared library "
+                "pages, counted in every process's RSS): 'peak private' is what each tier holds alone")
+
+
+class ScoredStream:
+    """Encoded ``scored`` records for group after group (one template, a new task id each)."""
+
+    def __init__(self, tokens: int) -> None:
+        tensors = [encode_tensor_dict(trajectory(tokens // 4, tokens - tokens // 4, seed=i)) for i in range(GROUP_SIZE)]
+        self._episodes = [Episode(task_id="x", sample_idx=i, group_size=GROUP_SIZE, trajectory=t, head_version=0,
+                                  tail_version=0) for i, t in enumerate(tensors)]
+
+    def record(self, group: int, sample: int) -> bytes:
+        episode = msgspec.structs.replace(self._episodes[sample], task_id=f"bench:0:{group}")
+        return encode(ScoredEpisode(episode=episode, reward=float(sample % 2)))
+
+
+def buffer_memory(report: Report, quick: bool, open_groups: int, rate: float, window: float) -> bool:
+    checkpoints = [100, 400] if quick else [1000, 5000, 10000, 20000]
+    stream = ScoredStream(256)
+    buffer = GroupBuffer(group_timeout_seconds=3600.0, dedupe_window_seconds=window)
+    offset, emitted, rows = 0, 0, []
+    now = 0.0
+
+    def add(group: int, sample: int) -> None:
+        nonlocal offset, emitted
+        for result in buffer.add(decode_scored(stream.record(group, sample)), 0, offset, now):
+            assert isinstance(result, CompleteGroup)
+            encode(build_batch([result], trainer_version=0))
+            emitted += 1
+        offset += 1
+
+    for g in range(checkpoints[-1] + open_groups):
+        now = g / rate
+        for s in range(GROUP_SIZE - 1):  # group g opens with all but its last sample
+            add(g, s)
+        if g >= open_groups:  # ... and group g - open_groups completes
+            add(g - open_groups, GROUP_SIZE - 1)
+        mark = buffer.watermark(0)
+        buffer.outcomes.expired(now, {0: mark} if mark is not None else {})
+        if emitted in checkpoints and (not rows or rows[-1]["emitted groups"] != emitted):
+            gc.collect()
+            rows.append({"emitted groups": emitted, "open groups": buffer.open_count(),
+                         "outcomes kept": len(buffer.outcomes), "RSS MB": rss_bytes(os.getpid()) / MB,
+                         "Python blocks": sys.getallocatedblocks()})
+    report.table(f"GroupBuffer as groups pass ({open_groups} open, {rate:g} groups/s simulated, "
+                 f"dedupe window {window:g} s, decode+add+build+encode per record)", rows)
+    first, last = rows[0], rows[-1]
+    growth_mb = last["RSS MB"] - first["RSS MB"]
+    per_group = 1e6 * growth_mb / (last["emitted groups"] - first["emitted groups"])
+    report.target(f"RSS growth from {first['emitted groups']:,} to {last['emitted groups']:,} emitted groups",
+                  growth_mb, 8.0, higher_is_better=False, unit=" MB")
+    report.note(f"{per_group:.0f} bytes of RSS per emitted group between the checkpoints; Python blocks "
+                f"{first['Python blocks']:,} -> {last['Python blocks']:,}")
+    report.note(f"outcomes are kept for grouping.dedupe_window_seconds (default 3600 s): about "
+                f"{outcome_entry_bytes():.0f} B each, so e.g. 10 groups/s keeps 36k outcomes, "
+                f"~{36000 * outcome_entry_bytes() / MB:.0f} MB")
+    return True
+
+
+def import_rss(module: str) -> int:
+    """RSS of a fresh Python process that imported ``module``."""
+    import subprocess
+
+    code = f"import {module}; print(open('/proc/self/statm').read().split()[1])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return int(out.strip()) * os.sysconf("SC_PAGE_SIZE")
+
+
+def outcome_entry_bytes() -> float:
+    """Python heap per OutcomeLog entry (a measured average over 20k entries)."""
+    import tracemalloc
+
+    from consumers.outcomes import OutcomeLog
+
+    log = OutcomeLog(3600.0)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(20000):
+        log.record(f"producer-0:0:{i}", "emitted", float(i), i % 4, i)
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return used / 20000
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser("memory", __doc__.splitlines()[0])
+    parser.add_argument("--open-groups", type=int, default=64)
+    parser.add_argument("--groups-per-second", type=float, default=20.0, help="simulated emission rate")
+    parser.add_argument("--dedupe-window", type=float, default=30.0, help="grouping.dedupe_window_seconds")
+    parser.add_argument("--skip-tiers", action="store_true", help="only the GroupBuffer part (no broker)")
+    args = parser.parse_args(argv)
+    report = Report("memory", args.quick)
+    buffer_memory(report, args.quick, args.open_groups, args.groups_per_second, args.dedupe_window)
+    if not args.skip_tiers:
+        tier_memory(report, args.quick)
+    return report.finish(args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""Services and processes for the broker benchmarks: Kafka + Redis, tier processes, log sizes.
+
+``services()`` resolves Kafka and Redis like the tests do (``KAFKA_BOOTSTRAP_SERVERS`` /
+``REDIS_URL``, else testcontainers, else a local broker from the cached jars and a local
+redis-server). ``TierProcess`` runs one tier in its own process (``bench/tier_runner.py``) and
+tracks its peak RSS (with its children, e.g. the reward process pool). ``topic_bytes`` asks
+the broker for the size of each topic's log (Kafka's own ``LogDirsCommand``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rollstream.dev.kafka_jars import classpath, ensure_kafka_jars, java_executable
+from rollstream.dev.launcher import DevStack, dev_stack
+
+REPO = Path(__file__).resolve().parent.parent
+PAGE = os.sysconf("SC_PAGE_SIZE")
+ENV_PROFILE_DIR = "ROLLSTREAM_BENCH_PROFILE_DIR"  # set: every tier process runs under py-spy
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ROLLSTREAM_CACHE_DIR") or Path.home() / ".cache" / "rollstream"
+    return Path(root).expanduser() / "bench"
+
+
+def tokenizer_path() -> Path:
+    """The project's offline tiny model (its tokenizer is what the tiers load), built once."""
+    from rollstream.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model(cache_dir() / "tiny-model")
+
+
+@contextlib.contextmanager
+def services(workdir: Path) -> Iterator[DevStack]:
+    """Kafka and Redis for one benchmark run (stopped afterwards if started here)."""
+    with dev_stack(workdir) as dev:
+        yield dev
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+def write_config(path: Path, tree: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return path
+
+
+# -- memory of a process tree (/proc, Linux) --
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            text = (task / "children").read_text().split()
+            found += [int(c) for c in text]
+    except OSError:
+        pass
+    return found
+
+
+def tree_pids(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        todo += _children(p)
+    return pids
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def private_bytes(pid: int) -> int:
+    """Memory only this process holds (Private_Clean + Private_Dirty; shared library pages,
+    e.g. libtorch's, count in every process's RSS but once in the machine's memory)."""
+    total = 0
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        return 0
+    return total
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """VmHWM: the process's own peak resident set (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the benchmark process dies, so no tier outlives a crashed run."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class TierProcess:
+    """One tier in its own process; logs to ``log_path``; ``stop()`` sends SIGTERM."""
+
+    def __init__(self, tier: str, config: Path, log_path: Path, load_engine: bool = False,
+                 env: dict[str, str] | None = None) -> None:
+        self.tier = tier
+        self.log_path = log_path
+        argv = [sys.executable, "-m", "bench.tier_runner", tier, "--config", str(config)]
+        if load_engine:
+            argv.append("--load-engine")
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
+        self._profiler: subprocess.Popen[bytes] | None = None
+        self._signalled = False
+        profile_dir = os.environ.get(ENV_PROFILE_DIR)
+        if profile_dir:  # py-spy (pip install py-spy) records collapsed stacks until the tier exits
+            out = Path(profile_dir) / f"{tier}.collapsed"
+            self._profiler = subprocess.Popen(
+                ["py-spy", "record", "--format", "raw", "--rate", "200", "--subprocesses", "--pid", str(self.pid),
+                 "-o", str(out)], stdout=subprocess.DEVNULL, stderr=self._log)
+        self.peak_rss = 0  # own VmHWM, refreshed by sample()
+        self.peak_tree_rss = 0  # max over samples of the RSS summed over the process and its children
+        self.peak_private = 0  # max over samples of the process's private memory
+        self._cpu: dict[int, float] = {}  # pid (the process and its children) -> CPU seconds seen
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def sample(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.peak_rss = max(self.peak_rss, peak_rss_bytes(self.pid))
+        self.peak_private = max(self.peak_private, private_bytes(self.pid))
+        pids = tree_pids(self.pid)
+        self.peak_tree_rss = max(self.peak_tree_rss, sum(rss_bytes(p) for p in pids))
+        for p in pids:
+            self._cpu[p] = max(self._cpu.get(p, 0.0), cpu_seconds(p))
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the process and its children, as last sampled."""
+        return sum(self._cpu.values())
+
+    def logged(self, text: str) -> bool:
+        """True once the tier's log holds ``text``."""
+        try:
+            return text in self.log_path.read_text(errors="replace")
+        except OSError:
+            return False
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        code = self.proc.poll()
+        if code is not None and code != 0:
+            raise RuntimeError(f"{self.tier} exited with {code}; log {self.log_path}:\n{tail(self.log_path)}")
+
+    def signal_stop(self) -> None:
+        """Ask the tier to stop (SIGTERM: it finishes in-flight work, commits, closes)."""
+        self.sample()
+        if self.proc.poll() is None and not self._signalled:
+            self._signalled = True  # once: a second SIGTERM makes a tier exit at once
+            self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        self.signal_stop()
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self._profiler is not None:
+            try:
+                self._profiler.wait(30)
+            except subprocess.TimeoutExpired:
+                self._profiler.kill()
+        self._log.close()
+        return self.proc.returncode
+
+
+def stop_all(procs: list[TierProcess], timeout: float = 30.0) -> None:
+    """Stop every process, all at once (each shuts down gracefully in parallel)."""
+    for p in procs:
+        p.signal_stop()
+    for p in procs:
+        p.stop(timeout)
+
+
+class Sampler:
+    """Samples the memory of ``processes`` every ``interval`` seconds in a thread."""
+
+    def __init__(self, processes: list[TierProcess], interval: float = 0.25) -> None:
+        self.processes = processes
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            for p in self.processes:
+                p.sample()
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# -- Kafka's own tools --
+
+def kafka_tool(main_class: str, *args: str, timeout: float = 300.0) -> str:
+    """Run a Kafka tool class from the cached jars; its stdout (raises with stderr on failure)."""
+    libs = ensure_kafka_jars()
+    argv = [java_executable(), "-Xmx256m", "-XX:+UseSerialGC", "-cp", classpath(libs), main_class, *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{main_class} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def topic_bytes(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    """Bytes in each topic's log on the broker (all partitions), via ``LogDirsCommand``."""
+    out = kafka_tool("org.apache.kafka.tools.LogDirsCommand", "--bootstrap-server", bootstrap,
+                     "--describe", "--topic-list", ",".join(topics))
+    line = next(l for l in out.splitlines() if l.startswith("{"))
+    sizes = {t: 0 for t in topics}
+    for broker in json.loads(line)["brokers"]:
+        for log_dir in broker["logDirs"]:
+            for part in log_dir["partitions"]:
+                topic = part["partition"].rsplit("-", 1)[0]
+                if topic in sizes:
+                    sizes[topic] += int(part["size"])
+    return sizes
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def assigned_groups(bootstrap: str, group_ids: list[str]) -> set[str]:
+    """The groups in ``group_ids`` with a member that holds partitions (Kafka's group tool;
+    aiokafka 0.14 cannot decode a Kafka 4 DescribeGroups answer)."""
+    args = ["--bootstrap-server", bootstrap, "--describe", "--members"]
+    for group in group_ids:
+        args += ["--group", group]
+    try:
+        out = kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", *args, timeout=60)
+    except RuntimeError:
+        return set()  # e.g. a group that does not exist yet
+    ready = set()
+    for line in out.splitlines():
+        parts = line.split()
+        # GROUP CONSUMER-ID HOST CLIENT-ID #PARTITIONS
+        if len(parts) >= 5 and parts[0] in group_ids and parts[-1].isdigit() and int(parts[-1]) > 0:
+            ready.add(parts[0])
+    return ready
+
+
+# Every consuming tier logs "<tier> <id> consuming <topic>" once its consumer has started.
+READY_TEXT = " consuming "
+
+
+async def wait_until_consuming(procs: list[TierProcess], timeout: float) -> None:
+    """Return once every process in ``procs`` logged that it consumes (cheap: reads their logs);
+    raises if one exits or ``timeout`` passes."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not all(p.logged(READY_TEXT) for p in procs):
+        for p in procs:
+            p.check_alive()
+            if not p.running():
+                raise RuntimeError(f"{p.tier} ended before consuming; log {p.log_path}:\n{tail(p.log_path)}")
+        if time.monotonic() > deadline:
+            waiting = [p.tier for p in procs if not p.logged(READY_TEXT)]
+            raise TimeoutError(f"{waiting} did not log {READY_TEXT.strip()!r} within {timeout:.0f}s")
+        await asyncio.sleep(0.2)
+
+
+async def wait_for_groups(bootstrap: str, group_ids: list[str], timeout: float) -> None:
+    """Return once every consumer group in ``group_ids`` has a member holding partitions."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        ready = await asyncio.to_thread(assigned_groups, bootstrap, group_ids)
+        if ready >= set(group_ids):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"consumer groups not ready after {timeout:.0f}s: {sorted(set(group_ids) - ready)}")
+        await asyncio.sleep(1.0)

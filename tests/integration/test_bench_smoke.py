@@ -1,0 +1,77 @@
+"""The benchmark scripts still run (tiny sizes, ``--quick``); CI times nothing.
+
+The broker benchmarks run as ``python -m bench.<name> --quick`` in a subprocess against the
+session's broker and Redis (passed through KAFKA_BOOTSTRAP_SERVERS / REDIS_URL); the others
+run in this process. Each must write its JSON results with at least one non-empty table. Target
+verdicts are ignored: quick sizes measure nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_bench(name: str, out: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120.0) -> dict:
+    path = out / f"{name}.json"
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(path), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+    )
+    assert done.returncode in (0, 1), f"bench.{name} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    results = json.loads(path.read_text())
+    assert results["tables"] and all(results["tables"].values()), f"bench.{name} produced an empty table"
+    return results
+
+
+@pytest.mark.parametrize("name, args", [("codec", []), ("grouping", []), ("inprocess", []), ("memory", ["--skip-tiers"])])
+def test_broker_free_benchmarks_run(name: str, args: list[str], tmp_path: Path) -> None:
+    # in this process (no interpreter and torch start-up per script); memory's --skip-tiers:
+    # the tiers' memory comes from the pipeline run that the pipeline smoke test exercises
+    module = importlib.import_module(f"bench.{name}")
+    path = tmp_path / f"{name}.json"
+    assert module.main(["--quick", "--out", str(path), *args]) in (0, 1)
+    results = json.loads(path.read_text())
+    assert results["tables"] and all(results["tables"].values()), f"bench.{name} produced an empty table"
+
+
+@pytest.fixture
+def broker_env(kafka_bootstrap: str, redis_url: str) -> dict[str, str]:
+    return {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "REDIS_URL": redis_url}
+
+
+@pytest.mark.broker
+def test_pipeline_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> None:
+    results = run_bench("pipeline", tmp_path, env=broker_env)
+    assert results["extra"]["episodes"] == 4 * 8
+    memory = results["tables"]["Tier memory during the pipeline run (bench/memory.py explains the columns)"]
+    assert {row["tier"] for row in memory} >= {"grouping", "reward-worker", "rollout-worker"}
+
+
+@pytest.mark.broker
+def test_latency_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> None:
+    run_bench("latency", tmp_path, env=broker_env)
+
+
+@pytest.mark.broker
+def test_gpu_benchmark_runs_on_cpu(broker_env: dict[str, str], tmp_path: Path) -> None:
+    run_bench("gpu", tmp_path, env=broker_env)
+
+
+def test_gpu_benchmark_refuses_clearly_without_cuda(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    from bench import gpu
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert gpu.main(["--model-path", str(tmp_path)]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
