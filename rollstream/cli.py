@@ -33,7 +33,7 @@ TIER_HELP = {
 }
 
 # Tool subcommands that live in the core; each module exposes register(subparsers).
-TOOL_MODULES = ("rollstream.dev.commands", "rollstream.tools.commands")
+TOOL_MODULES = ("rollstream.dev.commands", "rollstream.tools.commands", "rollstream.demo.commands")
 
 
 def _tier_entry_points() -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""Examples built on rollstream: the reference GRPO trainer (``grpo_trainer``) and its math (``grpo``)."""

@@ -1,0 +1,155 @@
+"""``rollstream demo | train | topics create``.
+
+    rollstream demo [--steps N] [--workers W] [--run-dir D] [--no-live]
+    rollstream train --config F          # the example GRPO trainer against the batch topic
+    rollstream topics create --config F  # the trial's topics (partitions, replication) and exit
+
+Handlers return the process exit code (0 ok, 1 failed, 2 bad arguments or config, 130
+interrupted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from rollstream.config import ConfigError, load_config
+
+
+
+def register(subparsers: Any) -> None:
+    from rollstream.cli import add_config_arguments
+
+    _register_demo(subparsers)
+    train = subparsers.add_parser("train", help="run the example GRPO trainer (examples/grpo_trainer.py) on the batch topic")
+    add_config_arguments(train)
+    train.set_defaults(func=_train_command)
+    topics = subparsers.add_parser("topics", help="manage the trial's Kafka topics")
+    actions = topics.add_subparsers(dest="topics_command", metavar="{create}", required=True)
+    create = actions.add_parser("create", help="create the trial's topics with the configured partitions and replication")
+    add_config_arguments(create)
+    create.set_defaults(func=_topics_create_command)
+
+
+def _register_demo(subparsers: Any) -> None:
+    from rollstream.demo.settings import DemoSettings
+
+    d = DemoSettings()
+    p = subparsers.add_parser(
+        "demo", help="the whole pipeline on this machine: tiny model, local Kafka + Redis, GRPO trainer",
+        description="Runs producer, rollout worker(s), reward worker, grouping and dump as subprocesses and "
+                    "the example GRPO trainer in-process on one-digit sums; prints the reward increase.",
+    )
+    p.add_argument("--steps", type=int, default=d.steps, help=f"trainer steps (default {d.steps})")
+    p.add_argument("--workers", type=int, default=d.workers, help=f"rollout workers (default {d.workers})")
+    p.add_argument("--run-dir", type=Path, default=None, help="where everything goes (default runs/demo/<time>)")
+    p.add_argument("--no-live", dest="live", action="store_false", help="plain lines instead of the live view")
+    p.add_argument("--group-size", type=int, default=d.group_size, help=f"samples per prompt (default {d.group_size})")
+    p.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step,
+                   help=f"groups per trainer step (default {d.prompts_per_step})")
+    p.add_argument("--lr", type=float, default=d.learning_rate, help=f"learning rate (default {d.learning_rate})")
+    p.add_argument("--eta", type=int, default=d.max_head_offpolicyness,
+                   help=f"max_head_offpolicyness (default {d.max_head_offpolicyness})")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
+                   help=f"supervised format warm-up steps (default {d.warmup_steps})")
+    p.add_argument("--max-operand", type=int, default=d.max_operand, choices=range(1, 10), metavar="1..9",
+                   help=f"questions a+b with a, b <= this (default {d.max_operand}; 9: every sum below 10, harder)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (default 900)")
+    p.set_defaults(func=_demo_command)
+
+
+def _demo_command(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from rollstream.demo.runner import DemoOptions, default_run_dir, run_demo
+    from rollstream.demo.settings import DemoSettings
+
+    checks = [(args.steps >= 1, "--steps"), (args.workers >= 1, "--workers"), (args.group_size >= 2, "--group-size"),
+              (args.prompts_per_step >= 1, "--prompts-per-step"), (args.lr > 0, "--lr"), (args.eta >= 0, "--eta"),
+              (args.warmup_steps >= 0, "--warmup-steps"), (args.timeout > 0, "--timeout")]
+    bad = [name for ok, name in checks if not ok]
+    if bad:
+        print(f"rollstream demo: invalid {', '.join(bad)}", file=sys.stderr)
+        return 2
+    settings = replace(
+        DemoSettings(), steps=args.steps, workers=args.workers, group_size=args.group_size,
+        prompts_per_step=args.prompts_per_step, learning_rate=args.lr, max_head_offpolicyness=args.eta,
+        warmup_steps=args.warmup_steps, seed=args.seed, max_operand=args.max_operand,
+    )
+    console = Console()
+    options = DemoOptions(settings, args.run_dir or default_run_dir(), live=args.live and console.is_terminal,
+                          timeout_seconds=args.timeout)
+    result = run_demo(options, console)
+    _print_result(result, console)
+    if result.reason == "done":
+        return 0
+    return 130 if result.reason == "interrupted" else 1
+
+
+def _print_result(result: Any, console: Any) -> None:
+    from rollstream.demo.report import summary_table
+
+    reports = result.reports
+    last = reports[-1] if reports else None
+    episodes = sum(r.episodes for r in reports)
+    stale = [r.staleness.mean for r in reports]
+    rows = [
+        ("result", result.reason),
+        ("wall time", f"{result.seconds:.0f}s"),
+        ("trainer steps", str(len(reports))),
+        ("final version", str(last.version) if last else "0"),
+        ("episodes trained", str(episodes)),
+        ("reward first step / last step", f"{reports[0].reward_mean:.3f} / {last.reward_mean:.3f}" if last else "-"),
+        ("staleness mean / max", f"{sum(stale) / len(stale):.2f} / {max(r.staleness.max for r in reports)}" if stale else "-"),
+        ("weight reloads by rollout workers", f"{len(result.reloads)} (last version {max(result.reloads)})" if result.reloads else "0"),
+        ("tier exit codes", ", ".join(f"{k}={v}" for k, v in result.exit_codes.items()) or "-"),
+        ("run directory", str(result.run_dir)),
+        ("reward plot", str(result.plot) if result.plot else "-"),
+    ]
+    console.print(summary_table(rows))
+    trend = result.trend
+    if not math.isnan(trend.first):
+        console.print(trend.line(), highlight=False)
+
+
+def _train_command(args: argparse.Namespace) -> int:
+    from rollstream.cli import run_tier
+    from rollstream.demo.example_trainer import load_example_trainer
+
+    try:
+        config = load_config(args.config, args.overrides)
+        module = load_example_trainer()
+        module.check_config(config)
+    except (ConfigError, ImportError) as exc:
+        print(f"rollstream train: {exc}", file=sys.stderr)
+        return 2
+    return run_tier("trainer", module.run, config)
+
+
+def _topics_create_command(args: argparse.Namespace) -> int:
+    from rollstream.kafka.admin import ensure_topics
+    from rollstream.kafka.topics import TopicNames
+
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"rollstream topics create: {exc}", file=sys.stderr)
+        return 2
+    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    try:
+        asyncio.run(ensure_topics(config.kafka, names))
+    except Exception as exc:  # a CLI answers with a message, not a traceback
+        print(f"rollstream topics create: {exc}", file=sys.stderr)
+        return 1
+    topics = [*names.data_topics(), *names.compacted_topics()]
+    print(f"topics ready ({config.kafka.partitions} partitions, replication {config.kafka.replication_factor}):")
+    for topic in topics:
+        print(f"  {topic}")
+    return 0

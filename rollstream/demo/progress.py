@@ -1,0 +1,161 @@
+"""What the demo shows while it runs: trainer steps, versions, rewards, rates, lag per tier.
+
+:class:`DemoProgress` is fed by the trainer's step callback and by :class:`LagProbe`
+(consumer-group offsets against end offsets, the same numbers as ``rollstream status``)
+and renders one rich table; with ``live=False`` it prints a plain line per step instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from rollstream.config import RollstreamConfig
+from rollstream.kafka.clients import make_admin, make_consumer
+from rollstream.kafka.topics import TopicNames
+from rollstream.tools.status import GroupLag, consumer_groups
+
+
+class LagProbe:
+    """Lag of every tier's consumer group on its input topic (async context manager)."""
+
+    def __init__(self, config: RollstreamConfig) -> None:
+        self.config = config
+        self.names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+        self._stack = contextlib.AsyncExitStack()
+        self._partitions_of: dict[str, list[TopicPartition]] = {}
+
+    async def __aenter__(self) -> LagProbe:
+        self.admin = make_admin(self.config.kafka, "demo-lag")
+        await self.admin.start()
+        self._stack.push_async_callback(self.admin.close)
+        self.consumer = make_consumer(self.config.kafka, "demo-lag", group_id=None, read_committed=True)
+        await self.consumer.start()
+        self._stack.push_async_callback(self.consumer.stop)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def lags(self) -> dict[str, int | None]:
+        """Tier -> records its group has not committed yet (None: nothing committed or unknown)."""
+        groups = [g for g in consumer_groups(self.config, self.names) if g.topic is not None]
+        lags: dict[str, int | None] = {}
+        for group in groups:
+            lags[group.tier] = await self._lag(group)
+        return lags
+
+    async def _lag(self, group: GroupLag) -> int | None:
+        assert group.topic is not None
+        try:
+            tps = await self._partitions(group.topic)
+            if not tps:
+                return None
+            ends = await self.consumer.end_offsets(tps)
+            offsets = await self.admin.list_consumer_group_offsets(group.group_id, partitions=tps)
+        except KafkaError:
+            return None  # e.g. no coordinator yet: shown as unknown, asked again next time
+        committed = {tp: meta.offset for tp, meta in offsets.items() if meta is not None and meta.offset >= 0}
+        if not committed:
+            return None
+        return sum(end - committed.get(tp, 0) for tp, end in ends.items())
+
+    async def _partitions(self, topic: str) -> list[TopicPartition]:
+        if topic not in self._partitions_of:  # asked until the topic exists, then cached
+            described = await self.admin.describe_topics([topic])
+            found = [p["partition"] for d in described if d["error_code"] == 0 for p in d["partitions"]]
+            if not found:
+                return []
+            self._partitions_of[topic] = [TopicPartition(topic, p) for p in sorted(found)]
+        return self._partitions_of[topic]
+
+
+@dataclass
+class DemoProgress:
+    """The numbers on screen; ``steps`` are the trainer's ``StepReport`` objects."""
+
+    total_steps: int
+    started: float = field(default_factory=time.monotonic)
+    steps: list[Any] = field(default_factory=list)
+    lags: dict[str, int | None] = field(default_factory=dict)
+    phase: str = "starting the pipeline"
+
+    def add_step(self, report: Any) -> None:
+        self.steps.append(report)
+        self.phase = "training"
+
+    def episodes(self) -> int:
+        return sum(s.episodes for s in self.steps)
+
+    def episodes_per_second(self) -> float:
+        """Trained episodes per second since the first batch arrived (0 before the second)."""
+        if len(self.steps) < 2:
+            return 0.0
+        first, last = self.steps[0], self.steps[-1]
+        seconds = last.finished_at - first.finished_at
+        return (self.episodes() - first.episodes) / seconds if seconds > 0 else 0.0
+
+    def line(self) -> str:
+        """One plain-text line for the latest step (``--no-live``)."""
+        s = self.steps[-1]
+        lag = " ".join(f"{tier}={'-' if v is None else v}" for tier, v in self.lags.items())
+        return (
+            f"step {s.step}/{self.total_steps} version {s.version} reward {s.reward_mean:.3f} "
+            f"episodes/s {self.episodes_per_second():.1f} staleness mean {s.staleness.mean:.2f} "
+            f"max {s.staleness.max} lag {lag or '-'}"
+        )
+
+    def render(self) -> Table:
+        table = Table(title=f"rollstream demo: {self.phase} ({time.monotonic() - self.started:.0f}s)",
+                      title_justify="left", show_header=False)
+        table.add_column("what", style="bold")
+        table.add_column("value")
+        last = self.steps[-1] if self.steps else None
+        recent = [s.reward_mean for s in self.steps[-5:]]
+        rows = [
+            ("step", f"{len(self.steps)}/{self.total_steps}"),
+            ("trainer version", str(last.version) if last else "0"),
+            ("reward (last batch)", f"{last.reward_mean:.3f}" if last else "-"),
+            ("reward (last 5 steps)", f"{sum(recent) / len(recent):.3f}" if recent else "-"),
+            ("episodes trained", str(self.episodes())),
+            ("episodes/s", f"{self.episodes_per_second():.1f}"),
+            ("staleness (mean / max)", f"{last.staleness.mean:.2f} / {last.staleness.max}" if last else "-"),
+            ("loss / clip fraction", f"{last.update.loss.loss:.4f} / {last.update.loss.clip_fraction:.2f}" if last else "-"),
+        ]
+        for tier, lag in self.lags.items():
+            rows.append((f"lag {tier}", "-" if lag is None else str(lag)))
+        for name, value in rows:
+            table.add_row(name, value)
+        return table
+
+
+class ProgressView:
+    """A rich Live view of a :class:`DemoProgress`, or plain lines when ``live`` is False."""
+
+    def __init__(self, progress: DemoProgress, console: Console, live: bool) -> None:
+        self.progress = progress
+        self.console = console
+        self._live = Live(progress.render(), console=console, refresh_per_second=2) if live else None
+
+    def __enter__(self) -> ProgressView:
+        if self._live is not None:
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def refresh(self, step_done: bool = False) -> None:
+        if self._live is not None:
+            self._live.update(self.progress.render())
+        elif step_done:
+            self.console.print(self.progress.line(), highlight=False)
