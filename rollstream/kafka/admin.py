@@ -7,10 +7,10 @@ import logging
 import time
 
 from aiokafka.admin import NewTopic
-from aiokafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from rollstream.config import KafkaConfig
-from rollstream.kafka.clients import make_admin
+from rollstream.kafka.clients import authentication_refusal, make_admin
 from rollstream.kafka.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,8 @@ async def ensure_topics(config: KafkaConfig, names: TopicNames, wait_seconds: fl
     Every tier calls this first, so it also waits for the broker: while the broker cannot be
     reached (down, restarting) it retries with capped backoff, logging each try, for up to
     ``wait_seconds``; then the last error is raised. A tier started during a broker restart
-    therefore comes up with the broker instead of crash-looping.
+    therefore comes up with the broker instead of crash-looping. A broker that refuses the
+    configured credentials or TLS settings raises ``KafkaAuthenticationError`` at once.
     """
     deadline = time.monotonic() + wait_seconds
     delay = 0.5
@@ -43,6 +44,10 @@ async def ensure_topics(config: KafkaConfig, names: TopicNames, wait_seconds: fl
             await _ensure_once(config, names)
             return
         except Exception as exc:
+            if isinstance(exc, KafkaConnectionError):
+                refusal = await authentication_refusal(config)
+                if refusal is not None:
+                    raise refusal from exc
             if not _transient(exc) or time.monotonic() + delay > deadline:
                 raise
             log.warning(

@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.conn import create_conn
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    AuthenticationMethodNotSupported,
+    IllegalSaslStateError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+)
 from aiokafka.helpers import create_ssl_context
 
 from rollstream.config import KafkaConfig
+
+
+# A broker that answers these will answer them again: wrong credentials or TLS settings.
+REFUSALS = (
+    SaslAuthenticationFailed,
+    AuthenticationFailedError,
+    AuthenticationMethodNotSupported,
+    UnsupportedSaslMechanismError,
+    IllegalSaslStateError,
+    ssl.SSLError,
+)
+
+
+class KafkaAuthenticationError(RuntimeError):
+    """The broker refused this client's credentials or TLS settings (never worth retrying)."""
 
 
 def security_kwargs(config: KafkaConfig) -> dict[str, Any]:
@@ -93,3 +118,31 @@ def make_admin(config: KafkaConfig, client_id: str = "admin") -> AIOKafkaAdminCl
         request_timeout_ms=config.request_timeout_ms,
         **security_kwargs(config),
     )
+
+
+async def authentication_refusal(config: KafkaConfig) -> KafkaAuthenticationError | None:
+    """Why the bootstrap servers refuse this client, when it is authentication or TLS; else None.
+
+    aiokafka reports a refused login only as "Unable to bootstrap" (the real cause is logged
+    and dropped), which looks like a broker that is down. One direct connection with the same
+    security settings tells the two apart. The message names the settings, never a secret.
+    """
+    for server in config.bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            conn = await asyncio.wait_for(
+                create_conn(host, int(port), client_id=f"{config.client_id_prefix}-probe",
+                            request_timeout_ms=config.request_timeout_ms, **security_kwargs(config)),
+                config.request_timeout_ms / 1000,
+            )
+        except REFUSALS as exc:
+            return KafkaAuthenticationError(
+                f"kafka at {server.strip()} refused this client ({type(exc).__name__}: {exc}); check "
+                f"kafka.security_protocol={config.security_protocol}, kafka.sasl_mechanism="
+                f"{config.sasl_mechanism}, kafka.sasl_username={config.sasl_username!r}, "
+                "kafka.sasl_password and the kafka.ssl_* files"
+            )
+        except Exception:  # down or unreachable: not an authentication problem
+            continue
+        conn.close()
+    return None
