@@ -74,13 +74,19 @@ def java_consumer(bootstrap: str, topic: str, records: int, size: int) -> dict:
             "consumed MB/s": rate * size / MB, "through MB/s": rate * size / MB}
 
 
-async def bare_loop(bootstrap: str, topic: str, records: int, size: int) -> dict:
-    """Produce ``records`` and consume them at the same time; the tiers' client settings."""
+async def bare_loop(bootstrap: str, topic: str, records: int, size: int, transaction: int = 0) -> dict:
+    """Produce ``records`` and consume them at the same time, with the tiers' client settings.
+
+    ``transaction > 0``: the producer commits a Kafka transaction every ``transaction`` records
+    and the consumer reads ``read_committed`` (the reward and grouping tiers' shape).
+    """
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=unique_name("bare"),
                                 auto_offset_reset="earliest", enable_auto_commit=False,
+                                isolation_level="read_committed" if transaction else "read_uncommitted",
                                 max_partition_fetch_bytes=MAX_MESSAGE, fetch_max_bytes=52428800)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
-                                max_batch_size=1024 * 1024, max_request_size=MAX_MESSAGE)
+                                max_batch_size=1024 * 1024, max_request_size=MAX_MESSAGE,
+                                transactional_id=unique_name("bare-tx") if transaction else None)
     await consumer.start()
     await producer.start()
     try:
@@ -89,8 +95,15 @@ async def bare_loop(bootstrap: str, topic: str, records: int, size: int) -> dict
         payload = bytes(size)
 
         async def produce() -> None:
-            futures = [await producer.send(topic, payload, key=str(i).encode()) for i in range(records)]
-            await asyncio.gather(*futures)
+            step = transaction or records
+            for first in range(0, records, step):
+                if transaction:
+                    await producer.begin_transaction()
+                futures = [await producer.send(topic, payload, key=str(i).encode())
+                           for i in range(first, min(records, first + step))]
+                await asyncio.gather(*futures)
+                if transaction:
+                    await producer.commit_transaction()
 
         async def consume() -> int:
             got = nbytes = 0
@@ -107,7 +120,8 @@ async def bare_loop(bootstrap: str, topic: str, records: int, size: int) -> dict
         await producer.stop()
         await consumer.stop()
     rate = records / elapsed
-    return {"path": "bare aiokafka produce+consume", "records/s": rate, "produced MB/s": rate * size / MB,
+    kind = f"transactions of {transaction}, read_committed" if transaction else "produce+consume"
+    return {"path": f"bare aiokafka {kind}", "records/s": rate, "produced MB/s": rate * size / MB,
             "consumed MB/s": consumed / elapsed / MB, "through MB/s": (records * size + consumed) / elapsed / MB}
 
 
@@ -125,12 +139,14 @@ def with_cpu(row: dict, before: float, broker_pid: int | None, produced: int) ->
     return {**row, "CPU s": used, "CPU ms/MB": 1000 * used / (moved / MB)}
 
 
-async def bare_row(bootstrap: str, records: int, size: int, broker_pid: int | None, when: str) -> dict:
+async def bare_row(bootstrap: str, records: int, size: int, broker_pid: int | None, when: str = "",
+                   transaction: int = 0) -> dict:
     topic = unique_name("bench-bare-")
     await create_topic(bootstrap, topic, 2)
     before = cpu_snapshot(broker_pid)
-    row = await bare_loop(bootstrap, topic, records, size)
-    row["path"] += f" ({when})"
+    row = await bare_loop(bootstrap, topic, records, size, transaction)
+    if when:
+        row["path"] += f" ({when})"
     return with_cpu(row, before, broker_pid, records * size)
 
 
@@ -184,11 +200,17 @@ async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
         bare_rows.append(await bare_row(bootstrap, raw_records, size, broker_pid, "after"))
         phase("bare loop again")
         rows += bare_rows
+        # what exactly-once costs on this broker at the tiers' granularity (not the target's anchor)
+        rows.append(await bare_row(bootstrap, max(16, raw_records // 4), size, broker_pid, transaction=8))
+        phase("transactional bare loop")
         rows.append(pipeline_row(result))
     report.table(f"Broker path: records of {size:,} B (one episode record); MB = 10^6 bytes; "
                  "CPU = all processes involved (client + broker)", rows)
-    per_group = {t.rsplit(".", 1)[-1]: b / max(1, result.groups) for t, b in result.topic_bytes.items()}
-    report.table("Pipeline bytes per group, by topic (log bytes written)", [{"topic": k, "bytes/group": v} for k, v in per_group.items()])
+    groups = max(1, result.groups)
+    report.table("Pipeline per group, by topic: log bytes and records written (records include transaction markers; "
+                 "__transaction_state counts transaction state changes, __consumer_offsets offset commits)",
+                 [{"topic": t.rsplit(".", 1)[-1], "bytes/group": result.topic_bytes.get(t, 0) / groups,
+                   "records/group": n / groups} for t, n in result.records.items()])
     best_bare = max(bare_rows, key=lambda r: r["through MB/s"])
     share = 100 * rows[-1]["through MB/s"] / best_bare["through MB/s"]
     cpu_share = 100 * best_bare["CPU ms/MB"] / rows[-1]["CPU ms/MB"]
@@ -197,6 +219,7 @@ async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
         "steady s": result.steady_seconds, "wall s (producer start..last batch)": result.wall_seconds,
         "drops": sum(result.drops.values()), "% of bare loop bytes/s": share,
         "% of bare loop bytes per CPU-s": cpu_share,
+        "% of transactional (8) loop bytes/s": 100 * rows[-1]["through MB/s"] / rows[-2]["through MB/s"],
         "load generator tokens/s": settings.tokens_per_second or "unlimited"}])
     report.table("Tier memory during the pipeline run (bench/memory.py explains the columns)", memory_rows(result))
     report.table("CPU by process during the pipeline run (2 cores = 2 CPU-s per second)", cpu_rows(result))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.load_engine import ENV_MIN_SHARE, ENV_RATE, ENV_VOCAB
-from bench.stack import (Sampler, TierProcess, cpu_seconds, rss_bytes, stop_all, tokenizer_path, topic_bytes,
+from bench.stack import (Sampler, TierProcess, cpu_seconds, end_offsets, rss_bytes, stop_all, tokenizer_path, topic_bytes,
                          unique_name, wait_for_groups, wait_until_consuming, write_config)
 from consumers.batch_consumer import BatchConsumer
 from rollstream.config import RollstreamConfig, config_from_dict
@@ -68,6 +68,7 @@ class PipelineResult:
     cpu_seconds: dict[str, float]  # tier -> CPU seconds (with children) from the producer's start
     ready_rss: dict[str, int]  # tier -> RSS once every tier was in its consumer group (idle)
     phase_seconds: dict[str, float]  # seconds from the start of the run to each phase's end
+    records: dict[str, int]  # topic -> records written during the run (markers included), internal topics too
 
     @property
     def steady_groups(self) -> int:
@@ -156,13 +157,14 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
     env = {ENV_RATE: str(s.tokens_per_second), ENV_MIN_SHARE: str(s.min_length_share), ENV_VOCAB: str(s.vocab_size)}
     procs = [TierProcess(t, path, workdir / f"{name}.{t}.log", load_engine=s.load_engine and t == "rollout-worker",
                          env=env) for t in TIERS]
-    producer: TierProcess | None = None
+    # counted while the tiers start (a JVM each way, in parallel with other work)
+    offsets_before = asyncio.create_task(asyncio.to_thread(end_offsets, services.kafka_bootstrap))
     try:
         await ensure_topics(config.kafka, names)  # the trainer subscribes before any tier made them
         consumer = BatchConsumer(config, client_id="bench-trainer")
         await consumer.start()
         try:
-            with Sampler(procs):
+            with Sampler(procs) as sampler:
                 if not s.confirm_ready:  # a smoke run: no figures, so no waiting either
                     procs.append(TierProcess("producer", path, workdir / f"{name}.producer.log"))
                 # every tier is in its consumer group before the first prompt: the figures are
@@ -172,7 +174,7 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
                 phases["tiers ready"] = time.monotonic() - began
                 cpu_before = {p.tier: p.cpu_seconds for p in procs}
                 ready_rss = {p.tier: rss_bytes(p.pid) for p in procs}
-                cpu_before.update(_own_cpu(broker_pid))
+                cpu_before.update(_own_cpu(broker_pid, sampler))
                 if s.confirm_ready:
                     procs.append(TierProcess("producer", path, workdir / f"{name}.producer.log"))
                 started = time.monotonic()
@@ -182,7 +184,7 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
                 for p in procs:
                     p.sample()
                 cpu = {p.tier: p.cpu_seconds - cpu_before.get(p.tier, 0.0) for p in procs}
-                cpu.update({k: v - cpu_before[k] for k, v in _own_cpu(broker_pid).items()})
+                cpu.update({k: v - cpu_before[k] for k, v in _own_cpu(broker_pid, sampler).items()})
         finally:
             await consumer.close()
     finally:
@@ -190,7 +192,10 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
     topics = [names.prompts, names.episodes, names.scored, names.batches, names.dead_letter,
               names.grouping_changelog, names.producer_cursor]
     phases["tiers stopped"] = time.monotonic() - began
-    sizes = await asyncio.to_thread(topic_bytes, services.kafka_bootstrap, topics)
+    sizes, after = await asyncio.gather(asyncio.to_thread(topic_bytes, services.kafka_bootstrap, topics),
+                                        asyncio.to_thread(end_offsets, services.kafka_bootstrap))
+    before = await offsets_before
+    records = {t: after.get(t, 0) - before.get(t, 0) for t in [*topics, "__transaction_state", "__consumer_offsets"]}
     phases["log sizes read"] = time.monotonic() - began
     return PipelineResult(
         groups=len(times), episodes=episodes, generated_tokens=generated, total_tokens=total,
@@ -198,13 +203,15 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
         wall_seconds=times[-1] - started if times else float("nan"), batch_times=times,
         topic_bytes=sizes, peak_rss={p.tier: p.peak_rss for p in procs},
         peak_tree_rss={p.tier: p.peak_tree_rss for p in procs}, peak_private={p.tier: p.peak_private for p in procs}, drops=drops, names=names, cpu_seconds=cpu, ready_rss=ready_rss, phase_seconds=phases,
+        records=records,
     )
 
 
-def _own_cpu(broker_pid: int | None) -> dict[str, float]:
-    """CPU seconds of this process (the trainer side: BatchConsumer) and of the broker if local."""
+def _own_cpu(broker_pid: int | None, sampler: Sampler) -> dict[str, float]:
+    """CPU seconds of this process (the trainer side: BatchConsumer; the memory sampler's own
+    time left out) and of the broker if local."""
     times = os.times()
-    found = {"trainer (BatchConsumer, this process)": times.user + times.system}
+    found = {"trainer (BatchConsumer, this process)": times.user + times.system - sampler.cpu_seconds}
     if broker_pid is not None:
         found["kafka broker (java)"] = cpu_seconds(broker_pid)
     return found

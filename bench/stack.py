@@ -229,15 +229,18 @@ def stop_all(procs: list[TierProcess], timeout: float = 30.0) -> None:
 class Sampler:
     """Samples the memory of ``processes`` every ``interval`` seconds in a thread."""
 
-    def __init__(self, processes: list[TierProcess], interval: float = 0.25) -> None:
+    def __init__(self, processes: list[TierProcess], interval: float = 0.5) -> None:
         self.processes = processes
+        self.cpu_seconds = 0.0  # the sampler's own CPU time (this process's, not the trainer's)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
 
     def _run(self, interval: float) -> None:
         while not self._stop.wait(interval):
-            for p in self.processes:
+            start = time.thread_time()
+            for p in list(self.processes):
                 p.sample()
+            self.cpu_seconds += time.thread_time() - start
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -280,6 +283,22 @@ def topic_bytes(bootstrap: str, topics: list[str]) -> dict[str, int]:
                 if topic in sizes:
                     sizes[topic] += int(part["size"])
     return sizes
+
+
+def end_offsets(bootstrap: str) -> dict[str, int]:
+    """Sum of end offsets per topic, internal topics included (Kafka's ``GetOffsetShell``).
+
+    The growth of ``__transaction_state`` counts transaction state changes, that of
+    ``__consumer_offsets`` counts offset commits (and group changes), that of a data topic its
+    records plus transaction markers.
+    """
+    out = kafka_tool("org.apache.kafka.tools.GetOffsetShell", "--bootstrap-server", bootstrap)
+    sums: dict[str, int] = {}
+    for line in out.splitlines():
+        topic, _, rest = line.rpartition(":")[0].rpartition(":")[0], None, line.rsplit(":", 1)[-1]
+        if topic and rest.strip().isdigit():
+            sums[topic] = sums.get(topic, 0) + int(rest)
+    return sums
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
