@@ -60,6 +60,8 @@ def _register_demo(subparsers: Any) -> None:
                    help=f"questions a+b with a, b <= this (default {d.max_operand}; 9: every sum below 10, harder)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (default 900)")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="only write the warmed-up model and the dataset into --run-dir (kept if there), then exit")
     p.set_defaults(func=_demo_command)
 
 
@@ -84,6 +86,11 @@ def _demo_command(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup_steps, seed=args.seed, max_operand=args.max_operand,
     )
     console = Console()
+    if args.prepare_only:
+        from rollstream.demo.runner import prepare_only
+
+        prepare_only(settings, (args.run_dir or default_run_dir()).resolve(), console)
+        return 0
     options = DemoOptions(settings, args.run_dir or default_run_dir(), live=args.live and console.is_terminal,
                           timeout_seconds=args.timeout)
     result = run_demo(options, console)

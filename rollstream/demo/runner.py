@@ -157,8 +157,7 @@ def _run(options: DemoOptions, run_dir: Path, result: DemoResult, console: Conso
             console.print(f"services: kafka {services.kafka_bootstrap}, redis {services.redis_url} ({services.source})")
             model = model_future.result()
             console.print(f"model ready: {model.parameters:,} parameters, warm-up loss {model.warmup_loss:.3f}")
-            dataset = write_dataset(run_dir / "dataset.jsonl",
-                                    dataset_rows(settings.dataset_size(), settings.seed + 1, settings.max_operand))
+            dataset = write_demo_dataset(settings, run_dir)
             tree = demo_config_tree(
                 settings, kafka_bootstrap=services.kafka_bootstrap, redis_url=services.redis_url,
                 experiment=experiment_name(run_dir), run_dir=run_dir, model_dir=model.path, dataset=dataset,
@@ -181,6 +180,24 @@ def _run(options: DemoOptions, run_dir: Path, result: DemoResult, console: Conso
             console.print("stopping the services ...")
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
+
+
+def write_demo_dataset(settings: DemoSettings, run_dir: Path) -> Path:
+    rows = dataset_rows(settings.dataset_size(), settings.seed + 1, settings.max_operand)
+    return write_dataset(run_dir / "dataset.jsonl", rows)
+
+
+def prepare_only(settings: DemoSettings, run_dir: Path, console: Console) -> None:
+    """Write the warmed-up model (``model/``) and the dataset, nothing else (the compose
+    deployment's one-shot ``demo-assets`` service). Both are kept when already there."""
+    _quiet_transformers()
+    model_dir, dataset = run_dir / "model", run_dir / "dataset.jsonl"
+    if (model_dir / "config.json").is_file() and dataset.is_file():
+        console.print(f"demo assets already in {run_dir}")
+        return
+    model = _prepare_model(settings, model_dir)
+    write_demo_dataset(settings, run_dir)
+    console.print(f"demo model ({model.parameters:,} parameters) in {model_dir}; dataset in {dataset}")
 
 
 def _write_processes(path: Path, stack: DevStack, children: ChildGroup) -> None:
