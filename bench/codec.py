@@ -18,10 +18,11 @@ import pickle
 import sys
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from bench.common import Report, alloc_copy_seconds, base_parser, memcpy_seconds, time_per_call
+from bench.common import Report, base_parser, time_interleaved, time_per_call
 from bench.data import padded_batch, payload_bytes, trajectory
 from rollstream.wire import Batch, Episode, decode_batch, decode_episode, decode_tensor_dict, encode, encode_tensor_dict
 
@@ -63,25 +64,34 @@ def check_round_trip(tensors: dict[str, Tensor], codec: Codec) -> None:
 
 
 def measure(case: str, tensors: dict[str, Tensor], codecs: dict[str, Codec], seconds: float) -> list[dict]:
+    """rollstream and the memcpy anchors are timed interleaved (their ratio is the target);
+    pickle and JSON, far slower, on their own."""
     payload = payload_bytes(tensors)
-    rows = []
+    src = np.random.default_rng(0).integers(0, 255, payload, dtype=np.uint8)
+    dst, src_bytes = np.empty_like(src), bytearray(src.tobytes())
+    enc, dec = codecs["rollstream"]
+    check_round_trip(tensors, (enc, dec))
+    data = enc()
+    timed = time_interleaved({"enc": enc, "dec": lambda: dec(data), "copy": lambda: np.copyto(dst, src),
+                              "alloc": lambda: bytes(src_bytes)}, total_seconds=4 * seconds)
+    copy_s, alloc_s = timed["copy"], timed["alloc"]
+    rows = [row(case, "rollstream", payload, len(data), timed["enc"], timed["dec"])]
     for method, codec in codecs.items():
+        if method == "rollstream":
+            continue
         check_round_trip(tensors, codec)
         data = codec[0]()
-        enc_s = time_per_call(codec[0], seconds)
-        dec_s = time_per_call(lambda: codec[1](data), seconds)
-        rows.append({"case": case, "method": method, "payload_B": payload, "message_B": len(data),
-                     "enc_us": enc_s * 1e6, "dec_us": dec_s * 1e6,
-                     "enc_MB/s": payload / enc_s / 1e6, "dec_MB/s": payload / dec_s / 1e6})
-    copy_s = memcpy_seconds(payload, seconds)
-    alloc_s = alloc_copy_seconds(payload, seconds)
-    rows.append({"case": case, "method": "memcpy (copyto)", "payload_B": payload, "message_B": payload,
-                 "enc_us": copy_s * 1e6, "dec_us": copy_s * 1e6,
-                 "enc_MB/s": payload / copy_s / 1e6, "dec_MB/s": payload / copy_s / 1e6})
-    rows.append({"case": case, "method": "alloc+copy (bytes)", "payload_B": payload, "message_B": payload,
-                 "enc_us": alloc_s * 1e6, "dec_us": alloc_s * 1e6,
-                 "enc_MB/s": payload / alloc_s / 1e6, "dec_MB/s": payload / alloc_s / 1e6})
+        rows.append(row(case, method, payload, len(data), time_per_call(codec[0], seconds),
+                        time_per_call(lambda: codec[1](data), seconds)))
+    rows.append(row(case, "memcpy (copyto)", payload, payload, copy_s, copy_s))
+    rows.append(row(case, "alloc+copy (bytes)", payload, payload, alloc_s, alloc_s))
     return rows
+
+
+def row(case: str, method: str, payload: int, message: int, enc_s: float, dec_s: float) -> dict:
+    return {"case": case, "method": method, "payload_B": payload, "message_B": message,
+            "enc_us": enc_s * 1e6, "dec_us": dec_s * 1e6,
+            "enc_MB/s": payload / enc_s / 1e6, "dec_MB/s": payload / dec_s / 1e6}
 
 
 def ratios(rows: list[dict]) -> list[dict]:
