@@ -4,6 +4,7 @@ The core never imports a tier: the tiers run as subprocesses (``python -m rollst
 <tier>``) and the example trainer (``examples/grpo_trainer.py``) is loaded only when the demo
 runs. Modules: ``task`` (prompts, reward), ``model`` (tiny model + format warm-up),
 ``settings`` (the demo's knobs and its config file), ``children`` (tier subprocesses),
-``progress`` (live view, lag), ``report`` (summary, plot), ``runner`` (the orchestration),
+``progress`` (live view, lag), ``report`` (summary, plot), ``example_trainer`` (finds
+``examples/grpo_trainer.py``), ``runner`` (the orchestration),
 ``commands`` (the CLI).
 """

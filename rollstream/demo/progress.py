@@ -158,4 +158,4 @@ class ProgressView:
         if self._live is not None:
             self._live.update(self.progress.render())
         elif step_done:
-            self.console.print(self.progress.line(), highlight=False)
+            self.console.print(self.progress.line(), highlight=False, soft_wrap=True)

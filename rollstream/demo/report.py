@@ -96,7 +96,7 @@ def weight_reloads(log_paths: Sequence[Path]) -> list[int]:
 def summary_table(rows: Sequence[tuple[str, str]], title: str = "rollstream demo summary") -> Table:
     table = Table(title=title, title_justify="left", show_header=False)
     table.add_column("what", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # paths wrap instead of being cut
     for name, value in rows:
         table.add_row(name, value)
     return table

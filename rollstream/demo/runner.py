@@ -62,7 +62,8 @@ class DemoOptions:
 
 @dataclass
 class DemoResult:
-    """What a run did; ``reason`` is done | interrupted | timeout | ``tier failed: <name>``."""
+    """What a run did; ``reason`` is done | interrupted | timeout | ``tier failed: ...`` |
+    ``failed: ...``."""
 
     run_dir: Path
     reason: str = "interrupted"
@@ -131,7 +132,11 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM cleans up like Ctrl-C
     try:
         with _file_logging(run_dir / "demo.log"):
-            _run(options, run_dir, result, console, started)
+            try:
+                _run(options, run_dir, result, console, started)
+            except Exception as exc:  # everything started is stopped by now
+                log.exception("demo failed")
+                result.reason = f"failed: {type(exc).__name__}: {exc} (traceback in {run_dir / 'demo.log'})"
     except (KeyboardInterrupt, asyncio.CancelledError):
         result.reason = "interrupted"
     finally:
