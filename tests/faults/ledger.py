@@ -1,0 +1,157 @@
+"""The accounting invariant, read from the topics themselves (read_committed).
+
+``admitted`` is the set of task ids on ``prompts``; every one of them must end as exactly one
+group in a ``batch`` record or exactly one ``dropped`` record on ``batches``, with no row of an
+emitted batch repeated by ``(task_id, sample_idx)``. :class:`BatchesWatcher` follows
+``batches`` while a run goes on (progress, and the trainer's version steps); :func:`read_topic`
+reads a whole topic to its last stable offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from rollstream.config import KafkaConfig
+from rollstream.kafka.clients import make_consumer
+from rollstream.wire import Batch, GroupDropped, decode_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Ledger:
+    """What ``batches`` says happened to each task."""
+
+    emitted: Counter[str] = field(default_factory=Counter)  # task -> groups emitted
+    dropped: Counter[str] = field(default_factory=Counter)  # task -> drop records
+    drop_reasons: Counter[str] = field(default_factory=Counter)
+    rows: Counter[tuple[str, int]] = field(default_factory=Counter)  # (task, sample_idx) -> rows
+    batches: int = 0
+    undecodable: int = 0
+
+    def add(self, message: Batch | GroupDropped) -> None:
+        if isinstance(message, GroupDropped):
+            self.dropped[message.task_id] += 1
+            self.drop_reasons[message.reason] += 1
+            return
+        self.batches += 1
+        for task_id in message.task_ids:
+            self.emitted[task_id] += 1
+        for row, idx in zip(message.row_task, message.sample_idx):
+            self.rows[(message.task_ids[row], idx)] += 1
+
+    @property
+    def accounted(self) -> set[str]:
+        return set(self.emitted) | set(self.dropped)
+
+    def duplicate_tasks(self) -> list[str]:
+        """Task ids that ended more than once (emitted twice, dropped twice, or both)."""
+        total = self.emitted + self.dropped
+        return sorted(task for task, n in total.items() if n > 1)
+
+    def duplicate_rows(self) -> list[tuple[str, int]]:
+        return sorted(key for key, n in self.rows.items() if n > 1)
+
+    def check(self, admitted: set[str]) -> list[str]:
+        """Every way the invariant is broken, as readable lines (empty: it holds exactly)."""
+        problems = []
+        lost = admitted - self.accounted
+        extra = self.accounted - admitted
+        if lost:
+            problems.append(f"{len(lost)} admitted tasks never ended: {sorted(lost)[:10]}")
+        if extra:
+            problems.append(f"{len(extra)} ended tasks were never admitted: {sorted(extra)[:10]}")
+        if self.duplicate_tasks():
+            problems.append(f"tasks ended more than once: {self.duplicate_tasks()[:10]}")
+        if self.duplicate_rows():
+            problems.append(f"rows emitted more than once: {self.duplicate_rows()[:10]}")
+        if self.undecodable:
+            problems.append(f"{self.undecodable} undecodable records on batches")
+        return problems
+
+
+def _consumer(config: KafkaConfig, topic: str) -> AIOKafkaConsumer:
+    return make_consumer(config, f"fault-reader-{topic}", topic, group_id=None, read_committed=True)
+
+
+async def _assigned(consumer: AIOKafkaConsumer, timeout: float = 60.0) -> list[TopicPartition]:
+    deadline = time.monotonic() + timeout
+    while not consumer.assignment():
+        if time.monotonic() > deadline:
+            raise TimeoutError("no partitions assigned to the reader")
+        await asyncio.sleep(0.05)
+    return sorted(consumer.assignment())
+
+
+async def read_topic(config: KafkaConfig, topic: str, decode: Callable[[bytes], Any],
+                     timeout: float = 60.0) -> list[Any]:
+    """Every committed message of ``topic``, from the beginning to its last stable offset."""
+    consumer = _consumer(config, topic)
+    await consumer.start()
+    try:
+        partitions = await _assigned(consumer)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        messages: list[Any] = []
+        remaining = {tp for tp in partitions if ends[tp] > 0}
+        deadline = time.monotonic() + timeout
+        while remaining:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} to its end took over {timeout}s")
+            fetched = await consumer.getmany(*remaining, timeout_ms=200)
+            for records in fetched.values():
+                messages += [decode(r.value) for r in records]
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
+        return messages
+    finally:
+        await consumer.stop()
+
+
+class BatchesWatcher:
+    """Follows ``batches`` (read_committed) into a :class:`Ledger` until closed."""
+
+    def __init__(self, config: KafkaConfig, topic: str) -> None:
+        self.ledger = Ledger()
+        self._consumer = _consumer(config, topic)
+        self._task: asyncio.Task[None] | None = None
+        self.changed = asyncio.Event()
+
+    async def __aenter__(self) -> BatchesWatcher:
+        await self._consumer.start()
+        partitions = await _assigned(self._consumer)
+        await self._consumer.seek_to_beginning(*partitions)
+        self._task = asyncio.create_task(self._follow(), name="batches-watcher")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._consumer.stop()
+
+    async def _follow(self) -> None:
+        while True:
+            # aiokafka reconnects by itself across a broker restart; getmany just returns nothing
+            fetched = await self._consumer.getmany(timeout_ms=500)
+            for records in fetched.values():
+                for record in records:
+                    try:
+                        self.ledger.add(decode_batch(record.value))
+                    except ValueError:
+                        self.ledger.undecodable += 1
+                self.changed.set()
+
+    def check_alive(self) -> None:
+        if self._task is not None and self._task.done():
+            self._task.result()
+            raise RuntimeError("the batches watcher stopped")
