@@ -19,14 +19,14 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 from transformers import AutoTokenizer
 
 from bench.common import RESULTS_DIR, Report, base_parser
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS
 from bench.load_engine import LoadGeneratorEngine
-from bench.stack import cpu_seconds, tokenizer_path, tree_pids
+from bench.procstats import cpu_seconds, tree_pids
+from bench.stack import tokenizer_path
 from reward_workers.rewards import exact_match_reward
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.tensors import concat_padded_tensors

@@ -27,7 +27,8 @@ import msgspec
 from bench.common import Report, base_parser
 from bench.data import trajectory
 from bench.pipeline_run import PipelineSettings, memory_rows, run_pipeline
-from bench.stack import rss_bytes, services
+from bench.procstats import rss_bytes
+from bench.stack import services
 from consumers.batching import build_batch
 from consumers.grouping import CompleteGroup, GroupBuffer
 from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode, encode_tensor_dict

@@ -28,8 +28,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.common import Report, base_parser
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, trajectory
+from bench.kafka_tools import kafka_tool
 from bench.pipeline_run import PipelineResult, PipelineSettings, memory_rows, run_pipeline
-from bench.stack import cpu_seconds, kafka_tool, services, unique_name
+from bench.procstats import cpu_seconds
+from bench.stack import services, unique_name
 from rollstream.wire import Episode, encode, encode_tensor_dict
 
 MAX_MESSAGE = 16 * 1024 * 1024

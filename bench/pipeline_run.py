@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.load_engine import ENV_MIN_SHARE, ENV_RATE, ENV_VOCAB
-from bench.stack import (Sampler, TierProcess, cpu_seconds, end_offsets, rss_bytes, stop_all, tokenizer_path, topic_bytes,
-                         unique_name, wait_for_groups, wait_until_consuming, write_config)
+from bench.kafka_tools import end_offsets, topic_bytes, wait_for_groups
+from bench.procstats import cpu_seconds, rss_bytes
+from bench.stack import (Sampler, TierProcess, stop_all, tokenizer_path, unique_name, wait_until_consuming,
+                         write_config)
 from consumers.batch_consumer import BatchConsumer
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.launcher import Services

@@ -1,17 +1,16 @@
-"""Services and processes for the broker benchmarks: Kafka + Redis, tier processes, log sizes.
+"""Services and processes for the broker benchmarks: Kafka + Redis, and tier processes.
 
 ``services()`` resolves Kafka and Redis like the tests do (``KAFKA_BOOTSTRAP_SERVERS`` /
 ``REDIS_URL``, else testcontainers, else a local broker from the cached jars and a local
 redis-server). ``TierProcess`` runs one tier in its own process (``bench/tier_runner.py``) and
-tracks its peak RSS (with its children, e.g. the reward process pool). ``topic_bytes`` asks
-the broker for the size of each topic's log (Kafka's own ``LogDirsCommand``).
+tracks its memory and CPU time (with its children, e.g. the reward process pool).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import subprocess
@@ -25,11 +24,10 @@ from typing import Any
 
 import yaml
 
-from rollstream.dev.kafka_jars import classpath, ensure_kafka_jars, java_executable
+from bench.procstats import cpu_seconds, peak_rss_bytes, private_bytes, rss_bytes, tree_pids
 from rollstream.dev.launcher import DevStack, dev_stack
 
 REPO = Path(__file__).resolve().parent.parent
-PAGE = os.sysconf("SC_PAGE_SIZE")
 ENV_PROFILE_DIR = "ROLLSTREAM_BENCH_PROFILE_DIR"  # set: every tier process runs under py-spy
 
 
@@ -59,71 +57,6 @@ def unique_name(prefix: str) -> str:
 def write_config(path: Path, tree: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(tree, sort_keys=False))
     return path
-
-
-# -- memory of a process tree (/proc, Linux) --
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            text = (task / "children").read_text().split()
-            found += [int(c) for c in text]
-    except OSError:
-        pass
-    return found
-
-
-def tree_pids(pid: int) -> list[int]:
-    pids, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        pids.append(p)
-        todo += _children(p)
-    return pids
-
-
-def rss_bytes(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def private_bytes(pid: int) -> int:
-    """Memory only this process holds (Private_Clean + Private_Dirty; shared library pages,
-    e.g. libtorch's, count in every process's RSS but once in the machine's memory)."""
-    total = 0
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                total += int(line.split()[1]) * 1024
-    except (OSError, IndexError, ValueError):
-        return 0
-    return total
-
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process so far (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def peak_rss_bytes(pid: int) -> int:
-    """VmHWM: the process's own peak resident set (0 once it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _die_with_parent() -> None:
@@ -258,76 +191,6 @@ def tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-# -- Kafka's own tools --
-
-def kafka_tool(main_class: str, *args: str, timeout: float = 300.0) -> str:
-    """Run a Kafka tool class from the cached jars; its stdout (raises with stderr on failure)."""
-    libs = ensure_kafka_jars()
-    argv = [java_executable(), "-Xmx256m", "-XX:+UseSerialGC", "-cp", classpath(libs), main_class, *args]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"{main_class} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return done.stdout
-
-
-def topic_bytes(bootstrap: str, topics: list[str]) -> dict[str, int]:
-    """Bytes in each topic's log on the broker (all partitions), via ``LogDirsCommand``."""
-    out = kafka_tool("org.apache.kafka.tools.LogDirsCommand", "--bootstrap-server", bootstrap,
-                     "--describe", "--topic-list", ",".join(topics))
-    line = next(l for l in out.splitlines() if l.startswith("{"))
-    sizes = {t: 0 for t in topics}
-    for broker in json.loads(line)["brokers"]:
-        for log_dir in broker["logDirs"]:
-            for part in log_dir["partitions"]:
-                topic = part["partition"].rsplit("-", 1)[0]
-                if topic in sizes:
-                    sizes[topic] += int(part["size"])
-    return sizes
-
-
-def end_offsets(bootstrap: str) -> dict[str, int]:
-    """Sum of end offsets per topic, internal topics included (Kafka's ``GetOffsetShell``).
-
-    The growth of ``__transaction_state`` counts transaction state changes, that of
-    ``__consumer_offsets`` counts offset commits (and group changes), that of a data topic its
-    records plus transaction markers.
-    """
-    out = kafka_tool("org.apache.kafka.tools.GetOffsetShell", "--bootstrap-server", bootstrap)
-    sums: dict[str, int] = {}
-    for line in out.splitlines():
-        topic, _, rest = line.rpartition(":")[0].rpartition(":")[0], None, line.rsplit(":", 1)[-1]
-        if topic and rest.strip().isdigit():
-            sums[topic] = sums.get(topic, 0) + int(rest)
-    return sums
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-def assigned_groups(bootstrap: str, group_ids: list[str]) -> set[str]:
-    """The groups in ``group_ids`` with a member that holds partitions (Kafka's group tool;
-    aiokafka 0.14 cannot decode a Kafka 4 DescribeGroups answer)."""
-    args = ["--bootstrap-server", bootstrap, "--describe", "--members"]
-    for group in group_ids:
-        args += ["--group", group]
-    try:
-        out = kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", *args, timeout=60)
-    except RuntimeError:
-        return set()  # e.g. a group that does not exist yet
-    ready = set()
-    for line in out.splitlines():
-        parts = line.split()
-        # GROUP CONSUMER-ID HOST CLIENT-ID #PARTITIONS
-        if len(parts) >= 5 and parts[0] in group_ids and parts[-1].isdigit() and int(parts[-1]) > 0:
-            ready.add(parts[0])
-    return ready
-
-
 # Every consuming tier logs "<tier> <id> consuming <topic>" once its consumer has started.
 READY_TEXT = " consuming "
 
@@ -335,8 +198,6 @@ READY_TEXT = " consuming "
 async def wait_until_consuming(procs: list[TierProcess], timeout: float) -> None:
     """Return once every process in ``procs`` logged that it consumes (cheap: reads their logs);
     raises if one exits or ``timeout`` passes."""
-    import asyncio
-
     deadline = time.monotonic() + timeout
     while not all(p.logged(READY_TEXT) for p in procs):
         for p in procs:
@@ -347,17 +208,3 @@ async def wait_until_consuming(procs: list[TierProcess], timeout: float) -> None
             waiting = [p.tier for p in procs if not p.logged(READY_TEXT)]
             raise TimeoutError(f"{waiting} did not log {READY_TEXT.strip()!r} within {timeout:.0f}s")
         await asyncio.sleep(0.2)
-
-
-async def wait_for_groups(bootstrap: str, group_ids: list[str], timeout: float) -> None:
-    """Return once every consumer group in ``group_ids`` has a member holding partitions."""
-    import asyncio
-
-    deadline = time.monotonic() + timeout
-    while True:
-        ready = await asyncio.to_thread(assigned_groups, bootstrap, group_ids)
-        if ready >= set(group_ids):
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"consumer groups not ready after {timeout:.0f}s: {sorted(set(group_ids) - ready)}")
-        await asyncio.sleep(1.0)
