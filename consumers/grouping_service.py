@@ -34,7 +34,7 @@ from consumers.pending import PendingBatches
 from consumers.trainer_version import TrainerVersion
 from consumers.txn_producer import TransactionalProducer
 from rollstream import metrics
-from rollstream.config import ConfigError, RollstreamConfig
+from rollstream.config import RollstreamConfig, raise_first_problem
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.dead_letter import dead_letter_for
@@ -62,9 +62,7 @@ def check_config(config: RollstreamConfig) -> None:
         (g.dedupe_window_seconds < 0, "grouping.dedupe_window_seconds must be >= 0"),
         (g.session_timeout_ms < 1000, "grouping.session_timeout_ms must be >= 1000"),
     ]
-    for bad, message in problems:
-        if bad:
-            raise ConfigError(f"invalid configuration: {message}")
+    raise_first_problem(problems)
 
 
 class GroupingService:

@@ -38,7 +38,7 @@ import torch
 
 from consumers.batch_consumer import BatchConsumer, TrainingBatch, VersionPublisher
 from examples.grpo import Staleness, UpdateStats, group_advantages, policy_update, staleness_stats
-from rollstream.config import ConfigError, RollstreamConfig
+from rollstream.config import ConfigError, RollstreamConfig, raise_first_problem
 from rollstream.metrics import STALENESS, WEIGHT_VERSION
 from rollstream.redis_state import RedisKeys, VersionStore, connect
 
@@ -78,9 +78,7 @@ def check_config(config: RollstreamConfig) -> None:
         (tc.max_steps < 0, "trainer.max_steps must be >= 0"),
         (tc.keep_checkpoints < 1, "trainer.keep_checkpoints must be >= 1"),
     ]
-    for bad, message in problems:
-        if bad:
-            raise ConfigError(f"invalid configuration: {message}")
+    raise_first_problem(problems)
 
 
 class GRPOTrainer:

@@ -23,7 +23,7 @@ from producers.admission import Admission
 from producers.cursor import advance, read_cursor
 from producers.dataset import iter_samples, load_rows, next_position, task_id_for
 from producers.publisher import TIER, PendingBatch, PromptPublisher
-from rollstream.config import ConfigError, RollstreamConfig
+from rollstream.config import RollstreamConfig, raise_first_problem
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
@@ -58,9 +58,7 @@ def check_config(config: RollstreamConfig) -> None:
         (pc.batch_linger_ms < 0, "producer.batch_linger_ms must be >= 0"),
         (pc.progress_every < 1, "producer.progress_every must be >= 1"),
     ]
-    for bad, message in problems:
-        if bad:
-            raise ConfigError(f"invalid configuration: {message}")
+    raise_first_problem(problems)
 
 
 def transactional_id(names: TopicNames, producer_id: str) -> str:

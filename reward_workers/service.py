@@ -34,7 +34,7 @@ from aiokafka.errors import (
 from reward_workers.batch import ScoredBatch, commit_batch, first_offsets, score_batch, task_id_of
 from reward_workers.rebalance import BatchGuard
 from reward_workers.scorer import Scorer
-from rollstream.config import ConfigError, RollstreamConfig
+from rollstream.config import RollstreamConfig, raise_first_problem
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
@@ -72,9 +72,7 @@ def check_config(config: RollstreamConfig) -> None:
         (rc.session_timeout_ms < 1000, "reward.session_timeout_ms must be >= 1000"),
         (rc.max_consecutive_failures < 1, "reward.max_consecutive_failures must be >= 1"),
     ]
-    for bad, message in problems:
-        if bad:
-            raise ConfigError(f"invalid configuration: {message}")
+    raise_first_problem(problems)
 
 
 async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:

@@ -236,6 +236,13 @@ def config_from_dict(tree: dict[str, Any]) -> RollstreamConfig:
     return config
 
 
+def raise_first_problem(problems: list[tuple[bool, str]]) -> None:
+    """Raise ``ConfigError`` for the first ``(is_bad, message)`` pair whose ``is_bad`` holds."""
+    for bad, message in problems:
+        if bad:
+            raise ConfigError(f"invalid configuration: {message}")
+
+
 def _check_ranges(config: RollstreamConfig) -> None:
     checks = [
         (config.producer.group_size >= 1, "producer.group_size must be >= 1"),
@@ -247,9 +254,7 @@ def _check_ranges(config: RollstreamConfig) -> None:
         (config.kafka.partitions >= 1, "kafka.partitions must be >= 1"),
         (config.reward.max_retries >= 0, "reward.max_retries must be >= 0"),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(f"invalid configuration: {message}")
+    raise_first_problem([(not ok, message) for ok, message in checks])
 
 
 def redacted(config: RollstreamConfig) -> dict[str, Any]:
