@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from rollstream.dev.kafka_jars import LOG4J_CONFIG, classpath, ensure_kafka_jars, java_executable
-from rollstream.dev.processes import LOCALHOST, ServiceProcess, free_port, log_tail, port_open
+from rollstream.dev.processes import LOCALHOST, LocalServer, ServiceProcess, free_port, log_tail, port_open
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +42,16 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
-class LocalKafkaBroker:
+class LocalKafkaBroker(LocalServer):
     """One KRaft broker process on 127.0.0.1, its data and log under `workdir`.
 
     `sasl_scram_users` (name -> password) adds a SASL_PLAINTEXT listener with SCRAM-SHA-256 and
     SCRAM-SHA-512 for those users, at `sasl_bootstrap`. `detached=True` lets the broker outlive
     this Python process (used by `rollstream dev up`).
     """
+
+    START_TIMEOUT = 120.0
+    STOP_TIMEOUT = 30.0
 
     def __init__(
         self,
@@ -77,27 +80,14 @@ class LocalKafkaBroker:
         """The SASL_PLAINTEXT (SCRAM) bootstrap address, or None without SCRAM users."""
         return None if self.sasl_port is None else f"{LOCALHOST}:{self.sasl_port}"
 
-    @property
-    def log_path(self) -> Path:
-        """The file that receives the broker's stdout and stderr (appended across restarts)."""
-        return self._process.log_path
-
-    @property
-    def pid(self) -> int | None:
-        """The broker's process id while it runs."""
-        return self._process.pid
-
-    def is_running(self) -> bool:
-        """True while the broker process is alive (ready or not)."""
-        return self._process.is_running()
-
-    def start(self, timeout: float = 120.0) -> str:
+    def start(self, timeout: float | None = None) -> str:
         """Start the broker and block until it serves metadata; return `bootstrap`.
 
         Sets `startup_seconds` (formatting on first start included). Raises BrokerStartError with
         the log's tail when the process exits or is not ready within `timeout` seconds.
         """
         began = time.monotonic()
+        timeout = self.START_TIMEOUT if timeout is None else timeout
         libs = ensure_kafka_jars()
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self._write_config()
@@ -119,26 +109,6 @@ class LocalKafkaBroker:
         self.startup_seconds = time.monotonic() - began
         logger.info("kafka broker ready at %s in %.2fs", self.bootstrap, self.startup_seconds)
         return self.bootstrap
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Shut down cleanly (SIGTERM); SIGKILL if still alive after `timeout` seconds."""
-        self._process.stop(timeout)
-
-    def kill(self) -> None:
-        """SIGKILL the broker, as a crash would; the next start recovers its logs."""
-        self._process.kill()
-
-    def restart(self, timeout: float = 120.0) -> str:
-        """Stop (cleanly) and start again on the same ports and data directory."""
-        self.stop()
-        return self.start(timeout)
-
-    def __enter__(self) -> LocalKafkaBroker:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def _data_dir(self) -> Path:

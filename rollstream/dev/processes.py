@@ -18,6 +18,7 @@ import subprocess
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -206,3 +207,52 @@ class ServiceProcess:
             return
         proc.kill()
         proc.wait()
+
+
+class LocalServer:
+    """What the local broker and redis-server share: one `ServiceProcess` and its lifecycle.
+
+    Subclasses set `_process` and implement `start(timeout) -> address`; `START_TIMEOUT` and
+    `STOP_TIMEOUT` are their default waits.
+    """
+
+    START_TIMEOUT = 30.0
+    STOP_TIMEOUT = 10.0
+    _process: ServiceProcess
+
+    def start(self, timeout: float | None = None) -> str:
+        raise NotImplementedError
+
+    @property
+    def log_path(self) -> Path:
+        """The file that receives the server's stdout and stderr (appended across restarts)."""
+        return self._process.log_path
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._process.pid
+
+    def is_running(self) -> bool:
+        """True while the server process is alive (ready or not)."""
+        return self._process.is_running()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Shut down cleanly (SIGTERM); SIGKILL if still alive after `timeout` seconds."""
+        self._process.stop(self.STOP_TIMEOUT if timeout is None else timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would."""
+        self._process.kill()
+
+    def restart(self, timeout: float | None = None) -> str:
+        """Stop (cleanly) and start again on the same ports and data directory."""
+        self.stop()
+        return self.start(timeout)
+
+    def __enter__(self) -> Any:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from rollstream.dev.processes import (
     LOCALHOST,
+    LocalServer,
     MissingToolError,
     ServiceProcess,
     free_port,
@@ -40,8 +41,11 @@ def redis_server_executable() -> str:
     return found
 
 
-class LocalRedisServer:
+class LocalRedisServer(LocalServer):
     """One redis-server on 127.0.0.1 with its working files and log under `workdir`."""
+
+    START_TIMEOUT = 30.0
+    STOP_TIMEOUT = 10.0  # redis exits promptly on SIGTERM
 
     def __init__(
         self,
@@ -63,23 +67,10 @@ class LocalRedisServer:
         auth = f":{quote(self.password, safe='')}@" if self.password else ""
         return f"redis://{auth}{LOCALHOST}:{self.port}/0"
 
-    @property
-    def log_path(self) -> Path:
-        """The file that receives redis-server's output (appended across restarts)."""
-        return self._process.log_path
-
-    @property
-    def pid(self) -> int | None:
-        """The server's process id while it runs."""
-        return self._process.pid
-
-    def is_running(self) -> bool:
-        """True while the redis-server process is alive."""
-        return self._process.is_running()
-
-    def start(self, timeout: float = 30.0) -> str:
+    def start(self, timeout: float | None = None) -> str:
         """Start redis-server and block until it answers PING; return `url`."""
         began = time.monotonic()
+        timeout = self.START_TIMEOUT if timeout is None else timeout
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._process.start(self._argv(), cwd=self.workdir)
         try:
@@ -90,26 +81,6 @@ class LocalRedisServer:
         self.startup_seconds = time.monotonic() - began
         logger.info("redis-server ready on port %d in %.2fs", self.port, self.startup_seconds)
         return self.url
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM (redis exits promptly), SIGKILL after `timeout` seconds."""
-        self._process.stop(timeout)
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would."""
-        self._process.kill()
-
-    def restart(self, timeout: float = 30.0) -> str:
-        """Stop and start on the same port; data is lost unless `appendonly=True`."""
-        self.stop()
-        return self.start(timeout)
-
-    def __enter__(self) -> LocalRedisServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _argv(self) -> list[str]:
         argv = [
