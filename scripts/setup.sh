@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what rollstream needs on a fresh Debian machine: redis-server, Java and Maven (for
-# the local Kafka broker), the package with its dev extra, and the Kafka broker jars (cached
+# the local Kafka broker), docker-compose (offline validation of compose.yaml), the package with its dev extra, and the Kafka broker jars (cached
 # under ~/.cache/rollstream). Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,8 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
+# compose.yaml is validated with `docker-compose config` in the tests (no engine needed)
+command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || missing+=(docker-compose)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
