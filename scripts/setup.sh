@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what rollstream needs on a fresh Debian machine: redis-server, Java and Maven (for
-# the local Kafka broker), docker-compose (offline validation of compose.yaml), the package with its dev extra, and the Kafka broker jars (cached
-# under ~/.cache/rollstream). Safe to run again: each step is skipped when already done.
+# the local Kafka broker), docker-compose (offline validation of compose.yaml), the package
+# with its dev extra, and the Kafka broker jars (cached under ~/.cache/rollstream). Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
