@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from consumers.grouping import CompleteGroup, DroppedGroup
-from rollstream.tensors import concat_padded_tensors
+from rollstream.tensors import concat_padded_tensors, version_span
 from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_tensor_dict, encode_tensor_dict
 
 log = logging.getLogger(__name__)
@@ -33,19 +33,6 @@ def episode_rows(scored: ScoredEpisode) -> dict[str, Tensor]:
         rewards = torch.full((b,), float(scored.reward), dtype=torch.float32)
     rows["rewards"] = rewards.to(torch.float32)
     return rows
-
-
-def version_span(versions: Tensor | None) -> tuple[int, int]:
-    """(head, tail): min and max version over generated tokens (versions >= 0); (-1, -1) if none."""
-    if versions is None or versions.numel() == 0:
-        return -1, -1
-    tail = int(versions.max())
-    if tail < 0:
-        return -1, -1
-    # Two reductions, no boolean indexing: versions[versions >= 0] (nonzero + gather) costs
-    # over a millisecond per group on a busy 2-core machine (bench/grouping.py).
-    head = int(torch.where(versions >= 0, versions, tail).min())
-    return head, tail
 
 
 def common_keys(parts: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:

@@ -16,8 +16,8 @@ import torch
 from aiokafka.structs import ConsumerRecord, TopicPartition
 from torch import Tensor
 
-from consumers.batching import common_keys, version_span
-from rollstream.tensors import concat_padded_tensors
+from consumers.batching import common_keys
+from rollstream.tensors import concat_padded_tensors, version_span
 from rollstream.wire import Batch, GroupDropped, WireDecodeError, decode_batch, decode_tensor_dict
 
 log = logging.getLogger(__name__)

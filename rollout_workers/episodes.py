@@ -20,7 +20,7 @@ from typing import Any
 from torch import Tensor
 
 from rollstream.api.workflow import interactions_to_tensors, is_interactions
-from rollstream.tensors import PROMPT_VERSION, validate_trajectory
+from rollstream.tensors import PROMPT_VERSION, validate_trajectory, version_span
 from rollstream.wire import Episode, PromptTask, SampleRejected
 from rollstream.wire.tensor_codec import encode_tensor_dict
 
@@ -66,10 +66,7 @@ def generated_version_range(td: dict[str, Tensor]) -> tuple[int, int]:
         mask &= td["loss_mask"] == 1
     if "attention_mask" in td:
         mask &= td["attention_mask"].bool()
-    picked = versions[mask]
-    if picked.numel() == 0:
-        return PROMPT_VERSION, PROMPT_VERSION
-    return int(picked.min()), int(picked.max())
+    return version_span(versions, mask)
 
 
 def as_tensor_dict(result: Any) -> dict[str, Tensor]:

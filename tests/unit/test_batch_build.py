@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from consumers.batching import build_batch, drop_record, version_span
+from consumers.batching import build_batch, drop_record
+from rollstream.tensors import version_span
 from consumers.grouping import CompleteGroup, DroppedGroup
 from rollstream.wire import decode_batch, decode_tensor_dict, encode
 from tests.unit.test_grouping_support import scored
