@@ -16,9 +16,11 @@ test ``test_timeout_then_reject`` guards that hook.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any, Literal
+
+import numpy
 
 from rollstream.imports import import_object
 from rollstream.config import ConfigError, RewardConfig
@@ -118,8 +120,8 @@ class Scorer:
             raise ConfigError(f"reward settings cannot be used: {exc}") from None
         return cls(wrapper, load_tokenizer(config.tokenizer_path), config.on_timeout, worker_id)
 
-    def decode(self, ids: list[int]) -> str:
-        if self._tokenizer is None or not ids:
+    def decode(self, ids: Sequence[int] | numpy.ndarray) -> str:
+        if self._tokenizer is None or len(ids) == 0:
             return ""
         return self._tokenizer.decode(ids, skip_special_tokens=False)
 

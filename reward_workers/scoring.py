@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 import msgspec
+import numpy
 import torch
 
 from rollstream.wire import (
@@ -42,7 +44,7 @@ class RewardScorer(Protocol):
     worker_id: str
     on_timeout: Literal["zero", "reject"]
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: Sequence[int] | numpy.ndarray) -> str:
         """Text of ``ids`` (special tokens kept); "" when no tokenizer is configured."""
 
     async def reward(
@@ -64,19 +66,29 @@ def split_prompt_completion(
     ``loss_mask == 0``, belong to neither). Without ``loss_mask`` or generated tokens, the
     whole row is the prompt and the completion is empty.
     """
-    ids = trajectory["input_ids"][row]
-    attended = trajectory["attention_mask"][row].to(torch.bool)
+    prompt, completion = split_prompt_completion_arrays(trajectory, row)
+    return prompt.tolist(), completion.tolist()
+
+
+def split_prompt_completion_arrays(
+    trajectory: dict[str, torch.Tensor], row: int = 0
+) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """:func:`split_prompt_completion` as numpy arrays of the ids (CPU tensors).
+
+    numpy, not torch: boolean indexing in torch runs ``nonzero`` on its intra-op thread pool,
+    which bench/pipeline.py found costing milliseconds per row on a busy machine.
+    """
+    ids = trajectory["input_ids"][row].numpy()
+    attended = trajectory["attention_mask"][row].numpy().astype(bool, copy=False)
     loss_mask = trajectory.get("loss_mask")
-    generated = (
-        loss_mask[row].to(torch.bool) & attended
-        if loss_mask is not None
-        else torch.zeros_like(attended)
-    )
-    positions = generated.nonzero()
-    if positions.numel() == 0:
-        return ids[attended].tolist(), []
-    first = int(positions[0, 0])
-    return ids[:first][attended[:first]].tolist(), ids[generated].tolist()
+    if loss_mask is None:
+        return ids[attended], ids[:0]
+    generated = loss_mask[row].numpy().astype(bool, copy=False) & attended
+    positions = numpy.flatnonzero(generated)
+    if positions.size == 0:
+        return ids[attended], ids[:0]
+    first = int(positions[0])
+    return ids[:first][attended[:first]], ids[generated]
 
 
 async def score_message(
@@ -123,10 +135,12 @@ async def _episode_rewards(episode: Episode, scorer: RewardScorer) -> list[float
 async def _row_reward(
     tensors: dict[str, torch.Tensor], row: int, data: dict[str, Any], scorer: RewardScorer
 ) -> float:
-    prompt_ids, completion_ids = split_prompt_completion(tensors, row)
+    prompt_ids, completion_ids = split_prompt_completion_arrays(tensors, row)
     try:
+        # the tokenizer decodes arrays faster than lists; the reward function gets lists
         return float(await scorer.reward(
-            scorer.decode(prompt_ids), scorer.decode(completion_ids), prompt_ids, completion_ids, data
+            scorer.decode(prompt_ids), scorer.decode(completion_ids), prompt_ids.tolist(),
+            completion_ids.tolist(), data,
         ))
     except RewardTimeout:
         if scorer.on_timeout == "reject":

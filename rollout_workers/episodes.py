@@ -61,11 +61,12 @@ def generated_version_range(td: dict[str, Tensor]) -> tuple[int, int]:
     versions = td.get("versions")
     if versions is None:
         return PROMPT_VERSION, PROMPT_VERSION
-    mask = versions >= 0
-    if "loss_mask" in td:
-        mask &= td["loss_mask"] == 1
+    mask = None
+    if "loss_mask" in td:  # numpy: validated CPU tensors, and cheaper than small torch ops
+        mask = td["loss_mask"].numpy() == 1
     if "attention_mask" in td:
-        mask &= td["attention_mask"].bool()
+        attended = td["attention_mask"].numpy().astype(bool, copy=False)
+        mask = attended if mask is None else mask & attended
     return version_span(versions, mask)
 
 

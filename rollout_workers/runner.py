@@ -16,8 +16,8 @@ and surfaces through :attr:`PromptRunner.tasks`.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -32,6 +32,7 @@ from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT, TOKENS
 from rollstream.wire import Episode, PromptTask, SampleRejected, TaskFailed, WireDecodeError, decode_prompt, encode
+from rollout_workers.data_copies import copier
 from rollout_workers.episodes import MAX_REASON_CHARS, describe_error, failed_sample, to_episode
 from rollout_workers.offsets import OffsetTracker
 from rollout_workers.recording import EpisodeEngine
@@ -135,8 +136,9 @@ class PromptRunner:
         self._tracker.done(tp, record.offset)
 
     async def _run_prompt(self, tp: TopicPartition, offset: int, task: PromptTask, workflow: RolloutWorkflow) -> None:
+        fresh_data = copier(task.data)  # a workflow may mutate its data: each sample gets a copy
         samples = [
-            asyncio.create_task(self._run_sample(task, workflow, i), name=f"sample-{task.task_id}-{i}")
+            asyncio.create_task(self._run_sample(task, workflow, i, fresh_data), name=f"sample-{task.task_id}-{i}")
             for i in range(task.group_size)
         ]
         try:
@@ -149,10 +151,12 @@ class PromptRunner:
         self._tracker.done(tp, offset)
         log.info("task %s: all %d samples published", task.task_id, task.group_size)
 
-    async def _run_sample(self, task: PromptTask, workflow: RolloutWorkflow, sample_idx: int) -> None:
+    async def _run_sample(
+        self, task: PromptTask, workflow: RolloutWorkflow, sample_idx: int, fresh_data: Callable[[], dict[str, Any]],
+    ) -> None:
         try:
             async with self._rollouts:
-                message = await self._roll(task, workflow, sample_idx)
+                message = await self._roll(task, workflow, sample_idx, fresh_data())
             await self._publish(task.task_id, message)
             EPISODES.labels(TIER, outcome_of(message)).inc()
             if self._dump is not None and isinstance(message, Episode):
@@ -161,10 +165,12 @@ class PromptRunner:
             self.inflight_samples -= 1
             self._room.set()
 
-    async def _roll(self, task: PromptTask, workflow: RolloutWorkflow, sample_idx: int) -> Episode | SampleRejected:
-        """Run one episode in its own workflow context and convert its result."""
+    async def _roll(
+        self, task: PromptTask, workflow: RolloutWorkflow, sample_idx: int, data: dict[str, Any],
+    ) -> Episode | SampleRejected:
+        """Run one episode (on its own copy of the task's ``data``) in its own workflow context
+        and convert its result."""
         engine = EpisodeEngine(self._engine)
-        data: dict[str, Any] = copy.deepcopy(task.data)  # a workflow may mutate its data
         with workflow_context.scope(task_id=task.task_id, is_eval=task.is_eval, sample_idx=sample_idx):
             try:
                 result = await workflow.arun_episode(engine, data)

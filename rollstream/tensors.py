@@ -30,20 +30,25 @@ PROMPT_VERSION = -1  # version of prompt positions, and of padding (see concat_p
 
 
 
-def version_span(versions: Tensor | None, mask: Tensor | None = None) -> tuple[int, int]:
+def version_span(versions: Tensor | None, mask: Tensor | numpy.ndarray | None = None) -> tuple[int, int]:
     """``(head, tail)``: min and max of ``versions`` over generated tokens (``>= 0``, and where
     ``mask`` is true when given); ``(-1, -1)`` when there is none."""
     if versions is None or versions.numel() == 0:
         return PROMPT_VERSION, PROMPT_VERSION
+    # numpy, not torch: torch's boolean indexing runs nonzero on its intra-op thread pool
+    # (over a millisecond per group on a busy 2-core machine, bench/grouping.py), and each
+    # small torch op costs more in dispatch than its work.
+    values = versions.detach().cpu().numpy()
+    keep = values >= 0
     if mask is not None:
-        versions = torch.where(mask, versions, PROMPT_VERSION)
-    tail = int(versions.max())
-    if tail < 0:
+        if isinstance(mask, Tensor):
+            mask = mask.detach().cpu().numpy()
+        keep &= mask.astype(bool, copy=False)
+    if not keep.any():
         return PROMPT_VERSION, PROMPT_VERSION
-    # Two reductions, no boolean indexing: versions[versions >= 0] (nonzero + gather) costs
-    # over a millisecond per group on a busy 2-core machine (bench/grouping.py).
-    head = int(torch.where(versions >= 0, versions, tail).min())
-    return head, tail
+    generated = values[keep]
+    return int(generated.min()), int(generated.max())
+
 
 def _pad_value_for(key: str, pad_value: float) -> float:
     if key == "attention_mask":

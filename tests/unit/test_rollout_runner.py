@@ -13,6 +13,7 @@ from rollstream.api.io_struct import ModelRequest
 from rollstream.api.workflow import RolloutWorkflow
 from rollstream.config import RolloutConfig, WorkflowSpec
 from rollstream.kafka.topics import TopicNames
+from rollout_workers.data_copies import copier
 from rollstream.wire import Episode, PromptTask, SampleRejected
 from rollout_workers.offsets import OffsetTracker
 from rollout_workers.recording import EpisodeEngine
@@ -54,8 +55,9 @@ async def test_roll_sets_context_and_reports_last_stop_reason() -> None:
     runner = _runner(engine)
     task = PromptTask(task_id="t1", group_size=2, data={"input_ids": [3]}, is_eval=True, workflow="ctx")
     wf = runner._registry.resolve("ctx")
-    first = await runner._roll(task, wf, 0)
-    second = await runner._roll(task, wf, 1)
+    fresh = copier(task.data)  # what _run_prompt hands each sample
+    first = await runner._roll(task, wf, 0, fresh())
+    second = await runner._roll(task, wf, 1, fresh())
     assert isinstance(first, Episode) and isinstance(second, Episode)
     assert first.stop_reason == "length" and first.worker_id == "w7"
     assert seen == [("t1", 0, True, "eval-rollout"), ("t1", 1, True, "eval-rollout")]
@@ -66,7 +68,7 @@ async def test_roll_sets_context_and_reports_last_stop_reason() -> None:
 async def test_failing_workflow_is_a_failed_sample_not_a_rejection() -> None:
     runner = _runner(FakeEngine())
     task = PromptTask(task_id="t2", group_size=1, data={"input_ids": [3], "fail": True})
-    msg = await runner._roll(task, runner._registry.resolve("ctx"), 0)
+    msg = await runner._roll(task, runner._registry.resolve("ctx"), 0, dict(task.data))
     assert isinstance(msg, SampleRejected) and msg.failed
     assert "RuntimeError: workflow exploded" in msg.reason
     assert outcome_of(msg) == "failed"
