@@ -9,6 +9,9 @@ aggregate generation rate). ``tokens_per_second <= 0`` means "as fast as the CPU
 Nothing it generates means anything; it never reads ``stop_token_ids``. It honours
 ``pause``/``resume`` and ``update_weights`` (which only sets the version), so weight-version
 plumbing downstream behaves as with a real engine.
+
+A rollout worker uses it through configuration (``rollout.engine: custom``,
+``rollout.engine_factory: bench.load_engine:make_engine``); the tier is otherwise unchanged.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import time
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import ModelRequest, ModelResponse
+from rollstream.config import RolloutConfig
 
-# Environment knobs, so a tier process started by bench/tier_runner.py can be configured.
+# Environment knobs, so a rollout-worker process using make_engine (below) can be configured.
 ENV_RATE = "ROLLSTREAM_BENCH_TOKENS_PER_SECOND"
 ENV_MIN_SHARE = "ROLLSTREAM_BENCH_MIN_LENGTH_SHARE"
 ENV_VOCAB = "ROLLSTREAM_BENCH_VOCAB_SIZE"
@@ -115,3 +119,9 @@ class LoadGeneratorEngine(InferenceEngine):
 
     async def update_weights(self, update: WeightUpdate) -> None:
         self._version = update.version
+
+
+def make_engine(config: RolloutConfig) -> LoadGeneratorEngine:
+    """``rollout.engine_factory`` for ``rollout.engine: custom``: the load generator, configured by
+    the ``ROLLSTREAM_BENCH_*`` environment variables (the rollout settings are not used)."""
+    return LoadGeneratorEngine.from_env()

@@ -32,9 +32,11 @@ from bench.kafka_tools import kafka_tool
 from bench.pipeline_run import PipelineResult, PipelineSettings, memory_rows, run_pipeline
 from bench.procstats import cpu_seconds
 from bench.stack import services, unique_name
+from rollstream.config import KafkaConfig
 from rollstream.wire import Episode, encode, encode_tensor_dict
 
 MAX_MESSAGE = 16 * 1024 * 1024
+TIER_KAFKA = KafkaConfig()  # the anchors use the tiers' default batching settings
 MB = 1e6
 
 
@@ -57,7 +59,7 @@ def java_producer(bootstrap: str, topic: str, records: int, size: int) -> dict:
     out = kafka_tool(
         "org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", str(records),
         "--record-size", str(size), "--throughput", "-1", "--producer-props", f"bootstrap.servers={bootstrap}",
-        "acks=all", "enable.idempotence=true", "linger.ms=5", "batch.size=1048576", f"max.request.size={MAX_MESSAGE}")
+        "acks=all", "enable.idempotence=true", f"linger.ms={TIER_KAFKA.linger_ms}", "batch.size=1048576", f"max.request.size={MAX_MESSAGE}")
     line = [l for l in out.splitlines() if "records sent" in l][-1]
     rate = float(re.search(r"([\d.]+) records/sec", line).group(1))  # type: ignore[union-attr]
     return {"path": "kafka ProducerPerformance (java)", "records/s": rate, "produced MB/s": rate * size / MB,
@@ -85,8 +87,10 @@ async def bare_loop(bootstrap: str, topic: str, records: int, size: int, transac
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=unique_name("bare"),
                                 auto_offset_reset="earliest", enable_auto_commit=False,
                                 isolation_level="read_committed" if transaction else "read_uncommitted",
-                                max_partition_fetch_bytes=MAX_MESSAGE, fetch_max_bytes=52428800)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
+                                max_partition_fetch_bytes=MAX_MESSAGE, fetch_max_bytes=52428800,
+                                fetch_min_bytes=TIER_KAFKA.fetch_min_bytes, fetch_max_wait_ms=TIER_KAFKA.fetch_max_wait_ms)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                                linger_ms=TIER_KAFKA.linger_ms,
                                 max_batch_size=1024 * 1024, max_request_size=MAX_MESSAGE,
                                 transactional_id=unique_name("bare-tx") if transaction else None)
     await consumer.start()

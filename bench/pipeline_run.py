@@ -101,8 +101,9 @@ def config_tree(services: Services, name: str, workdir: Path, s: PipelineSetting
         for i in range(s.prompts):
             ids = [(i * 7 + j) % s.vocab_size for j in range(s.prompt_tokens)]
             f.write(json.dumps({"input_ids": ids, "answer": str(i % 10)}) + "\n")
+    engine = {"engine": "custom", "engine_factory": "bench.load_engine:make_engine"} if s.load_engine else {"engine": "hf"}
     rollout = {
-        "engine": "hf", "model_path": tokenizer, "tokenizer_path": tokenizer, "device": "cpu",
+        **engine, "model_path": tokenizer, "tokenizer_path": tokenizer, "device": "cpu",
         "max_concurrent_rollouts": s.max_concurrent_rollouts, "worker_id": "bench-rollout-0",
         "gconfig": {"max_new_tokens": s.completion_tokens, "max_tokens": s.prompt_tokens + s.completion_tokens + 1},
         **s.rollout,
@@ -157,8 +158,7 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
     config: RollstreamConfig = config_from_dict(tree)
     names = TopicNames(name, "t0")
     env = {ENV_RATE: str(s.tokens_per_second), ENV_MIN_SHARE: str(s.min_length_share), ENV_VOCAB: str(s.vocab_size)}
-    procs = [TierProcess(t, path, workdir / f"{name}.{t}.log", load_engine=s.load_engine and t == "rollout-worker",
-                         env=env) for t in TIERS]
+    procs = [TierProcess(t, path, workdir / f"{name}.{t}.log", env=env) for t in TIERS]
     # counted while the tiers start (a JVM each way, in parallel with other work)
     # (skipped by smoke runs: two JVM starts)
     count_records = s.confirm_ready

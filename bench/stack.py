@@ -2,7 +2,7 @@
 
 ``services()`` resolves Kafka and Redis like the tests do (``KAFKA_BOOTSTRAP_SERVERS`` /
 ``REDIS_URL``, else testcontainers, else a local broker from the cached jars and a local
-redis-server). ``TierProcess`` runs one tier in its own process (``bench/tier_runner.py``) and
+redis-server). ``TierProcess`` runs one tier in its own process (``rollstream <tier>``) and
 tracks its memory and CPU time (with its children, e.g. the reward process pool).
 """
 
@@ -70,13 +70,10 @@ def _die_with_parent() -> None:
 class TierProcess:
     """One tier in its own process; logs to ``log_path``; ``stop()`` sends SIGTERM."""
 
-    def __init__(self, tier: str, config: Path, log_path: Path, load_engine: bool = False,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, tier: str, config: Path, log_path: Path, env: dict[str, str] | None = None) -> None:
         self.tier = tier
         self.log_path = log_path
-        argv = [sys.executable, "-m", "bench.tier_runner", tier, "--config", str(config)]
-        if load_engine:
-            argv.append("--load-engine")
+        argv = [sys.executable, "-m", "rollstream.cli", tier, "--config", str(config)]  # = `rollstream <tier>`
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)

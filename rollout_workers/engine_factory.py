@@ -2,8 +2,10 @@
 
 ``rollout.engine: hf`` runs a local transformers model (``rollout.model_path``, ``device``,
 ``seed``); ``rollout.engine: sglang`` talks to SGLang servers (``rollout.sglang_urls``) and
-needs a tokenizer path (``rollout.tokenizer_path``, else ``rollout.model_path``). Bad settings
-raise :class:`~rollstream.config.ConfigError` naming the setting.
+needs a tokenizer path (``rollout.tokenizer_path``, else ``rollout.model_path``);
+``rollout.engine: custom`` calls ``rollout.engine_factory`` (an import string, ``"pkg.mod:fn"``)
+with the ``RolloutConfig`` and uses the ``InferenceEngine`` it returns. Bad settings raise
+:class:`~rollstream.config.ConfigError` naming the setting.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from rollstream.api.engine import InferenceEngine
 from rollstream.config import ConfigError, RolloutConfig
+from rollstream.imports import import_object
 from rollout_workers.versions import VersionSource, load_weights
 
 log = logging.getLogger(__name__)
@@ -57,7 +60,29 @@ def build_engine(config: RolloutConfig) -> InferenceEngine:
         from rollstream.engines.sglang import SGLangEngine
 
         return SGLangEngine(config.sglang_urls, tokenizer_path(config))
+    if config.engine == "custom":
+        return _custom_engine(config)
     raise ConfigError(f"invalid configuration: unknown rollout.engine {config.engine!r}")
+
+
+def _custom_engine(config: RolloutConfig) -> InferenceEngine:
+    spec = config.engine_factory
+    if not spec:
+        raise ConfigError("invalid configuration: rollout.engine_factory must be set when rollout.engine is 'custom'")
+    try:
+        factory = import_object(spec)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"invalid configuration: rollout.engine_factory {spec!r}: {exc}") from None
+    if not callable(factory):
+        raise ConfigError(f"invalid configuration: rollout.engine_factory {spec!r} is not callable")
+    engine = factory(config)
+    if not isinstance(engine, InferenceEngine):
+        raise ConfigError(
+            f"invalid configuration: rollout.engine_factory {spec!r} returned a {type(engine).__name__}, "
+            "not an InferenceEngine"
+        )
+    log.info("rollout.engine custom: %s from %s", type(engine).__name__, spec)
+    return engine
 
 
 async def load_current_version(engine: InferenceEngine, store: VersionSource) -> int:

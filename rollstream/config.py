@@ -40,6 +40,11 @@ class KafkaConfig(_Section):
     max_message_bytes: int = 16 * 1024 * 1024
     transaction_timeout_ms: int = 60_000
     request_timeout_ms: int = 40_000
+    # Fewer, larger broker requests. The broker's cost is per request and per transaction, not
+    # per byte (bench/pipeline.py); these trade a few ms of latency per hop for it.
+    linger_ms: int = 20  # producers wait this long to fill a batch before sending
+    fetch_min_bytes: int = 65_536  # the broker holds a fetch until this much data is ready...
+    fetch_max_wait_ms: int = 20  # ...or this long has passed
 
 
 class RedisConfig(_Section):
@@ -83,7 +88,10 @@ class WorkflowSpec(_Section):
 
 
 class RolloutConfig(_Section):
-    engine: Literal["hf", "sglang"] = "hf"
+    engine: Literal["hf", "sglang", "custom"] = "hf"
+    # engine "custom": import string of a callable taking this RolloutConfig and returning an
+    # InferenceEngine (not started), e.g. "my_pkg.engines:make_engine"; configuration only
+    engine_factory: str = ""
     model_path: str = ""
     tokenizer_path: str | None = None
     sglang_urls: list[str] = []
@@ -252,6 +260,9 @@ def _check_ranges(config: RollstreamConfig) -> None:
         (config.staleness.max_head_offpolicyness >= 0, "staleness.max_head_offpolicyness must be >= 0"),
         (config.grouping.groups_per_batch >= 1, "grouping.groups_per_batch must be >= 1"),
         (config.kafka.partitions >= 1, "kafka.partitions must be >= 1"),
+        (config.kafka.linger_ms >= 0, "kafka.linger_ms must be >= 0"),
+        (config.kafka.fetch_min_bytes >= 1, "kafka.fetch_min_bytes must be >= 1"),
+        (config.kafka.fetch_max_wait_ms >= 0, "kafka.fetch_max_wait_ms must be >= 0"),
         (config.reward.max_retries >= 0, "reward.max_retries must be >= 0"),
     ]
     raise_first_problem([(not ok, message) for ok, message in checks])

@@ -65,9 +65,11 @@ def make_producer(
     client_id: str,
     *,
     transactional_id: str | None = None,
-    linger_ms: int = 5,
 ) -> AIOKafkaProducer:
-    """An idempotent producer (acks=all); transactional when ``transactional_id`` is given."""
+    """An idempotent producer (acks=all); transactional when ``transactional_id`` is given.
+
+    Batches wait up to ``config.linger_ms`` for more records (a transaction's commit sends
+    what is waiting at once)."""
     return AIOKafkaProducer(
         bootstrap_servers=config.bootstrap_servers,
         client_id=f"{config.client_id_prefix}-{client_id}",
@@ -77,7 +79,7 @@ def make_producer(
         transaction_timeout_ms=config.transaction_timeout_ms,
         max_request_size=config.max_message_bytes,
         max_batch_size=1024 * 1024,
-        linger_ms=linger_ms,
+        linger_ms=config.linger_ms,
         request_timeout_ms=config.request_timeout_ms,
         **security_kwargs(config),
     )
@@ -93,7 +95,9 @@ def make_consumer(
     max_poll_records: int | None = 500,
     **extra: Any,
 ) -> AIOKafkaConsumer:
-    """A consumer with manual commits; ``read_committed`` unless told otherwise."""
+    """A consumer with manual commits; ``read_committed`` unless told otherwise.
+
+    Fetches wait at the broker for ``config.fetch_min_bytes`` or ``config.fetch_max_wait_ms``."""
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=config.bootstrap_servers,
@@ -105,6 +109,8 @@ def make_consumer(
         max_partition_fetch_bytes=config.max_message_bytes,
         fetch_max_bytes=max(config.max_message_bytes, 52428800),
         max_poll_records=max_poll_records,
+        fetch_min_bytes=config.fetch_min_bytes,
+        fetch_max_wait_ms=config.fetch_max_wait_ms,
         request_timeout_ms=config.request_timeout_ms,
         **security_kwargs(config),
         **extra,

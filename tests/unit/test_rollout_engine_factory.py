@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rollstream.config import ConfigError, RolloutConfig
 from rollstream.engines.hf import HFEngine
 from rollstream.engines.sglang import SGLangEngine
 from rollout_workers.engine_factory import build_engine, load_tokenizer, tokenizer_path
+from tests.unit.fakes import FakeEngine
 
 
 def test_hf_engine_from_model_path() -> None:
@@ -21,16 +24,39 @@ def test_sglang_engine_from_urls() -> None:
     assert isinstance(engine, SGLangEngine)
 
 
+def make_fake_engine(config: RolloutConfig) -> FakeEngine:
+    """A custom engine factory (named by import string in the tests below)."""
+    engine = FakeEngine()
+    engine.seed = config.seed  # type: ignore[attr-defined]
+    return engine
+
+
+def not_an_engine(config: RolloutConfig) -> object:
+    return object()
+
+
+def test_custom_engine_from_factory() -> None:
+    engine = build_engine(RolloutConfig(
+        engine="custom", engine_factory="tests.unit.test_rollout_engine_factory:make_fake_engine", seed=7,
+    ))
+    assert isinstance(engine, FakeEngine) and engine.seed == 7  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("config", "setting"),
     [
+        (RolloutConfig(engine="custom"), "rollout.engine_factory must be set"),
+        (RolloutConfig(engine="custom", engine_factory="no_such_module:make"), "cannot import"),
+        (RolloutConfig(engine="custom", engine_factory="tests.unit.test_rollout_engine_factory:nothing"), "has no"),
+        (RolloutConfig(engine="custom", engine_factory="tests.unit.test_rollout_engine_factory:not_an_engine"),
+         "not an InferenceEngine"),
         (RolloutConfig(engine="hf"), "rollout.model_path"),
         (RolloutConfig(engine="sglang", tokenizer_path="/tok"), "rollout.sglang_urls"),
         (RolloutConfig(engine="sglang", sglang_urls=["http://x"]), "rollout.tokenizer_path"),
     ],
 )
 def test_missing_settings_are_named(config: RolloutConfig, setting: str) -> None:
-    with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(setting)):
         build_engine(config)
 
 
