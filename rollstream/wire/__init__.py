@@ -2,6 +2,7 @@
 
 from rollstream.wire.codec import (
     WireDecodeError,
+    batch_tensors,
     decode_batch,
     decode_cursor,
     decode_dead_letter,
@@ -24,6 +25,13 @@ from rollstream.wire.messages import (
     ScoredEpisode,
     TaskFailed,
 )
+from rollstream.wire.packed import (
+    PackedTensors,
+    allocate_packed,
+    check_packed,
+    pack_tensor_dict,
+    unpack_tensor_dict,
+)
 from rollstream.wire.tensor_codec import (
     WireTensor,
     decode_tensor,
@@ -39,6 +47,7 @@ __all__ = [
     "Episode",
     "GroupDropped",
     "GroupOutcome",
+    "PackedTensors",
     "ProducerCursor",
     "PromptTask",
     "SampleRejected",
@@ -46,6 +55,9 @@ __all__ = [
     "TaskFailed",
     "WireDecodeError",
     "WireTensor",
+    "allocate_packed",
+    "batch_tensors",
+    "check_packed",
     "decode_batch",
     "decode_cursor",
     "decode_dead_letter",
@@ -58,4 +70,6 @@ __all__ = [
     "encode",
     "encode_tensor",
     "encode_tensor_dict",
+    "pack_tensor_dict",
+    "unpack_tensor_dict",
 ]

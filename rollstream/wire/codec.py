@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import numpy
+import torch
 
 from rollstream.wire.messages import (
     SCHEMA_VERSION,
@@ -28,7 +29,14 @@ from rollstream.wire.messages import (
     SampleRejected,
     TaskFailed,
 )
-from rollstream.wire.tensor_codec import TensorDecodeError, WireTensor, check_tensor, decode_tensor
+from rollstream.wire.packed import check_packed, unpack_tensor_dict
+from rollstream.wire.tensor_codec import (
+    TensorDecodeError,
+    WireTensor,
+    check_tensor,
+    decode_tensor,
+    decode_tensor_dict,
+)
 
 MAX_GROUP_SIZE = 1024
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -170,15 +178,44 @@ def decode_scored(data: bytes | memoryview | None) -> ScoredMessage:
     return message
 
 
+def _check_one_form(batch: Batch) -> None:
+    if batch.tensors and batch.packed is not None:
+        raise WireDecodeError("batch carries both tensors and packed tensors; a writer sets one")
+
+
+def _check_batch_tensors(batch: Batch) -> None:
+    """Validation only (``batch_tensors`` builds the tensors): one form, consistent tensors."""
+    _check_one_form(batch)
+    try:
+        for wire in batch.tensors.values():
+            check_tensor(wire)
+        if batch.packed is not None:
+            check_packed(batch.packed)
+    except TensorDecodeError as exc:
+        raise WireDecodeError(str(exc)) from None
+
+
 def decode_batch(data: bytes | memoryview | None) -> BatchesMessage:
     message = _decode(BatchesMessage, data)
     if isinstance(message, Batch):
-        try:
-            for wire in message.tensors.values():
-                check_tensor(wire)  # validation only: decode_tensor_dict builds the tensors
-        except TensorDecodeError as exc:
-            raise WireDecodeError(str(exc)) from None
+        _check_batch_tensors(message)
     return message
+
+
+def batch_tensors(batch: Batch) -> dict[str, torch.Tensor]:
+    """A batch's tensors, whichever form it carries them in: ``packed`` (written since schema
+    version 2) or ``tensors`` (before). Views of the message buffer: read-only.
+
+    The one way to read them; raises ``WireDecodeError`` when both forms are set or the
+    tensors are inconsistent (``decode_batch`` has already checked both for decoded batches).
+    """
+    _check_one_form(batch)
+    try:
+        if batch.packed is not None:
+            return unpack_tensor_dict(batch.packed)
+        return decode_tensor_dict(batch.tensors)
+    except TensorDecodeError as exc:
+        raise WireDecodeError(str(exc)) from None
 
 
 def decode_dead_letter(data: bytes | memoryview | None) -> DeadLetter:

@@ -2,7 +2,18 @@
 
 Evolution rules (review checklist): a new field gets a default and goes at the end; never
 reorder or retype a field; bump ``SCHEMA_VERSION`` only for a change old readers cannot
-ignore. A reader refuses messages whose ``schema_version`` is newer than its own.
+ignore. A reader refuses messages whose ``schema_version`` is newer than its own
+``SCHEMA_VERSION``. A kind writes the version of its own last such change, so a bump for one
+kind does not make old readers of the other topics (or of the compacted changelog and cursor
+topics, which a rolled-back tier must still read) refuse messages they could read.
+
+History:
+
+- 1: every kind.
+- 2: ``Batch`` carries its tensors in ``packed`` (one buffer, see ``rollstream.wire.packed``)
+  and writes ``tensors={}``; a version-1 reader would see a batch without tensors, so batches
+  are written as version 2 and such readers refuse them. Readers take a batch's tensors only
+  through ``batch_tensors``, which accepts both forms. Every other kind still writes 1.
 """
 
 from __future__ import annotations
@@ -11,9 +22,12 @@ from typing import Any, Literal
 
 import msgspec
 
+from rollstream.wire.packed import PackedTensors
 from rollstream.wire.tensor_codec import WireTensor
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # the newest version this reader understands (any kind)
+FIRST_VERSION = 1
+PACKED_BATCH_VERSION = 2
 
 DropReason = Literal[
     "all_rejected",  # every sample of the group was rejected by the workflow
@@ -25,7 +39,7 @@ DropReason = Literal[
 
 
 class _Message(msgspec.Struct, tag_field="kind", kw_only=True):
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = FIRST_VERSION
 
 
 class PromptTask(_Message, tag="prompt"):
@@ -87,13 +101,16 @@ class ScoredEpisode(_Message, tag="scored"):
     scored_at: float = 0.0
 
 
-class Batch(_Message, tag="batch"):
+class Batch(_Message, tag="batch", kw_only=True):
     """One or more complete groups, padded to one ``[N, L]`` tensor dict.
 
     ``row_task`` maps each row to its index in ``task_ids``. ``trainer_version`` is the
     version read from Redis at emission; ``staleness = trainer_version - head_version``.
+    The tensors are in ``packed`` (written since schema version 2, with ``tensors={}``) or,
+    in batches written before, in ``tensors``; read them with ``batch_tensors``.
     """
 
+    schema_version: int = PACKED_BATCH_VERSION
     task_ids: list[str]
     group_sizes: list[int]
     row_task: list[int]
@@ -105,6 +122,7 @@ class Batch(_Message, tag="batch"):
     tail_version: int = -1
     staleness: int = 0
     emitted_at: float = 0.0
+    packed: PackedTensors | None = None
 
 
 class GroupDropped(_Message, tag="dropped"):

@@ -22,6 +22,7 @@ from rollstream.wire import (
     TaskFailed,
     encode,
     encode_tensor_dict,
+    pack_tensor_dict,
 )
 from rollstream.wire.tensor_codec import WireTensor
 
@@ -55,7 +56,7 @@ def valid_messages() -> dict[str, bytes]:
     """One valid encoding per message kind, keyed by the decoder that reads it."""
     ep = episode()
     batch = Batch(task_ids=["t-1"], group_sizes=[1], row_task=[0], sample_idx=[0],
-                  tensors=encode_tensor_dict(trajectory()))
+                  tensors={}, packed=pack_tensor_dict(trajectory()))
     return {
         "prompt": encode(PromptTask(task_id="t-1", group_size=2, data={"prompt": "p"})),
         "episode": encode(ep),

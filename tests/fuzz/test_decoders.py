@@ -18,9 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollstream.wire import (
+    Batch,
     Episode,
     ScoredEpisode,
     WireDecodeError,
+    batch_tensors,
     decode_batch,
     decode_cursor,
     decode_dead_letter,
@@ -67,6 +69,8 @@ def check_promises(message: Any) -> None:
         assert all(t.shape == shape for k, t in tensors.items() if k != "rewards")
         if "logprobs" in tensors:
             assert bool(tensors["logprobs"].isfinite().all())
+    if isinstance(message, Batch):
+        batch_tensors(message)  # must not raise, whichever form the batch carries
     if hasattr(message, "schema_version"):
         assert 1 <= message.schema_version <= SCHEMA_VERSION
 
@@ -155,6 +159,23 @@ def test_inconsistent_tensors_are_refused(dtype: str, shape: list[int], nbytes: 
     fields = as_dict(VALID["episode"])
     fields["trajectory"]["versions"] = [dtype, shape, bytes(nbytes)]
     decode_or_reason(decode_episode, raw(fields))  # a wire error or a consistent message
+    old_batch = as_dict(VALID["batch"]) | {"schema_version": 1, "packed": None}
+    old_batch["tensors"] = as_dict(encode(episode()))["trajectory"] | {"input_ids": [dtype, shape, bytes(nbytes)]}
+    decode_or_reason(decode_batch, raw(old_batch))
+
+
+@settings(**BUDGET)
+@given(keys=st.lists(st.sampled_from(["a", "b", "c", ""]), max_size=4),
+       dtypes=st.lists(st.sampled_from(["int32", "bool", "bfloat16", "float64", "complex64", ""]), max_size=4),
+       shapes=st.lists(st.lists(st.integers(-2, 5), max_size=3), max_size=4), nbytes=st.integers(0, 256),
+       with_tensors=st.booleans())
+def test_inconsistent_packed_tensors_are_refused(
+    keys: list[str], dtypes: list[str], shapes: list[list[int]], nbytes: int, with_tensors: bool,
+) -> None:
     batch = as_dict(VALID["batch"])
-    batch["tensors"]["input_ids"] = [dtype, shape, bytes(nbytes)]
-    decode_or_reason(decode_batch, raw(batch))
+    batch["packed"] = [keys, dtypes, shapes, bytes(nbytes)]
+    if with_tensors:
+        batch["tensors"] = as_dict(encode(episode()))["trajectory"]
+    result = decode_or_reason(decode_batch, raw(batch))  # a wire error or a consistent message
+    if with_tensors:
+        assert isinstance(result, WireDecodeError) and "both" in result.reason

@@ -197,7 +197,7 @@ def episode_cases() -> list[Case]:
 
     return [
         ("e-truncated", valid[: len(valid) // 2], "undecodable"),
-        ("e-version", raw(fields | {"schema_version": 2}), "unsupported schema_version 2"),
+        ("e-version", raw(fields | {"schema_version": 3}), "unsupported schema_version 3"),
         ("e-kind", valid_messages()["prompt"], "schema validation failed"),
         ("e-negative-group", raw(fields | {"group_size": -1}), "group_size -1 outside"),
         ("e-huge-group", raw(fields | {"group_size": 2**40}), "outside"),

@@ -20,6 +20,7 @@ from rollstream.wire import (
     ScoredEpisode,
     TaskFailed,
     WireDecodeError,
+    batch_tensors,
     decode_batch,
     decode_episode,
     decode_prompt,
@@ -29,6 +30,7 @@ from rollstream.wire import (
     encode,
     encode_tensor,
     encode_tensor_dict,
+    pack_tensor_dict,
 )
 from rollstream.wire.messages import SCHEMA_VERSION
 from rollstream.wire.tensor_codec import DTYPES, WireTensor
@@ -108,19 +110,26 @@ def test_messages_round_trip(message: msgspec.Struct, decoder) -> None:
     assert msgspec.to_builtins(decoded) == msgspec.to_builtins(message)
 
 
-def test_batch_round_trip_keeps_tensors() -> None:
+@pytest.mark.parametrize("form", ["packed", "tensors (schema 1)"])
+def test_batch_round_trip_keeps_tensors(form: str) -> None:
     tensors_in = trajectory()
-    batch = Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], tensors=encode_tensor_dict(tensors_in))
+    if form == "packed":
+        fields = {"tensors": {}, "packed": pack_tensor_dict(tensors_in)}
+    else:
+        fields = {"tensors": encode_tensor_dict(tensors_in), "schema_version": 1}
+    batch = Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], **fields)
     decoded = decode_batch(encode(batch))
     assert isinstance(decoded, Batch)
-    out = decode_tensor_dict(decoded.tensors)
+    out = batch_tensors(decoded)
     assert all(torch.equal(out[k], tensors_in[k]) for k in tensors_in)
 
 
-def test_every_message_carries_the_schema_version() -> None:
+def test_every_message_carries_the_schema_version_of_its_kind() -> None:
     raw = msgspec.msgpack.decode(encode(episode()))
-    assert raw["schema_version"] == SCHEMA_VERSION
+    assert raw["schema_version"] == 1 <= SCHEMA_VERSION  # episodes have not changed since 1
     assert raw["kind"] == "episode"
+    batch = Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], tensors={})
+    assert msgspec.msgpack.decode(encode(batch))["schema_version"] == SCHEMA_VERSION == 2
 
 
 def bad_messages() -> list[tuple[str, bytes]]:

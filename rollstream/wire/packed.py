@@ -1,0 +1,219 @@
+"""Several tensors in ONE buffer on the wire, and the arena builders fill to make that free.
+
+Why: msgspec writes each bin of a message separately and grows its output buffer as it goes,
+so a message with one bin per tensor is copied several times; one bin is copied about once
+(bench/codec.py). ``PackedTensors`` therefore carries a whole tensor dict in one ``data`` bin.
+
+Layout (the contract between writers and readers): tensor ``i`` (``keys[i]``, ``dtypes[i]``,
+``shapes[i]``, C order, little-endian) starts at the first offset at or after the end of
+tensor ``i - 1`` that is a multiple of its item size (natural alignment, as in a C struct;
+tensor 0 at offset 0), and ``data`` ends exactly where the last tensor ends. Offsets are
+implied, never sent. The padding bytes (at most ``itemsize - 1`` before a tensor) carry no
+meaning; the arena writes zeros. Alignment is relative to ``data``: it lets a writer view one
+byte buffer as typed tensors, but a decoded ``data`` may start at any address (msgpack places
+bins anywhere), which torch and numpy read fine.
+
+Writers: :func:`allocate_packed` hands out writable tensors that already lie in that layout,
+so after filling them :func:`pack_tensor_dict` only describes them (zero copy); any other dict
+is copied into a new arena first. Readers: :func:`unpack_tensor_dict` returns views of
+``data`` (treat them as read-only), after :func:`check_packed`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import msgspec
+import numpy
+import torch
+
+from rollstream.wire.tensor_codec import (
+    DTYPES,
+    ITEMSIZES,
+    MAX_TENSOR_DIMS,
+    NUMPY_DTYPES,
+    TensorDecodeError,
+)
+
+TensorSpec = tuple[str, torch.dtype, Sequence[int]]
+
+
+class PackedTensors(msgspec.Struct, array_like=True, frozen=True):
+    """A tensor dict in one buffer: per tensor its key, dtype name and shape, in order; the
+    bytes of all of them in ``data`` (layout in the module docstring)."""
+
+    keys: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    data: memoryview
+
+
+def _aligned(offset: int, itemsize: int) -> int:
+    return -(-offset // itemsize) * itemsize
+
+
+def _layout(dtypes: Sequence[str], counts: Sequence[int]) -> tuple[list[int], int]:
+    """Byte offsets of tensors with these dtype names and element counts, and the end."""
+    offsets, end = [], 0
+    for name, count in zip(dtypes, counts):
+        itemsize = ITEMSIZES[name]
+        offset = _aligned(end, itemsize)
+        offsets.append(offset)
+        end = offset + count * itemsize
+    return offsets, end
+
+
+def check_packed(packed: PackedTensors) -> tuple[list[int], list[int]]:
+    """Validate ``packed``; the byte offset and element count of each tensor.
+
+    Raises ``TensorDecodeError`` when the three lists differ in length, a key repeats, a dtype
+    is unknown, a shape is invalid, or the tensors do not fill ``data`` exactly.
+    """
+    keys, dtypes, shapes = packed.keys, packed.dtypes, packed.shapes
+    if not len(keys) == len(dtypes) == len(shapes):
+        raise TensorDecodeError(
+            f"packed tensors have {len(keys)} keys, {len(dtypes)} dtypes and {len(shapes)} shapes"
+        )
+    if len(set(keys)) != len(keys):
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        raise TensorDecodeError(f"packed tensors repeat keys {repeated}")
+    offsets, counts, end = [], [], 0
+    for key, name, shape in zip(keys, dtypes, shapes):
+        itemsize = ITEMSIZES.get(name)
+        if itemsize is None:
+            raise TensorDecodeError(f"packed tensor {key!r} has unknown dtype {name!r}")
+        if len(shape) > MAX_TENSOR_DIMS or (shape and min(shape) < 0):
+            raise TensorDecodeError(f"packed tensor {key!r} has invalid shape {shape}")
+        count = math.prod(shape)
+        offset = -(-end // itemsize) * itemsize  # _aligned, inlined: this runs per decoded batch
+        offsets.append(offset)
+        counts.append(count)
+        end = offset + count * itemsize
+    if end != packed.data.nbytes:
+        raise TensorDecodeError(
+            f"packed tensors {keys} with shapes {shapes} need {end} bytes, got {packed.data.nbytes}"
+        )
+    return offsets, counts
+
+
+def _view(data: memoryview, name: str, shape: list[int], offset: int, count: int) -> torch.Tensor:
+    np_dtype = NUMPY_DTYPES.get(name)
+    if count == 0:
+        return torch.empty(shape, dtype=DTYPES[name])
+    if np_dtype is None:  # bfloat16: numpy cannot describe it
+        return torch.frombuffer(data, dtype=DTYPES[name], count=count, offset=offset).view(tuple(shape))
+    # one positional numpy call builds the shaped view: faster than frombuffer + reshape,
+    # and than torch.frombuffer(...).view(...)
+    return torch.from_numpy(numpy.ndarray(shape, np_dtype, data, offset))
+
+
+def unpack_tensor_dict(packed: PackedTensors) -> dict[str, torch.Tensor]:
+    """The tensors of ``packed``, in order, as views of its buffer. Raises ``TensorDecodeError``."""
+    offsets, counts = check_packed(packed)
+    data = packed.data
+    return {
+        key: _view(data, name, shape, offset, count)
+        for key, name, shape, offset, count in zip(packed.keys, packed.dtypes, packed.shapes, offsets, counts)
+    }
+
+
+# one lookup per tensor on the encode path: dtype -> (wire name, item size)
+_WIRE_DTYPES: dict[torch.dtype, tuple[str, int]] = {dtype: (name, ITEMSIZES[name]) for name, dtype in DTYPES.items()}
+
+
+def _wire_dtype(key: str, dtype: torch.dtype) -> tuple[str, int]:
+    """The wire name and item size of ``dtype``; ``TypeError`` if the wire does not carry it."""
+    wire = _WIRE_DTYPES.get(dtype)
+    if wire is None:
+        raise TypeError(f"unsupported tensor dtype on the wire: {key!r} is {dtype}")
+    return wire
+
+
+def _check_tensors(tensors: dict[str, torch.Tensor]) -> None:
+    for key, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"packed tensors must be tensors, {key!r} is {type(value).__name__}")
+
+
+def _allocate(specs: Sequence[TensorSpec]) -> tuple[torch.Tensor, PackedTensors, dict[str, torch.Tensor]]:
+    """One byte buffer in the packed layout (padding zeroed), its description, typed views."""
+    keys = [key for key, _, _ in specs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"arena keys repeat: {sorted({k for k in keys if keys.count(k) > 1})}")
+    names = [_wire_dtype(key, dtype)[0] for key, dtype, _ in specs]
+    shapes = [[int(n) for n in shape] for _, _, shape in specs]
+    counts = [math.prod(shape) for shape in shapes]
+    offsets, end = _layout(names, counts)
+    base = torch.empty(end, dtype=torch.uint8)
+    storage = base.untyped_storage()
+    views, previous_end = {}, 0
+    for key, name, shape, offset, count in zip(keys, names, shapes, offsets, counts):
+        if offset > previous_end:
+            base[previous_end:offset].zero_()
+        itemsize = ITEMSIZES[name]
+        previous_end = offset + count * itemsize
+        # set_ on the shared storage: one op, half the cost of slice + view + view
+        views[key] = torch.empty(0, dtype=DTYPES[name]).set_(storage, offset // itemsize, shape)
+    return base, PackedTensors(keys, names, shapes, memoryview(base.numpy())), views
+
+
+def allocate_packed(specs: Sequence[TensorSpec]) -> dict[str, torch.Tensor]:
+    """Writable, uninitialised tensors ``{key: dtype[shape]}``, in ``specs`` order, that are views
+    of one buffer in the packed layout: fill them, and ``pack_tensor_dict`` does not copy.
+
+    ``TypeError`` for a dtype the wire does not carry, ``ValueError`` for a repeated key.
+    """
+    return _allocate(specs)[2]
+
+
+def _pack_in_place(tensors: dict[str, torch.Tensor]) -> PackedTensors | None:
+    """``tensors`` described in place when they already lie in the packed layout in one
+    storage (what :func:`allocate_packed` hands out); None otherwise. Runs per emitted batch:
+    a few attribute reads per tensor, no tensor built but the one ``data`` view. Empty
+    tensors hold no bytes, so where they point does not matter."""
+    keys, names, shapes = [], [], []
+    start = end = 0
+    first: torch.Tensor | None = None
+    for key, tensor in tensors.items():
+        name, itemsize = _wire_dtype(key, tensor.dtype)
+        offset = -(-end // itemsize) * itemsize  # _aligned, inlined
+        nbytes = tensor.nbytes
+        if nbytes:
+            if not (tensor.is_cpu and tensor.is_contiguous()) or tensor.is_neg():
+                return None
+            pointer = tensor.data_ptr()
+            if first is None:
+                first, start = tensor, pointer - offset
+            elif pointer != start + offset:
+                return None
+        end = offset + nbytes
+        keys.append(key)
+        names.append(name)
+        shapes.append([*tensor.shape])
+    if first is None:
+        return PackedTensors(keys, names, shapes, memoryview(b""))
+    storage = first.untyped_storage()
+    byte_offset = start - storage.data_ptr()
+    if byte_offset < 0 or byte_offset + end > storage.nbytes():  # adjacent memory, not one allocation
+        return None
+    data = torch.empty(0, dtype=torch.uint8).set_(storage, byte_offset, (end,))
+    return PackedTensors(keys, names, shapes, memoryview(data.numpy()))
+
+
+def pack_tensor_dict(tensors: dict[str, torch.Tensor]) -> PackedTensors:
+    """``tensors`` as one wire buffer, in dict order.
+
+    Zero copy when they are consecutive views of one CPU buffer in the packed layout (an
+    :func:`allocate_packed` dict); otherwise one copy of each tensor into a new buffer, which
+    also handles non-contiguous, GPU, grad, negative-view, bfloat16, 0-dim and empty tensors.
+    ``TypeError`` for a value that is not a tensor or a dtype the wire does not carry.
+    """
+    _check_tensors(tensors)
+    packed = _pack_in_place(tensors)
+    if packed is not None:
+        return packed
+    _, packed, views = _allocate([(key, value.dtype, value.shape) for key, value in tensors.items()])
+    for view, value in zip(views.values(), tensors.values()):
+        view.copy_(value.detach())
+    return packed
