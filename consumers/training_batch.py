@@ -18,7 +18,7 @@ from torch import Tensor
 
 from consumers.batching import common_keys
 from rollstream.tensors import concat_padded_tensors, version_span
-from rollstream.wire import Batch, GroupDropped, WireDecodeError, decode_batch, decode_tensor_dict
+from rollstream.wire import Batch, GroupDropped, WireDecodeError, batch_tensors, decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class TrainingBatch:
 
 def split_groups(batch: Batch) -> list[GroupRows]:
     """The groups of a ``Batch`` record; ``ValueError`` if its bookkeeping is inconsistent."""
-    tensors = decode_tensor_dict(batch.tensors)
+    tensors = batch_tensors(batch)
     n = tensors["input_ids"].shape[0] if "input_ids" in tensors else -1
     if len(batch.row_task) != n or len(batch.sample_idx) != n:
         raise ValueError(f"batch has {n} rows but {len(batch.row_task)} row_task entries")

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import torch
 
 from rollstream.config import ConfigError, RollstreamConfig
-from rollstream.wire import Batch, Episode, ScoredEpisode
+from rollstream.wire import Batch, Episode, ScoredEpisode, batch_tensors
 from rollstream.wire.tensor_codec import decode_tensor
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ def _episode_lines(episode: Episode, reward: float | None, tokenizer: Tokenizer 
 
 
 def _batch_lines(batch: Batch, tokenizer: Tokenizer | None) -> list[DumpLine]:
-    tensors = {key: decode_tensor(wire) for key, wire in batch.tensors.items()}
+    tensors = batch_tensors(batch)
     rewards = tensors.get("rewards")
     lines = []
     for row, task_index in enumerate(batch.row_task):

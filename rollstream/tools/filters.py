@@ -16,6 +16,7 @@ from rollstream.wire import (
     DeadLetter,
     Episode,
     ScoredEpisode,
+    batch_tensors,
     decode_tensor,
 )
 
@@ -51,11 +52,8 @@ def reward_of(message: Any) -> float | None:
             wire = message.trajectory.get("rewards")
             return float(decode_tensor(wire).float().mean()) if wire is not None else None
         case Batch():
-            wire = message.tensors.get("rewards")
-            if wire is None:
-                return None
-            rewards = decode_tensor(wire)
-            return float(rewards.float().mean()) if rewards.numel() else None
+            rewards = batch_tensors(message).get("rewards")
+            return float(rewards.float().mean()) if rewards is not None and rewards.numel() else None
     return None
 
 

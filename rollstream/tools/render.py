@@ -4,7 +4,9 @@ JSON is deterministic: struct fields in schema order (with the ``kind`` tag firs
 sorted, tensors either ``{"dtype", "shape", "values"}`` (``tensors="full"``, nested lists) or
 ``{"dtype", "shape", "sha1"}`` (``tensors="summary"``: a digest of the raw little-endian bytes,
 enough to tell two tensors apart without printing them). Bytes (dead-letter keys and values)
-are base64 strings. NaN and infinities become ``null``.
+are base64 strings. NaN and infinities become ``null``. A batch shows its tensors under
+``tensors`` whichever form it carries them in; ``packed`` shows only its layout (keys, dtypes,
+shapes, byte count), so old- and new-form batches of the same rows render the same tensors.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from rollstream.wire import (
     PromptTask,
     SampleRejected,
     ScoredEpisode,
+    PackedTensors,
     TaskFailed,
     WireTensor,
+    batch_tensors,
     decode_tensor,
     decode_tensor_dict,
+    encode_tensor_dict,
 )
 
 TensorMode = Literal["full", "summary"]
@@ -43,6 +48,8 @@ def to_jsonable(obj: Any, tensors: TensorMode = "full") -> Any:
     """``obj`` (a message or part of one) as JSON-ready builtins (see the module docstring)."""
     if isinstance(obj, WireTensor):
         return tensor_json(obj, tensors)
+    if isinstance(obj, PackedTensors):
+        return {"keys": obj.keys, "dtypes": obj.dtypes, "shapes": obj.shapes, "nbytes": obj.data.nbytes}
     if isinstance(obj, msgspec.Struct):
         out: dict[str, Any] = {}
         tag = type(obj).__struct_config__.tag
@@ -50,6 +57,8 @@ def to_jsonable(obj: Any, tensors: TensorMode = "full") -> Any:
             out["kind"] = tag
         for field in obj.__struct_fields__:
             out[field] = to_jsonable(getattr(obj, field), tensors)
+        if isinstance(obj, Batch):
+            out["tensors"] = to_jsonable(encode_tensor_dict(batch_tensors(obj)), tensors)
         return out
     if isinstance(obj, dict):
         return {str(key): to_jsonable(value, tensors) for key, value in obj.items()}
@@ -89,7 +98,7 @@ def _preview(text: str | None) -> str:
 
 
 def _batch_summary(batch: Batch) -> str:
-    tensors = decode_tensor_dict(batch.tensors)
+    tensors = batch_tensors(batch)
     rewards = tensors.get("rewards")
     mean = f"{float(rewards.float().mean()):.4g}" if rewards is not None and rewards.numel() else "-"
     shape = list(tensors["input_ids"].shape) if "input_ids" in tensors else []

@@ -38,12 +38,13 @@ from rollstream.wire import (
     GroupDropped,
     SampleRejected,
     ScoredEpisode,
+    batch_tensors,
     decode_dead_letter,
     decode_scored,
     decode_tensor,
-    decode_tensor_dict,
     encode,
     encode_tensor_dict,
+    pack_tensor_dict,
 )
 from tests.helpers import make_config
 from tests.unit.fakes import make_tokenizer
@@ -414,7 +415,8 @@ async def test_replayed_batches_read_by_batch_consumer_bit_for_bit(config: Rolls
 
     records = [
         recorded_batch(["b1", "b2"], [single_turn("hello", "world <eos>", [3, 4], 1.0), multi_turn()] * 2),
-        recorded_batch(["b3"], [single_turn("what is two", "four", [4], 0.5), single_turn("two", "five five", [2, 4], 0.0)]),
+        recorded_batch(["b3"], [single_turn("what is two", "four", [4], 0.5), single_turn("two", "five five", [2, 4], 0.0)],
+                       packed=False),  # a batch written before packing (schema 1) still replays and reads
     ]
     dropped = GroupDropped(task_id="b4", reason="stale", trainer_version=6)
     values = [(b.task_ids[0].encode(), encode(b)) for b in records] + [(b"b4", encode(dropped))]
@@ -443,19 +445,22 @@ async def test_replayed_batches_read_by_batch_consumer_bit_for_bit(config: Rolls
             assert got.contiguous().view(torch.uint8).numpy().tobytes() == original.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def recorded_batch(task_ids: list[str], rows: list[dict[str, torch.Tensor]]) -> Batch:
-    """A ``Batch`` whose rows are split evenly over ``task_ids`` (in order)."""
+def recorded_batch(task_ids: list[str], rows: list[dict[str, torch.Tensor]], packed: bool = True) -> Batch:
+    """A ``Batch`` whose rows are split evenly over ``task_ids`` (in order), its tensors packed
+    as the grouping tier writes them, or (``packed=False``) in the schema-1 form."""
     per = len(rows) // len(task_ids)
     tensors = concat_padded_tensors(rows)
+    form = {"tensors": {}, "packed": pack_tensor_dict(tensors)} if packed else {
+        "tensors": encode_tensor_dict(tensors), "schema_version": 1}
     return Batch(
         task_ids=task_ids, group_sizes=[per] * len(task_ids), row_task=[r // per for r in range(len(rows))],
-        sample_idx=[r % per for r in range(len(rows))], tensors=encode_tensor_dict(tensors),
-        trainer_version=5, head_version=2, tail_version=5, staleness=3,
+        sample_idx=[r % per for r in range(len(rows))], trainer_version=5, head_version=2, tail_version=5,
+        staleness=3, **form,
     )
 
 
 def groups_of(batch: Batch) -> dict[str, dict[str, torch.Tensor]]:
-    tensors = decode_tensor_dict(batch.tensors)
+    tensors = batch_tensors(batch)
     return {
         task: {key: value[[r for r, t in enumerate(batch.row_task) if t == index]] for key, value in tensors.items()}
         for index, task in enumerate(batch.task_ids)

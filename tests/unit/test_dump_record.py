@@ -11,7 +11,7 @@ import torch
 from rollstream.config import ConfigError, config_from_dict
 from rollstream.dump import DUMP_FIELDS, DumpWriter, dump_lines, dump_path, dump_record, safe_task_id
 from rollstream.tensors import TrajectoryBuilder, concat_padded_tensors
-from rollstream.wire import Batch, Episode, SampleRejected, ScoredEpisode, encode_tensor_dict
+from rollstream.wire import Batch, Episode, SampleRejected, ScoredEpisode, encode_tensor_dict, pack_tensor_dict
 from tests.unit.fakes import ids, make_tokenizer
 
 
@@ -98,11 +98,14 @@ def episode_without_output(tensors: dict[str, torch.Tensor]) -> Episode:
     return Episode(task_id="t", sample_idx=0, group_size=1, trajectory=encode_tensor_dict(tensors))
 
 
-def test_batches_dump_one_line_per_row_with_their_task() -> None:
+@pytest.mark.parametrize("form", ["packed", "tensors"])
+def test_batches_dump_one_line_per_row_with_their_task(form: str) -> None:
     rows = concat_padded_tensors([single_turn("hello", "world", [4], 1.0), single_turn("what", "is two", [5, 6], 0.0)])
+    # packed: what the grouping tier writes now; tensors: batches written before (schema 1)
+    tensors = {"tensors": {}, "packed": pack_tensor_dict(rows)} if form == "packed" else {
+        "tensors": encode_tensor_dict(rows), "schema_version": 1}
     batch = Batch(
-        task_ids=["a", "b"], group_sizes=[1, 1], row_task=[0, 1], sample_idx=[0, 0],
-        tensors=encode_tensor_dict(rows), tail_version=6,
+        task_ids=["a", "b"], group_sizes=[1, 1], row_task=[0, 1], sample_idx=[0, 0], tail_version=6, **tensors,
     )
     lines = dump_lines(batch, make_tokenizer())
     assert [(line.task_id, line.tail_version, line.record["reward"]) for line in lines] == [("a", 4, 1.0), ("b", 6, 0.0)]

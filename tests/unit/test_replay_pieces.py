@@ -16,6 +16,7 @@ from rollstream.tools.positions import (
     save_resume,
     start_offsets,
 )
+from rollstream.tensors import concat_padded_tensors
 from rollstream.tools.render import message_json, summary_line
 from rollstream.wire import (
     Batch,
@@ -23,9 +24,11 @@ from rollstream.wire import (
     GroupDropped,
     PromptTask,
     SampleRejected,
+    decode_batch,
     decode_scored,
     encode,
     encode_tensor_dict,
+    pack_tensor_dict,
 )
 from tests.unit.fakes import make_tokenizer
 from tests.unit.test_dump_record import multi_turn, scored, single_turn
@@ -47,11 +50,20 @@ def test_filter_by_task_version_eval_and_reward() -> None:
     assert not RecordFilter(min_reward=0.0).accepts(GroupDropped(task_id="a", reason="stale"))
 
 
-def test_filter_batches_by_any_task_and_mean_reward() -> None:
-    batch = Batch(
-        task_ids=["a", "b"], group_sizes=[1, 1], row_task=[0, 1], sample_idx=[0, 0], tail_version=4,
-        tensors=encode_tensor_dict(single_turn("hello", "world", [4], reward=0.5)),
-    )
+def two_row_batch(form: str) -> Batch:
+    """A batch of two one-row groups; ``form``: ``packed`` (written now) or ``tensors`` (schema 1)."""
+    rows = concat_padded_tensors([single_turn("hello", "world", [4], reward=0.5), single_turn("hi", "there", [4], 1.5)])
+    fields = {"tensors": {}, "packed": pack_tensor_dict(rows)} if form == "packed" else {
+        "tensors": encode_tensor_dict(rows), "schema_version": 1}
+    return decode_batch(encode(Batch(
+        task_ids=["a", "b"], group_sizes=[1, 1], row_task=[0, 1], sample_idx=[0, 0], tail_version=4, **fields,
+    )))
+
+
+@pytest.mark.parametrize("form", ["packed", "tensors"])
+def test_filter_batches_by_any_task_and_mean_reward(form: str) -> None:
+    batch = two_row_batch(form)
+    assert RecordFilter(min_reward=1.0, max_reward=1.0).accepts(batch)  # mean of 0.5 and 1.5
     assert RecordFilter(task_ids=frozenset({"b", "z"}), min_version=4, min_reward=0.5).accepts(batch)
     letter = DeadLetter(tier="x", source_topic="t", partition=0, offset=1, key=b"a", value=b"", reason="r")
     assert RecordFilter(task_ids=frozenset({"a"})).accepts(letter)
@@ -103,6 +115,18 @@ def test_message_json_is_deterministic_and_round_trips_values() -> None:
     assert data["episode"]["trajectory"]["versions"]["values"][0][-1] == 5
     summary = json.loads(message_json(message, "summary"))["episode"]["trajectory"]["input_ids"]
     assert summary["dtype"] == "int32" and summary["shape"] == [1, 11] and len(summary["sha1"]) == 16
+
+
+def test_batches_render_their_tensors_in_either_form() -> None:
+    packed, old = (json.loads(message_json(two_row_batch(form), "summary")) for form in ("packed", "tensors"))
+    assert packed["tensors"] == old["tensors"] and packed["tensors"]["input_ids"]["shape"][0] == 2
+    assert old["packed"] is None and sorted(packed["packed"]["keys"]) == sorted(packed["tensors"])
+    assert packed["packed"]["nbytes"] > 0 and "data" not in packed["packed"]
+    full = json.loads(message_json(two_row_batch("packed")))
+    assert full["tensors"]["rewards"]["values"] == [0.5, 1.5]
+    for form in ("packed", "tensors"):
+        line = summary_line(two_row_batch(form))
+        assert "groups=2 shape=[2, " in line and "reward_mean=1" in line, line
 
 
 def test_summary_lines() -> None:
