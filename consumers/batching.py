@@ -2,7 +2,9 @@
 
 :func:`build_batch` pads the trajectories of one or more complete groups into one ``[N, L]``
 tensor dict (``versions`` pad with -1, ``attention_mask`` with 0, the rest with
-``pad_value``), adds ``rewards`` ``[N]`` and the version bookkeeping the trainer needs.
+``pad_value``), adds ``rewards`` ``[N]`` and the version bookkeeping the trainer needs. The
+padded tensors are written straight into one buffer (an arena) that the record then carries
+as its ``packed`` tensors, so encoding the batch copies its bytes once.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import torch
 from torch import Tensor
 
 from consumers.grouping import CompleteGroup, DroppedGroup
-from rollstream.tensors import concat_padded_tensors, version_span
-from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_tensor_dict, encode_tensor_dict
+from rollstream.tensors import concat_padded_arena, version_span
+from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_tensor_dict, pack_tensor_dict
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +62,15 @@ def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: fl
             parts.append(rows)
             row_task += [index] * b
             sample_idx += [scored.episode.sample_idx] * b
-    tensors = concat_padded_tensors(common_keys(parts), pad_value)
+    tensors = concat_padded_arena(common_keys(parts), pad_value)
     head, tail = version_span(tensors.get("versions"))
     return Batch(
         task_ids=[g.task_id for g in groups],
         group_sizes=[g.group_size for g in groups],
         row_task=row_task,
         sample_idx=sample_idx,
-        tensors=encode_tensor_dict({k: v.contiguous() for k, v in tensors.items()}),
+        tensors={},
+        packed=pack_tensor_dict(tensors),  # no copy: the tensors lie in one arena
         is_eval=groups[0].is_eval,
         trainer_version=trainer_version,
         head_version=head,

@@ -7,12 +7,15 @@ A trajectory dict holds ``[B, L]`` sequence tensors (``input_ids``, ``attention_
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy
 import torch
 from torch import Tensor
+
+from rollstream.wire.packed import allocate_packed
 
 trajectory_dtypes: dict[str, torch.dtype] = {
     "input_ids": torch.int32,
@@ -86,6 +89,17 @@ def _concat_key(key: str, values: list[Any], pad_value: float) -> Any:
     return torch.cat([_right_pad(v, shape, fill) for v in values], dim=0)
 
 
+def _check_same_keys(dicts: list[dict[str, Any]]) -> None:
+    keys = set(dicts[0])
+    for i, d in enumerate(dicts[1:], start=1):
+        if set(d) != keys:
+            missing, extra = sorted(keys - set(d)), sorted(set(d) - keys)
+            raise ValueError(
+                f"cannot concatenate tensor dicts with different keys: dict {i} lacks {missing} "
+                f"and has extra {extra} compared with dict 0"
+            )
+
+
 def concat_padded_tensors(dicts: list[dict[str, Tensor]], pad_value: float = 0.0) -> dict[str, Tensor]:
     """Concatenate trajectory dicts along the batch dim, right-padding to a common length.
 
@@ -104,15 +118,93 @@ def concat_padded_tensors(dicts: list[dict[str, Tensor]], pad_value: float = 0.0
         return {}
     if len(dicts) == 1:
         return dict(dicts[0])
-    keys = set(dicts[0])
-    for i, d in enumerate(dicts[1:], start=1):
-        if set(d) != keys:
-            missing, extra = sorted(keys - set(d)), sorted(set(d) - keys)
-            raise ValueError(
-                f"cannot concatenate tensor dicts with different keys: dict {i} lacks {missing} "
-                f"and has extra {extra} compared with dict 0"
-            )
+    _check_same_keys(dicts)
     return {k: _concat_key(k, [d[k] for d in dicts], pad_value) for k in dicts[0]}
+
+
+class _Planned:
+    """One key's tensor in the arena: its dtype and shape, and how its parts fill it."""
+
+    def __init__(self, key: str, parts: list[Tensor], pad_value: float) -> None:
+        self.parts = parts
+        self.fill = _pad_value_for(key, pad_value)
+        if len(parts) == 1:  # one dict: the tensor as it is, like concat_padded_tensors
+            self.ndim, self.dtype, self.shape = -1, parts[0].dtype, list(parts[0].shape)
+            return
+        dtypes = {p.dtype for p in parts}
+        self.dtype = dtypes.pop() if len(dtypes) == 1 else functools.reduce(torch.promote_types, dtypes)
+        self.ndim = parts[0].dim()
+        if self.ndim == 0:
+            self.shape = [len(parts)]
+            return
+        self.shape = [sum(p.shape[0] for p in parts)]
+        self.shape += [max(p.shape[d] for p in parts) for d in range(1, self.ndim)]
+
+    def write(self, out: Tensor) -> None:
+        """Fill ``out`` (call under ``torch.no_grad()``): a copy of the one part, the parts
+        stacked (0-dim) or concatenated (1-dim), or their rows right-padded (2+ dims)."""
+        if self.ndim == -1:
+            out.copy_(self.parts[0])
+        elif self.ndim == 0:
+            torch.stack(self.parts, out=out)
+        elif self.ndim == 1:
+            torch.cat(self.parts, out=out)
+        else:
+            self._write_rows(out)
+
+    def _write_rows(self, out: Tensor) -> None:
+        target, parts = _as_arrays(out, self.parts)
+        if any(tuple(p.shape[1:]) != tuple(self.shape[1:]) for p in parts):
+            target[...] = self.fill
+        row = 0
+        for part in parts:
+            rows = part.shape[0]
+            target[(slice(row, row + rows), *(slice(0, n) for n in part.shape[1:]))] = part
+            row += rows
+
+
+def _as_arrays(out: Tensor, parts: list[Tensor]) -> tuple[Any, list[Any]]:
+    """numpy views of ``out`` and ``parts`` when all have them (a slice assignment costs a
+    fraction of torch's, and a padded batch takes one per row and key), else the tensors."""
+    try:
+        return out.numpy(), [p.numpy() for p in parts]
+    except (TypeError, RuntimeError):  # bfloat16, GPU, grad, conj/neg views
+        return out, parts
+
+
+def _plan_key(key: str, values: list[Any], pad_value: float) -> _Planned | Any:
+    """How ``key`` is concatenated (same rules and errors as ``concat_padded_tensors``); a
+    non-tensor result (lists, or one dict's value) is returned as it is."""
+    if len(values) == 1 and not isinstance(values[0], Tensor):
+        return values[0]
+    if not all(isinstance(v, Tensor) for v in values):
+        if all(isinstance(v, list) for v in values):
+            return [x for v in values for x in v]
+        raise TypeError(f"cannot concatenate {key!r}: values must all be tensors or all be lists")
+    ndims = {v.dim() for v in values}
+    if len(ndims) != 1:
+        raise ValueError(f"cannot concatenate {key!r}: tensors have different ranks {sorted(ndims)}")
+    return _Planned(key, values, pad_value)
+
+
+def concat_padded_arena(dicts: list[dict[str, Tensor]], pad_value: float = 0.0) -> dict[str, Any]:
+    """``concat_padded_tensors``' result (same values, dtypes, shapes, padding and errors) with
+    every tensor written into ONE buffer, in key order (``rollstream.wire.allocate_packed``),
+    so that ``pack_tensor_dict`` sends them without a copy: the grouping tier's batches.
+
+    Non-tensor values (lists) stay outside the buffer; one dict's tensors are copied into it
+    as they are. ``TypeError`` for a dtype the wire does not carry.
+    """
+    if not dicts:
+        return {}
+    if len(dicts) > 1:
+        _check_same_keys(dicts)
+    plans = {k: _plan_key(k, [d[k] for d in dicts], pad_value) for k in dicts[0]}
+    arena = allocate_packed([(k, p.dtype, p.shape) for k, p in plans.items() if isinstance(p, _Planned)])
+    with torch.no_grad():  # out= and in-place writes refuse inputs that require grad otherwise
+        for key, tensor in arena.items():
+            plans[key].write(tensor)
+    return {k: arena.get(k, plan) for k, plan in plans.items()}
 
 
 def _check_dtypes(td: dict[str, Tensor]) -> None:

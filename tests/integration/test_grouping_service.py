@@ -29,10 +29,10 @@ from rollstream.redis_state import RedisKeys, StalenessBudget, VersionStore
 from rollstream.wire import (
     Batch,
     GroupDropped,
+    batch_tensors,
     decode_batch,
     decode_dead_letter,
     decode_outcome,
-    decode_tensor_dict,
     encode,
 )
 from tests.helpers import make_config
@@ -137,8 +137,8 @@ async def test_groups_drops_and_dead_letters(kafka_bootstrap: str, redis_url: st
     assert seen == expected
     batches = [decode_batch(r.value) for r in records]
     for batch in (b for b in batches if isinstance(b, Batch)):
-        tensors = decode_tensor_dict(batch.tensors)
-        assert batch.trainer_version == 3
+        tensors = batch_tensors(batch)
+        assert batch.trainer_version == 3 and batch.packed is not None and batch.tensors == {}
         if batch.task_ids == ["mixed"]:  # two accepted samples of 2 prompt + 3 generated tokens
             assert tensors["input_ids"].shape == (2, 5) and batch.sample_idx == [0, 2]
             assert tensors["rewards"].tolist() == [1.0, 0.0]
@@ -179,7 +179,7 @@ async def test_groups_per_batch_partial_flush_and_tombstones(
     batches = sorted((decode_batch(r.value) for r in records), key=lambda b: (b.is_eval, -len(b.task_ids)))
     assert [b.task_ids for b in batches] == [["b0", "b1", "b2"], ["b3"], ["ev"]]
     assert [b.is_eval for b in batches] == [False, False, True]
-    assert decode_tensor_dict(batches[0].tensors)["input_ids"].shape == (6, 4)
+    assert batch_tensors(batches[0])["input_ids"].shape == (6, 4)
     assert batches[0].row_task == [0, 0, 1, 1, 2, 2]
     history: dict[str, list[str]] = {}
     for record in changelog:

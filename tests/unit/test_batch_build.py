@@ -1,14 +1,15 @@
-"""build_batch: shapes, dtypes, padding, rewards, row bookkeeping, versions and staleness."""
+"""build_batch: shapes, dtypes, padding, rewards, row bookkeeping, versions and staleness;
+its packed tensors equal what ``concat_padded_tensors`` pads."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from consumers.batching import build_batch, drop_record
-from rollstream.tensors import version_span
+from consumers.batching import build_batch, common_keys, drop_record, episode_rows
+from rollstream.tensors import concat_padded_tensors, version_span
 from consumers.grouping import CompleteGroup, DroppedGroup
-from rollstream.wire import decode_batch, decode_tensor_dict, encode
+from rollstream.wire import batch_tensors, decode_batch, encode
 from tests.unit.test_grouping_support import scored
 
 
@@ -20,7 +21,7 @@ def test_shapes_dtypes_and_padding() -> None:
     g1 = group("a", [scored("a", 0, reward=1.0, gen_len=3, version=2), scored("a", 2, reward=0.0, gen_len=5, version=3)])
     g2 = group("b", [scored("b", 1, reward=0.5, gen_len=1, version=4, rows=2)])
     batch = decode_batch(encode(build_batch([g1, g2], trainer_version=6, pad_value=7.0)))
-    t = decode_tensor_dict(batch.tensors)
+    t = batch_tensors(batch)
     assert t["input_ids"].shape == (4, 7) and t["input_ids"].dtype == torch.int32
     assert t["attention_mask"].dtype == torch.bool and t["versions"].dtype == torch.int32
     assert t["rewards"].dtype == torch.float32 and t["rewards"].tolist() == [1.0, 0.0, 0.5, 0.5]
@@ -34,6 +35,32 @@ def test_shapes_dtypes_and_padding() -> None:
     assert batch.trainer_version == 6 and not batch.is_eval
 
 
+@pytest.mark.parametrize("pad_value", [0.0, 7.0])
+def test_packed_tensors_equal_concat_padded_tensors(pad_value: float) -> None:
+    groups = [
+        group("a", [scored("a", 0, gen_len=3, version=2), scored("a", 1, gen_len=9, version=3, rows=2)]),
+        group("b", [scored("b", 0, gen_len=0), scored("b", 2, gen_len=5, version=4)]),
+        group("c", [scored("c", 1, gen_len=1, version=1)]),
+    ]
+    batch = build_batch(groups, trainer_version=5, pad_value=pad_value)
+    assert batch.tensors == {} and batch.packed is not None and batch.schema_version == 2
+    rows = [episode_rows(e) for g in groups for e in g.episodes]
+    want = concat_padded_tensors(common_keys(rows), pad_value)
+    for got in (batch_tensors(batch), batch_tensors(decode_batch(encode(batch)))):
+        assert list(got) == list(want)
+        for key, value in want.items():
+            assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+            assert torch.equal(got[key], value), key
+
+
+def test_one_episode_batch_equals_its_rows() -> None:
+    ep = scored("a", 0, gen_len=4, version=1, rows=3)
+    batch = build_batch([group("a", [ep])], trainer_version=1)
+    want = episode_rows(ep)
+    got = batch_tensors(decode_batch(encode(batch)))
+    assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_no_generated_tokens_means_no_staleness() -> None:
     batch = build_batch([group("a", [scored("a", 0, gen_len=0)])], trainer_version=5)
     assert (batch.head_version, batch.tail_version, batch.staleness) == (-1, -1, 0)
@@ -45,7 +72,7 @@ def test_scalar_reward_when_trajectory_has_none() -> None:
     del trajectory["rewards"]
     ep.episode.trajectory = trajectory
     batch = build_batch([group("a", [ep])], trainer_version=0)
-    assert decode_tensor_dict(batch.tensors)["rewards"].tolist() == [0.25, 0.25]
+    assert batch_tensors(batch)["rewards"].tolist() == [0.25, 0.25]
 
 
 def test_eval_and_train_are_not_mixed() -> None:

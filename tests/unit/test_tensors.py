@@ -1,17 +1,22 @@
-"""concat_padded_tensors, validate_trajectory and row building."""
+"""concat_padded_tensors (and its arena variant), validate_trajectory and row building."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy
 import pytest
 import torch
 
 from rollstream.tensors import (
     TrajectoryBuilder,
+    concat_padded_arena,
     concat_padded_tensors,
     trajectory_dtypes,
     trajectory_row,
     validate_trajectory,
 )
+from rollstream.wire import pack_tensor_dict
 
 
 def row(prompt: int, out: int, version: int = 3, reward: float = 1.0) -> dict[str, torch.Tensor]:
@@ -78,6 +83,62 @@ def test_mismatched_keys_raise_naming_them() -> None:
 def test_mismatched_ranks_raise() -> None:
     with pytest.raises(ValueError, match="different ranks"):
         concat_padded_tensors([{"x": torch.zeros(1)}, {"x": torch.zeros(1, 2)}])
+
+
+ARENA_CASES: dict[str, Callable[[], list[dict]]] = {
+    "mixed lengths": lambda: [row(2, 1), row(3, 4, version=5), row(1, 6, reward=0.0)],
+    "several rows per dict": lambda: [concat_padded_tensors([row(2, 1), row(2, 3)]), row(4, 4)],
+    "every non-batch dim": lambda: [{"x": torch.ones(1, 2, 3)}, {"x": torch.ones(2, 4, 1)}],
+    "0-dim stacked, lists joined": lambda: [{"s": torch.tensor(1.0), "l": [1]}, {"s": torch.tensor(2.0), "l": [2, 3]}],
+    "dtypes promoted": lambda: [{"x": torch.ones(1, 2, dtype=torch.int32), "r": torch.ones(1, dtype=torch.int32)},
+                                {"x": torch.ones(1, 3, dtype=torch.int64), "r": torch.ones(1, dtype=torch.float32)}],
+    "bfloat16 (no numpy)": lambda: [{"x": torch.ones(1, 2, dtype=torch.bfloat16)}, {"x": torch.ones(1, 4, dtype=torch.bfloat16)}],
+    "parts that require grad": lambda: [{"x": torch.ones(1, 2, requires_grad=True)}, {"x": torch.ones(1, 3)}],
+    "non-contiguous parts": lambda: [{"x": torch.arange(12).reshape(3, 4).t()[:1]}, {"x": torch.arange(6).reshape(2, 3)}],
+    "one dict, as it is": lambda: [{"s": torch.tensor(3), "l": [1], "x": torch.ones(2, 3)}],
+    "no dicts": lambda: [],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARENA_CASES))
+@pytest.mark.parametrize("pad_value", [0.0, 7.0, -2.5])
+def test_arena_variant_gives_the_same_tensors(name: str, pad_value: float) -> None:
+    dicts = ARENA_CASES[name]()
+    want = concat_padded_tensors(dicts, pad_value)
+    got = concat_padded_arena(dicts, pad_value)
+    assert list(got) == list(want)
+    for key, value in want.items():
+        if isinstance(value, list):
+            assert got[key] == value, key
+            continue
+        assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+        assert torch.equal(got[key], value.detach()), key
+        assert not got[key].requires_grad
+
+
+def test_arena_variant_writes_every_tensor_into_one_buffer_in_key_order() -> None:
+    out = concat_padded_arena([row(2, 1), row(3, 4)])
+    tensors = list(out.values())
+    for before, after in zip(tensors, tensors[1:]):
+        assert before.untyped_storage().data_ptr() == after.untyped_storage().data_ptr()
+        assert before.data_ptr() + before.nbytes <= after.data_ptr()  # in order, no overlap
+
+
+def test_arena_variant_packs_without_a_copy() -> None:
+    out = concat_padded_arena([row(2, 1), row(3, 4)])
+    data = numpy.asarray(pack_tensor_dict(out).data)
+    assert all(numpy.shares_memory(data, tensor.numpy()) for tensor in out.values())
+
+
+def test_arena_variant_raises_like_concat_padded_tensors() -> None:
+    a, b = row(1, 1), row(1, 1)
+    del b["rewards"]
+    with pytest.raises(ValueError, match=r"lacks \['rewards'\]"):
+        concat_padded_arena([a, b])
+    with pytest.raises(ValueError, match="different ranks"):
+        concat_padded_arena([{"x": torch.zeros(1)}, {"x": torch.zeros(1, 2)}])
+    with pytest.raises(TypeError, match="all be tensors or all be lists"):
+        concat_padded_arena([{"x": torch.zeros(1)}, {"x": [1]}])
 
 
 def test_builder_interleaves_prompt_and_output_segments() -> None:
