@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import msgspec
 import numpy
@@ -34,6 +35,7 @@ from rollstream.wire.tensor_codec import (
     MAX_TENSOR_DIMS,
     NUMPY_DTYPES,
     TensorDecodeError,
+    _raw_bytes,
 )
 
 TensorSpec = tuple[str, torch.dtype, Sequence[int]]
@@ -51,17 +53,6 @@ class PackedTensors(msgspec.Struct, array_like=True, frozen=True):
 
 def _aligned(offset: int, itemsize: int) -> int:
     return -(-offset // itemsize) * itemsize
-
-
-def _layout(dtypes: Sequence[str], counts: Sequence[int]) -> tuple[list[int], int]:
-    """Byte offsets of tensors with these dtype names and element counts, and the end."""
-    offsets, end = [], 0
-    for name, count in zip(dtypes, counts):
-        itemsize = ITEMSIZES[name]
-        offset = _aligned(end, itemsize)
-        offsets.append(offset)
-        end = offset + count * itemsize
-    return offsets, end
 
 
 def check_packed(packed: PackedTensors) -> tuple[list[int], list[int]]:
@@ -136,26 +127,48 @@ def _check_tensors(tensors: dict[str, torch.Tensor]) -> None:
             raise TypeError(f"packed tensors must be tensors, {key!r} is {type(value).__name__}")
 
 
-def _allocate(specs: Sequence[TensorSpec]) -> tuple[torch.Tensor, PackedTensors, dict[str, torch.Tensor]]:
-    """One byte buffer in the packed layout (padding zeroed), its description, typed views."""
-    keys = [key for key, _, _ in specs]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"arena keys repeat: {sorted({k for k in keys if keys.count(k) > 1})}")
-    names = [_wire_dtype(key, dtype)[0] for key, dtype, _ in specs]
-    shapes = [[int(n) for n in shape] for _, _, shape in specs]
-    counts = [math.prod(shape) for shape in shapes]
-    offsets, end = _layout(names, counts)
-    base = torch.empty(end, dtype=torch.uint8)
-    storage = base.untyped_storage()
-    views, previous_end = {}, 0
-    for key, name, shape, offset, count in zip(keys, names, shapes, offsets, counts):
-        if offset > previous_end:
-            base[previous_end:offset].zero_()
-        itemsize = ITEMSIZES[name]
-        previous_end = offset + count * itemsize
-        # set_ on the shared storage: one op, half the cost of slice + view + view
-        views[key] = torch.empty(0, dtype=DTYPES[name]).set_(storage, offset // itemsize, shape)
-    return base, PackedTensors(keys, names, shapes, memoryview(base.numpy())), views
+@dataclass(frozen=True)
+class _Layout:
+    """Where each tensor of a packed buffer goes (writer side; readers use ``check_packed``)."""
+
+    keys: list[str]
+    names: list[str]
+    shapes: list[list[int]]
+    offsets: list[int]
+    sizes: list[int]  # bytes
+    end: int
+
+    @classmethod
+    def of(cls, specs: Sequence[TensorSpec]) -> _Layout:
+        """``ValueError`` for a repeated key, ``TypeError`` for a dtype the wire does not carry."""
+        keys = [key for key, _, _ in specs]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"packed keys repeat: {sorted({k for k in keys if keys.count(k) > 1})}")
+        names, shapes, offsets, sizes, end = [], [], [], [], 0
+        for key, dtype, shape in specs:
+            name, itemsize = _wire_dtype(key, dtype)
+            shape = [int(n) for n in shape]
+            offset = _aligned(end, itemsize)
+            size = math.prod(shape) * itemsize
+            names.append(name)
+            shapes.append(shape)
+            offsets.append(offset)
+            sizes.append(size)
+            end = offset + size
+        return cls(keys, names, shapes, offsets, sizes, end)
+
+    def buffer(self) -> torch.Tensor:
+        """An uninitialised byte buffer of this layout, its padding bytes zeroed."""
+        base = torch.empty(self.end, dtype=torch.uint8)
+        previous_end = 0
+        for offset, size in zip(self.offsets, self.sizes):
+            if offset > previous_end:
+                base[previous_end:offset].zero_()
+            previous_end = offset + size
+        return base
+
+    def packed(self, base: torch.Tensor) -> PackedTensors:
+        return PackedTensors(self.keys, self.names, self.shapes, memoryview(base.numpy()))
 
 
 def allocate_packed(specs: Sequence[TensorSpec]) -> dict[str, torch.Tensor]:
@@ -164,7 +177,13 @@ def allocate_packed(specs: Sequence[TensorSpec]) -> dict[str, torch.Tensor]:
 
     ``TypeError`` for a dtype the wire does not carry, ``ValueError`` for a repeated key.
     """
-    return _allocate(specs)[2]
+    layout = _Layout.of(specs)
+    storage = layout.buffer().untyped_storage()
+    return {
+        # set_ on the shared storage: one op, half the cost of slice + view + view
+        key: torch.empty(0, dtype=DTYPES[name]).set_(storage, offset // ITEMSIZES[name], shape)
+        for key, name, shape, offset in zip(layout.keys, layout.names, layout.shapes, layout.offsets)
+    }
 
 
 def _pack_in_place(tensors: dict[str, torch.Tensor]) -> PackedTensors | None:
@@ -201,6 +220,18 @@ def _pack_in_place(tensors: dict[str, torch.Tensor]) -> PackedTensors | None:
     return PackedTensors(keys, names, shapes, memoryview(data.numpy()))
 
 
+def _pack_copy(tensors: dict[str, torch.Tensor]) -> PackedTensors:
+    """``tensors`` copied into a new buffer: each one's raw bytes (``_raw_bytes``: a view when it
+    is a contiguous CPU tensor numpy can describe, else one contiguous copy) at its offset."""
+    layout = _Layout.of([(key, value.dtype, value.shape) for key, value in tensors.items()])
+    base = layout.buffer()
+    target = base.numpy()
+    for value, offset, size in zip(tensors.values(), layout.offsets, layout.sizes):
+        if size:
+            target[offset : offset + size] = _raw_bytes(value)
+    return layout.packed(base)
+
+
 def pack_tensor_dict(tensors: dict[str, torch.Tensor]) -> PackedTensors:
     """``tensors`` as one wire buffer, in dict order.
 
@@ -211,9 +242,4 @@ def pack_tensor_dict(tensors: dict[str, torch.Tensor]) -> PackedTensors:
     """
     _check_tensors(tensors)
     packed = _pack_in_place(tensors)
-    if packed is not None:
-        return packed
-    _, packed, views = _allocate([(key, value.dtype, value.shape) for key, value in tensors.items()])
-    for view, value in zip(views.values(), tensors.values()):
-        view.copy_(value.detach())
-    return packed
+    return packed if packed is not None else _pack_copy(tensors)
