@@ -1,11 +1,16 @@
 """Codec benchmark: rollstream's wire format against pickle, JSON and memcpy.
 
 Two messages: one episode (prompt 512 + completion 1,536 tokens, every trajectory field) and one
-padded batch (16 x 2,048). "rollstream" encodes with ``encode_tensor_dict`` + ``encode`` and
-decodes with ``decode_episode``/``decode_batch`` + ``decode_tensor_dict`` (tensors usable by the
-caller); "pickle-5" pickles the same torch tensor dict; "json" writes lists. MB/s count the raw
-tensor bytes of the message (the same for every format), so the columns compare directly; the
-memcpy anchor copies that many bytes between two preallocated buffers (``numpy.copyto``).
+padded batch (16 x 2,048). For the episode, "rollstream" encodes with ``encode_tensor_dict`` +
+``encode`` and decodes with ``decode_episode`` + ``decode_tensor_dict``. For the batch it does
+what the grouping tier and a trainer do: the batch tensors lie in one arena (built outside the
+timed region, as ``build_batch`` pads into one), encoding is ``pack_tensor_dict`` (no copy) +
+``encode(Batch(tensors={}, packed=...))``, decoding is ``decode_batch`` + ``batch_tensors``
+(tensors usable by the caller). "rollstream, dict not in an arena" packs the plain dict, so
+``pack_tensor_dict`` copies it first: the cost a writer pays that does not use an arena.
+"pickle-5" pickles the plain torch tensor dict; "json" writes lists. MB/s count the raw tensor
+bytes of the message (the same for every format), so the columns compare directly; the memcpy
+anchor copies that many bytes between two preallocated buffers (``numpy.copyto``).
 
 Targets (batch message): encode and decode each >= 40% of memcpy bandwidth and >= 5x faster
 than pickle. ``--profile`` runs pyinstrument (``pip install pyinstrument``) on the batch path.
@@ -24,7 +29,18 @@ from torch import Tensor
 
 from bench.common import Report, base_parser, time_interleaved, time_per_call
 from bench.data import padded_batch, payload_bytes, trajectory
-from rollstream.wire import Batch, Episode, decode_batch, decode_episode, decode_tensor_dict, encode, encode_tensor_dict
+from rollstream.tensors import concat_padded_arena
+from rollstream.wire import (
+    Batch,
+    Episode,
+    batch_tensors,
+    decode_batch,
+    decode_episode,
+    decode_tensor_dict,
+    encode,
+    encode_tensor_dict,
+    pack_tensor_dict,
+)
 
 Codec = tuple[Callable[[], bytes], Callable[[bytes], dict[str, Tensor]]]
 
@@ -37,18 +53,25 @@ def rollstream_episode(tensors: dict[str, Tensor]) -> Codec:
 
 
 def rollstream_batch(tensors: dict[str, Tensor]) -> Codec:
+    """Pack + encode, decode + ``batch_tensors``; zero copy in ``pack`` when ``tensors`` lie in an arena."""
     rows = tensors["input_ids"].shape[0]
 
     def enc() -> bytes:
         return encode(Batch(task_ids=["bench:0:0", "bench:0:1"], group_sizes=[rows // 2, rows - rows // 2],
                             row_task=[0] * (rows // 2) + [1] * (rows - rows // 2), sample_idx=list(range(rows)),
-                            tensors=encode_tensor_dict(tensors)))
-    return enc, lambda data: decode_tensor_dict(decode_batch(data).tensors)
+                            tensors={}, packed=pack_tensor_dict(tensors)))
+    return enc, lambda data: batch_tensors(decode_batch(data))
+
+
+def in_arena(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The same tensors written into one arena, as the grouping tier's ``build_batch`` leaves them."""
+    return concat_padded_arena([tensors])
 
 
 def message_only(case: str, tensors: dict[str, Tensor]) -> Codec:
-    """The msgpack step alone: ``encode`` of a message already holding its wire tensors, and
-    ``decode_batch``/``decode_episode`` (validated, tensors not built). Not the target's path."""
+    """The msgpack step alone: ``encode`` of a message already holding its wire tensors (the
+    batch: its one packed buffer), and ``decode_batch``/``decode_episode`` (validated, tensors
+    not built). Not the target's path."""
     enc, _ = (rollstream_episode if case == "episode" else rollstream_batch)(tensors)
     message = (decode_episode if case == "episode" else decode_batch)(enc())
     decode = decode_episode if case == "episode" else decode_batch
@@ -73,23 +96,26 @@ def check_round_trip(tensors: dict[str, Tensor], codec: Codec) -> None:
 
 
 def measure(case: str, tensors: dict[str, Tensor], codecs: dict[str, Codec], seconds: float) -> list[dict]:
-    """rollstream and the memcpy anchors are timed interleaved (their ratio is the target);
-    pickle and JSON, far slower, on their own."""
+    """The rollstream rows and the memcpy anchors are timed interleaved (their ratio is the
+    target); pickle and JSON, far slower, on their own. ``tensors`` is the plain dict."""
     payload = payload_bytes(tensors)
     src = np.random.default_rng(0).integers(0, 255, payload, dtype=np.uint8)
     dst, src_bytes = np.empty_like(src), bytearray(src.tobytes())
-    enc, dec = codecs["rollstream"]
-    check_round_trip(tensors, (enc, dec))
-    data = enc()
-    msg_enc, msg_dec = message_only(case, tensors)
-    timed = time_interleaved({"enc": enc, "dec": lambda: dec(data), "copy": lambda: np.copyto(dst, src),
-                              "alloc": lambda: bytes(src_bytes), "msg_enc": msg_enc, "msg_dec": lambda: msg_dec(data)},
-                             total_seconds=4 * seconds)
+    ours = {method: codec for method, codec in codecs.items() if method.startswith("rollstream")}
+    ours["  msgpack step only"] = message_only(case, tensors)
+    fns: dict[str, Callable[[], object]] = {"copy": lambda: np.copyto(dst, src), "alloc": lambda: bytes(src_bytes)}
+    encoded: dict[str, bytes] = {}
+    for method, (enc, dec) in ours.items():
+        if method in codecs:
+            check_round_trip(tensors, (enc, dec))
+        data = encoded[method] = enc()
+        fns[f"{method} enc"], fns[f"{method} dec"] = enc, lambda dec=dec, data=data: dec(data)
+    timed = time_interleaved(fns, total_seconds=4 * seconds)
     copy_s, alloc_s = timed["copy"], timed["alloc"]
-    rows = [row(case, "rollstream", payload, len(data), timed["enc"], timed["dec"]),
-            row(case, "  msgpack step only", payload, len(data), timed["msg_enc"], timed["msg_dec"])]
+    rows = [row(case, method, payload, len(encoded[method]), timed[f"{method} enc"], timed[f"{method} dec"])
+            for method in ours]
     for method, codec in codecs.items():
-        if method == "rollstream":
+        if method in ours:
             continue
         check_round_trip(tensors, codec)
         data = codec[0]()
@@ -126,7 +152,7 @@ def profile(tensors: dict[str, Tensor]) -> None:
     except ImportError:
         print("--profile needs pyinstrument: pip install pyinstrument", file=sys.stderr)
         return
-    enc, dec = rollstream_batch(tensors)
+    enc, dec = rollstream_batch(in_arena(tensors))
     profiler = Profiler(interval=0.0001)
     with profiler:
         for _ in range(3000):
@@ -143,8 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     episode = trajectory()
     batch = padded_batch(4, 256) if args.quick else padded_batch(16, 2048)
     all_rows, ratio_rows = [], []
-    for case, tensors, ours in (("episode", episode, rollstream_episode), ("batch", batch, rollstream_batch)):
-        codecs = {"rollstream": ours(tensors), "pickle-5": pickle5(tensors), "json": json_lists(tensors)}
+    for case, tensors in (("episode", episode), ("batch", batch)):
+        if case == "episode":
+            codecs = {"rollstream": rollstream_episode(tensors)}
+        else:
+            codecs = {"rollstream": rollstream_batch(in_arena(tensors)),
+                      "rollstream, dict not in an arena (pack copies)": rollstream_batch(tensors)}
+        codecs |= {"pickle-5": pickle5(tensors), "json": json_lists(tensors)}
         rows = measure(case, tensors, codecs, seconds)
         all_rows += rows
         ratio_rows += ratios(rows)
@@ -156,9 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     report.target("batch encode, x faster than pickle-5", b["enc x pickle"], 5.0, unit="x")
     report.target("batch decode, x faster than pickle-5", b["dec x pickle"], 5.0, unit="x")
     report.note("decode is zero-copy (tensors view the message buffer), so it is not bounded by memcpy")
-    report.note("'msgpack step only' = encode() of a message that already holds its wire tensors, and "
-                "decode_batch/decode_episode without building tensors: the rest of 'rollstream' is the "
-                "per-tensor torch/numpy bookkeeping (encode_tensor_dict, decode_tensor_dict)")
+    report.note("'msgpack step only' = encode() of a message that already holds its wire tensors (a batch: "
+                "one packed buffer), and decode_batch/decode_episode without building tensors: the rest of "
+                "'rollstream' is the torch/numpy bookkeeping (episode: encode_tensor_dict, decode_tensor_dict; "
+                "batch: pack_tensor_dict, batch_tensors)")
+    report.note("batch 'rollstream' packs tensors that lie in one arena, as build_batch leaves them; "
+                "'dict not in an arena' packs a plain dict, so pack_tensor_dict copies it first")
     if args.profile:
         profile(batch)
     return report.finish(args.out)

@@ -4,8 +4,10 @@ Groups of 8 samples with mixed lengths (prompt 128-512, completion 256-1,536 tok
 ``GroupBuffer.add`` -> ``build_batch`` -> ``encode`` (what the grouping tier does per group,
 minus Kafka), from decoded ``ScoredEpisode`` messages whose tensors view their record buffers.
 The floor pads the same row tensors with ``torch.nn.utils.rnn.pad_sequence`` (one call per key,
-plus the rewards), which is the least any grouping must do. Episodes/s; no target (the issue
-asks for the ratio).
+plus the rewards), which is the least any grouping must do. ``build_batch`` pads with
+``concat_padded_arena`` straight into the batch's one packed buffer (so ``encode`` copies the
+tensors once); the padding rows time it, and ``concat_padded_tensors`` (the trainer's and the
+workflows' padding), alone. Episodes/s; no target (the issue asks for the ratio).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from bench.common import Report, base_parser
 from bench.data import mixed_lengths, scored_episode, trajectory
 from consumers.batching import build_batch
 from consumers.grouping import CompleteGroup, GroupBuffer
-from rollstream.tensors import concat_padded_tensors
+from rollstream.tensors import concat_padded_arena, concat_padded_tensors
 from rollstream.wire import ScoredEpisode, decode_scored, decode_tensor_dict, encode
 
 GROUP_SIZE = 8
@@ -77,10 +79,18 @@ def run_pad_sequence(rows: list[list[dict[str, Tensor]]]) -> int:
 
 
 def run_concat_padded(rows: list[list[dict[str, Tensor]]]) -> int:
-    """rollstream's concat_padded_tensors alone (the padding inside build_batch)."""
+    """rollstream's concat_padded_tensors alone (the padding trainers and workflows use)."""
     padded = 0
     for group in rows:
         padded += concat_padded_tensors(group)["input_ids"].numel()
+    return padded
+
+
+def run_concat_padded_arena(rows: list[list[dict[str, Tensor]]]) -> int:
+    """concat_padded_arena alone: the padding inside build_batch, into one packed buffer."""
+    padded = 0
+    for group in rows:
+        padded += concat_padded_arena(group)["input_ids"].numel()
     return padded
 
 
@@ -108,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = {
         "floor: pad_sequence": lambda: run_pad_sequence(rows),
         "concat_padded_tensors only": lambda: run_concat_padded(rows),
+        "concat_padded_arena only (build_batch's padding)": lambda: run_concat_padded_arena(rows),
         "GroupBuffer+build_batch+encode": lambda: run_grouping(messages),
         "decode_scored+above (tier's per-record work)": lambda: run_decode_and_grouping(records),
     }
