@@ -161,6 +161,18 @@ def test_builder_refuses_missing_logprobs() -> None:
         TrajectoryBuilder().add_output([1, 2], [0.0], [0, 0])
 
 
+def test_builder_refuses_nested_segments_and_copies_its_inputs() -> None:
+    with pytest.raises(ValueError, match="flat sequence"):
+        TrajectoryBuilder().add_prompt([[1, 2]])
+    ids = numpy.array([3, 4], dtype=numpy.int32)
+    b = TrajectoryBuilder()
+    b.add_output(ids, [-0.5, -0.5], [1, 1])
+    td = b.to_tensors()
+    ids[0] = 99  # the engine reuses its buffer: the row must not change
+    assert td["input_ids"].tolist() == [[3, 4]] and td["attention_mask"].tolist() == [[True, True]]
+    assert TrajectoryBuilder().to_tensors()["input_ids"].shape == (1, 0)
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
