@@ -178,12 +178,51 @@ def allocate_packed(specs: Sequence[TensorSpec]) -> dict[str, torch.Tensor]:
     ``TypeError`` for a dtype the wire does not carry, ``ValueError`` for a repeated key.
     """
     layout = _Layout.of(specs)
-    storage = layout.buffer().untyped_storage()
-    return {
+    base = layout.buffer()
+    storage = base.untyped_storage()
+    tensors = {
         # set_ on the shared storage: one op, half the cost of slice + view + view
         key: torch.empty(0, dtype=DTYPES[name]).set_(storage, offset // ITEMSIZES[name], shape)
         for key, name, shape, offset in zip(layout.keys, layout.names, layout.shapes, layout.offsets)
     }
+    if tensors:
+        first = next(iter(tensors.values()))
+        setattr(first, _ARENA_ATTRIBUTE, _ArenaRecord.of(tensors, layout.packed(base)))
+    return tensors
+
+
+_ARENA_ATTRIBUTE = "_rollstream_packed_arena"
+
+
+@dataclass(frozen=True)
+class _ArenaRecord:
+    """What ``allocate_packed`` handed out, kept on its first tensor so that packing the same
+    tensors again is a lookup: their ids and shapes, and the ready ``PackedTensors``. It holds
+    no reference to the tensors (no reference cycle keeps an arena alive)."""
+
+    ids: tuple[int, ...]
+    shapes: tuple[torch.Size, ...]
+    packed: PackedTensors
+
+    @classmethod
+    def of(cls, tensors: dict[str, torch.Tensor], packed: PackedTensors) -> _ArenaRecord:
+        return cls(tuple(map(id, tensors.values())), tuple(t.shape for t in tensors.values()), packed)
+
+    def describes(self, tensors: dict[str, torch.Tensor]) -> bool:
+        """True when ``tensors`` are the handed-out tensors, same keys, order and shapes (an
+        in-place ``resize_`` changes the shape and falls back to the general path)."""
+        return (
+            len(tensors) == len(self.ids)
+            and all(id(t) == i and t.shape == s for t, i, s in zip(tensors.values(), self.ids, self.shapes))
+            and list(tensors) == self.packed.keys
+        )
+
+
+def _pack_recorded(tensors: dict[str, torch.Tensor]) -> PackedTensors | None:
+    """The ready description of an unchanged ``allocate_packed`` dict (2-3 µs); else None."""
+    first = next(iter(tensors.values()), None)
+    record = getattr(first, _ARENA_ATTRIBUTE, None)
+    return record.packed if record is not None and record.describes(tensors) else None
 
 
 def _pack_in_place(tensors: dict[str, torch.Tensor]) -> PackedTensors | None:
@@ -241,5 +280,7 @@ def pack_tensor_dict(tensors: dict[str, torch.Tensor]) -> PackedTensors:
     ``TypeError`` for a value that is not a tensor or a dtype the wire does not carry.
     """
     _check_tensors(tensors)
-    packed = _pack_in_place(tensors)
+    packed = _pack_recorded(tensors)
+    if packed is None:
+        packed = _pack_in_place(tensors)
     return packed if packed is not None else _pack_copy(tensors)

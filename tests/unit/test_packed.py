@@ -106,6 +106,22 @@ def test_arena_dict_packs_without_a_copy() -> None:
     assert unpack_tensor_dict(packed)["logp"][2, 3] == -4.0
 
 
+def test_an_unchanged_arena_packs_by_lookup_and_a_changed_one_is_checked_again() -> None:
+    arena = allocate_packed([("ids", torch.int32, (2, 3)), ("logp", torch.float32, (2, 3))])
+    arena["ids"].fill_(7)
+    arena["logp"].fill_(-1.5)
+    first = pack_tensor_dict(arena)
+    assert pack_tensor_dict(dict(arena)) is first  # the same tensors in a new dict: the ready description
+    shrunk = dict(arena)
+    shrunk["ids"] = arena["ids"][:1]  # another tensor: described from scratch
+    assert_same(round_trip(shrunk), {"ids": torch.full((1, 3), 7, dtype=torch.int32), "logp": arena["logp"]})
+    arena["logp"].resize_(6)  # a member reshaped in place: not the recorded layout any more
+    repacked = pack_tensor_dict(arena)
+    assert repacked is not first and repacked.shapes == [[2, 3], [6]]
+    assert_same(round_trip(arena), {"ids": torch.full((2, 3), 7, dtype=torch.int32),
+                                    "logp": torch.full((6,), -1.5)})
+
+
 def test_dicts_not_in_an_arena_layout_are_copied() -> None:
     arena = allocate_packed([("a", torch.int32, (2, 3)), ("b", torch.float32, (2, 3))])
     for tensor in arena.values():
