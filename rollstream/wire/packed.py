@@ -35,7 +35,7 @@ from rollstream.wire.tensor_codec import (
     MAX_TENSOR_DIMS,
     NUMPY_DTYPES,
     TensorDecodeError,
-    _raw_bytes,
+    raw_bytes,
 )
 
 TensorSpec = tuple[str, torch.dtype, Sequence[int]]
@@ -260,14 +260,14 @@ def _pack_in_place(tensors: dict[str, torch.Tensor]) -> PackedTensors | None:
 
 
 def _pack_copy(tensors: dict[str, torch.Tensor]) -> PackedTensors:
-    """``tensors`` copied into a new buffer: each one's raw bytes (``_raw_bytes``: a view when it
+    """``tensors`` copied into a new buffer: each one's raw bytes (``raw_bytes``: a view when it
     is a contiguous CPU tensor numpy can describe, else one contiguous copy) at its offset."""
     layout = _Layout.of([(key, value.dtype, value.shape) for key, value in tensors.items()])
     base = layout.buffer()
     target = base.numpy()
     for value, offset, size in zip(tensors.values(), layout.offsets, layout.sizes):
         if size:
-            target[offset : offset + size] = _raw_bytes(value)
+            target[offset : offset + size] = raw_bytes(value)
     return layout.packed(base)
 
 

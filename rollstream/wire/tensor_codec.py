@@ -57,10 +57,10 @@ def encode_tensor(tensor: torch.Tensor) -> WireTensor:
     name = DTYPE_NAMES.get(tensor.dtype)
     if name is None:
         raise TypeError(f"unsupported tensor dtype on the wire: {tensor.dtype}")
-    return WireTensor(name, list(tensor.shape), _raw_bytes(tensor))
+    return WireTensor(name, list(tensor.shape), raw_bytes(tensor))
 
 
-def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+def raw_bytes(tensor: torch.Tensor) -> memoryview:
     """A flat byte view of ``tensor``'s memory in C order (a copy only if not contiguous/CPU).
 
     The common case (a contiguous CPU tensor without grad, numpy-compatible dtype) takes one
