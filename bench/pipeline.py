@@ -6,7 +6,9 @@ completion 1,536 tokens, ~35 KB): Kafka's own ``ProducerPerformance`` and
 produces and consumes at the same time with the client settings the tiers use. Then the real
 pipeline, every tier in its own process (producer -> rollout worker -> reward worker ->
 grouping -> ``BatchConsumer``), its rollout worker driven by the LOAD GENERATOR engine
-(``bench/load_engine.py``: no model, tokens at ``--tokens-per-second``, 0 = unlimited).
+(``bench/load_engine.py``: no model, tokens at ``--tokens-per-second``, 0 = unlimited). The
+bare loop runs before and after the pipeline and the pipeline runs twice; the faster of each
+pair counts (a shared machine, and a broker JVM still compiling the paths a run exercises).
 
 "Bytes through the broker" = every byte written to a topic's log plus every byte read from it
 by the pipeline's consumer groups (prompts, episodes, scored and batches are each read once).
@@ -156,9 +158,9 @@ async def bare_row(bootstrap: str, records: int, size: int, broker_pid: int | No
     return with_cpu(row, before, broker_pid, records * size)
 
 
-def pipeline_row(r: PipelineResult) -> dict:
+def pipeline_row(r: PipelineResult, label: str) -> dict:
     cpu = sum(r.cpu_seconds.values())
-    return {"path": "rollstream pipeline (load generator)", "records/s": float("nan"),
+    return {"path": f"rollstream pipeline (load generator, {label})", "records/s": float("nan"),
             "produced MB/s": r.rate(r.bytes_produced) / MB, "consumed MB/s": r.rate(r.bytes_through - r.bytes_produced) / MB,
             "through MB/s": r.rate(r.bytes_through) / MB, "CPU s": cpu, "CPU ms/MB": 1000 * cpu / (r.bytes_through / MB),
             "episodes/s": r.rate(r.episodes), "tokens/s (generated)": r.rate(r.generated_tokens), "groups/s": r.rate(r.groups)}
@@ -200,16 +202,26 @@ async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
             phase(tool.__name__)
         bare_rows = [await bare_row(bootstrap, raw_records, size, broker_pid, "before")]
         phase("bare loop")
-        result = await run_pipeline(dev.services, Path(tmp) / "pipeline", settings, broker_pid=broker_pid)
-        phase("pipeline")
+        # Twice, and the faster run counts, as for the bare loop: the broker's JVM compiles its
+        # transaction and read_committed paths during the first run (its CPU per group halves
+        # over the first few runs), which the anchors' simple produce and fetch never exercise.
+        results = []
+        for run in range(1 if args.quick else 2):
+            results.append(await run_pipeline(dev.services, Path(tmp) / f"pipeline{run}", settings,
+                                              broker_pid=broker_pid))
+            phase(f"pipeline run {run + 1}")
+        result = max(results, key=lambda r: r.rate(r.bytes_through))
         # the machine is shared: the loop runs again after the pipeline and the faster run counts
         bare_rows.append(await bare_row(bootstrap, raw_records, size, broker_pid, "after"))
         phase("bare loop again")
         rows += bare_rows
         # what exactly-once costs on this broker at the tiers' granularity (not the target's anchor)
-        rows.append(await bare_row(bootstrap, max(16, raw_records // 4), size, broker_pid, transaction=8))
+        transactional = await bare_row(bootstrap, max(16, raw_records // 4), size, broker_pid, transaction=8)
+        rows.append(transactional)
         phase("transactional bare loop")
-        rows.append(pipeline_row(result))
+        pipeline_rows = [pipeline_row(r, f"run {i + 1} of {len(results)}") for i, r in enumerate(results)]
+        rows += pipeline_rows
+    counted = pipeline_rows[results.index(result)]
     report.table(f"Broker path: records of {size:,} B (one episode record); MB = 10^6 bytes; "
                  "CPU = all processes involved (client + broker)", rows)
     groups = max(1, result.groups)
@@ -218,14 +230,14 @@ async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
                  [{"topic": t.rsplit(".", 1)[-1], "bytes/group": result.topic_bytes.get(t, 0) / groups,
                    "records/group": n / groups} for t, n in result.records.items()])
     best_bare = max(bare_rows, key=lambda r: r["through MB/s"])
-    share = 100 * rows[-1]["through MB/s"] / best_bare["through MB/s"]
-    cpu_share = 100 * best_bare["CPU ms/MB"] / rows[-1]["CPU ms/MB"]
-    report.table("Pipeline run", [{
+    share = 100 * counted["through MB/s"] / best_bare["through MB/s"]
+    cpu_share = 100 * best_bare["CPU ms/MB"] / counted["CPU ms/MB"]
+    report.table(f"Pipeline run (the faster of {len(results)}, {counted['path']})", [{
         "groups": result.groups, "episodes": result.episodes, "generated tokens": result.generated_tokens,
         "steady s": result.steady_seconds, "wall s (producer start..last batch)": result.wall_seconds,
         "drops": sum(result.drops.values()), "% of bare loop bytes/s": share,
         "% of bare loop bytes per CPU-s": cpu_share,
-        "% of transactional (8) loop bytes/s": 100 * rows[-1]["through MB/s"] / rows[-2]["through MB/s"],
+        "% of transactional (8) loop bytes/s": 100 * counted["through MB/s"] / transactional["through MB/s"],
         "load generator tokens/s": settings.tokens_per_second or "unlimited"}])
     report.table("Tier memory during the pipeline run (bench/memory.py explains the columns)", memory_rows(result))
     report.table("CPU by process during the pipeline run (2 cores = 2 CPU-s per second)", cpu_rows(result))
