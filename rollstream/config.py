@@ -40,11 +40,11 @@ class KafkaConfig(_Section):
     max_message_bytes: int = 16 * 1024 * 1024
     transaction_timeout_ms: int = 60_000
     request_timeout_ms: int = 40_000
-    # Fewer, larger broker requests. The broker's cost is per request and per transaction, not
-    # per byte (bench/pipeline.py); these trade a few ms of latency per hop for it.
-    linger_ms: int = 20  # producers wait this long to fill a batch before sending
-    fetch_min_bytes: int = 65_536  # the broker holds a fetch until this much data is ready...
-    fetch_max_wait_ms: int = 20  # ...or this long has passed
+    # Request batching (aiokafka's meaning). Larger batches did not lower the broker's CPU on
+    # the benchmark machine (bench/README.md), so the defaults favour latency.
+    linger_ms: int = 5  # producers wait this long to fill a batch before sending
+    fetch_min_bytes: int = 1  # the broker holds a fetch until this much data is ready...
+    fetch_max_wait_ms: int = 500  # ...or this long has passed
 
 
 class RedisConfig(_Section):
