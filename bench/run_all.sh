@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run every CPU benchmark in turn (about 8 minutes on 2 cores), writing bench/results/*.json,
+# Run every CPU benchmark in turn (3-6 minutes on 2 cores), writing bench/results/*.json,
 # then print the Markdown summary for bench/README.md. bench/gpu.py needs a GPU and a model:
 #   python -m bench.gpu --model-path /path/to/model
 set -uo pipefail

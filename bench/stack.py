@@ -82,6 +82,7 @@ class TierProcess:
         profile_dir = os.environ.get(ENV_PROFILE_DIR)
         if profile_dir:  # py-spy (pip install py-spy) records collapsed stacks until the tier exits
             out = Path(profile_dir) / f"{tier}.collapsed"
+            out.parent.mkdir(parents=True, exist_ok=True)  # py-spy writes nothing into a missing directory
             self._profiler = subprocess.Popen(
                 ["py-spy", "record", "--format", "raw", "--rate", "200", "--subprocesses", "--pid", str(self.pid),
                  "-o", str(out)], stdout=subprocess.DEVNULL, stderr=self._log)
