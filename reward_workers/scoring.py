@@ -56,8 +56,9 @@ class RewardScorer(Protocol):
 
 def split_prompt_completion(
     trajectory: dict[str, torch.Tensor], row: int = 0
-) -> tuple[list[int], list[int]]:
-    """``(prompt_ids, completion_ids)`` of one row of a ``[b, L]`` trajectory.
+) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """``(prompt_ids, completion_ids)`` of one row of a ``[b, L]`` trajectory (CPU tensors), as
+    numpy arrays.
 
     Only attended tokens (``attention_mask == 1``) count, so padding is never included.
     The prompt is every token before the first generated token (``loss_mask == 1``); the
@@ -65,18 +66,10 @@ def split_prompt_completion(
     generated tokens of all turns, concatenated (tool/user tokens between turns, which have
     ``loss_mask == 0``, belong to neither). Without ``loss_mask`` or generated tokens, the
     whole row is the prompt and the completion is empty.
-    """
-    prompt, completion = split_prompt_completion_arrays(trajectory, row)
-    return prompt.tolist(), completion.tolist()
-
-
-def split_prompt_completion_arrays(
-    trajectory: dict[str, torch.Tensor], row: int = 0
-) -> tuple[numpy.ndarray, numpy.ndarray]:
-    """:func:`split_prompt_completion` as numpy arrays of the ids (CPU tensors).
 
     numpy, not torch: boolean indexing in torch runs ``nonzero`` on its intra-op thread pool,
-    which bench/pipeline.py found costing milliseconds per row on a busy machine.
+    which bench/pipeline.py found costing milliseconds per row on a busy machine; and the
+    tokenizer decodes arrays faster than lists.
     """
     ids = trajectory["input_ids"][row].numpy()
     attended = trajectory["attention_mask"][row].numpy().astype(bool, copy=False)
@@ -135,7 +128,7 @@ async def _episode_rewards(episode: Episode, scorer: RewardScorer) -> list[float
 async def _row_reward(
     tensors: dict[str, torch.Tensor], row: int, data: dict[str, Any], scorer: RewardScorer
 ) -> float:
-    prompt_ids, completion_ids = split_prompt_completion_arrays(tensors, row)
+    prompt_ids, completion_ids = split_prompt_completion(tensors, row)
     try:
         # the tokenizer decodes arrays faster than lists; the reward function gets lists
         return float(await scorer.reward(

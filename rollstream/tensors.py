@@ -32,8 +32,7 @@ REQUIRED_KEYS: tuple[str, ...] = ("input_ids", "attention_mask")
 PROMPT_VERSION = -1  # version of prompt positions, and of padding (see concat_padded_tensors)
 
 
-
-def version_span(versions: Tensor | None, mask: Tensor | numpy.ndarray | None = None) -> tuple[int, int]:
+def version_span(versions: Tensor | None, mask: numpy.ndarray | None = None) -> tuple[int, int]:
     """``(head, tail)``: min and max of ``versions`` over generated tokens (``>= 0``, and where
     ``mask`` is true when given); ``(-1, -1)`` when there is none."""
     if versions is None or versions.numel() == 0:
@@ -44,8 +43,6 @@ def version_span(versions: Tensor | None, mask: Tensor | numpy.ndarray | None = 
     values = versions.detach().cpu().numpy()
     keep = values >= 0
     if mask is not None:
-        if isinstance(mask, Tensor):
-            mask = mask.detach().cpu().numpy()
         keep &= mask.astype(bool, copy=False)
     if not keep.any():
         return PROMPT_VERSION, PROMPT_VERSION

@@ -219,44 +219,11 @@ class _ArenaRecord:
 
 
 def _pack_recorded(tensors: dict[str, torch.Tensor]) -> PackedTensors | None:
-    """The ready description of an unchanged ``allocate_packed`` dict (2-3 µs); else None."""
+    """The ready description of an unchanged ``allocate_packed`` dict (2-3 µs); else None.
+    Runs per emitted batch, so it reads no tensor attribute but ids and shapes."""
     first = next(iter(tensors.values()), None)
     record = getattr(first, _ARENA_ATTRIBUTE, None)
     return record.packed if record is not None and record.describes(tensors) else None
-
-
-def _pack_in_place(tensors: dict[str, torch.Tensor]) -> PackedTensors | None:
-    """``tensors`` described in place when they already lie in the packed layout in one
-    storage (what :func:`allocate_packed` hands out); None otherwise. Runs per emitted batch:
-    a few attribute reads per tensor, no tensor built but the one ``data`` view. Empty
-    tensors hold no bytes, so where they point does not matter."""
-    keys, names, shapes = [], [], []
-    start = end = 0
-    first: torch.Tensor | None = None
-    for key, tensor in tensors.items():
-        name, itemsize = _wire_dtype(key, tensor.dtype)
-        offset = -(-end // itemsize) * itemsize  # _aligned, inlined
-        nbytes = tensor.nbytes
-        if nbytes:
-            if not (tensor.is_cpu and tensor.is_contiguous()) or tensor.is_neg():
-                return None
-            pointer = tensor.data_ptr()
-            if first is None:
-                first, start = tensor, pointer - offset
-            elif pointer != start + offset:
-                return None
-        end = offset + nbytes
-        keys.append(key)
-        names.append(name)
-        shapes.append([*tensor.shape])
-    if first is None:
-        return PackedTensors(keys, names, shapes, memoryview(b""))
-    storage = first.untyped_storage()
-    byte_offset = start - storage.data_ptr()
-    if byte_offset < 0 or byte_offset + end > storage.nbytes():  # adjacent memory, not one allocation
-        return None
-    data = torch.empty(0, dtype=torch.uint8).set_(storage, byte_offset, (end,))
-    return PackedTensors(keys, names, shapes, memoryview(data.numpy()))
 
 
 def _pack_copy(tensors: dict[str, torch.Tensor]) -> PackedTensors:
@@ -274,13 +241,11 @@ def _pack_copy(tensors: dict[str, torch.Tensor]) -> PackedTensors:
 def pack_tensor_dict(tensors: dict[str, torch.Tensor]) -> PackedTensors:
     """``tensors`` as one wire buffer, in dict order.
 
-    Zero copy when they are consecutive views of one CPU buffer in the packed layout (an
-    :func:`allocate_packed` dict); otherwise one copy of each tensor into a new buffer, which
-    also handles non-contiguous, GPU, grad, negative-view, bfloat16, 0-dim and empty tensors.
+    Zero copy for the unchanged tensors of an :func:`allocate_packed` dict (same tensors, keys,
+    order and shapes); otherwise one copy of each tensor into a new buffer, which also handles
+    non-contiguous, GPU, grad, negative-view, bfloat16, 0-dim and empty tensors.
     ``TypeError`` for a value that is not a tensor or a dtype the wire does not carry.
     """
     _check_tensors(tensors)
     packed = _pack_recorded(tensors)
-    if packed is None:
-        packed = _pack_in_place(tensors)
     return packed if packed is not None else _pack_copy(tensors)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import torch
 
@@ -73,23 +74,27 @@ def episode(traj: dict[str, torch.Tensor], **kw: Any) -> Episode:
 SINGLE = trajectory([([10, 11, 12, 20, 21, 2], [0, 0, 0, 1, 1, 1])])
 
 
+def as_lists(ids: tuple[numpy.ndarray, numpy.ndarray]) -> tuple[list[int], list[int]]:
+    return ids[0].tolist(), ids[1].tolist()
+
+
 def test_split_single_turn_drops_padding() -> None:
     traj = trajectory([([10, 11, 20], [0, 0, 1]), ([10, 11, 12, 20, 21], [0, 0, 0, 1, 1])])
-    assert split_prompt_completion(traj, 0) == ([10, 11], [20])
-    assert split_prompt_completion(traj, 1) == ([10, 11, 12], [20, 21])
+    assert as_lists(split_prompt_completion(traj, 0)) == ([10, 11], [20])
+    assert as_lists(split_prompt_completion(traj, 1)) == ([10, 11, 12], [20, 21])
 
 
 def test_split_multi_turn_completion_is_every_generated_token() -> None:
     # prompt | turn 1 | user feedback | turn 2
     traj = trajectory([([10, 11, 20, 21, 30, 31, 22], [0, 0, 1, 1, 0, 0, 1])])
-    assert split_prompt_completion(traj) == ([10, 11], [20, 21, 22])
+    assert as_lists(split_prompt_completion(traj)) == ([10, 11], [20, 21, 22])
 
 
 def test_split_without_generated_tokens_is_all_prompt() -> None:
     traj = trajectory([([10, 11], [0, 0])])
-    assert split_prompt_completion(traj) == ([10, 11], [])
+    assert as_lists(split_prompt_completion(traj)) == ([10, 11], [])
     no_mask = {k: v for k, v in traj.items() if k != "loss_mask"}
-    assert split_prompt_completion(no_mask) == ([10, 11], [])
+    assert as_lists(split_prompt_completion(no_mask)) == ([10, 11], [])
 
 
 class FakeScorer:
