@@ -25,6 +25,7 @@ import time
 
 from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from rollstream.config import ConfigError, RolloutConfig, RollstreamConfig
 from rollstream.dump import DumpWriter
@@ -32,7 +33,7 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import WEIGHT_VERSION
-from rollstream.redis_state import RedisKeys, VersionStore, connect, wait_for_redis
+from rollstream.redis_state import REDIS_RETRY, RedisKeys, VersionStore, connect, wait_for_redis
 from rollout_workers.commits import CommitOnRevoke, OffsetCommitter
 from rollout_workers.engine_factory import build_engine, load_current_version, load_tokenizer
 from rollout_workers.offsets import OffsetTracker
@@ -80,7 +81,12 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         store = VersionStore(redis, RedisKeys(config.experiment.experiment_name, config.experiment.trial_name))
         await engine.start()
         stack.push_async_callback(engine.close)
-        WEIGHT_VERSION.labels(TIER).set(await load_current_version(engine, store))
+        # a malformed version key or a Redis restart is waited out, never a crash loop
+        current = await REDIS_RETRY.call(
+            lambda: load_current_version(engine, store), retry_on=(RedisError, OSError),
+            what="reading the trainer's weight version", stop=stop,
+        )
+        WEIGHT_VERSION.labels(TIER).set(current)
         producer = make_producer(config.kafka, f"rollout-{worker_id}")
         await producer.start()
         stack.push_async_callback(producer.stop)

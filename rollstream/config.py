@@ -117,7 +117,7 @@ class RewardConfig(_Section):
     max_workers: int = 2
     on_timeout: Literal["zero", "reject"] = "zero"
     max_batch: int = 64
-    worker_id: str = ""  # default "<hostname>-<pid>"; set a stable one (see reward_workers.service)
+    worker_id: str = ""  # names the worker in logs and client ids; default "<hostname>-<pid>"
     poll_timeout_ms: int = 200
     session_timeout_ms: int = 10_000  # consumer group session: how fast a dead worker is noticed
     max_consecutive_failures: int = 10  # failed transactions in a row before the worker gives up
@@ -131,8 +131,9 @@ class GroupingConfig(_Section):
     group_timeout_seconds: float = 600.0
     commit_interval_ms: int = 100
     dedupe_window_seconds: float = 3600.0
-    instance_id: str = "grouping-0"  # keep stable per instance: part of the transactional id
+    instance_id: str = "grouping-0"  # names the instance in logs and client ids
     session_timeout_ms: int = 10_000  # consumer group session: how soon a dead instance's partitions move
+    max_consecutive_failures: int = 10  # failed transactions in a row before the instance gives up
 
 
 class TrainerConfig(_Section):
