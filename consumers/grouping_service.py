@@ -84,7 +84,7 @@ class GroupingTransform:
         budget = StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.batch_size)
         self.releaser = SlotReleaser(budget)
         self.emission = Emission(names, g.pad_value)
-        self.committed: dict[int, int] = {}  # partition -> input offset committed by this instance
+        self.committed_offsets: dict[int, int] = {}  # partition -> input offset committed by this instance
         self._now = 0.0
         self._trainer_version = 0
         self._dropped: dict[int, list[DroppedGroup]] = {}  # ended this cycle, per partition
@@ -101,7 +101,7 @@ class GroupingTransform:
         self.buffer.revoke(partitions)
         self.pending.revoke(partitions)
         for p in partitions:
-            self.committed.pop(p, None)
+            self.committed_offsets.pop(p, None)
             self._dropped.pop(p, None)
         metrics.OPEN_GROUPS.labels(TIER).set(self.buffer.open_count() + len(self.pending))
 
@@ -138,7 +138,7 @@ class GroupingTransform:
         for drop in drops:
             if drop.reason != "dead_lettered":  # those are queued by emission.batches
                 self.emission.drop(drop, version, out)
-        committed = self.committed.get(partition)
+        committed = self.committed_offsets.get(partition)
         if committed is not None:
             for task_id, p in self.buffer.outcomes.expired(self._now, {partition: committed}):
                 self.emission.tombstone(task_id, p, out)
@@ -148,7 +148,7 @@ class GroupingTransform:
 
     async def committed(self, partition: int, out: PartitionOutput) -> None:
         if out.offset is not None:
-            self.committed[partition] = out.offset
+            self.committed_offsets[partition] = out.offset
         batches, drops = self._emitted.pop(partition, ([], []))
         self._account(batches, drops)
         await self.releaser.release(drops)
@@ -165,7 +165,7 @@ class GroupingTransform:
     def _next_offset(self, partition: int) -> int | None:
         """The input offset to commit: below every open or waiting group; None if unchanged."""
         marks = [m for m in (self.buffer.watermark(partition), self.pending.low_offset(partition)) if m is not None]
-        if marks and min(marks) > self.committed.get(partition, -1):
+        if marks and min(marks) > self.committed_offsets.get(partition, -1):
             return min(marks)
         return None
 

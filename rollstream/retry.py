@@ -76,7 +76,10 @@ class RetryPolicy:
             before_sleep=_log_retry(what),
             reraise=True,
         )
-        return await retrying(fn)
+        async def invoke() -> T:  # tenacity awaits only coroutine functions, not lambdas
+            return await fn()
+
+        return await retrying(invoke)
 
 
 class Backoff:
