@@ -95,7 +95,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         consumer.subscribe([names.prompts], listener=CommitOnRevoke(committer, tracker))
         await consumer.start()
         stack.push_async_callback(consumer.stop)
-        dump = DumpWriter.from_config(config, tokenizer) if rollout.dump_to_file else None
+        dump = DumpWriter.from_config(config, tokenizer, versions=store) if rollout.dump_to_file else None
         if dump is not None:
             stack.push_async_callback(dump.close)  # flushes the last lines
         runner = PromptRunner(

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from rollstream.dump_files import is_plain_name
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be loaded or does not validate."""
@@ -151,6 +153,16 @@ class TrainerConfig(_Section):
     keep_checkpoints: int = 4  # older ckpt/v{n} directories are deleted
 
 
+class DumpConfig(_Section):
+    """Trajectory dumps (docs/DEBUGGING.md). Where: ``rollout.fileroot``. Who writes them: the
+    ``dump`` tier, or the rollout workers when ``rollout.dump_to_file`` is true (the dump tier
+    then refuses to start, so no sample is written twice)."""
+
+    # "reference": the reference system's nine fields (plus "row" on lines of multi-row
+    # episodes); "extended": also row, stop_reason, group_size, trainer_version, weight_path
+    fields: Literal["reference", "extended"] = "reference"
+
+
 class MetricsConfig(_Section):
     port: int | None = None
 
@@ -165,10 +177,12 @@ class RollstreamConfig(_Section):
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
     grouping: GroupingConfig = msgspec.field(default_factory=GroupingConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    dump: DumpConfig = msgspec.field(default_factory=DumpConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     log_level: str = "INFO"
 
 
+MAX_PRODUCER_ID_BYTES = 128  # leaves room for ":{epoch}:{index}" in a 200-byte file name
 SECRET_FIELDS = ("sasl_password", "ssl_password", "password")
 ENV_PREFIX = "ROLLSTREAM__"
 
@@ -265,6 +279,12 @@ def _check_ranges(config: RollstreamConfig) -> None:
         (config.kafka.fetch_min_bytes >= 1, "kafka.fetch_min_bytes must be >= 1"),
         (config.kafka.fetch_max_wait_ms >= 0, "kafka.fetch_max_wait_ms must be >= 0"),
         (config.reward.max_retries >= 0, "reward.max_retries must be >= 0"),
+        (
+            is_plain_name(config.producer.producer_id) and len(config.producer.producer_id.encode()) <= MAX_PRODUCER_ID_BYTES,
+            f"producer.producer_id {config.producer.producer_id!r} must be a plain file name of at most "
+            f"{MAX_PRODUCER_ID_BYTES} bytes (no '/', '%' or control characters, not starting with '.'): "
+            "it begins every task id, and task ids name the trajectory dump files",
+        ),
     ]
     raise_first_problem([(not ok, message) for ok, message in checks])
 
