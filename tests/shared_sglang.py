@@ -90,15 +90,17 @@ async def publish_versions(config: RollstreamConfig, versions: range, every: flo
     return times
 
 
-async def samples(config: RollstreamConfig, wanted: set[tuple[str, int]], timeout: float = 120) -> dict:
-    """Wait until one message per wanted ``(task_id, sample_idx)`` was published; returns them."""
+async def samples(config: RollstreamConfig, wanted: set[tuple[str, int]],
+                  timeout: float = 120) -> tuple[dict[tuple[str, int], Any], list[Episode]]:
+    """Wait until one message per wanted ``(task_id, sample_idx)`` was published. Returns the
+    last message per wanted sample, and every episode published (re-runs included)."""
     deadline = time.monotonic() + timeout
     while True:
-        found = {(m.task_id, m.sample_idx): m
-                 for m in await read_topic(config.kafka, names_of(config).episodes, decode_episode)
+        messages = await read_topic(config.kafka, names_of(config).episodes, decode_episode)
+        found = {(m.task_id, m.sample_idx): m for m in messages
                  if isinstance(m, (Episode, SampleRejected)) and (m.task_id, m.sample_idx) in wanted}
         if len(found) == len(wanted):
-            return found
+            return found, [m for m in messages if isinstance(m, Episode)]
         assert time.monotonic() < deadline, f"only {len(found)} of {len(wanted)} samples arrived"
         await asyncio.sleep(0.5)
 

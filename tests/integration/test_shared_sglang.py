@@ -60,7 +60,7 @@ async def test_three_workers_two_shared_servers_exact_tags(
             await publish_versions(configs[0], VERSIONS, every=1.0)
             feed.stop()
             await feeding
-            found = await samples(configs[0], feed.wanted)
+            found, published = await samples(configs[0], feed.wanted)
             assert not any(w.done() for w in workers), [w.exception() for w in workers if w.done()]
         finally:
             feed.stop()
@@ -70,7 +70,7 @@ async def test_three_workers_two_shared_servers_exact_tags(
 
         episodes = [m for m in found.values() if isinstance(m, Episode)]
         assert len(episodes) == len(found), [m for m in found.values() if not isinstance(m, Episode)][:3]
-        result = audit(episodes, [a, b])
+        result = audit(published, [a, b])
         print(f"\n{len(feed.wanted) // 2} prompts; {result}")
         assert result.mistagged == 0 and result.unknown == 0, result.examples
         assert result.tokens >= 1000 and result.multi_version_episodes > 0
