@@ -15,6 +15,7 @@ from rollstream.engines.sglang import SGLangEngine
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.server_lease import ServerLeases
 from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode, encode
 from tests.fakes import FakeSGLangServer
 from tests.faults.ledger import read_topic
@@ -103,6 +104,20 @@ async def samples(config: RollstreamConfig, wanted: set[tuple[str, int]],
             return found, [m for m in messages if isinstance(m, Episode)]
         assert time.monotonic() < deadline, f"only {len(found)} of {len(wanted)} samples arrived"
         await asyncio.sleep(0.5)
+
+
+async def owners_elected(config: RollstreamConfig, servers: list[FakeSGLangServer], timeout: float = 120) -> None:
+    """Wait until every server has a weight-sync owner (a lease holder)."""
+    redis = connect(config.redis)
+    keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
+    leases = ServerLeases(redis, keys, "observer", 1.0)
+    deadline = time.monotonic() + timeout
+    try:
+        while not all([await leases.holder(s.url) for s in servers]):
+            assert time.monotonic() < deadline, "no weight-sync owner elected"
+            await asyncio.sleep(0.1)
+    finally:
+        await redis.aclose()
 
 
 def loads_per_version(server: FakeSGLangServer) -> Counter[str]:

@@ -44,8 +44,8 @@ import itertools
 import logging
 import random
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
@@ -103,6 +103,7 @@ class SGLangEngineStats:
     duplicate_rids: int = 0  # 400 "Duplicate request ID" answers, retried with a new rid
     stale_spans: int = 0  # spans discarded: the server answered older than required
     catch_up_waits: int = 0  # calls that waited for a server to reach the trainer's version
+    calls_per_server: Counter[str] = field(default_factory=Counter)  # /generate posts by URL
 
 
 @dataclass
@@ -372,6 +373,7 @@ class SGLangEngine(InferenceEngine):
     async def _tracked_post(self, server: _Server, body: dict[str, Any]) -> Any:
         server.inflight += 1
         self.stats.http_attempts += 1
+        self.stats.calls_per_server[server.url] += 1
         try:
             data = await self.http.post(server.url, "/generate", body, self.settings.request_timeout_seconds)
         finally:

@@ -6,9 +6,8 @@ reference so the test can see which servers each worker used. For 30 s a trainer
 publishes a new version every second; the stand-ins record which weights produced every token.
 
 Asserted: every prompt's samples arrive as episodes; 0 mis-tagged (and 0 unknown) tokens among
-all generated tokens; each server loaded each version at most once (exactly once unless its
-owner was already behind a newer one), and both reached the newest; no request was refused as
-a duplicate; each server was used by at least two workers; some sequences span versions (the
+all generated tokens; each server loaded each version exactly once (versions are published once
+both servers have an owner) and ended on the newest; no request was refused as a duplicate; each server was used by at least two workers; some sequences span versions (the
 abort/resume path ran).
 """
 
@@ -25,7 +24,8 @@ from rollout_workers.service import run
 from tests.fakes import FakeSGLangServer
 from tests.fakes.tag_audit import audit
 from tests.shared_sglang import (
-    ENGINES, PromptFeed, loads_per_version, names_of, publish_versions, samples, shared_config, worker_settings,
+    ENGINES, PromptFeed, loads_per_version, names_of, owners_elected, publish_versions, samples, shared_config,
+    worker_settings,
 )
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
@@ -57,6 +57,7 @@ async def test_three_workers_two_shared_servers_exact_tags(
         feed = PromptFeed(configs[0])
         feeding = asyncio.create_task(feed.run())
         try:
+            await owners_elected(configs[0], [a, b])
             await publish_versions(configs[0], VERSIONS, every=1.0)
             feed.stop()
             await feeding
@@ -81,8 +82,9 @@ async def test_three_workers_two_shared_servers_exact_tags(
             skipped = [v for v in VERSIONS if str(v) not in loads]
             print(f"{server.url}: {len(server.loads)} loads of {len(VERSIONS)} versions, skipped {skipped}, "
                   f"pauses {server.hits['pause']}, refusals {dict(server.refusals)}")
-            assert max(loads.values()) == 1 and loads[newest] == 1
-            assert len(skipped) <= 3  # only when its owner was more than a version behind
+            # Owners skip a version only when a newer one was already out before they got to it;
+            # with a load taking ~0.1 s and a version a second, none is skipped.
+            assert loads == {str(v): 1 for v in VERSIONS}, (loads, skipped)
             assert server.refusals["duplicate_rid"] == 0 and server.weight_version == newest
             users = [w for w in WORKERS if ENGINES[w].stats.calls_per_server[server.url] > 0]
             assert len(users) >= 2, users
