@@ -4,7 +4,8 @@ Callers may rely on:
 
 * :class:`SGLangHttp` posts and gets JSON with an explicit timeout per call. HTTP 5xx raises
   :class:`Retryable` (worth another try, maybe elsewhere); HTTP 4xx raises :class:`HttpRefused`
-  (an :class:`EngineRequestError`) carrying the status and SGLang's message. Connection errors
+  (an :class:`EngineRequestError`) carrying the status and SGLang's message; a 2xx answer that
+  is not JSON raises :class:`EngineRequestError`. Connection errors
   and timeouts propagate as ``aiohttp.ClientError`` / ``asyncio.TimeoutError``.
 * :func:`parse_weight_version` turns SGLang's ``weight_version`` string into a rollstream
   version: the decimal string rollstream sends with each load, or ``"default"`` (the weights the
@@ -100,7 +101,10 @@ class SGLangHttp:
         async with self._client().post(f"{url}{path}", json=body, timeout=self._timeout(timeout)) as resp:
             text = await resp.text()
             _raise_for_status(f"{url}{path}", resp.status, text)
-            return json.loads(text) if text else None
+            try:
+                return json.loads(text) if text else None
+            except ValueError:
+                raise EngineRequestError(f"non-JSON answer from {url}{path}: {text[:200]!r}") from None
 
     async def get(self, url: str, path: str, timeout: float) -> tuple[int, Any]:
         """GET; ``(status, decoded JSON or None)``: no status is raised, callers decide."""
