@@ -33,8 +33,8 @@ Callers may rely on:
   up (or retries exhausted) ``agenerate`` raises ``EngineUnavailableError``; other HTTP 4xx
   raise ``EngineRequestError`` at once. A logprob SGLang wrote as JSON ``null`` (NaN or inf)
   raises ``NonFiniteLogprobError`` naming the position, so the sample fails with that reason.
-* Routing: a new request goes to the current server with the fewest calls in flight; its
-  resubmissions stay on that server (bounded LRU) while it is current and up.
+* Routing (``sglang_pool.py``): a new request goes to the current server with the fewest calls
+  in flight; its resubmissions stay on that server (bounded LRU) while it is current and up.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ import itertools
 import logging
 import random
 import time
-from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
@@ -61,6 +60,7 @@ from rollstream.engines.sglang_http import (
     SGLangHttp,
     parse_weight_version,
 )
+from rollstream.engines.sglang_pool import Server, ServerPool, SGLangEngineStats
 
 __all__ = [
     "EngineRequestError", "EngineUnavailableError", "NonFiniteLogprobError", "SGLangEngine",
@@ -70,40 +70,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _TOP_K_OFF = int(1e8)  # GenerationHyperparameters' "no top-k" default
-MAX_STICKY = 100_000
 
 
 class NonFiniteLogprobError(EngineRequestError):
     """SGLang wrote a NaN or infinite logprob (JSON ``null``): the sample cannot be trained on."""
-
-
-@dataclass(eq=False)
-class _Server:
-    url: str
-    inflight: int = 0
-    failures: int = 0  # consecutive
-    down_until: float = 0.0
-    version: int | None = None  # the weight version it last reported; None: not known yet
-
-    def up(self, now: float) -> bool:
-        return self.down_until <= now
-
-    def current(self, minimum: int) -> bool:
-        return self.version is not None and self.version >= minimum
-
-
-@dataclass
-class SGLangEngineStats:
-    """Counters for monitoring and tests (never reset by the engine)."""
-
-    http_attempts: int = 0
-    http_failures: int = 0
-    resubmissions: int = 0
-    servers_marked_down: int = 0
-    duplicate_rids: int = 0  # 400 "Duplicate request ID" answers, retried with a new rid
-    stale_spans: int = 0  # spans discarded: the server answered older than required
-    catch_up_waits: int = 0  # calls that waited for a server to reach the trainer's version
-    calls_per_server: Counter[str] = field(default_factory=Counter)  # /generate posts by URL
 
 
 @dataclass
@@ -171,18 +141,14 @@ class SGLangEngine(InferenceEngine):
     ) -> None:
         if not base_urls:
             raise ValueError("SGLangEngine needs at least one server URL")
-        self.servers = [_Server(url.rstrip("/")) for url in base_urls]
         self.tokenizer_path = tokenizer_path
         self.settings = settings or SGLangConfig()
         self.http = SGLangHttp(self.settings)
         self.admin = SGLangAdmin(self.http)
         self.stats = SGLangEngineStats()
-        self._trainer_version = 0
-        self._sticky: OrderedDict[str, _Server] = OrderedDict()
-        self._rotation = 0
+        self.pool = ServerPool(base_urls, self.settings, self.admin, self.stats)
+        self.servers = self.pool.servers
         self._tokenizer: Any = None
-        self._poll_lock = asyncio.Lock()
-        self._next_poll = 0.0
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -210,9 +176,9 @@ class SGLangEngine(InferenceEngine):
                 f"SGLang servers not up after {self.settings.health_timeout_seconds}s: {down}")
         for url in down:
             logger.error("SGLang %s is down at start: not used until it answers again", url)
-            self._mark_down(self._server(url))
+            self.pool.mark_down(self.pool.server(url))
 
-    async def _wait_up(self, server: _Server, deadline: float) -> bool:
+    async def _wait_up(self, server: Server, deadline: float) -> bool:
         while True:
             probe = await self.admin.probe(server.url)
             if probe.health is not ServerHealth.DOWN:
@@ -234,14 +200,11 @@ class SGLangEngine(InferenceEngine):
     def get_version(self) -> int:
         """The trainer's version as last declared: new tokens carry at least this minus
         ``max_version_lag``."""
-        return self._trainer_version
+        return self.pool.trainer_version
 
     def set_version(self, version: int) -> None:
         """Declare the trainer's version; servers behind it are not used until they catch up."""
-        self._trainer_version = version
-
-    def min_version(self) -> int:
-        return self._trainer_version - self.settings.max_version_lag
+        self.pool.trainer_version = version
 
     def server_versions(self) -> dict[str, int | None]:
         """The version each server last reported (for tests, status and logs)."""
@@ -255,7 +218,7 @@ class SGLangEngine(InferenceEngine):
 
     async def update_weights(self, update: WeightUpdate) -> None:
         """Load ``update`` on every server; EngineUnavailableError when none succeeded."""
-        servers = [s for s in self.servers if s.up(time.monotonic())]
+        servers = self.pool.up_servers()
         results = await asyncio.gather(*(self.admin.load(s.url, update) for s in servers), return_exceptions=True)
         for server, result in zip(servers, results):
             if isinstance(result, BaseException):
@@ -270,7 +233,7 @@ class SGLangEngine(InferenceEngine):
         await self._each(self.admin.resume, "/continue_generation")
 
     async def _each(self, op: Any, what: str) -> None:
-        servers = [s for s in self.servers if s.up(time.monotonic())]
+        servers = self.pool.up_servers()
         results = await asyncio.gather(*(op(s.url) for s in servers), return_exceptions=True)
         for server, result in zip(servers, results):
             if isinstance(result, BaseException):
@@ -346,11 +309,11 @@ class SGLangEngine(InferenceEngine):
 
     async def _generate(
         self, rid: str, payload: dict[str, Any], attempts: itertools.count[int],
-    ) -> tuple[_Server, Span, int]:
+    ) -> tuple[Server, Span, int]:
         """POST /generate with retries and failover: the server, its span, the minimum version."""
         last_error: BaseException | None = None
         for attempt in range(self.settings.max_retries + 1):
-            server, minimum = await self._pick(rid, last_error)
+            server, minimum = await self.pool.pick(rid, last_error)
             body = {**payload, "rid": f"{rid}.{next(attempts)}"}
             try:
                 span = parse_generate(await self._tracked_post(server, body), server.url)
@@ -363,14 +326,14 @@ class SGLangEngine(InferenceEngine):
                 last_error = exc
             except (*TRANSPORT_ERRORS, Retryable) as exc:
                 last_error = exc
-                self._record_failure(server, exc)
+                self.pool.record_failure(server, exc)
             if attempt < self.settings.max_retries:
                 await asyncio.sleep(self._backoff(attempt))
         raise EngineUnavailableError(
             f"/generate for rid {rid} failed after {self.settings.max_retries + 1} attempts: {last_error!r}"
         )
 
-    async def _tracked_post(self, server: _Server, body: dict[str, Any]) -> Any:
+    async def _tracked_post(self, server: Server, body: dict[str, Any]) -> Any:
         server.inflight += 1
         self.stats.http_attempts += 1
         self.stats.calls_per_server[server.url] += 1
@@ -378,86 +341,8 @@ class SGLangEngine(InferenceEngine):
             data = await self.http.post(server.url, "/generate", body, self.settings.request_timeout_seconds)
         finally:
             server.inflight -= 1
-        server.failures = 0
+        self.pool.record_success(server)
         return data
-
-    # -------------------------------------------------------------------- routing
-
-    async def _pick(self, rid: str, last_error: BaseException | None) -> tuple[_Server, int]:
-        """A server that is up and current; waits (bounded) while all up servers are behind."""
-        deadline: float | None = None
-        while True:
-            now = time.monotonic()
-            minimum = self.min_version()
-            up = [s for s in self.servers if s.up(now)]
-            if not up:
-                raise EngineUnavailableError(
-                    f"no SGLang server available {self._states(now, minimum)}; last error: {last_error!r}")
-            current = [s for s in up if s.current(minimum)]
-            if current:
-                return self._choose(rid, current), minimum
-            if deadline is None:
-                deadline = now + self.settings.catch_up_timeout_seconds
-                self.stats.catch_up_waits += 1
-            elif now >= deadline:
-                raise EngineUnavailableError(
-                    f"no SGLang server reached weight version {minimum} within "
-                    f"{self.settings.catch_up_timeout_seconds}s: {self._states(now, minimum)}")
-            await self._refresh_versions(up, minimum)
-
-    def _choose(self, rid: str, current: list[_Server]) -> _Server:
-        server = self._sticky.get(rid)
-        if server is None or server not in current:
-            # Fewest in flight; the rotating tie-break spreads a burst of new requests.
-            self._rotation += 1
-            n = len(current)
-            server = min(enumerate(current), key=lambda p: (p[1].inflight, (p[0] - self._rotation) % n))[1]
-        self._sticky[rid] = server
-        self._sticky.move_to_end(rid)
-        while len(self._sticky) > MAX_STICKY:
-            self._sticky.popitem(last=False)
-        return server
-
-    async def _refresh_versions(self, servers: list[_Server], minimum: int) -> None:
-        """Re-read the versions of servers that are behind, at most once per poll interval
-        however many calls wait, then sleep until the next poll may run."""
-        async with self._poll_lock:
-            if time.monotonic() >= self._next_poll:
-                behind = [s for s in servers if not s.current(minimum)]
-                await asyncio.gather(*(self._read_version(s) for s in behind))
-                self._next_poll = time.monotonic() + self.settings.version_poll_seconds
-        await asyncio.sleep(max(0.0, self._next_poll - time.monotonic()))
-
-    async def _read_version(self, server: _Server) -> None:
-        try:
-            server.version = await self.admin.weight_version(server.url)
-        except TRANSPORT_ERRORS as exc:
-            self._record_failure(server, exc)
-
-    def _states(self, now: float, minimum: int) -> dict[str, str]:
-        def state(s: _Server) -> str:
-            if not s.up(now):
-                return f"down for {s.down_until - now:.0f}s more"
-            if s.version is None:
-                return "weight version unknown"
-            return f"at v{s.version}" + ("" if s.current(minimum) else f", behind v{minimum}")
-
-        return {s.url: state(s) for s in self.servers}
-
-    def _server(self, url: str) -> _Server:
-        return next(s for s in self.servers if s.url == url)
-
-    def _record_failure(self, server: _Server, exc: BaseException) -> None:
-        self.stats.http_failures += 1
-        server.failures += 1
-        logger.warning("SGLang %s failed (%d in a row): %r", server.url, server.failures, exc)
-        if server.failures >= self.settings.failure_threshold and server.up(time.monotonic()):
-            self._mark_down(server)
-
-    def _mark_down(self, server: _Server) -> None:
-        server.down_until = time.monotonic() + self.settings.down_cooldown_seconds
-        self.stats.servers_marked_down += 1
-        logger.error("SGLang %s marked down for %.0fs", server.url, self.settings.down_cooldown_seconds)
 
     def _backoff(self, attempt: int) -> float:
         """Capped exponential backoff with "equal jitter": half fixed, half random."""
@@ -466,8 +351,7 @@ class SGLangEngine(InferenceEngine):
 
     def server_for(self, rid: str) -> str | None:
         """The URL a request's ``rid`` is pinned to, if any (for tests and debugging)."""
-        server = self._sticky.get(rid)
-        return server.url if server else None
+        return self.pool.server_for(rid)
 
 
 def _finite(logprobs: list[float | None], offset: int, rid: str, url: str) -> list[float]:
