@@ -18,15 +18,16 @@ What an owner does while it holds the lease (and checks before every step that i
   ``weight_version``), continue. Superseded versions are skipped: a server behind by several
   versions loads only the newest. A failed load resumes the server on its old weights (workers
   do not use it while it is behind) and is retried with capped backoff;
-* every ``reconcile_seconds`` (and at once when it takes a server over) it re-reads the
-  server's version and sends ``/continue_generation``, so a server a dead predecessor left
-  paused is released, and one that went back is reloaded;
+* every ``reconcile_seconds`` it re-reads the server's version and probes it: a server that
+  went back (restarted on its launch weights) is reloaded; one that is up but does not generate
+  while no update runs (a pause left behind) is sent ``/continue_generation``, as is every
+  server at once when the owner takes it over (its predecessor may have died mid-update);
 * it records each phase in Redis (``ServerLeases.write_state``, fenced by its token), which is
   how an operator tells "paused for a weight update" from "down".
 
 Limits: the server itself knows nothing of fencing tokens. An owner that stalls past its lease
 (a frozen process) may still have one HTTP call in flight when its successor starts; the
-successor's reconcile undoes a stray pause or load within ``reconcile_seconds``. A load that
+successor's reconcile undoes a stray pause or load within ``reconcile_seconds`` (plus a probe). A load that
 outlasts a dead owner's lease can run a second time (same weights, same tag).
 """
 
@@ -42,7 +43,7 @@ from redis.exceptions import RedisError
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.config import SGLangConfig
-from rollstream.engines.sglang_admin import SGLangAdmin
+from rollstream.engines.sglang_admin import ServerHealth, SGLangAdmin
 from rollstream.engines.sglang_http import TRANSPORT_ERRORS, EngineRequestError, Retryable
 from rollstream.metrics import WEIGHT_VERSION
 from rollstream.server_lease import Lease, Phase, ServerLeases, ServerSyncState
@@ -137,30 +138,43 @@ class ServerOwner:
 
     async def _serve(self, lease: Lease) -> None:
         backoff = Backoff(min(1.0, self._settings.reconcile_seconds), 30.0)
+        taken_over = True
         while True:
             self._changed.clear()
-            if await self._reconcile(lease):
+            if await self._reconcile(lease, taken_over):
+                taken_over = False
                 backoff.reset()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), self._settings.reconcile_seconds)
             else:
                 await backoff.sleep()
 
-    async def _reconcile(self, lease: Lease) -> bool:
-        """Bring the server to the target and running; False when it failed (retry later)."""
+    async def _reconcile(self, lease: Lease, taken_over: bool) -> bool:
+        """Bring the server to the target and running; False when it failed (retry later).
+
+        ``/continue_generation`` is sent on taking a server over (a predecessor may have died
+        between its pause and its continue) and whenever the server is up but does not
+        generate; not blindly, since newer SGLang empties the CUDA cache on each continue.
+        """
         self._check(lease)
         target = self._target
         try:
             version = await self._admin.weight_version(self.url)
+            if target is not None and (version is None or version < target.version):
+                return await self._update(lease, target, version)
+            if not taken_over:
+                probe = await self._admin.probe(self.url)
+                if probe.health is ServerHealth.DOWN:
+                    await self._record(lease, "down", None, probe.detail)
+                    return False
+                taken_over = probe.health is ServerHealth.NOT_GENERATING
+                if taken_over:
+                    log.warning("%s is up but does not generate (%s) and no update is running: continuing it",
+                                self.url, probe.detail)
+            if taken_over:
+                await self._admin.resume(self.url)
         except SERVER_ERRORS as exc:
             await self._record(lease, "down", None, f"{type(exc).__name__}: {exc}")
-            return False
-        if target is not None and (version is None or version < target.version):
-            return await self._update(lease, target, version)
-        try:
-            await self._admin.resume(self.url)  # heals a pause a predecessor left behind
-        except SERVER_ERRORS as exc:
-            await self._record(lease, "down", version, f"/continue_generation: {exc}")
             return False
         await self._record(lease, "serving", version)
         return True

@@ -165,3 +165,18 @@ async def test_the_pause_is_bounded(admin: SGLangAdmin, redis_client: aioredis.R
             assert time.monotonic() - started < SETTINGS.pause_timeout_seconds + 3
         assert (await generating)["meta_info"]["finish_reason"]["type"] == "abort"
         await http.close()
+
+
+async def test_a_stray_pause_is_continued_by_the_owner(
+    admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str
+) -> None:
+    """Something else pauses a server (a frozen predecessor's late call): the owner's reconcile
+    sees it up but not generating while no update runs, and continues it."""
+    async with FakeSGLangServer(token_delay=0.005, health_pause_timeout=30.0) as server, \
+            owners(server, admin, redis_client, unique_name, n=1) as running:
+        await until(lambda: len(holders(running)) == 1)
+        await asyncio.sleep(2 * SETTINGS.reconcile_seconds)  # past the takeover's own continue
+        continues = server.hits["continue"]
+        await admin.pause(server.url)
+        await until(lambda: not server.paused, timeout=3 * SETTINGS.health_probe_timeout_seconds)
+        assert server.hits["continue"] == continues + 1 and server.loads == []
