@@ -25,7 +25,6 @@ import time
 
 from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from rollstream.config import ConfigError, RolloutConfig, RollstreamConfig
 from rollstream.dump import DumpWriter
@@ -33,13 +32,12 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import WEIGHT_VERSION
-from rollstream.redis_state import REDIS_RETRY, RedisKeys, VersionStore, connect, wait_for_redis
+from rollstream.redis_state import RedisKeys, VersionStore, connect, wait_for_redis
 from rollout_workers.commits import CommitOnRevoke, OffsetCommitter
-from rollout_workers.engine_factory import build_engine, load_current_version, load_tokenizer
+from rollout_workers.engine_factory import build_engine, build_follower, load_tokenizer
 from rollout_workers.offsets import OffsetTracker
 from rollout_workers.registry import WorkflowRegistry
 from rollout_workers.runner import TIER, PromptRunner
-from rollout_workers.versions import VersionFollower
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +76,12 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         stack.push_async_callback(redis.aclose)
         if not await _redis_ready(redis, stop):
             return
-        store = VersionStore(redis, RedisKeys(config.experiment.experiment_name, config.experiment.trial_name))
+        keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
+        store = VersionStore(redis, keys)
         await engine.start()
         stack.push_async_callback(engine.close)
-        # a malformed version key or a Redis restart is waited out, never a crash loop
-        current = await REDIS_RETRY.call(
-            lambda: load_current_version(engine, store), retry_on=(RedisError, OSError),
-            what="reading the trainer's weight version", stop=stop,
-        )
-        WEIGHT_VERSION.labels(TIER).set(current)
+        follower = build_follower(rollout, engine, store, redis, keys, worker_id)
+        WEIGHT_VERSION.labels(TIER).set(await follower.catch_up())
         producer = make_producer(config.kafka, f"rollout-{worker_id}")
         await producer.start()
         stack.push_async_callback(producer.stop)
@@ -102,7 +97,6 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
             producer=producer, names=names, registry=registry, engine=engine, tracker=tracker,
             worker_id=worker_id, max_concurrent_rollouts=rollout.max_concurrent_rollouts, dump=dump,
         )
-        follower = VersionFollower(engine, store)
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)
         log.info("rollout worker %s consuming %s as group %s", worker_id, names.prompts, names.group_id(TIER))

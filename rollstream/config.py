@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
@@ -89,6 +89,36 @@ class WorkflowSpec(_Section):
     kwargs: dict[str, Any] = {}
 
 
+Seconds = Annotated[float, msgspec.Meta(gt=0)]  # a duration that must be positive
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class SGLangConfig(_Section):
+    """How rollout workers talk to shared SGLang servers (``rollout.sglang.*``).
+
+    Generation (every worker): timeouts, retries with capped exponential backoff, failover.
+    Weight sync (one owner per server, elected by a lease in Redis): bounded pause and load.
+    """
+
+    request_timeout_seconds: Seconds = 3600.0  # one /generate call (a long generation is one call)
+    connect_timeout_seconds: Seconds = 10.0  # opening a connection to a server
+    max_retries: Count = 3  # extra attempts of a /generate call after a connection error, timeout or 5xx
+    backoff_base_seconds: Seconds = 0.5  # first retry delay, doubled per attempt...
+    backoff_max_seconds: Seconds = 10.0  # ...up to this
+    failure_threshold: Annotated[int, msgspec.Meta(ge=1)] = 2  # failures in a row that mark a server down...
+    down_cooldown_seconds: Seconds = 30.0  # ...for this long (its requests fail over)
+    health_timeout_seconds: Seconds = 300.0  # at start: wait this long for every server to be up
+    health_probe_timeout_seconds: Seconds = 5.0  # one /health probe; no answer in time: ask /model_info
+    max_version_lag: Count = 0  # a server is used only at >= trainer version - this
+    catch_up_timeout_seconds: Seconds = 600.0  # a request waits this long for a server at that version
+    version_poll_seconds: Seconds = 0.5  # while requests wait, re-read servers' weight_version this often
+    # The weight-sync owner of each server:
+    lease_ttl_seconds: Seconds = 10.0  # a dead owner's servers are taken over after this
+    pause_timeout_seconds: Seconds = 60.0  # /pause_generation answers once aborted requests are answered
+    update_timeout_seconds: Seconds = 900.0  # /update_weights_from_disk (a large checkpoint from disk)
+    reconcile_seconds: Seconds = 5.0  # the owner re-checks its idle server (version, not left paused)
+
+
 class RolloutConfig(_Section):
     engine: Literal["hf", "sglang", "custom"] = "hf"
     # engine "custom": import string of a callable taking this RolloutConfig and returning an
@@ -97,6 +127,7 @@ class RolloutConfig(_Section):
     model_path: str = ""
     tokenizer_path: str | None = None
     sglang_urls: list[str] = []
+    sglang: SGLangConfig = msgspec.field(default_factory=SGLangConfig)  # see SGLangConfig
     device: str = "cpu"
     seed: int | None = None
     max_concurrent_rollouts: int = 8
