@@ -299,3 +299,36 @@ async def test_worker_survives_a_broker_restart_without_loss_or_duplicates(
         await asyncio.wait_for(worker, 60)
     keys = [(m.episode.task_id, m.episode.sample_idx) for m in scored]
     assert len(keys) == len(set(keys)) == n
+
+
+async def test_a_rebalance_while_a_batch_is_in_hand_skips_no_record_and_stalls_no_group(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tokenizer_dir: str
+) -> None:
+    """A second worker joins, then leaves, while the first is scoring a fetched batch (each
+    reward takes 0.1 s, four per batch, one pool process): every episode is scored exactly
+    once, and all of them within the deadline with no further membership change (a record
+    stranded past the consumer's position would never be scored)."""
+    n = 48
+    settings = {"reward_fn": "tests.integration.reward_service_fns:slow_exact_match", "max_batch": 4,
+                "poll_timeout_ms": 100}
+    configs = [reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir, worker_id=w, **settings)
+               for w in ("w-a", "w-b")]
+    names = names_of(configs[0])
+    await produce_episodes(configs[0], [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(n)])
+    stops = [asyncio.Event(), asyncio.Event()]
+    a = asyncio.create_task(run(configs[0], stops[0]))
+    b: asyncio.Task[None] | None = None
+    try:
+        await wait_for_scored(configs[0], 4)  # A is streaming: its next batch is in hand
+        b = asyncio.create_task(run(configs[1], stops[1]))
+        await wait_for_scored(configs[0], 16)
+        stops[1].set()  # B leaves while A holds a batch: its partitions move back
+        await asyncio.wait_for(b, 60)
+        scored = await wait_for_scored(configs[0], n, timeout=60)
+        await asyncio.sleep(1.0)
+        scored = await read_topic(configs[0], names.scored, decode_scored)
+    finally:
+        for stop in stops:
+            stop.set()
+        await asyncio.wait_for(a, 60)
+    assert sorted(m.episode.task_id for m in scored) == sorted(f"p:0:{i}" for i in range(n))
