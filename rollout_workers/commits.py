@@ -1,5 +1,8 @@
 """Commit the tracker's committable offsets: periodically, on revocation and at shutdown.
 
+The prompts consumer's rebalance guard is the shared :class:`PartitionOwnership`
+(:func:`prompt_ownership`), whose release commits what is done.
+
 Only partitions the consumer still owns are committed, and only offsets that moved since
 the last successful commit. A failed commit (e.g. the group is rebalancing) is logged and
 retried at the next commit point; committing late only means re-running a few prompts.
@@ -11,11 +14,12 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import IllegalStateError, KafkaError
 from aiokafka.structs import TopicPartition
 
 from rollout_workers.offsets import OffsetTracker
+from rollstream.kafka.ownership import PartitionOwnership
 
 log = logging.getLogger(__name__)
 
@@ -67,31 +71,31 @@ class OffsetCommitter:
             self._committed.pop(tp, None)
 
 
-class CommitOnRevoke(ConsumerRebalanceListener):
-    """Before partitions move to another worker: commit what is done, then forget them.
+def prompt_ownership(consumer: AIOKafkaConsumer, topic: str, committer: OffsetCommitter,
+                     tracker: OffsetTracker, name: str) -> PartitionOwnership:
+    """The rebalance guard of the prompts consumer (the shared one, see
+    :mod:`rollstream.kafka.ownership`): nothing to fence on taking a partition; before a
+    partition moves to another worker, what is done is committed and the rest forgotten.
 
     Prompts of revoked partitions that are still running go on and publish their samples;
     the new owner re-runs them from the committed offset (duplicates are removed downstream).
     """
 
-    def __init__(self, committer: OffsetCommitter, tracker: OffsetTracker) -> None:
-        self._committer = committer
-        self._tracker = tracker
+    async def acquire(partitions: set[int]) -> set[int]:
+        return partitions
 
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        if not revoked:
-            return
-        committed = await self._committer.commit(only=revoked)
-        unfinished = sum(self._tracker.in_flight(tp) for tp in revoked)
-        self._tracker.forget(revoked)
-        self._committer.forget(revoked)
+    async def release(partitions: set[int]) -> None:
+        revoked = {TopicPartition(topic, p) for p in partitions}
+        committed = await committer.commit(only=revoked)
+        unfinished = sum(tracker.in_flight(tp) for tp in revoked)
+        tracker.forget(revoked)
+        committer.forget(revoked)
         log.info(
             "partitions revoked: %s (committed %s; %d prompts still running will be re-run by the new owner)",
             _names(revoked), {f"{tp.topic}[{tp.partition}]": o for tp, o in committed.items()}, unfinished,
         )
 
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        log.info("partitions assigned: %s", _names(assigned))
+    return PartitionOwnership(consumer, topic, acquire, release, name)
 
 
 def _names(tps: Iterable[TopicPartition]) -> str:

@@ -30,10 +30,11 @@ from rollstream.config import ConfigError, RolloutConfig, RollstreamConfig
 from rollstream.dump import DumpWriter
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
+from rollstream.kafka.ownership import PartitionOwnership
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import WEIGHT_VERSION
 from rollstream.redis_state import RedisKeys, VersionStore, connect, wait_for_redis
-from rollout_workers.commits import CommitOnRevoke, OffsetCommitter
+from rollout_workers.commits import OffsetCommitter, prompt_ownership
 from rollout_workers.engine_factory import build_engine, build_follower, load_tokenizer
 from rollout_workers.offsets import OffsetTracker
 from rollout_workers.registry import WorkflowRegistry
@@ -87,7 +88,8 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         stack.push_async_callback(producer.stop)
         consumer = make_consumer(config.kafka, f"rollout-{worker_id}", group_id=names.group_id(TIER))
         committer = OffsetCommitter(consumer, tracker)
-        consumer.subscribe([names.prompts], listener=CommitOnRevoke(committer, tracker))
+        ownership = prompt_ownership(consumer, names.prompts, committer, tracker, f"rollout worker {worker_id}")
+        consumer.subscribe([names.prompts], listener=ownership)
         await consumer.start()
         stack.push_async_callback(consumer.stop)
         dump = DumpWriter.from_config(config, tokenizer, versions=store) if rollout.dump_to_file else None
@@ -101,7 +103,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         stack.push_async_callback(_cancel, follower_task)
         log.info("rollout worker %s consuming %s as group %s", worker_id, names.prompts, names.group_id(TIER))
         try:
-            await _consume(consumer, runner, committer, follower_task, stop, config)
+            await _consume(consumer, ownership, runner, committer, follower_task, stop, config)
         except BaseException:
             await runner.tasks.cancel_all()  # a crash commits nothing more
             raise
@@ -124,6 +126,7 @@ async def _redis_ready(redis: Redis, stop: asyncio.Event) -> bool:
 
 async def _consume(
     consumer: AIOKafkaConsumer,
+    ownership: PartitionOwnership,
     runner: PromptRunner,
     committer: OffsetCommitter,
     follower_task: asyncio.Task[None],
@@ -135,9 +138,11 @@ async def _consume(
     next_commit = time.monotonic() + interval
     while not stop.is_set():
         runner.tasks.raise_if_failed()
+        ownership.raise_error()
         _check_follower(follower_task)
         room = limit - runner.inflight_samples
-        _pause_when_full(consumer, full=room <= 0)
+        async with ownership.lock:
+            _pause_when_full(consumer, ownership, full=room <= 0)
         timeout_ms = FETCH_TIMEOUT_MS
         if room <= 0:
             await runner.wait_for_room(FETCH_TIMEOUT_MS / 1000)
@@ -145,10 +150,12 @@ async def _consume(
         # A record holds group_size samples; taking at most ``room`` records keeps the
         # backlog (work a crash would redo) small.
         max_records = max(1, min(FETCH_MAX_RECORDS, room))
-        batch = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-        for records in batch.values():
-            for record in records:
-                runner.take(record)
+        fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        snapshot = ownership.snapshot()  # no await since getmany returned
+        async with ownership.lock:
+            for records in ownership.accept(fetched, snapshot).values():
+                for record in records:
+                    runner.take(record)
         if time.monotonic() >= next_commit:
             await committer.advance_positions()
             await committer.commit()
@@ -162,14 +169,17 @@ def _check_follower(task: asyncio.Task[None]) -> None:
         raise RuntimeError("the version follower ended unexpectedly")
 
 
-def _pause_when_full(consumer: AIOKafkaConsumer, full: bool) -> None:
-    """Pause fetching while at capacity; polling goes on so the group keeps this member."""
+def _pause_when_full(consumer: AIOKafkaConsumer, ownership: PartitionOwnership, full: bool) -> None:
+    """Pause fetching while at capacity; polling goes on so the group keeps this member.
+    Only partitions this worker owns are resumed (the guard pauses the others)."""
     if full:
         assigned = consumer.assignment()
         if assigned and consumer.paused() != assigned:
             consumer.pause(*assigned)
     elif consumer.paused():
-        consumer.resume(*consumer.paused())
+        owned = [tp for tp in consumer.paused() if tp.partition in ownership.owned]
+        if owned:
+            consumer.resume(*owned)
 
 
 async def _drain(runner: PromptRunner, committer: OffsetCommitter, grace_seconds: float) -> None:

@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.metrics import WEIGHT_VERSION
+from rollstream.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +39,6 @@ class VersionSource(Protocol):
     def watch(self, poll_seconds: float = 2.0) -> AsyncIterator[int]: ...
 
     async def get_update(self, version: int | None = None) -> WeightUpdate | None: ...
-
-
-class Backoff:
-    """Capped exponential delays: ``first``, doubled on each failure, reset on success."""
-
-    def __init__(self, first: float = 0.5, cap: float = 30.0) -> None:
-        self.first, self.cap, self.delay = first, cap, first
-
-    def reset(self) -> None:
-        self.delay = self.first
-
-    async def sleep(self) -> None:
-        await asyncio.sleep(self.delay)
-        self.delay = min(self.delay * 2, self.cap)
 
 
 async def load_weights(engine: InferenceEngine, update: WeightUpdate) -> None:
@@ -139,28 +126,28 @@ class VersionFollower:
             log.warning("version store went back to %d (following %d); ignored", version, self._target)
 
     async def _watch_loop(self) -> None:
-        backoff = Backoff(self._backoff_first, self._backoff_cap)
+        backoff = RetryPolicy(initial=self._backoff_first, maximum=self._backoff_cap, jitter=0.0).backoff()
         while True:
             try:
                 async for version in self._store.watch(self._poll_seconds):
-                    backoff.reset()
+                    backoff.succeeded()
                     self._offer(version)
             except REDIS_ERRORS as exc:
                 log.warning(
                     "version store unreachable (%s: %s); keeping version %d, retrying in %.1fs",
-                    type(exc).__name__, exc, self._engine.get_version(), backoff.delay,
+                    type(exc).__name__, exc, self._engine.get_version(), backoff.next_pause,
                 )
                 await backoff.sleep()
 
     async def _apply_loop(self) -> None:
-        backoff = Backoff(self._backoff_first, self._backoff_cap)
+        backoff = RetryPolicy(initial=self._backoff_first, maximum=self._backoff_cap, jitter=0.0).backoff()
         while True:
             await self._changed.wait()
             self._changed.clear()
             while self._target > self._engine.get_version():
                 outcome = await self._try_load(self._target)
                 if outcome == "loaded":
-                    backoff.reset()
+                    backoff.succeeded()
                 elif outcome == "no_weights":
                     break  # wait for the next version
                 else:
@@ -192,11 +179,11 @@ class VersionFollower:
 
     async def _ensure_resumed(self) -> None:
         """Retry ``resume`` until it works, so a failed load never leaves generation paused."""
-        backoff = Backoff(self._backoff_first, self._backoff_cap)
+        backoff = RetryPolicy(initial=self._backoff_first, maximum=self._backoff_cap, jitter=0.0).backoff()
         while True:
             try:
                 await self._engine.resume()
                 return
             except Exception as exc:
-                log.error("engine resume failed (%s); retrying in %.1fs", exc, backoff.delay)
+                log.error("engine resume failed (%s); retrying in %.1fs", exc, backoff.next_pause)
                 await backoff.sleep()

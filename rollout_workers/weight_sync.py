@@ -47,7 +47,8 @@ from rollstream.engines.sglang_admin import ServerHealth, SGLangAdmin
 from rollstream.engines.sglang_http import TRANSPORT_ERRORS, EngineRequestError, Retryable
 from rollstream.metrics import WEIGHT_VERSION
 from rollstream.server_lease import Lease, Phase, ServerLeases, ServerSyncState
-from rollout_workers.versions import TIER, Backoff, VersionFollower, VersionSource
+from rollstream.retry import RetryPolicy
+from rollout_workers.versions import TIER, VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
 
@@ -137,13 +138,13 @@ class ServerOwner:
                 return
 
     async def _serve(self, lease: Lease) -> None:
-        backoff = Backoff(min(1.0, self._settings.reconcile_seconds), 30.0)
+        backoff = RetryPolicy(initial=min(1.0, self._settings.reconcile_seconds), maximum=30.0, jitter=0.0).backoff()
         taken_over = True
         while True:
             self._changed.clear()
             if await self._reconcile(lease, taken_over):
                 taken_over = False
-                backoff.reset()
+                backoff.succeeded()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), self._settings.reconcile_seconds)
             else:

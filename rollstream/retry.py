@@ -50,6 +50,12 @@ class RetryPolicy:
     def backoff(self) -> Backoff:
         return Backoff(self)
 
+    def pause(self, failures: int) -> float:
+        """The pause after the ``failures``-th failure in a row (1 = the first)."""
+        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+        state.attempt_number = max(1, failures)
+        return float(self.wait_strategy()(state))
+
     async def call(
         self,
         fn: Callable[[], Awaitable[T]],
@@ -88,7 +94,11 @@ class Backoff:
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
         self.failures = 0
-        self._wait = policy.wait_strategy()
+
+    @property
+    def next_pause(self) -> float:
+        """About how long the next failure will pause (for log lines)."""
+        return self.policy.pause(self.failures + 1)
 
     def failed(self, error: BaseException | None = None) -> float:
         """Count one more failure; the seconds to pause, or RetriesExhausted past the limit."""
@@ -96,9 +106,11 @@ class Backoff:
         limit = self.policy.max_attempts
         if limit is not None and self.failures >= limit:
             raise RetriesExhausted(f"{self.failures} tries in a row failed, last: {error!r}") from error
-        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-        state.attempt_number = self.failures
-        return float(self._wait(state))
+        return self.policy.pause(self.failures)
+
+    async def sleep(self, error: BaseException | None = None) -> None:
+        """Count a failure and pause for it."""
+        await asyncio.sleep(self.failed(error))
 
     def succeeded(self) -> None:
         self.failures = 0

@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +60,7 @@ from rollstream.engines.sglang_http import (
     parse_weight_version,
 )
 from rollstream.engines.sglang_pool import Server, ServerPool, SGLangEngineStats
+from rollstream.retry import RetryPolicy
 
 __all__ = [
     "EngineRequestError", "EngineUnavailableError", "NonFiniteLogprobError", "SGLangEngine",
@@ -345,9 +345,10 @@ class SGLangEngine(InferenceEngine):
         return data
 
     def _backoff(self, attempt: int) -> float:
-        """Capped exponential backoff with "equal jitter": half fixed, half random."""
-        delay = min(self.settings.backoff_max_seconds, self.settings.backoff_base_seconds * (2**attempt))
-        return delay / 2 + random.uniform(0, delay / 2)
+        """The shared retry policy's pause before retry ``attempt`` + 1 (0 = the first retry)."""
+        policy = RetryPolicy(initial=self.settings.backoff_base_seconds, maximum=self.settings.backoff_max_seconds,
+                             jitter=self.settings.backoff_base_seconds)
+        return policy.pause(attempt + 1)
 
     def server_for(self, rid: str) -> str | None:
         """The URL a request's ``rid`` is pinned to, if any (for tests and debugging)."""
