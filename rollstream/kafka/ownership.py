@@ -70,14 +70,14 @@ class PartitionOwnership(ConsumerRebalanceListener):
             except BaseException as exc:  # aiokafka logs and swallows listener errors
                 self.error = exc
                 raise
-        log.info("%s: assigned %s partitions %s", self._name, self._topic, sorted(partitions) or "none")
+        log.info("%s: assigned partitions %s of %s", self._name, sorted(partitions) or "none", self._topic)
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         partitions = {tp.partition for tp in revoked if tp.topic == self._topic}
         async with self.lock:  # waits for the work in progress
             await self.drop(partitions)
         if partitions:
-            log.info("%s: revoked %s partitions %s", self._name, self._topic, sorted(partitions))
+            log.info("%s: revoked partitions %s of %s", self._name, sorted(partitions), self._topic)
 
     # -- used by the tier (with ``lock`` held) --
 

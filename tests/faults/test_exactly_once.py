@@ -154,7 +154,7 @@ async def test_grouping_scaled_out_and_back_mid_run(
         pipeline.hold_versions = True  # no new prompts until the second instance is in
         second = pipeline.add("grouping-1", "grouping", "grouping.instance_id=grouping-1")
         second.start()
-        await pipeline.wait_for(lambda: bool(second.grep("assigned scored partitions [")), 120,
+        await pipeline.wait_for(lambda: bool(second.grep("assigned partitions [")), 120,
                                 "the second grouping instance to own a partition")
         at_scale_out = pipeline.progress()
         pipeline.hold_versions = False
@@ -164,7 +164,7 @@ async def test_grouping_scaled_out_and_back_mid_run(
         assert await asyncio.to_thread(second.stop, 60.0) == 0, second.tail()
         await pipeline.wait_for(pipeline.finished, 240, "every admitted prompt to end")
         outcome = await pipeline.outcome()
-    first_assignments = pipeline.tiers["grouping-0"].grep("assigned scored partitions")
+    first_assignments = pipeline.tiers["grouping-0"].grep("assigned partitions")
     second_emitted = len(second.grep("emitted batch of"))
     text = report("grouping scaled 1 -> 2 -> 1", outcome, {
         "scaled out at": f"{at_scale_out:.0%}", "scaled in at": f"{at_scale_in:.0%}",
