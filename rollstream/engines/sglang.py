@@ -35,6 +35,7 @@ import aiohttp
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
+from rollstream.api.request_check import checked_input_ids
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +293,7 @@ class SGLangEngine(InferenceEngine):
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Generate for ``req``, resuming across pauses (see the module docstring)."""
+        checked_input_ids(req.input_ids)  # a malformed request fails here, alone, with its cause
         g = req.gconfig
         budget = g.budget(len(req.input_ids))
         started = time.monotonic()

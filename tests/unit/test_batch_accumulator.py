@@ -83,3 +83,14 @@ def test_inconsistent_batch_is_rejected() -> None:
     acc.take(record(encode(batch), 0))
     assert acc.undecodable == 1 and not acc.ready()
     assert torch.is_tensor(split_groups(build_batch([group("a", [1])], 0))[0].tensors["rewards"])
+
+
+def test_training_batch_has_rejected_and_failed_per_group() -> None:
+    from consumers.batching import build_batch
+    from consumers.training_batch import assemble, split_groups
+    from tests.unit.test_grouping_support import scored
+
+    groups = [CompleteGroup("a", 3, False, (scored("a", 0, group_size=3),), 1, 0, 0, 2, 0.0, 1),
+              CompleteGroup("b", 1, False, (scored("b", 0, group_size=1),), 0, 0, 3, 3, 0.0)]
+    batch = assemble(split_groups(build_batch(groups, trainer_version=0)))
+    assert (batch.group_rejected, batch.group_failed) == ([1, 0], [1, 0])
