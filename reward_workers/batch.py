@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -60,8 +61,11 @@ def task_id_of(result: ScoreResult) -> str:
 
 
 def outcome_of(result: ScoreResult) -> str:
-    """Metric label: scored | rejected | failed | task_failed."""
+    """Metric label: scored | passed_through (already scored by its workflow) | rejected |
+    failed | task_failed."""
     match result:
+        case ScoredEpisode(reward_source="workflow"):
+            return "passed_through"
         case ScoredEpisode():
             return "scored"
         case SampleRejected(failed=True):
@@ -71,6 +75,15 @@ def outcome_of(result: ScoreResult) -> str:
         case TaskFailed():
             return "task_failed"
     raise TypeError(f"not a scored message: {type(result).__name__}")
+
+
+def describe_outcomes(results: list[ScoreResult]) -> str:
+    """``"3 scored, 13 passed through (already scored by their workflow), 1 failed"``: the
+    batch's results by outcome, in a fixed order, zero counts left out ("nothing" if empty)."""
+    counts = Counter(outcome_of(r) for r in results)
+    labels = {"passed_through": "passed through (already scored by their workflow)"}
+    order = ("scored", "passed_through", "rejected", "failed", "task_failed")
+    return ", ".join(f"{counts[o]} {labels.get(o, o)}" for o in order if counts[o]) or "nothing"
 
 
 async def score_batch(

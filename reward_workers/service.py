@@ -31,7 +31,7 @@ from aiokafka.errors import (
     UnsupportedVersionError,
 )
 
-from reward_workers.batch import ScoredBatch, commit_batch, first_offsets, score_batch, task_id_of
+from reward_workers.batch import ScoredBatch, commit_batch, describe_outcomes, first_offsets, score_batch, task_id_of
 from reward_workers.rebalance import BatchGuard
 from reward_workers.scorer import Scorer
 from rollstream.config import RollstreamConfig, raise_first_problem
@@ -195,6 +195,6 @@ def _log_batch(batch: ScoredBatch) -> None:
     tasks = sorted({task_id_of(r) for r in batch.results})
     shown = ", ".join(tasks[:5]) + (f" (+{len(tasks) - 5} more)" if len(tasks) > 5 else "")
     log.info(
-        "committed %d records: %d scored messages, %d dead letters; tasks %s",
-        batch.records, len(batch.results), len(batch.dead_letters), shown or "-",
+        "committed %d records: %s; %d dead letters; tasks %s",
+        batch.records, describe_outcomes(batch.results), len(batch.dead_letters), shown or "-",
     )

@@ -9,7 +9,7 @@ import torch
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from reward_workers.batch import first_offsets, outcome_of, score_batch, task_id_of
+from reward_workers.batch import describe_outcomes, first_offsets, outcome_of, score_batch, task_id_of
 from reward_workers.rebalance import BatchGuard
 from rollstream.wire import Episode, SampleRejected, ScoredEpisode, TaskFailed, encode, encode_tensor_dict
 
@@ -19,6 +19,10 @@ TOPIC = "rs.x.t0.episodes"
 class ConstantScorer:
     worker_id = "w"
     on_timeout = "zero"
+    rescore = False
+
+    def passed_through(self, episode: Episode) -> None:
+        pass
 
     def decode(self, ids: list[int]) -> str:
         return ""
@@ -62,9 +66,18 @@ async def test_batch_decodes_scores_and_dead_letters() -> None:
 
 
 def test_outcome_labels() -> None:
-    assert outcome_of(SampleRejected(task_id="a", sample_idx=0, group_size=1)) == "rejected"
-    assert outcome_of(SampleRejected(task_id="a", sample_idx=0, group_size=1, failed=True)) == "failed"
+    rejected = SampleRejected(task_id="a", sample_idx=0, group_size=1)
+    failed = SampleRejected(task_id="a", sample_idx=0, group_size=1, failed=True)
+    episode = Episode(task_id="a", sample_idx=0, group_size=1, trajectory={})
+    scored = ScoredEpisode(episode=episode, reward=1.0)
+    kept = ScoredEpisode(episode=episode, reward=1.0, reward_source="workflow")
+    assert outcome_of(rejected) == "rejected" and outcome_of(failed) == "failed"
     assert outcome_of(TaskFailed(task_id="a")) == "task_failed"
+    assert outcome_of(scored) == "scored" and outcome_of(kept) == "passed_through"
+    assert describe_outcomes([kept, scored, kept, failed]) == (
+        "1 scored, 2 passed through (already scored by their workflow), 1 failed"
+    )
+    assert describe_outcomes([]) == "nothing"
 
 
 async def test_revocation_waits_for_the_batch_in_progress() -> None:
