@@ -13,7 +13,8 @@
   produced (``set_version`` / ``update_weights``), ``pause`` holds generation at the next token
   until ``resume``, and ``token_delay`` spaces the tokens out so a test can pause mid-request;
 * the stop reason is the scripted one (``"abort"`` and ``"tool_calls"`` included), else
-  "length" when the budget cut the output, else "stop". Default logprobs: ``-0.5 - 0.1 * i``.
+  "length" when the budget cut the output, else "stop". Default logprobs: ``-0.5 - 0.1 * i``
+  rounded to float32, as engines compute them (so they survive the trajectory's float32).
 
 Every request (a copy, as sent) is kept in ``requests``; weight updates in ``weight_updates``.
 """
@@ -25,6 +26,8 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
+
+import numpy
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import ModelRequest, ModelResponse, StopReason
@@ -93,7 +96,7 @@ class ScriptedEngine(InferenceEngine):
         if self.delay:
             await asyncio.sleep(self.delay)
         tokens, versions = await self._produce(list(answer.tokens[:budget]), answer.versions)
-        logprobs = list(answer.logprobs[: len(tokens)]) if answer.logprobs is not None else [-0.5 - 0.1 * i for i in range(len(tokens))]
+        logprobs = list(answer.logprobs[: len(tokens)]) if answer.logprobs is not None else _default_logprobs(len(tokens))
         cut = len(tokens) < len(answer.tokens)
         return ModelResponse(
             input_tokens=prompt, output_tokens=tokens, output_logprobs=logprobs, output_versions=versions,
@@ -135,6 +138,11 @@ class ScriptedEngine(InferenceEngine):
     async def update_weights(self, update: WeightUpdate) -> None:
         self.weight_updates.append(update)
         self.version = update.version
+
+
+def _default_logprobs(n: int) -> list[float]:
+    values = numpy.float32(-0.5) - numpy.float32(0.1) * numpy.arange(n, dtype=numpy.float32)
+    return [float(v) for v in values]
 
 
 def _scripted(answer: Answer) -> Scripted:
