@@ -11,7 +11,9 @@ before acking gets the same groups again. Acks are cumulative (acking a batch al
 every record read before it). Keep ``trainer.batch_size`` a multiple of
 ``grouping.groups_per_batch``: a record split across two steps can only be committed whole.
 ``dropped`` records are counted in ``drops_by_reason``; undecodable records are counted in
-``undecodable`` and skipped with a warning, never raised.
+``undecodable`` and skipped with a warning, never raised; a group already handed out in a
+recent step (re-delivered after a refused ack) is skipped and counted in
+``duplicates_skipped``.
 """
 
 from __future__ import annotations
@@ -83,6 +85,11 @@ class BatchConsumer:
     @property
     def eval_skipped(self) -> int:
         return self.accumulator.eval_skipped
+
+    @property
+    def duplicates_skipped(self) -> int:
+        """Groups skipped because this consumer already handed them out (see BatchAccumulator)."""
+        return self.accumulator.duplicates_skipped
 
     async def start(self) -> None:
         # A trainer may start before any tier: create the trial's topics rather than wait

@@ -1,10 +1,14 @@
 """The dump tier: reads ``scored`` in its own consumer group and writes trajectory dumps.
 
-Each poll's lines are flushed to their files before the poll's offsets are committed, so a
-crash never loses a line; it may repeat the lines of the last uncommitted poll
-(at-least-once; every line carries ``task_id`` and ``sample_idx`` to de-duplicate).
-Undecodable records go to the dead-letter topic (delivered before the commit) and the tier
-keeps running. Layout and line format: :mod:`rollstream.dump`.
+Each poll's lines are merged into their files before the poll's offsets are committed, so a
+crash never loses a line. Records re-read after a crash change nothing: a task's file keeps
+one line per ``(sample_idx, row)`` (:mod:`rollstream.dump_files`). Undecodable records go to
+the dead-letter topic (delivered before the commit) and the tier keeps running. Line format:
+:mod:`rollstream.dump`; with ``dump.fields: extended`` the tier reads the trainer version and
+weight paths from Redis.
+
+One writer per sample: with ``rollout.dump_to_file`` true the rollout workers write the
+dumps, and this tier refuses to start (:func:`check_single_writer`).
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError
 from aiokafka.structs import ConsumerRecord
 
-from rollstream.config import RollstreamConfig
+from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.dump import DumpWriter
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT
+from rollstream.redis_state import RedisKeys, VersionStore, connect
 from rollstream.wire import ScoredEpisode, WireDecodeError, decode_scored
 
 log = logging.getLogger(__name__)
@@ -32,12 +37,30 @@ TIER = "dump"
 POLL_TIMEOUT_MS = 500
 
 
+def check_single_writer(config: RollstreamConfig) -> None:
+    """``ConfigError`` when the rollout workers write the dumps themselves."""
+    if config.rollout.dump_to_file:
+        raise ConfigError(
+            "rollout.dump_to_file is true: the rollout workers write the trajectory dumps, and the "
+            "dump tier would write every sample a second time. Set rollout.dump_to_file=false to "
+            "let the dump tier write them, or do not run the dump tier."
+        )
+
+
 async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
     """Dump every scored episode until ``stop`` is set; commits after each flushed poll."""
+    check_single_writer(config)
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    writer = DumpWriter.from_config(config)  # fails early, naming the setting, without a tokenizer
-    await ensure_topics(config.kafka, names)
+    exp = config.experiment
     async with contextlib.AsyncExitStack() as stack:
+        versions = None
+        if config.dump.fields == "extended":  # trainer version and weight paths live in Redis
+            redis = connect(config.redis)
+            stack.push_async_callback(redis.aclose)
+            versions = VersionStore(redis, RedisKeys(exp.experiment_name, exp.trial_name))
+        # fails early, naming the setting, without a tokenizer
+        writer = DumpWriter.from_config(config, versions=versions)
+        await ensure_topics(config.kafka, names)
         consumer = make_consumer(
             config.kafka, TIER, names.scored, group_id=names.group_id(TIER), read_committed=True
         )
@@ -73,8 +96,9 @@ async def _handle_poll(
     try:
         await consumer.commit(offsets)
     except CommitFailedError as exc:
-        # A rebalance took the partitions away: their new owner re-dumps these lines.
-        log.warning("commit failed after a rebalance (%s); lines may be repeated", exc)
+        # A rebalance took the partitions away: their new owner re-reads these records, and
+        # their lines, already in the files, are skipped.
+        log.warning("commit failed after a rebalance (%s); the new owner re-reads these records", exc)
     if task_ids:
         shown = ", ".join(sorted(set(task_ids))[:8])
         log.info("dumped %d episode(s) of task(s) %s%s", len(task_ids), shown, "..." if len(set(task_ids)) > 8 else "")

@@ -1,102 +1,111 @@
-"""One grouping cycle's output, written in ONE Kafka transaction.
+"""What a grouping cycle writes for one input partition, and the slots it returns afterwards.
 
-The transaction holds: the batches and drop records (``batches``), an outcome per ended group
-and tombstones for forgotten outcomes (``grouping-changelog``, in the source partition), dead
-letters, and the new committed input offsets. Before it commits, each dropped train group's
-staleness slot is returned in Redis (idempotent per task, so a drop re-decided after a crash
-is not counted twice). Either all of it becomes visible to ``read_committed`` readers, or
-none of it does and the consumer rebuilds its state from the committed offsets.
+:class:`Emission` turns ended groups into records of the partition's transaction output
+(:class:`~rollstream.kafka.consume_transform_produce.PartitionOutput`): the ``batch`` or
+``dropped`` record on ``batches``, an ``outcome`` per ended group and tombstones for forgotten
+outcomes on ``grouping-changelog`` (in the source partition). A group that cannot become a
+batch (its samples do not concatenate, a tensor is unusable, the record would exceed
+``kafka.max_message_bytes``) is never retried forever: it becomes a dead letter naming the
+error and a ``dropped`` record with reason ``dead_lettered``, and the other groups of the
+batch are emitted.
+
+:class:`SlotReleaser` returns the staleness slots of dropped train groups in Redis AFTER their
+drop records are committed (a slot returned for a drop that then aborted could be re-decided
+as emitted, which would over-admit). Redis being down never blocks emission: a failed release
+is kept and retried next cycle (and lost if the process dies first: the slot stays taken, the
+safe direction for the staleness bound).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+import time
 
-from aiokafka.structs import TopicPartition
 from redis.exceptions import RedisError
 
 from consumers.batching import build_batch, drop_record
 from consumers.changelog import outcome_record
 from consumers.grouping import CompleteGroup, DroppedGroup
-from consumers.txn_producer import TransactionalProducer
-from rollstream.kafka.dead_letter import send_dead_letter
+from rollstream import metrics
+from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import StalenessBudget
+from rollstream.redis_state import StalenessBudget, StateMissingError
 from rollstream.wire import DeadLetter, encode
 
 log = logging.getLogger(__name__)
 
+TIER = "grouping"
 RELEASE_TIMEOUT_SECONDS = 2.0
+MAX_DETAIL_CHARS = 500
 
 
-@dataclass
-class CycleOutput:
-    """What one cycle decided; ``offsets`` maps scored partitions to their new committed offset."""
+class Emission:
+    """Writes ended groups into a partition's output (pure: no I/O)."""
 
-    batches: list[list[CompleteGroup]] = field(default_factory=list)
-    drops: list[DroppedGroup] = field(default_factory=list)
-    dead_letters: list[DeadLetter] = field(default_factory=list)
-    tombstones: list[tuple[str, int]] = field(default_factory=list)
-    offsets: dict[int, int] = field(default_factory=dict)
-
-    def empty(self) -> bool:
-        return not (self.batches or self.drops or self.dead_letters or self.tombstones or self.offsets)
-
-
-class Emitter:
-    """Sends a :class:`CycleOutput` inside the producer's transaction (the caller begins/commits)."""
-
-    def __init__(
-        self,
-        txn: TransactionalProducer,
-        names: TopicNames,
-        budget: StalenessBudget,
-        pad_value: float,
-    ) -> None:
-        self._txn = txn
+    def __init__(self, names: TopicNames, pad_value: float) -> None:
         self._names = names
-        self._budget = budget
         self._pad_value = pad_value
-        self._group_id = names.group_id("grouping")
-        self.unreleased: dict[str, str] = {}  # task -> reason, slots Redis did not take back yet
 
-    async def send(self, out: CycleOutput, version: int) -> list[asyncio.Future[object]]:
-        """Queue every record of ``out`` in the open transaction; returns the delivery futures."""
-        producer = self._txn.producer
-        names, send = self._names, producer.send
-        futures: list[asyncio.Future[object]] = []
-        for groups in out.batches:
-            batch = build_batch(groups, version, self._pad_value)
-            futures.append(await send(names.batches, encode(batch), key=groups[0].task_id.encode()))
-            for group in groups:
-                futures.append(await self._send_outcome(group))
-        for drop in out.drops:
-            record = encode(drop_record(drop, version))
-            futures.append(await send(names.batches, record, key=drop.task_id.encode()))
-            futures.append(await self._send_outcome(drop))
-        for task_id, partition in out.tombstones:
-            futures.append(await send(names.grouping_changelog, None, key=task_id.encode(), partition=partition))
-        for letter in out.dead_letters:
-            await send_dead_letter(producer, names.dead_letter, letter)
-        if out.offsets:
-            offsets = {TopicPartition(names.scored, p): offset for p, offset in out.offsets.items()}
-            await producer.send_offsets_to_transaction(offsets, self._group_id)
-        return futures
+    def batches(self, batches: list[list[CompleteGroup]], version: int, out: PartitionOutput) -> list[DroppedGroup]:
+        """Queue each batch; returns the groups that could not be batched (already queued as
+        dead letters and ``dead_lettered`` drops)."""
+        refused: list[DroppedGroup] = []
+        for groups in batches:
+            try:
+                self._batch(groups, version, out)
+            except Exception:  # noqa: BLE001 - find the group(s) at fault, emit the others
+                if len(groups) == 1:
+                    refused.append(self._refuse(groups[0], version, out))
+                    continue
+                refused += self.batches([[g] for g in groups], version, out)
+        return refused
 
-    async def _send_outcome(self, group: CompleteGroup | DroppedGroup) -> asyncio.Future[object]:
+    def drop(self, drop: DroppedGroup, version: int, out: PartitionOutput) -> None:
+        out.send(self._names.batches, encode(drop_record(drop, version)), key=drop.task_id.encode())
+        self._outcome(drop, out)
+
+    def tombstone(self, task_id: str, partition: int, out: PartitionOutput) -> None:
+        out.send(self._names.grouping_changelog, None, key=task_id.encode(), partition=partition)
+
+    def _batch(self, groups: list[CompleteGroup], version: int, out: PartitionOutput) -> None:
+        value = encode(build_batch(groups, version, self._pad_value))  # may raise: nothing queued yet
+        out.send(self._names.batches, value, key=groups[0].task_id.encode())
+        for group in groups:
+            self._outcome(group, out)
+
+    def _outcome(self, group: CompleteGroup | DroppedGroup, out: PartitionOutput) -> None:
         value = encode(outcome_record(group))
-        return await self._txn.producer.send(
-            self._names.grouping_changelog, value, key=group.task_id.encode(), partition=group.partition
+        out.send(self._names.grouping_changelog, value, key=group.task_id.encode(), partition=group.partition)
+
+    def _refuse(self, group: CompleteGroup, version: int, out: PartitionOutput) -> DroppedGroup:
+        try:
+            build_batch([group], version, self._pad_value)
+            error: Exception = ValueError("the batch record is too large")
+        except Exception as exc:  # noqa: BLE001 - the error is what the dead letter reports
+            error = exc
+        detail = f"group cannot be batched: {type(error).__name__}: {error}"[:MAX_DETAIL_CHARS]
+        out.dead_letters.append(DeadLetter(
+            tier=TIER, source_topic=self._names.scored, partition=group.partition, offset=group.min_offset,
+            key=group.task_id.encode(), value=None, reason=detail, error_type=type(error).__name__, at=time.time(),
+        ))
+        metrics.DEAD_LETTERS.labels(TIER, type(error).__name__).inc()
+        drop = DroppedGroup(
+            group.task_id, "dead_lettered", detail, group.is_eval, group.group_size,
+            group.partition, group.min_offset, group.max_offset, group.first_seen,
         )
+        self.drop(drop, version, out)
+        return drop
 
-    async def release_slots(self, drops: list[DroppedGroup]) -> None:
-        """Return the staleness slots of dropped train groups (and of earlier failed releases).
 
-        Redis being down never blocks emission: a failed release is kept and retried next
-        cycle (and lost if this process dies first: the slot stays taken).
-        """
+class SlotReleaser:
+    """Returns the staleness slots of committed train drops; retries what Redis refused."""
+
+    def __init__(self, budget: StalenessBudget) -> None:
+        self._budget = budget
+        self.unreleased: dict[str, str] = {}  # task -> reason, not yet taken back by Redis
+
+    async def release(self, drops: list[DroppedGroup]) -> None:
         for drop in drops:
             if not drop.is_eval:
                 self.unreleased[drop.task_id] = drop.reason
@@ -104,6 +113,9 @@ class Emitter:
         for task_id, reason in list(self.unreleased.items()):
             try:
                 await asyncio.wait_for(self._budget.release(task_id, reason), RELEASE_TIMEOUT_SECONDS)
+            except StateMissingError:
+                log.warning("staleness state missing in Redis (restarted?); slot of %s kept until a producer rebuilds it", task_id)
+                return
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 log.warning("cannot release the staleness slot of %s yet (%s); will retry", task_id, exc)
                 return

@@ -1,7 +1,10 @@
 """The trainer's weight version as the grouping consumer sees it: Redis, or the last known value.
 
-Emission never waits for Redis: when it is unreachable the last version read is used (0 before
-the first successful read), a warning is logged, and Redis is asked again after a back-off.
+Emission never waits for Redis: when it is unreachable (or its version key is malformed) the
+last version read is used (0 before the first successful read), a warning is logged, and Redis
+is asked again after a back-off. Versions only go up: a lower value (a Redis that restarted
+without persistence reads 0 until the trainer publishes again) is logged and ignored, so
+batches are never tagged with a version older than one already seen.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ class TrainerVersion:
                 "cannot read the trainer version from Redis (%s: %s); using the last known version %d",
                 type(exc).__name__, exc, self.last,
             )
+            return self.last
+        if version < self.last:
+            log.warning("trainer version in Redis went back to %d (last seen %d); keeping %d",
+                        version, self.last, self.last)
             return self.last
         if version != self.last:
             log.info("trainer version is now %d", version)

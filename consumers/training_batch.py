@@ -128,20 +128,46 @@ def assemble(groups: list[GroupRows], pad_value: float = 0.0) -> TrainingBatch:
     )
 
 
+class RecentTasks:
+    """The task ids of the last ``capacity`` groups handed out, oldest forgotten first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids: dict[str, None] = {}
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._ids
+
+    def add(self, task_id: str) -> None:
+        self._ids.pop(task_id, None)
+        self._ids[task_id] = None
+        while len(self._ids) > self.capacity:
+            del self._ids[next(iter(self._ids))]
+
+
 class BatchAccumulator:
     """Collects groups record by record; hands out ``batch_size`` of them with commit offsets.
 
     ``batch.offsets`` covers every record taken so far, except a record whose groups were
     split across two batches: it is committed with the batch that uses its last group.
+
+    Second line of defence against training on a group twice (the first is the pipeline's
+    exactly-once emission): a group whose task id was handed out in the last
+    ``remember_steps`` steps (e.g. re-delivered after a refused ack) is skipped and counted in
+    ``duplicates_skipped``, never silently.
     """
 
-    def __init__(self, batch_size: int, pad_value: float = 0.0, include_eval: bool = False) -> None:
+    def __init__(
+        self, batch_size: int, pad_value: float = 0.0, include_eval: bool = False, remember_steps: int = 64
+    ) -> None:
         self.batch_size = batch_size
         self.pad_value = pad_value
         self.include_eval = include_eval
         self.drops_by_reason: Counter[str] = Counter()
         self.undecodable = 0
         self.eval_skipped = 0
+        self.duplicates_skipped = 0
+        self.trained = RecentTasks(max(1, remember_steps) * batch_size)
         self._groups: list[GroupRows] = []
         self._progress: dict[TopicPartition, int] = {}  # next offset after the last record taken
 
@@ -170,14 +196,22 @@ class BatchAccumulator:
         if message.is_eval and not self.include_eval:
             self.eval_skipped += len(groups)
             return
+        waiting = {g.task_id for g in self._groups}
         for group in groups:
+            if group.task_id in self.trained or group.task_id in waiting:
+                self.duplicates_skipped += 1
+                log.warning("skipping group %s at %s@%d: already trained on (or waiting) in this run",
+                            group.task_id, tp, record.offset)
+                continue
             group.tp, group.offset = tp, record.offset
-        self._groups.extend(groups)
+            self._groups.append(group)
 
     def hand_out(self) -> TrainingBatch:
         """The first ``batch_size`` waiting groups (call when :meth:`ready`)."""
         taken, self._groups = self._groups[: self.batch_size], self._groups[self.batch_size :]
         batch = assemble(taken, self.pad_value)
+        for group in taken:
+            self.trained.add(group.task_id)
         offsets = dict(self._progress)
         for left in self._groups:  # a record split across two batches is not committed yet
             if left.tp is not None:

@@ -3,22 +3,30 @@
 A training prompt is published only after ``StalenessBudget.try_admit`` said yes; admission
 is idempotent per task id, so a producer that crashed between admitting and publishing
 re-admits the same (deterministic) task id without counting it twice. Eval prompts are never
-counted. While Redis is unreachable the producer waits: it never publishes an unadmitted
-training prompt.
+counted. After each commit the producer ``confirm``s its train prompts, which counts only
+those the counters do not know (prompts admitted before Redis lost its state and committed
+after the rebuild read the topics).
+
+Redis faults are waited out, never crashes, and never an unadmitted training prompt:
+unreachable -> wait for Redis; state missing -> rebuild it from the topics (``restore``);
+a malformed key -> log and retry every ``poll_seconds`` until someone fixes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 
-from rollstream.redis_state import StalenessBudget, wait_for_redis
+from rollstream.redis_state import RedisStateError, StalenessBudget, StateMissingError, wait_for_redis
 
 log = logging.getLogger(__name__)
 
-REDIS_ERRORS = (aioredis.ConnectionError, aioredis.TimeoutError, OSError)
+REDIS_ERRORS = (aioredis.RedisError, OSError)
+T = TypeVar("T")
 
 
 class Admission:
@@ -34,30 +42,52 @@ class Admission:
         poll_seconds: float,
         stop: asyncio.Event,
         enabled: bool = True,
+        restore: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._budget = budget
         self._client = client
         self._poll_seconds = poll_seconds
         self._stop = stop
         self._enabled = enabled
+        self._restore = restore
         self.waits = 0  # how many times the producer waited for room (a counter for logs)
 
     async def try_admit(self, task_id: str, is_eval: bool) -> bool:
         """True when ``task_id`` is admitted now (always for eval prompts or a disabled budget).
 
-        False when the budget is full right now, or when ``stop`` was set while Redis was
-        unreachable. Redis outages are waited out here.
+        False when the budget is full right now, or when ``stop`` was set while Redis could
+        not answer. Redis faults are waited out here.
         """
         if is_eval or not self._enabled:
             return True
+        admitted = await self._with_redis(lambda: self._budget.try_admit(task_id), f"admitting {task_id}")
+        return bool(admitted)
+
+    async def confirm(self, task_ids: list[str]) -> None:
+        """Count committed train prompts the counters may not know (see the module docstring)."""
+        if not self._enabled or not task_ids:
+            return
+        counted = await self._with_redis(lambda: self._budget.confirm(task_ids), "confirming published prompts")
+        if counted:
+            log.warning("counted %d published prompts that the rebuilt staleness budget did not know", counted)
+
+    async def _with_redis(self, call: Callable[[], Awaitable[T]], what: str) -> T | None:
+        """``await call()`` through every Redis fault; None when ``stop`` was set first."""
         while not self._stop.is_set():
             try:
-                return await self._budget.try_admit(task_id)
+                return await call()
+            except StateMissingError:
+                if self._restore is None:
+                    raise
+                await self._restore()
+            except RedisStateError as exc:
+                log.error("staleness budget unusable while %s: %s; retrying in %.1fs", what, exc, self._poll_seconds)
+                await self._sleep(self._poll_seconds)
             except REDIS_ERRORS as exc:
-                log.warning("staleness budget unreachable while admitting %s: %s", task_id, exc)
+                log.warning("staleness budget unreachable while %s: %s", what, exc)
                 if not await self._wait_for_redis():
-                    return False
-        return False
+                    return None
+        return None
 
     async def wait_for_room(self) -> bool:
         """Sleep until the budget may have grown (new version, a release) or ``poll_seconds``.
@@ -83,6 +113,12 @@ class Admission:
         except REDIS_ERRORS as exc:
             log.warning("staleness budget unreachable while waiting for room: %s", exc)
             await self._wait_for_redis()
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
 
     async def _wait_for_redis(self) -> bool:
         """Wait until Redis answers again; False when ``stop`` was set first."""

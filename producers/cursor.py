@@ -13,10 +13,8 @@ import asyncio
 import logging
 import time
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from rollstream.config import RollstreamConfig
-from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.scan import scan_topic
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import ProducerCursor, WireDecodeError, decode_cursor, encode
 
@@ -37,7 +35,8 @@ def cursor_record(cursor: ProducerCursor) -> tuple[bytes, bytes]:
 def advance(cursor: ProducerCursor, epoch: int, index: int, published: int) -> ProducerCursor:
     """A new cursor at ``(epoch, index)`` with ``published`` prompts so far."""
     return ProducerCursor(
-        producer_id=cursor.producer_id, epoch=epoch, index=index, published=published, at=time.time()
+        producer_id=cursor.producer_id, epoch=epoch, index=index, published=published, at=time.time(),
+        is_eval=cursor.is_eval,
     )
 
 
@@ -50,48 +49,41 @@ async def read_cursor(
     consumer. Raises ``CursorError`` when the topic cannot be read within 60 s or when the
     latest record for this producer does not decode.
     """
-    # Subscribed without a group, aiokafka assigns every partition of the topic to this consumer.
-    consumer = make_consumer(
-        config.kafka, f"cursor-reader-{producer_id}", names.producer_cursor,
-        group_id=None, read_committed=True,
-    )
-    await consumer.start()
+    key = producer_id.encode()
+    latest: tuple[int, int, bytes | None] | None = None  # partition, offset, value
+
+    async def scan() -> None:
+        nonlocal latest
+        async for record in scan_topic(config.kafka, names.producer_cursor, f"cursor-reader-{producer_id}"):
+            if record.key == key:
+                latest = (record.partition, record.offset, record.value)
+
     try:
-        return await asyncio.wait_for(
-            _scan(consumer, names.producer_cursor, producer_id), READ_TIMEOUT_SECONDS
-        )
+        await asyncio.wait_for(scan(), READ_TIMEOUT_SECONDS)
     except TimeoutError:
         raise CursorError(
             f"could not read {names.producer_cursor} to its end within {READ_TIMEOUT_SECONDS:.0f}s"
         ) from None
-    finally:
-        await consumer.stop()
+    return _decode_latest(names.producer_cursor, producer_id, latest)
 
 
-async def _scan(consumer: AIOKafkaConsumer, topic: str, producer_id: str) -> ProducerCursor | None:
-    partitions = await _partitions(consumer, topic)
-    await consumer.seek_to_beginning(*partitions)
-    # With read_committed, end offsets are last stable offsets: committed data only.
-    ends = await consumer.end_offsets(partitions)
-    key = producer_id.encode()
-    latest: tuple[int, int, bytes | None] | None = None  # partition, offset, value
-    remaining = {tp for tp in partitions if ends[tp] > 0}
-    while remaining:
-        batches = await consumer.getmany(*remaining, timeout_ms=200)
-        for records in batches.values():
-            for record in records:
-                if record.key == key:
-                    latest = (record.partition, record.offset, record.value)
-        for tp in list(remaining):
-            if await consumer.position(tp) >= ends[tp]:
-                remaining.discard(tp)
-    return _decode_latest(topic, producer_id, latest)
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    while not consumer.assignment():  # assigned once the topic's metadata arrived
-        await asyncio.sleep(0.05)
-    return sorted(consumer.assignment())
+async def read_all_cursors(config: RollstreamConfig, names: TopicNames) -> dict[str, ProducerCursor]:
+    """The last committed cursor of every producer of the trial (undecodable ones skipped)."""
+    latest: dict[bytes, bytes | None] = {}
+    async for record in scan_topic(config.kafka, names.producer_cursor, "cursor-reader-all"):
+        if record.key is not None:
+            latest[record.key] = record.value
+    cursors: dict[str, ProducerCursor] = {}
+    for value in latest.values():
+        if value is None:
+            continue
+        try:
+            cursor = decode_cursor(value)
+        except WireDecodeError as exc:
+            log.warning("skipping an undecodable cursor record: %s", exc.reason)
+            continue
+        cursors[cursor.producer_id] = cursor
+    return cursors
 
 
 def _decode_latest(

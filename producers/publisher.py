@@ -1,21 +1,26 @@
 """Publish admitted prompts together with the producer's cursor, one transaction per batch.
 
 Prompts and the cursor that covers them commit or abort together, so after any crash the
-committed cursor names exactly the first sample whose prompt was not committed.
+committed cursor names exactly the first sample whose prompt was not committed. A failed
+transaction (broker restarting, coordinator moved) is retried with the shared retry policy on
+a new producer (the transactional core closes the failed one); a fenced producer (another
+process started with the same ``producer.producer_id``) stops the tier.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
 
 from producers.cursor import cursor_record
 from rollstream.kafka.dead_letter import send_dead_letter
 from rollstream.kafka.topics import TopicNames
+from rollstream.kafka.transactions import TransactionalProducer, TransactionFailed, TransactionFenced
+from rollstream.retry import RetryPolicy
 from rollstream.metrics import DEAD_LETTERS, MESSAGES_OUT
 from rollstream.wire import DeadLetter, ProducerCursor, PromptTask
 
@@ -29,6 +34,7 @@ class PendingBatch:
     """Encoded prompts (and dead letters) waiting for their transaction, plus the cursor after them."""
 
     prompts: list[tuple[bytes, bytes]] = field(default_factory=list)  # (key, value)
+    train_task_ids: list[str] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     cursor: ProducerCursor | None = None
     first_added: float = 0.0
@@ -38,6 +44,8 @@ class PendingBatch:
         self._touch()
         self.prompts.append((task.task_id.encode(), value))
         self.eval_prompts += task.is_eval
+        if not task.is_eval:
+            self.train_task_ids.append(task.task_id)
         self.cursor = cursor
 
     def add_dead_letter(self, letter: DeadLetter, cursor: ProducerCursor) -> None:
@@ -65,44 +73,43 @@ class ProducerFencedError(RuntimeError):
 
 
 class PromptPublisher:
-    """Commits pending batches on a started transactional producer."""
+    """Commits pending batches through a transactional producer, retrying failed transactions."""
 
-    def __init__(self, producer: AIOKafkaProducer, names: TopicNames) -> None:
-        self._producer = producer
+    def __init__(self, txn: TransactionalProducer, names: TopicNames, retry: RetryPolicy) -> None:
+        self._txn = txn
         self._names = names
+        self._retry = retry
 
     async def commit(self, batch: PendingBatch) -> None:
-        """Send every prompt, dead letter and the cursor in one transaction; raises on failure.
+        """Send every prompt, dead letter and the cursor in one transaction.
 
-        On failure the transaction is aborted (nothing of it is visible to read_committed
-        readers) and the error propagates: the producer restarts from its committed cursor.
+        A failed transaction is invisible and is retried (same content, new producer) per the
+        retry policy, whose last failure propagates; ``ProducerFencedError`` when fenced.
         """
-        if batch.is_empty() or batch.cursor is None:
+        cursor = batch.cursor
+        if batch.is_empty() or cursor is None:
             return
         try:
-            await self._send_all(batch, batch.cursor)
-        except (ProducerFenced, InvalidProducerEpoch) as exc:
+            await self._retry.call(
+                lambda: self._txn.commit(lambda producer: self._send_all(producer, batch, cursor)),
+                retry_on=(TransactionFailed,), what=f"publishing {len(batch.prompts)} prompts",
+            )
+        except TransactionFenced as exc:
             raise ProducerFencedError(
-                f"another producer with producer.producer_id={batch.cursor.producer_id!r} started and "
+                f"another producer with producer.producer_id={cursor.producer_id!r} started and "
                 "fenced this one; each producer needs its own producer_id"
             ) from exc
         MESSAGES_OUT.labels(TIER, self._names.prompts).inc(len(batch.prompts))
         MESSAGES_OUT.labels(TIER, self._names.dead_letter).inc(len(batch.dead_letters))
         DEAD_LETTERS.labels(TIER, "unencodable_row").inc(len(batch.dead_letters))
-        log.debug(
-            "committed %d prompts; cursor epoch %d index %d",
-            len(batch.prompts), batch.cursor.epoch, batch.cursor.index,
-        )
+        log.debug("committed %d prompts; cursor epoch %d index %d", len(batch.prompts), cursor.epoch, cursor.index)
 
-    async def _send_all(self, batch: PendingBatch, cursor: ProducerCursor) -> None:
-        async with self._producer.transaction():
-            futures = [
-                await self._producer.send(self._names.prompts, value, key=key)
-                for key, value in batch.prompts
-            ]
-            for letter in batch.dead_letters:
-                await send_dead_letter(self._producer, self._names.dead_letter, letter)
-            key, value = cursor_record(cursor)
-            futures.append(await self._producer.send(self._names.producer_cursor, value, key=key))
-            for future in futures:
-                await future  # surfaces a delivery error inside the transaction, so it aborts
+    async def _send_all(
+        self, producer: AIOKafkaProducer, batch: PendingBatch, cursor: ProducerCursor
+    ) -> list[asyncio.Future[object]]:
+        futures = [await producer.send(self._names.prompts, value, key=key) for key, value in batch.prompts]
+        for letter in batch.dead_letters:
+            await send_dead_letter(producer, self._names.dead_letter, letter)
+        key, value = cursor_record(cursor)
+        futures.append(await producer.send(self._names.producer_cursor, value, key=key))
+        return futures

@@ -20,17 +20,21 @@ from typing import Any
 import msgspec
 
 from producers.admission import Admission
+from producers.budget_restore import restore_budget
 from producers.cursor import advance, read_cursor
 from producers.dataset import iter_samples, load_rows, next_position, task_id_for
 from producers.publisher import TIER, PendingBatch, PromptPublisher
 from rollstream.config import RollstreamConfig, raise_first_problem
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
+from rollstream.kafka.transactions import TransactionalProducer
 from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.retry import RetryPolicy
 from rollstream.wire import DeadLetter, ProducerCursor, PromptTask, encode
 
 log = logging.getLogger(__name__)
+
+PUBLISH_ATTEMPTS = 20  # failed transactions in a row before the producer gives up (about 90 s)
 
 
 @dataclass
@@ -78,19 +82,17 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
     await ensure_topics(config.kafka, names)
     async with contextlib.AsyncExitStack() as stack:
-        producer = make_producer(
-            config.kafka, f"producer-{pc.producer_id}",
-            transactional_id=transactional_id(names, pc.producer_id),
-        )
+        txn = TransactionalProducer(config.kafka, f"producer-{pc.producer_id}", transactional_id(names, pc.producer_id))
         # Starting fences a crashed predecessor and aborts its open transaction, so the
         # cursor read below sees the final committed state.
-        await producer.start()
-        stack.push_async_callback(producer.stop)
+        await txn.start()
+        stack.push_async_callback(txn.stop)
         redis = connect(config.redis)
         stack.push_async_callback(redis.aclose)
         cursor = await read_cursor(config, names, pc.producer_id)
         if cursor is None:
             cursor = ProducerCursor(producer_id=pc.producer_id, epoch=0, index=0, published=0)
+        cursor = msgspec.structs.replace(cursor, is_eval=pc.is_eval)
         log.info(
             "producer %s starts at epoch %d index %d (%d published before) over %d rows",
             pc.producer_id, cursor.epoch, cursor.index, cursor.published, len(rows),
@@ -100,9 +102,11 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
             config.staleness.max_head_offpolicyness, config.staleness.batch_size,
         )
         admission = Admission(
-            budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled
+            budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled,
+            restore=lambda: restore_budget(config, names, budget),
         )
-        loop = _ProduceLoop(config, rows, cursor, admission, PromptPublisher(producer, names), stop)
+        publisher = PromptPublisher(txn, names, RetryPolicy(initial=0.25, maximum=5.0, max_attempts=PUBLISH_ATTEMPTS))
+        loop = _ProduceLoop(config, rows, cursor, admission, publisher, stop)
         summary = await loop.run()
     log.info(
         "producer %s finished (%s): %d prompts published (%d eval, %d total), %d rows dead-lettered, "
@@ -203,6 +207,7 @@ class _ProduceLoop:
         if batch.is_empty():
             return
         await self._publisher.commit(batch)
+        await self._admission.confirm(batch.train_task_ids)
         summary = self._summary
         before = summary.published
         summary.published += len(batch.prompts)

@@ -1,11 +1,16 @@
 """Build the worker's inference engine and tokenizer from ``rollout.*`` settings.
 
 ``rollout.engine: hf`` runs a local transformers model (``rollout.model_path``, ``device``,
-``seed``); ``rollout.engine: sglang`` talks to SGLang servers (``rollout.sglang_urls``) and
-needs a tokenizer path (``rollout.tokenizer_path``, else ``rollout.model_path``);
+``seed``); ``rollout.engine: sglang`` talks to SGLang servers (``rollout.sglang_urls``, with the
+timeouts, retries and failover of ``rollout.sglang``) and needs a tokenizer path
+(``rollout.tokenizer_path``, else ``rollout.model_path``);
 ``rollout.engine: custom`` calls ``rollout.engine_factory`` (an import string, ``"pkg.mod:fn"``)
 with the ``RolloutConfig`` and uses the ``InferenceEngine`` it returns. Bad settings raise
 :class:`~rollstream.config.ConfigError` naming the setting.
+
+:func:`build_follower` picks how the worker follows the trainer's version: an engine it owns
+alone is paused, reloaded and resumed by a :class:`VersionFollower`; SGLang servers, which
+workers share, are reloaded by one owner per server (``rollout_workers/weight_sync.py``).
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis.asyncio as aioredis
+
 from rollstream.api.engine import InferenceEngine
 from rollstream.config import ConfigError, RolloutConfig
 from rollstream.imports import import_object
+from rollstream.redis_state import RedisKeys
 from rollstream.tokenizer_compat import ids_from_chat_template
-from rollout_workers.versions import VersionSource, load_weights
+from rollout_workers.versions import VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +69,7 @@ def build_engine(config: RolloutConfig) -> InferenceEngine:
             )
         from rollstream.engines.sglang import SGLangEngine
 
-        return SGLangEngine(config.sglang_urls, tokenizer_path(config))
+        return SGLangEngine(config.sglang_urls, tokenizer_path(config), config.sglang)
     if config.engine == "custom":
         return _custom_engine(config)
     raise ConfigError(f"invalid configuration: unknown rollout.engine {config.engine!r}")
@@ -87,16 +95,24 @@ def _custom_engine(config: RolloutConfig) -> InferenceEngine:
     return engine
 
 
-async def load_current_version(engine: InferenceEngine, store: VersionSource) -> int:
-    """Load the trainer's current weights into ``engine`` if Redis names any; returns the version.
+def build_follower(
+    config: RolloutConfig, engine: InferenceEngine, store: VersionSource, redis: aioredis.Redis,
+    keys: RedisKeys, worker_id: str,
+) -> VersionFollower:
+    """The version follower for ``engine``: shared-server weight sync for SGLang, else local loads."""
+    from rollstream.engines.sglang import SGLangEngine
 
-    Called once at start, before the first prompt is taken, so a worker that joins a running
-    experiment never generates with the initial weights. A failing load raises: a worker that
-    cannot load the current weights should not start.
-    """
-    update = await store.get_update()
-    if update is None or update.version == engine.get_version():
-        log.info("starting with weight version %d", engine.get_version())
-        return engine.get_version()
-    await load_weights(engine, update)
-    return update.version
+    if not isinstance(engine, SGLangEngine):
+        return VersionFollower(engine, store)
+    from rollstream.server_lease import ServerLeases, owner_id
+    from rollout_workers.weight_sync import SharedServerFollower, WeightSync
+
+    leases = ServerLeases(redis, keys, owner_id(worker_id), config.sglang.lease_ttl_seconds)
+    sync = WeightSync([s.url for s in engine.servers], engine.admin, leases, config.sglang)
+    return SharedServerFollower(engine, store, sync)
+
+
+async def load_current_version(engine: InferenceEngine, store: VersionSource) -> int:
+    """Load the trainer's current weights into ``engine`` (which this worker owns alone) if Redis
+    names any; returns the version. See :meth:`VersionFollower.catch_up`."""
+    return await VersionFollower(engine, store).catch_up()

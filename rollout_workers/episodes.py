@@ -25,7 +25,7 @@ from torch import Tensor
 
 from rollstream.api.io_struct import ModelResponse
 from rollstream.normalize import TrajectoryError, episode_tensors
-from rollstream.tensors import PROMPT_VERSION, version_span
+from rollstream.tensors import PROMPT_VERSION, row_spans, span_range
 from rollstream.wire import Episode, PromptTask, SampleRejected
 from rollstream.wire.tensor_codec import encode_tensor_dict
 
@@ -52,30 +52,19 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def generated_version_range(td: dict[str, Tensor]) -> tuple[int, int]:
-    """``(head, tail)``: min and max version over generated positions; ``(-1, -1)`` if none.
-
-    Generated positions are those with ``loss_mask == 1`` when the dict has a loss mask (else
-    every position), restricted to real versions (``>= 0``) and, when present, to positions the
-    attention mask keeps. Prompt and padding positions carry version -1 and never count.
-    """
-    versions = td.get("versions")
-    if versions is None:
-        return PROMPT_VERSION, PROMPT_VERSION
-    mask = None
-    if "loss_mask" in td:  # numpy: validated CPU tensors, and cheaper than small torch ops
-        mask = td["loss_mask"].numpy() == 1
-    if "attention_mask" in td:
-        attended = td["attention_mask"].numpy().astype(bool, copy=False)
-        mask = attended if mask is None else mask & attended
-    return version_span(versions, mask)
+def generated_version_range(td: dict[str, Tensor], fallback_version: int = PROMPT_VERSION) -> tuple[int, int]:
+    """``(head, tail)`` over the rows' generated tokens (``rollstream.tensors.row_spans``, the
+    computation the dumps and replay filters share); ``fallback_version`` where no version is
+    known; ``(-1, -1)`` when nothing was generated."""
+    return span_range(row_spans(td, fallback_version))
 
 
 def to_episode(
     task: PromptTask, sample_idx: int, result: Any, stop_reason: str, worker_id: str,
-    responses: Sequence[ModelResponse] = (),
+    fallback_version: int = PROMPT_VERSION, responses: Sequence[ModelResponse] = (),
 ) -> Episode | SampleRejected:
     """The message for sample ``sample_idx`` of ``task`` whose workflow returned ``result``;
+    ``fallback_version`` (the engine's version) versions generated tokens that have none;
     ``responses`` are the engine responses of the episode, oldest first."""
     if result is None:
         return rejected_sample(task, sample_idx)
@@ -86,7 +75,7 @@ def to_episode(
         return failed_sample(task, sample_idx, str(exc))
     except (TypeError, ValueError) as exc:  # e.g. a dtype the wire format does not carry
         return failed_sample(task, sample_idx, f"cannot encode trajectory: {describe_error(exc)}")
-    head, tail = generated_version_range(td)
+    head, tail = generated_version_range(td, fallback_version)
     return Episode(
         task_id=task.task_id,
         sample_idx=sample_idx,

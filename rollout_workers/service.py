@@ -34,11 +34,10 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import WEIGHT_VERSION
 from rollstream.redis_state import RedisKeys, VersionStore, connect, wait_for_redis
 from rollout_workers.commits import CommitOnRevoke, OffsetCommitter
-from rollout_workers.engine_factory import build_engine, load_current_version, load_tokenizer
+from rollout_workers.engine_factory import build_engine, build_follower, load_tokenizer
 from rollout_workers.offsets import OffsetTracker
 from rollout_workers.registry import WorkflowRegistry
 from rollout_workers.runner import TIER, PromptRunner
-from rollout_workers.versions import VersionFollower
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +76,12 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         stack.push_async_callback(redis.aclose)
         if not await _redis_ready(redis, stop):
             return
-        store = VersionStore(redis, RedisKeys(config.experiment.experiment_name, config.experiment.trial_name))
+        keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
+        store = VersionStore(redis, keys)
         await engine.start()
         stack.push_async_callback(engine.close)
-        WEIGHT_VERSION.labels(TIER).set(await load_current_version(engine, store))
+        follower = build_follower(rollout, engine, store, redis, keys, worker_id)
+        WEIGHT_VERSION.labels(TIER).set(await follower.catch_up())
         producer = make_producer(config.kafka, f"rollout-{worker_id}")
         await producer.start()
         stack.push_async_callback(producer.stop)
@@ -89,14 +90,13 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         consumer.subscribe([names.prompts], listener=CommitOnRevoke(committer, tracker))
         await consumer.start()
         stack.push_async_callback(consumer.stop)
-        dump = DumpWriter.from_config(config, tokenizer) if rollout.dump_to_file else None
+        dump = DumpWriter.from_config(config, tokenizer, versions=store) if rollout.dump_to_file else None
         if dump is not None:
             stack.push_async_callback(dump.close)  # flushes the last lines
         runner = PromptRunner(
             producer=producer, names=names, registry=registry, engine=engine, tracker=tracker,
             worker_id=worker_id, max_concurrent_rollouts=rollout.max_concurrent_rollouts, dump=dump,
         )
-        follower = VersionFollower(engine, store)
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)
         log.info("rollout worker %s consuming %s as group %s", worker_id, names.prompts, names.group_id(TIER))

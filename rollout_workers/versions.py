@@ -1,5 +1,11 @@
 """Follow the trainer's weight version: pause, load the new weights, continue.
 
+:class:`VersionFollower` is for an engine this worker owns alone (the HF engine, a custom
+one): it pauses, loads and resumes that engine itself. Engines whose servers are shared with
+other workers (SGLang) are followed by ``rollout_workers.weight_sync.SharedServerFollower``,
+which overrides :meth:`VersionFollower.apply` so that the worker only declares the version
+and the server's one owner loads it.
+
 :class:`VersionFollower.run` runs for the worker's lifetime. It never gives up on transient
 trouble: while Redis is unreachable the engine keeps its last version and the follower
 reconnects with capped exponential backoff; a weight load that fails is logged, generation
@@ -84,6 +90,26 @@ class VersionFollower:
         self._changed = asyncio.Event()
         self.failed_loads = 0
 
+    async def apply(self, update: WeightUpdate) -> None:
+        """Make ``update`` the engine's version: here, pause, load and resume the engine."""
+        await load_weights(self._engine, update)
+
+    async def catch_up(self) -> int:
+        """At start, before the first prompt: apply the trainer's current weights if Redis
+        names any; returns the engine's version. Raises when they cannot be applied (a worker
+        that cannot load the current weights should not start)."""
+        try:
+            update = await self._store.get_update()
+        except REDIS_ERRORS as exc:  # the watch loop retries; a worker does not die of it
+            log.warning("cannot read the trainer's version at start (%s: %s); starting with version %d",
+                        type(exc).__name__, exc, self._engine.get_version())
+            return self._engine.get_version()
+        if update is not None and update.version != self._engine.get_version():
+            await self.apply(update)
+        log.info("starting with weight version %d", self._engine.get_version())
+        self._target = max(self._target, self._engine.get_version())
+        return self._engine.get_version()
+
     @property
     def target(self) -> int:
         """The newest version seen in the store (the engine may still be loading it)."""
@@ -152,7 +178,7 @@ class VersionFollower:
                         version, self._engine.get_version())
             return "no_weights"
         try:
-            await load_weights(self._engine, update)
+            await self.apply(update)
         except Exception as exc:  # a bad checkpoint or a flaky server: keep generating, retry
             self.failed_loads += 1
             log.error(

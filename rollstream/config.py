@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
+
+from rollstream.dump_files import is_plain_name
 
 
 class ConfigError(ValueError):
@@ -87,6 +89,36 @@ class WorkflowSpec(_Section):
     kwargs: dict[str, Any] = {}
 
 
+Seconds = Annotated[float, msgspec.Meta(gt=0)]  # a duration that must be positive
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class SGLangConfig(_Section):
+    """How rollout workers talk to shared SGLang servers (``rollout.sglang.*``).
+
+    Generation (every worker): timeouts, retries with capped exponential backoff, failover.
+    Weight sync (one owner per server, elected by a lease in Redis): bounded pause and load.
+    """
+
+    request_timeout_seconds: Seconds = 3600.0  # one /generate call (a long generation is one call)
+    connect_timeout_seconds: Seconds = 10.0  # opening a connection to a server
+    max_retries: Count = 3  # extra attempts of a /generate call after a connection error, timeout or 5xx
+    backoff_base_seconds: Seconds = 0.5  # first retry delay, doubled per attempt...
+    backoff_max_seconds: Seconds = 10.0  # ...up to this
+    failure_threshold: Annotated[int, msgspec.Meta(ge=1)] = 2  # failures in a row that mark a server down...
+    down_cooldown_seconds: Seconds = 30.0  # ...for this long (its requests fail over)
+    health_timeout_seconds: Seconds = 300.0  # at start: wait this long for every server to be up
+    health_probe_timeout_seconds: Seconds = 5.0  # one /health probe; no answer in time: ask /model_info
+    max_version_lag: Count = 0  # a server is used only at >= trainer version - this
+    catch_up_timeout_seconds: Seconds = 600.0  # a request waits this long for a server at that version
+    version_poll_seconds: Seconds = 0.5  # while requests wait, re-read servers' weight_version this often
+    # The weight-sync owner of each server:
+    lease_ttl_seconds: Seconds = 10.0  # a dead owner's servers are taken over after this
+    pause_timeout_seconds: Seconds = 60.0  # /pause_generation answers once aborted requests are answered
+    update_timeout_seconds: Seconds = 900.0  # /update_weights_from_disk (a large checkpoint from disk)
+    reconcile_seconds: Seconds = 5.0  # the owner re-checks its idle server (version, not left paused)
+
+
 class RolloutConfig(_Section):
     engine: Literal["hf", "sglang", "custom"] = "hf"
     # engine "custom": import string of a callable taking this RolloutConfig and returning an
@@ -95,6 +127,7 @@ class RolloutConfig(_Section):
     model_path: str = ""
     tokenizer_path: str | None = None
     sglang_urls: list[str] = []
+    sglang: SGLangConfig = msgspec.field(default_factory=SGLangConfig)  # see SGLangConfig
     device: str = "cpu"
     seed: int | None = None
     max_concurrent_rollouts: int = 8
@@ -120,7 +153,7 @@ class RewardConfig(_Section):
     max_workers: int = 2
     on_timeout: Literal["zero", "reject"] = "zero"
     max_batch: int = 64
-    worker_id: str = ""  # default "<hostname>-<pid>"; set a stable one (see reward_workers.service)
+    worker_id: str = ""  # names the worker in logs and client ids; default "<hostname>-<pid>"
     poll_timeout_ms: int = 200
     session_timeout_ms: int = 10_000  # consumer group session: how fast a dead worker is noticed
     max_consecutive_failures: int = 10  # failed transactions in a row before the worker gives up
@@ -134,8 +167,9 @@ class GroupingConfig(_Section):
     group_timeout_seconds: float = 600.0
     commit_interval_ms: int = 100
     dedupe_window_seconds: float = 3600.0
-    instance_id: str = "grouping-0"  # keep stable per instance: part of the transactional id
+    instance_id: str = "grouping-0"  # names the instance in logs and client ids
     session_timeout_ms: int = 10_000  # consumer group session: how soon a dead instance's partitions move
+    max_consecutive_failures: int = 10  # failed transactions in a row before the instance gives up
 
 
 class TrainerConfig(_Section):
@@ -153,6 +187,16 @@ class TrainerConfig(_Section):
     keep_checkpoints: int = 4  # older ckpt/v{n} directories are deleted
 
 
+class DumpConfig(_Section):
+    """Trajectory dumps (docs/DEBUGGING.md). Where: ``rollout.fileroot``. Who writes them: the
+    ``dump`` tier, or the rollout workers when ``rollout.dump_to_file`` is true (the dump tier
+    then refuses to start, so no sample is written twice)."""
+
+    # "reference": the reference system's nine fields (plus "row" on lines of multi-row
+    # episodes); "extended": also row, stop_reason, group_size, trainer_version, weight_path
+    fields: Literal["reference", "extended"] = "reference"
+
+
 class MetricsConfig(_Section):
     port: int | None = None
 
@@ -167,10 +211,12 @@ class RollstreamConfig(_Section):
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
     grouping: GroupingConfig = msgspec.field(default_factory=GroupingConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    dump: DumpConfig = msgspec.field(default_factory=DumpConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     log_level: str = "INFO"
 
 
+MAX_PRODUCER_ID_BYTES = 128  # leaves room for ":{epoch}:{index}" in a 200-byte file name
 SECRET_FIELDS = ("sasl_password", "ssl_password", "password")
 ENV_PREFIX = "ROLLSTREAM__"
 
@@ -267,6 +313,12 @@ def _check_ranges(config: RollstreamConfig) -> None:
         (config.kafka.fetch_min_bytes >= 1, "kafka.fetch_min_bytes must be >= 1"),
         (config.kafka.fetch_max_wait_ms >= 0, "kafka.fetch_max_wait_ms must be >= 0"),
         (config.reward.max_retries >= 0, "reward.max_retries must be >= 0"),
+        (
+            is_plain_name(config.producer.producer_id) and len(config.producer.producer_id.encode()) <= MAX_PRODUCER_ID_BYTES,
+            f"producer.producer_id {config.producer.producer_id!r} must be a plain file name of at most "
+            f"{MAX_PRODUCER_ID_BYTES} bytes (no '/', '%' or control characters, not starting with '.'): "
+            "it begins every task id, and task ids name the trajectory dump files",
+        ),
     ]
     raise_first_problem([(not ok, message) for ok, message in checks])
 

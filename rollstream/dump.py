@@ -1,51 +1,60 @@
-"""Trajectory dumps: one JSON line per sample row, in a per-version directory layout.
+"""Trajectory dumps: one JSON line per trajectory row, one file per group (the reference's layout).
 
-Layout (the reference system's, kept so existing tooling reads it)::
+Where lines go (file names, the group's directory, merging): :mod:`rollstream.dump_files`.
 
-    {fileroot}/{experiment_name}/{trial_name}/{rollout|eval-rollout}/{tail_version}/{task_id}.jsonl
+Each line starts with the reference's nine fields, in this order and with these meanings:
+``task_id``, ``sample_idx`` (the sample's index in its group), ``seqlen`` (attended tokens),
+``prompt_len``, ``head_version``, ``tail_version``, ``reward``, ``prompt``, ``completion``
+(text decoded with special tokens kept; ``null`` without a tokenizer). ``seqlen``,
+``prompt_len`` and the versions come from :func:`rollstream.tensors.row_spans`, the one
+computation the episode message and the replay filters use too; a row whose generated
+tokens carry no version gets the message's own tail version (for an episode, the engine's
+version when it ended: the reference's fallback).
 
-``tail_version`` in the path is the row's tail version (newest version over generated tokens;
--1 when the row has no generated token). ``task_id`` is made filesystem-safe by
-:func:`safe_task_id`. Each line holds, in this order: ``task_id``, ``sample_idx``, ``seqlen``
-(attention mask sum), ``prompt_len``, ``head_version``, ``tail_version``, ``reward``,
-``prompt``, ``completion`` (text decoded with special tokens kept; ``null`` without a
-tokenizer).
+Then, only where needed or asked for (``dump.fields``):
 
-Two faults of the reference dump are fixed here, on purpose:
+- ``row``: the row's index within its episode. Written on every line of an episode with
+  several rows (so ``(task_id, sample_idx, row)`` is unique where ``(task_id, sample_idx)``
+  is not), and on every line with ``dump.fields: extended``.
+- with ``dump.fields: extended`` (:data:`EXTENDED_FIELDS`): ``stop_reason`` (the episode's;
+  ``null`` for batch rows), ``group_size``, ``trainer_version`` (a batch's: read when the
+  grouping consumer emitted it; an episode's: the version in Redis when the writer wrote the
+  line, ``null`` without Redis) and ``weight_path`` (where the weights of ``tail_version``
+  are, from Redis; ``null`` when unknown).
 
-* ``head_version`` / ``tail_version`` are the min / max of ``versions`` over GENERATED tokens
-  only (``loss_mask == 1``). The reference took the min over all positions, so its head
-  version was always -1 (the prompt's version).
-* ``prompt_len`` is the number of tokens BEFORE THE FIRST GENERATED TOKEN. The reference used
-  ``seqlen - sum(loss_mask)``, which is wrong for multi-turn rows where tool or user tokens
-  between turns are neither prompt nor generated. ``prompt`` is the text of those first
-  ``prompt_len`` tokens and ``completion`` the text from the first generated token to the end
-  of the sequence (later user/tool turns included), so ``prompt + completion`` is the row.
+Only rows with a trajectory are dumped: rejections, failures and drops produce no line (the
+reference dumped rows its acceptance filter had removed). Unlike the reference, rows whose
+last token is not generated (a multi-turn row ending in a tool reply) are dumped too.
 
-Only accepted samples are dumped: rejections and failures carry no trajectory and produce no
-line (the reference dumped rows that acceptance had filtered out).
-
-:class:`DumpWriter` buffers lines and appends them to their files from a worker thread
+:class:`DumpWriter` buffers lines and merges them into their files from a worker thread
 (``asyncio.to_thread``), so file I/O and text decoding never block the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-import torch
+import numpy
+from redis.exceptions import RedisError
+from torch import Tensor
 
+from rollstream.api.engine import WeightUpdate
 from rollstream.config import ConfigError, RollstreamConfig
+from rollstream.dump_files import TaskFiles, dump_path, file_stem, read_task, scope_dir
+from rollstream.tensors import RowSpan, row_spans
 from rollstream.wire import Batch, Episode, ScoredEpisode, batch_tensors
 from rollstream.wire.tensor_codec import decode_tensor
+
+__all__ = [
+    "DUMP_FIELDS", "EXTENDED_FIELDS", "DumpLine", "DumpRow", "DumpWriter", "dump_lines", "dump_path",
+    "dump_record", "file_stem", "message_rows", "read_task", "scope_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +62,8 @@ DUMP_FIELDS = (
     "task_id", "sample_idx", "seqlen", "prompt_len", "head_version", "tail_version",
     "reward", "prompt", "completion",
 )
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-MAX_NAME_CHARS = 180
+EXTENDED_FIELDS = ("row", "stop_reason", "group_size", "trainer_version", "weight_path")
+DumpFields = Literal["reference", "extended"]
 
 
 class Tokenizer(Protocol):
@@ -63,76 +72,113 @@ class Tokenizer(Protocol):
     def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
-def safe_task_id(task_id: str) -> str:
-    """A file name for ``task_id``: unchanged when it is already safe, else rewritten.
+class VersionLookup(Protocol):
+    """What extended dumps read from Redis (``rollstream.redis_state.VersionStore`` has it)."""
 
-    Safe means only ``A-Z a-z 0-9 . _ -``, not starting with ``.`` and at most 180 characters.
-    Otherwise every other character (``/``, ``\\``, spaces, ``:``, non-ASCII...) becomes ``_``,
-    a leading ``.`` becomes ``_``, the name is cut to 180 characters, and ``-`` plus the first 8
-    hex digits of the id's SHA-1 is appended, so two different ids never share a file (the
-    lines inside still carry the original ``task_id``).
-    """
-    if task_id and not _UNSAFE.search(task_id) and not task_id.startswith(".") and len(task_id) <= MAX_NAME_CHARS:
-        return task_id
-    cleaned = _UNSAFE.sub("_", task_id)[:MAX_NAME_CHARS]
-    if cleaned.startswith("."):
-        cleaned = "_" + cleaned[1:]
-    digest = hashlib.sha1(task_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    return f"{cleaned}-{digest}"
+    async def get_version(self) -> int: ...
+
+    async def get_update(self, version: int | None = None) -> WeightUpdate | None: ...
 
 
-def scope_dir(is_eval: bool) -> str:
-    return "eval-rollout" if is_eval else "rollout"
+@dataclass(frozen=True)
+class DumpRow:
+    """One trajectory row of a message and what its dump line says about it."""
+
+    task_id: str
+    sample_idx: int
+    row: int  # index within its episode
+    rows: int  # rows of its episode
+    is_eval: bool
+    span: RowSpan
+    ids: numpy.ndarray  # attended token ids
+    reward: float | None
+    stop_reason: str | None
+    group_size: int | None
+    trainer_version: int | None
 
 
-def dump_path(
-    fileroot: str | Path, experiment: str, trial: str, is_eval: bool, tail_version: int, task_id: str
-) -> Path:
-    """Where the lines of ``task_id`` at ``tail_version`` go (see the module docstring)."""
-    return (
-        Path(fileroot) / experiment / trial / scope_dir(is_eval) / str(tail_version)
-        / f"{safe_task_id(task_id)}.jsonl"
-    )
+def message_rows(message: Any) -> list[DumpRow]:
+    """The trajectory rows of an ``Episode``, ``ScoredEpisode`` or ``Batch``; [] for any
+    other message (rejections, failures, drops, prompts, dead letters)."""
+    match message:
+        case ScoredEpisode():
+            return _episode_rows(message.episode, message.reward)
+        case Episode():
+            return _episode_rows(message, None)
+        case Batch():
+            return _batch_rows(message)
+    return []
 
 
-def row_record(
-    tensors: dict[str, torch.Tensor],
-    row: int,
-    *,
-    task_id: str,
-    sample_idx: int,
-    reward: float | None,
-    tokenizer: Tokenizer | None,
-) -> dict[str, Any]:
-    """The dump line of row ``row`` of a ``[B, L]`` trajectory dict (right-padded)."""
-    mask = tensors["attention_mask"][row].to(torch.bool)
-    ids = tensors["input_ids"][row][mask].tolist()
-    seqlen = len(ids)
-    loss = _row_values(tensors, "loss_mask", row, mask, 0)
-    versions = _row_values(tensors, "versions", row, mask, -1)
-    generated = [i for i, flag in enumerate(loss) if flag == 1]
-    prompt_len = generated[0] if generated else seqlen
-    gen_versions = [versions[i] for i in generated]
-    return {
-        "task_id": task_id,
-        "sample_idx": sample_idx,
-        "seqlen": seqlen,
-        "prompt_len": prompt_len,
-        "head_version": min(gen_versions) if gen_versions else -1,
-        "tail_version": max(gen_versions) if gen_versions else -1,
-        "reward": reward,
-        "prompt": _decode(tokenizer, ids[:prompt_len]),
-        "completion": _decode(tokenizer, ids[prompt_len:]),
+def _episode_rows(episode: Episode, reward: float | None) -> list[DumpRow]:
+    tensors = {key: decode_tensor(wire) for key, wire in episode.trajectory.items()}
+    spans = row_spans(tensors, fallback_version=episode.tail_version)
+    rows = len(spans)
+    row_rewards = tensors.get("rewards")
+    out = []
+    for row, span in enumerate(spans):
+        # A one-row scored episode's reward is the message's; several rows carry their own.
+        if row_rewards is not None and (reward is None or rows > 1):
+            row_reward: float | None = float(row_rewards[row])
+        else:
+            row_reward = reward
+        out.append(DumpRow(
+            episode.task_id, episode.sample_idx, row, rows, episode.is_eval, span,
+            _attended_ids(tensors, row), row_reward, episode.stop_reason, episode.group_size, None,
+        ))
+    return out
+
+
+def _batch_rows(batch: Batch) -> list[DumpRow]:
+    tensors = batch_tensors(batch)
+    spans = row_spans(tensors, fallback_version=batch.tail_version)
+    rewards = tensors.get("rewards")
+    keys = [(task, batch.sample_idx[row]) for row, task in enumerate(batch.row_task)]
+    rows_of: dict[tuple[int, int], int] = defaultdict(int)
+    for key in keys:
+        rows_of[key] += 1
+    seen: dict[tuple[int, int], int] = defaultdict(int)
+    out = []
+    for row, (key, span) in enumerate(zip(keys, spans)):
+        task, sample_idx = key
+        out.append(DumpRow(
+            batch.task_ids[task], sample_idx, seen[key], rows_of[key], batch.is_eval, span,
+            _attended_ids(tensors, row), float(rewards[row]) if rewards is not None else None,
+            None, batch.group_sizes[task], batch.trainer_version,
+        ))
+        seen[key] += 1
+    return out
+
+
+def _attended_ids(tensors: dict[str, Tensor], row: int) -> numpy.ndarray:
+    ids = tensors["input_ids"][row].numpy()
+    mask = tensors.get("attention_mask")
+    return ids if mask is None else ids[mask[row].numpy().astype(bool, copy=False)]
+
+
+def row_record(row: DumpRow, tokenizer: Tokenizer | None, fields: DumpFields = "reference") -> dict[str, Any]:
+    """The dump line of ``row`` (see the module docstring for the fields and their order)."""
+    span = row.span
+    ids = row.ids.tolist()
+    record: dict[str, Any] = {
+        "task_id": row.task_id,
+        "sample_idx": row.sample_idx,
+        "seqlen": span.seqlen,
+        "prompt_len": span.prompt_len,
+        "head_version": span.head_version,
+        "tail_version": span.tail_version,
+        "reward": row.reward,
+        "prompt": _decode(tokenizer, ids[: span.prompt_len]),
+        "completion": _decode(tokenizer, ids[span.prompt_len :]),
     }
-
-
-def _row_values(
-    tensors: dict[str, torch.Tensor], key: str, row: int, mask: torch.Tensor, default: int
-) -> list[int]:
-    tensor = tensors.get(key)
-    if tensor is None:
-        return [default] * int(mask.sum())
-    return [int(v) for v in tensor[row][mask].tolist()]
+    if fields == "extended" or row.rows > 1:
+        record["row"] = row.row
+    if fields == "extended":
+        record.update(
+            stop_reason=row.stop_reason, group_size=row.group_size,
+            trainer_version=row.trainer_version, weight_path=None,  # filled by the writer
+        )
+    return record
 
 
 def _decode(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
@@ -143,7 +189,7 @@ def _decode(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
 
 @dataclass(frozen=True)
 class DumpLine:
-    """One dump line and where it goes (relative to ``{fileroot}/{experiment}/{trial}``)."""
+    """One dump line and the group it belongs to (``is_eval``, ``task_id``)."""
 
     is_eval: bool
     task_id: str
@@ -157,55 +203,16 @@ class DumpLine:
         return json.dumps(self.record, ensure_ascii=False) + "\n"
 
 
-def dump_lines(message: Any, tokenizer: Tokenizer | None) -> list[DumpLine]:
-    """The dump lines of a message: one per row of an ``Episode``, ``ScoredEpisode`` or
-    ``Batch``; none for any other message (rejections, failures, drops, prompts)."""
-    match message:
-        case ScoredEpisode():
-            return _episode_lines(message.episode, message.reward, tokenizer)
-        case Episode():
-            return _episode_lines(message, None, tokenizer)
-        case Batch():
-            return _batch_lines(message, tokenizer)
-    return []
+def dump_lines(message: Any, tokenizer: Tokenizer | None, fields: DumpFields = "reference") -> list[DumpLine]:
+    """The dump lines of a message, one per row of :func:`message_rows`."""
+    return [
+        DumpLine(row.is_eval, row.task_id, row_record(row, tokenizer, fields)) for row in message_rows(message)
+    ]
 
 
-def dump_record(message: Episode | ScoredEpisode, tokenizer: Tokenizer | None, row: int = 0) -> dict[str, Any]:
-    """The dump line (as a dict, fields in ``DUMP_FIELDS`` order) of one row of an episode."""
-    return dump_lines(message, tokenizer)[row].record
-
-
-def _episode_lines(episode: Episode, reward: float | None, tokenizer: Tokenizer | None) -> list[DumpLine]:
-    tensors = {key: decode_tensor(wire) for key, wire in episode.trajectory.items()}
-    rows = tensors["input_ids"].shape[0]
-    row_rewards = tensors.get("rewards")
-    lines = []
-    for row in range(rows):
-        # A one-row scored episode's reward is the message's; several rows carry their own.
-        if row_rewards is not None and (reward is None or rows > 1):
-            row_reward: float | None = float(row_rewards[row])
-        else:
-            row_reward = reward
-        record = row_record(
-            tensors, row, task_id=episode.task_id, sample_idx=episode.sample_idx,
-            reward=row_reward, tokenizer=tokenizer,
-        )
-        lines.append(DumpLine(episode.is_eval, episode.task_id, record))
-    return lines
-
-
-def _batch_lines(batch: Batch, tokenizer: Tokenizer | None) -> list[DumpLine]:
-    tensors = batch_tensors(batch)
-    rewards = tensors.get("rewards")
-    lines = []
-    for row, task_index in enumerate(batch.row_task):
-        task_id = batch.task_ids[task_index]
-        record = row_record(
-            tensors, row, task_id=task_id, sample_idx=batch.sample_idx[row],
-            reward=float(rewards[row]) if rewards is not None else None, tokenizer=tokenizer,
-        )
-        lines.append(DumpLine(batch.is_eval, task_id, record))
-    return lines
+def dump_record(message: Any, tokenizer: Tokenizer | None, row: int = 0, fields: DumpFields = "reference") -> dict[str, Any]:
+    """The dump line (as a dict) of row ``row`` of a message."""
+    return dump_lines(message, tokenizer, fields)[row].record
 
 
 def tokenizer_path_for(config: RollstreamConfig) -> str | None:
@@ -222,31 +229,40 @@ def load_tokenizer(path: str) -> Tokenizer:
 
 
 class DumpWriter:
-    """Appends dump lines under ``{fileroot}/{experiment}/{trial}``.
+    """Writes dump lines under ``{fileroot}/{experiment}/{trial}`` (:mod:`rollstream.dump_files`).
 
     ``await write(message)`` decodes (in a worker thread) and buffers the message's lines; the
-    buffer is written when it reaches ``flush_every`` lines, on ``flush()`` and on ``close()``.
-    After ``flush()`` returns, every line written before it is in its file (appended, never
-    truncated). Flushes are serialized, so lines of one file keep their write order.
+    buffer is merged into the files when it reaches ``flush_every`` lines, on ``flush()`` and on
+    ``close()``. After ``flush()`` returns, every line written before it is in its task's file.
+    Flushes are serialized. ``versions`` (Redis) fills ``trainer_version`` and ``weight_path``
+    of extended lines; without it they stay ``null`` (batches carry their trainer version).
     """
 
     def __init__(
-        self, fileroot: str | Path, experiment: str, trial: str,
-        tokenizer: Tokenizer | None, *, flush_every: int = 64,
+        self, fileroot: str | Path, experiment: str, trial: str, tokenizer: Tokenizer | None, *,
+        fields: DumpFields = "reference", versions: VersionLookup | None = None, flush_every: int = 64,
     ) -> None:
         self.root = Path(fileroot)
         self.experiment = experiment
         self.trial = trial
+        self.fields = fields
         self._tokenizer = tokenizer
+        self._versions = versions if fields == "extended" else None
+        self._weight_paths: dict[int, str | None] = {}
+        self._redis_failing = False
         self._flush_every = flush_every
         self._pending: list[DumpLine] = []
+        self._files = TaskFiles(self.root / experiment / trial)
         self._lock = asyncio.Lock()
-        self.lines_written = 0
+        self.lines_written = 0  # lines added to files
+        self.lines_skipped = 0  # lines whose (sample_idx, row) their task's file already held
 
     @classmethod
-    def from_config(cls, config: RollstreamConfig, tokenizer: Tokenizer | None = None) -> DumpWriter:
-        """A writer at ``rollout.fileroot`` for the configured experiment and trial; loads the
-        tokenizer from :func:`tokenizer_path_for` when none is given."""
+    def from_config(
+        cls, config: RollstreamConfig, tokenizer: Tokenizer | None = None, versions: VersionLookup | None = None,
+    ) -> DumpWriter:
+        """A writer at ``rollout.fileroot`` for the configured experiment, trial and
+        ``dump.fields``; loads the tokenizer from :func:`tokenizer_path_for` when none is given."""
         if tokenizer is None:
             path = tokenizer_path_for(config)
             if path is None:
@@ -256,14 +272,20 @@ class DumpWriter:
                 )
             tokenizer = load_tokenizer(path)
         exp = config.experiment
-        return cls(config.rollout.fileroot, exp.experiment_name, exp.trial_name, tokenizer)
+        return cls(
+            config.rollout.fileroot, exp.experiment_name, exp.trial_name, tokenizer,
+            fields=config.dump.fields, versions=versions,
+        )
 
-    def path_for(self, line: DumpLine) -> Path:
-        return dump_path(self.root, self.experiment, self.trial, line.is_eval, line.tail_version, line.task_id)
+    def path_of(self, task_id: str, is_eval: bool = False) -> Path | None:
+        """The file this writer last put ``task_id``'s group in (None before its first flush)."""
+        return self._files.known_path(is_eval, task_id)
 
     async def write(self, message: Any) -> int:
         """Buffer the lines of ``message`` (see :func:`dump_lines`); returns how many."""
-        lines = await asyncio.to_thread(dump_lines, message, self._tokenizer)
+        lines = await asyncio.to_thread(dump_lines, message, self._tokenizer, self.fields)
+        if lines and self._versions is not None:
+            await self._fill_versions(lines)
         await self.write_lines(lines)
         return len(lines)
 
@@ -276,8 +298,7 @@ class DumpWriter:
         async with self._lock:
             pending, self._pending = self._pending, []
             if pending:
-                await _uncancellable(asyncio.to_thread(self._append, pending))
-                self.lines_written += len(pending)
+                await _uncancellable(asyncio.to_thread(self._merge, pending))
 
     async def close(self) -> None:
         await self.flush()
@@ -288,19 +309,48 @@ class DumpWriter:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _append(self, lines: list[DumpLine]) -> None:
-        by_path: dict[Path, list[str]] = defaultdict(list)
+    def _merge(self, lines: list[DumpLine]) -> None:
+        by_task: dict[tuple[bool, str], list[DumpLine]] = defaultdict(list)
         for line in lines:
-            by_path[self.path_for(line)].append(line.text())
-        for path, texts in by_path.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as handle:
-                handle.write("".join(texts))
+            by_task[(line.is_eval, line.task_id)].append(line)
+        for (is_eval, task_id), group in by_task.items():
+            result = self._files.merge(is_eval, task_id, [g.record for g in group], [g.text() for g in group])
+            self.lines_written += result.added
+            self.lines_skipped += result.skipped
+
+    async def _fill_versions(self, lines: list[DumpLine]) -> None:
+        """Set ``trainer_version`` (where the message had none) and ``weight_path`` from Redis."""
+        assert self._versions is not None
+        try:
+            trainer = None
+            if any(line.record["trainer_version"] is None for line in lines):
+                trainer = await self._versions.get_version()
+            for line in lines:
+                if line.record["trainer_version"] is None:
+                    line.record["trainer_version"] = trainer
+                line.record["weight_path"] = await self._weight_path(line.tail_version)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            if not self._redis_failing:
+                log.warning("dump lines get trainer_version/weight_path null while redis fails: %s", exc)
+            self._redis_failing = True
+            return
+        if self._redis_failing:
+            log.info("redis answers again: dump lines get trainer_version and weight_path")
+        self._redis_failing = False
+
+    async def _weight_path(self, version: int) -> str | None:
+        if version < 0:
+            return None
+        if version not in self._weight_paths:  # a version's weights never move once published
+            assert self._versions is not None
+            update = await self._versions.get_update(version)
+            self._weight_paths[version] = update.path if update is not None else None
+        return self._weight_paths[version]
 
 
 async def _uncancellable(work: Any) -> None:
     """Await ``work`` to completion even when the caller is cancelled (then re-raise), so a
-    cancellation never cuts a batch of appends in half nor lets the next flush overlap it."""
+    cancellation never cuts a batch of writes in half nor lets the next flush overlap it."""
     task = asyncio.ensure_future(work)
     try:
         await asyncio.shield(task)

@@ -4,6 +4,16 @@ Keys carry a hash tag (``rs:{experiment.trial}:...``) so every script touches on
 works on Redis Cluster too. Admission and release are idempotent per task id: a producer
 that retries after a crash, or a grouping consumer that re-decides a group after a restart,
 never counts a prompt twice.
+
+Redis faults are never crashes: a key holding something that is not a number raises
+:class:`RedisStateError` and a budget whose state is gone raises :class:`StateMissingError`,
+both ``RedisError`` subclasses that every tier handles like an unreachable Redis (log, keep
+the last known value or wait, retry). The budget's counters live under a ``state`` marker
+that is written only by :meth:`StalenessBudget.restore`; a Redis that restarted without
+persistence has lost the marker with the counters, so admissions and releases refuse to
+count (``StateMissingError``) until a producer has rebuilt the counters from the topics
+(``producers.budget_restore``), which hold every admission and outcome. That keeps the
+staleness bound through a Redis restart.
 """
 
 from __future__ import annotations
@@ -11,23 +21,36 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RedisConfig
+from rollstream.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 MARKER_TTL_SECONDS = 7 * 24 * 3600
+REDIS_RETRY = RetryPolicy(initial=0.2, maximum=5.0)
+STATE_MISSING = -2
+MALFORMED = -3
 
+# KEYS: admitted, dropped, version, admit marker, state. 1 admitted, 0 no room,
+# STATE_MISSING, or {MALFORMED, key, value}.
 _ADMIT = """
 if redis.call('EXISTS', KEYS[4]) == 1 then return 1 end
-local v = tonumber(redis.call('GET', KEYS[3]) or '0')
-local a = tonumber(redis.call('GET', KEYS[1]) or '0')
-local d = tonumber(redis.call('GET', KEYS[2]) or '0')
+if redis.call('EXISTS', KEYS[5]) == 0 then return -2 end
+local values = {}
+for i = 1, 3 do
+  local raw = redis.call('GET', KEYS[i])
+  values[i] = tonumber(raw or '0')
+  if values[i] == nil then return {-3, KEYS[i], raw} end
+end
+local a, d, v = values[1], values[2], values[3]
 if a - d < (tonumber(ARGV[1]) + v + 1) * tonumber(ARGV[2]) then
   redis.call('INCR', KEYS[1])
   redis.call('SET', KEYS[4], '1', 'EX', ARGV[3])
@@ -36,7 +59,9 @@ end
 return 0
 """
 
+# KEYS: dropped, drops_by_reason, drop marker, admit marker, state.
 _RELEASE = """
+if redis.call('EXISTS', KEYS[5]) == 0 then return -2 end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then
   if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('INCR', KEYS[1]) end
   redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
@@ -44,6 +69,51 @@ if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then
 end
 return 0
 """
+
+# KEYS: admitted, state, admit markers... Counts each task not counted yet (published prompts
+# that a rebuild did not see). Returns how many were counted, or STATE_MISSING.
+_CONFIRM = """
+if redis.call('EXISTS', KEYS[2]) == 0 then return -2 end
+local added = 0
+for i = 3, #KEYS do
+  if redis.call('SET', KEYS[i], '1', 'NX', 'EX', ARGV[1]) then added = added + 1 end
+end
+if added > 0 then redis.call('INCRBY', KEYS[1], added) end
+return added
+"""
+
+# KEYS: admitted, dropped, drops_by_reason, state. ARGV: admitted, dropped, state value,
+# then reason/count pairs. Writes the rebuilt counters unless the state exists already.
+_RESTORE = """
+if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('DEL', KEYS[3])
+for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+redis.call('SET', KEYS[4], ARGV[3])
+return 1
+"""
+
+
+class RedisStateError(RedisError):
+    """A key holds a value that is not what rollstream wrote (e.g. not an integer)."""
+
+
+class StateMissingError(RedisError):
+    """The staleness budget's state is gone (Redis restarted without persistence, or a new
+    trial): it must be rebuilt from the topics before anything is admitted or released."""
+
+
+def parse_int(key: str, raw: bytes | str | None, default: int = 0) -> int:
+    """``raw`` as an int (``default`` when absent); :class:`RedisStateError` naming the key
+    when it is something else."""
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        shown = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        raise RedisStateError(f"redis key {key} holds {shown[:40]!r}, not an integer") from None
 
 
 def connect(config: RedisConfig) -> aioredis.Redis:
@@ -77,8 +147,9 @@ class VersionStore:
         self._keys = keys
 
     async def get_version(self) -> int:
-        value = await self._redis.get(self._keys.key("version"))
-        return int(value) if value is not None else 0
+        """The current version (0 when none was published); RedisStateError when malformed."""
+        key = self._keys.key("version")
+        return parse_int(key, await self._redis.get(key))
 
     async def get_update(self, version: int | None = None) -> WeightUpdate | None:
         """The weights of ``version`` (default: the current one); None when none were published."""
@@ -132,21 +203,79 @@ class StalenessBudget:
         self._batch_size = batch_size
         self._admit = client.register_script(_ADMIT)
         self._release = client.register_script(_RELEASE)
+        self._confirm = client.register_script(_CONFIRM)
+        self._restore = client.register_script(_RESTORE)
 
     def _admit_keys(self, task_id: str) -> list[str]:
         k = self._keys.key
-        return [k("admitted"), k("dropped"), k("version"), k(f"admit:{task_id}")]
+        return [k("admitted"), k("dropped"), k("version"), k(f"admit:{task_id}"), k("state")]
 
     async def try_admit(self, task_id: str) -> bool:
-        """Admit ``task_id`` if the budget allows (idempotent: a re-admission returns True)."""
+        """Admit ``task_id`` if the budget allows (idempotent: a re-admission returns True).
+
+        Raises :class:`StateMissingError` (rebuild first) or :class:`RedisStateError`."""
         args = [self._eta, self._batch_size, MARKER_TTL_SECONDS]
-        return bool(await self._admit(keys=self._admit_keys(task_id), args=args))
+        return _answer(await self._admit(keys=self._admit_keys(task_id), args=args)) == 1
+
+    async def confirm(self, task_ids: list[str]) -> int:
+        """Count published train prompts that the counters do not know yet (idempotent per
+        task): the prompts a producer admitted before Redis lost its state and committed after
+        the rebuild read the topics. Returns how many were counted."""
+        if not task_ids:
+            return 0
+        k = self._keys.key
+        keys = [k("admitted"), k("state"), *(k(f"admit:{t}") for t in task_ids)]
+        return _answer(await self._confirm(keys=keys, args=[MARKER_TTL_SECONDS]))
 
     async def release(self, task_id: str, reason: str) -> bool:
         """Return a dropped group's slot and count the drop by reason; idempotent per task."""
         k = self._keys.key
-        keys = [k("dropped"), k("drops_by_reason"), k(f"drop:{task_id}"), k(f"admit:{task_id}")]
-        return bool(await self._release(keys=keys, args=[reason, MARKER_TTL_SECONDS]))
+        keys = [k("dropped"), k("drops_by_reason"), k(f"drop:{task_id}"), k(f"admit:{task_id}"), k("state")]
+        return _answer(await self._release(keys=keys, args=[reason, MARKER_TTL_SECONDS])) == 1
+
+    async def has_state(self) -> bool:
+        return bool(await self._redis.exists(self._keys.key("state")))
+
+    async def restore(
+        self, admitted: list[str], drops: dict[str, str], admitted_count: int | None = None, note: str = ""
+    ) -> bool:
+        """Write counters rebuilt from the topics: ``admitted`` train task ids (counted as
+        ``admitted_count`` when larger, e.g. from producer cursors) and the reasons of the
+        ``drops`` among them. False (nothing written) when the state exists already.
+
+        Markers first, the counters and the ``state`` marker last in one script, so no
+        admission or release can count between the two (they refuse while the state is gone).
+        """
+        k = self._keys.key
+        chunk = 1000
+        for start in range(0, len(admitted), chunk):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for task_id in admitted[start:start + chunk]:
+                    pipe.set(k(f"admit:{task_id}"), "1", ex=MARKER_TTL_SECONDS)
+                await pipe.execute()
+        items = list(drops.items())
+        for start in range(0, len(items), chunk):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for task_id, reason in items[start:start + chunk]:
+                    pipe.set(k(f"drop:{task_id}"), reason, ex=MARKER_TTL_SECONDS)
+                await pipe.execute()
+        by_reason: dict[str, int] = {}
+        for reason in drops.values():
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        pairs = [x for reason, n in sorted(by_reason.items()) for x in (reason, n)]
+        count = max(len(admitted), admitted_count or 0)
+        state = json.dumps({"restored_at": time.time(), "admitted": count, "dropped": len(drops), "note": note})
+        keys = [k("admitted"), k("dropped"), k("drops_by_reason"), k("state")]
+        return bool(await self._restore(keys=keys, args=[count, len(drops), state, *pairs]))
+
+    async def try_lock(self, owner: str, ttl_seconds: int) -> bool:
+        """Take the rebuild lock (one rebuilder at a time); expires after ``ttl_seconds``."""
+        return bool(await self._redis.set(self._keys.key("restore-lock"), owner, nx=True, ex=ttl_seconds))
+
+    async def unlock(self, owner: str) -> None:
+        key = self._keys.key("restore-lock")
+        if await self._redis.get(key) == owner.encode():
+            await self._redis.delete(key)
 
     async def wait_for_room(self, timeout: float) -> None:
         """Sleep until the budget may have grown (a version or a release), at most ``timeout``."""
@@ -163,11 +292,12 @@ class StalenessBudget:
     async def usage(self) -> dict[str, int]:
         """Counters for status displays: admitted, dropped, capacity, version."""
         k = self._keys.key
-        admitted, dropped, version = await self._redis.mget(k("admitted"), k("dropped"), k("version"))
-        v = int(version or 0)
+        names = ("admitted", "dropped", "version")
+        raw = await self._redis.mget(*(k(n) for n in names))
+        admitted, dropped, v = (parse_int(k(n), value) for n, value in zip(names, raw))
         return {
-            "admitted": int(admitted or 0),
-            "dropped": int(dropped or 0),
+            "admitted": admitted,
+            "dropped": dropped,
             "version": v,
             "capacity": (self._eta + v + 1) * self._batch_size,
         }
@@ -177,16 +307,27 @@ class StalenessBudget:
         return {key.decode(): int(value) for key, value in raw.items()}
 
 
+def _answer(result: object) -> int:
+    """A budget script's answer as an int; raises for the error answers."""
+    if isinstance(result, list):  # [MALFORMED, key, value]
+        key = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
+        parse_int(key, result[2] if len(result) > 2 else b"?")
+        raise RedisStateError(f"redis key {key} is malformed")
+    if result == STATE_MISSING:
+        raise StateMissingError("the staleness budget's state is missing in Redis (restarted without persistence, or a new trial); a producer rebuilds it from the topics")
+    return int(result)  # type: ignore[call-overload]
+
+
 async def wait_for_redis(client: aioredis.Redis, stop: asyncio.Event | None = None) -> None:
-    """Block until Redis answers PING, backing off up to 5 s between tries."""
-    delay = 0.2
-    while True:
-        try:
-            await client.ping()
-            return
-        except (aioredis.ConnectionError, aioredis.TimeoutError, OSError) as exc:
-            log.warning("redis not reachable (%s); retrying in %.1fs", exc, delay)
+    """Block until Redis answers PING (the shared retry policy's pauses, up to 5 s).
+
+    Raises ``CancelledError`` when ``stop`` is set first."""
+    try:
+        await REDIS_RETRY.call(
+            client.ping, retry_on=(aioredis.ConnectionError, aioredis.TimeoutError, OSError),
+            what="redis ping", stop=stop,
+        )
+    except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
         if stop is not None and stop.is_set():
-            raise asyncio.CancelledError
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 5.0)
+            raise asyncio.CancelledError from None
+        raise

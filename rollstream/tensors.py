@@ -8,8 +8,8 @@ A trajectory dict holds ``[B, L]`` sequence tensors (``input_ids``, ``attention_
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy
 import torch
@@ -48,6 +48,90 @@ def version_span(versions: Tensor | None, mask: numpy.ndarray | None = None) -> 
         return PROMPT_VERSION, PROMPT_VERSION
     generated = values[keep]
     return int(generated.min()), int(generated.max())
+
+
+class RowSpan(NamedTuple):
+    """Where a row's answer lies and which policy versions wrote it (see :func:`row_spans`)."""
+
+    seqlen: int  # attended positions (padding excluded)
+    prompt_len: int  # attended positions before the first generated one; seqlen when none
+    head_version: int  # oldest known version over generated positions; -1 when none generated
+    tail_version: int  # newest
+
+
+def row_spans(td: Mapping[str, Tensor], fallback_version: int = PROMPT_VERSION) -> list[RowSpan]:
+    """The :class:`RowSpan` of every row of a ``[B, L]`` trajectory dict: THE computation of
+    ``seqlen``, ``prompt_len`` and head/tail versions, shared by the episode message (its
+    ``head_version``/``tail_version``), the trajectory dumps and the replay filters.
+
+    - Attended positions: ``attention_mask != 0`` (every position without an attention mask);
+      everything below counts attended positions only.
+    - Generated positions: ``loss_mask == 1``; without a loss mask, the positions whose
+      version is ``>= 0`` (prompts carry -1 by contract); without either nothing tells prompt
+      from answer and the whole row counts as prompt.
+    - ``prompt_len``: the index of the first generated position (the reference's
+      ``seqlen - sum(loss_mask)`` is wrong for multi-turn rows).
+    - Versions: min and max of ``versions`` over generated positions, leaving out ``-1`` (a
+      token of unknown version). When generated positions exist (or cannot be told) but no
+      version is known, e.g. without a ``versions`` tensor, both are ``fallback_version``: the
+      reference's fallback, the engine's version when the episode ended. A row with no
+      generated position gets ``(-1, -1)``.
+    """
+    rows, length = td["input_ids"].shape[:2]
+    attended = _bool_rows(td.get("attention_mask"), rows, length)
+    loss = _int_rows(td.get("loss_mask"))
+    versions = _int_rows(td.get("versions"))
+    return [
+        _row_span(
+            attended[r], None if loss is None else loss[r], None if versions is None else versions[r],
+            fallback_version,
+        )
+        for r in range(rows)
+    ]
+
+
+def span_range(spans: Sequence[RowSpan]) -> tuple[int, int]:
+    """``(head, tail)`` of several rows: the oldest head and the newest tail; -1 when none."""
+    heads = [s.head_version for s in spans if s.head_version >= 0]
+    tails = [s.tail_version for s in spans if s.tail_version >= 0]
+    return (min(heads) if heads else PROMPT_VERSION, max(tails) if tails else PROMPT_VERSION)
+
+
+def _row_span(
+    attended: numpy.ndarray, loss: numpy.ndarray | None, versions: numpy.ndarray | None, fallback: int
+) -> RowSpan:
+    seqlen = int(attended.sum())
+    if loss is not None:
+        generated: numpy.ndarray | None = loss[attended] == 1
+    elif versions is not None:
+        generated = versions[attended] >= 0
+    else:
+        generated = None  # nothing tells prompt from answer
+    if generated is None:
+        return RowSpan(seqlen, seqlen, fallback, fallback)
+    where = numpy.flatnonzero(generated)
+    if where.size == 0:
+        return RowSpan(seqlen, seqlen, PROMPT_VERSION, PROMPT_VERSION)
+    known = versions[attended][generated] if versions is not None else where[:0]
+    known = known[known >= 0]
+    if known.size == 0:
+        return RowSpan(seqlen, int(where[0]), fallback, fallback)
+    return RowSpan(seqlen, int(where[0]), int(known.min()), int(known.max()))
+
+
+def _as_array(t: Tensor) -> numpy.ndarray:
+    # numpy, not torch: see version_span
+    return t.detach().cpu().numpy()
+
+
+def _bool_rows(mask: Tensor | None, rows: int, length: int) -> numpy.ndarray:
+    if mask is None:
+        return numpy.ones((rows, length), dtype=bool)
+    return _as_array(mask).astype(bool, copy=False)
+
+
+def _int_rows(t: Tensor | None) -> numpy.ndarray | None:
+    return None if t is None else _as_array(t)
 
 
 def _pad_value_for(key: str, pad_value: float) -> float:

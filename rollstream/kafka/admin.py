@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from aiokafka.admin import NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
@@ -12,13 +11,14 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError,
 from rollstream.config import KafkaConfig
 from rollstream.kafka.clients import authentication_refusal, make_admin
 from rollstream.kafka.topics import TopicNames
+from rollstream.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 BROKER_WAIT_SECONDS = 300.0  # how long a starting tier waits for an unreachable broker
 
 
-def _transient(exc: BaseException) -> bool:
+def transient(exc: BaseException) -> bool:
     """A broker that is down, restarting or electing a controller: worth waiting for."""
     if isinstance(exc, (KafkaTimeoutError, asyncio.TimeoutError)):
         return True
@@ -37,25 +37,29 @@ async def ensure_topics(config: KafkaConfig, names: TopicNames, wait_seconds: fl
     therefore comes up with the broker instead of crash-looping. A broker that refuses the
     configured credentials or TLS settings raises ``KafkaAuthenticationError`` at once.
     """
-    deadline = time.monotonic() + wait_seconds
-    delay = 0.5
-    while True:
+    attempts = 0
+
+    async def once() -> None:
+        nonlocal attempts
+        attempts += 1
         try:
             await _ensure_once(config, names)
-            return
-        except Exception as exc:
-            if isinstance(exc, KafkaConnectionError):
-                refusal = await authentication_refusal(config)
-                if refusal is not None:
-                    raise refusal from exc
-            if not _transient(exc) or time.monotonic() + delay > deadline:
-                raise
-            log.warning(
-                "kafka at %s not reachable yet (%s: %s); retrying in %.1fs",
-                config.bootstrap_servers, type(exc).__name__, exc, delay,
-            )
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 5.0)
+        except KafkaConnectionError as exc:
+            refusal = await authentication_refusal(config)
+            if refusal is not None:
+                raise refusal from exc
+            raise
+
+    policy = RetryPolicy(initial=0.5, maximum=5.0)
+    try:
+        await asyncio.wait_for(
+            policy.call(once, retry_on=transient, what=f"reaching kafka at {config.bootstrap_servers}"),
+            wait_seconds,
+        )
+    except asyncio.TimeoutError:
+        raise KafkaTimeoutError(
+            f"kafka at {config.bootstrap_servers} not reachable after {wait_seconds:.0f}s ({attempts} tries)"
+        ) from None
 
 
 async def _ensure_once(config: KafkaConfig, names: TopicNames) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from rollstream.dump import Tokenizer, row_record
+from rollstream.dump import Tokenizer, message_rows, row_record
 from rollstream.wire import (
     Batch,
     DeadLetter,
@@ -30,7 +30,6 @@ from rollstream.wire import (
     WireTensor,
     batch_tensors,
     decode_tensor,
-    decode_tensor_dict,
     encode_tensor_dict,
 )
 
@@ -76,16 +75,16 @@ def _versions(head: int, tail: int) -> str:
     return f"v={head}..{tail}" if head != tail else f"v={tail}"
 
 
-def _episode_summary(episode: Episode, reward: float | None, tokenizer: Tokenizer | None) -> str:
-    tensors = decode_tensor_dict(episode.trajectory)
-    record = row_record(tensors, 0, task_id=episode.task_id, sample_idx=episode.sample_idx, reward=reward, tokenizer=tokenizer)
-    rows = tensors["input_ids"].shape[0]
+def _episode_summary(message: Episode | ScoredEpisode, tokenizer: Tokenizer | None) -> str:
+    episode, reward = (message.episode, message.reward) if isinstance(message, ScoredEpisode) else (message, None)
+    rows = message_rows(message)
+    record = row_record(rows[0], tokenizer)
     reward_text = "-" if reward is None else f"{reward:.4g}"
     text = (
         f"task={episode.task_id} sample={episode.sample_idx}/{episode.group_size} "
         f"{_versions(episode.head_version, episode.tail_version)} reward={reward_text} "
         f"stop={episode.stop_reason} len={record['prompt_len']}+{record['seqlen'] - record['prompt_len']}"
-        f"{f' rows={rows}' if rows > 1 else ''}{' eval' if episode.is_eval else ''}"
+        f"{f' rows={len(rows)}' if len(rows) > 1 else ''}{' eval' if episode.is_eval else ''}"
     )
     if tokenizer is not None:
         text += f"\n    prompt: {_preview(record['prompt'])}\n    completion: {_preview(record['completion'])}"
@@ -116,10 +115,8 @@ def summary_line(message: Any, tokenizer: Tokenizer | None = None) -> str:
     """One readable line (kind, task, sample, versions, reward, stop reason, lengths);
     with a tokenizer, episodes get two more lines with the prompt and completion text."""
     match message:
-        case ScoredEpisode():
-            body = _episode_summary(message.episode, message.reward, tokenizer)
-        case Episode():
-            body = _episode_summary(message, None, tokenizer)
+        case ScoredEpisode() | Episode():
+            body = _episode_summary(message, tokenizer)
         case SampleRejected():
             body = (
                 f"task={message.task_id} sample={message.sample_idx}/{message.group_size} "

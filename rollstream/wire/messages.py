@@ -42,6 +42,7 @@ DropReason = Literal[
     "stale",  # the oldest generated token is beyond the staleness bound
     "timeout",  # the group did not complete within the grouping timeout
     "task_failed",  # the prompt could not be run (dead-lettered upstream)
+    "dead_lettered",  # the group's samples cannot form a batch (dead-lettered by grouping)
 ]
 
 
@@ -188,6 +189,7 @@ class ProducerCursor(_Message, tag="cursor"):
     index: int
     published: int = 0
     at: float = 0.0
+    is_eval: bool = False  # the producer publishes eval prompts (they are not admitted)
 
 
 EpisodesMessage = Episode | SampleRejected | TaskFailed

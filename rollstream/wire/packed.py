@@ -32,9 +32,10 @@ import torch
 from rollstream.wire.tensor_codec import (
     DTYPES,
     ITEMSIZES,
-    MAX_TENSOR_DIMS,
     NUMPY_DTYPES,
+    Shape,
     TensorDecodeError,
+    check_shape,
     raw_bytes,
 )
 
@@ -47,7 +48,7 @@ class PackedTensors(msgspec.Struct, array_like=True, frozen=True):
 
     keys: list[str]
     dtypes: list[str]
-    shapes: list[list[int]]
+    shapes: list[Shape]
     data: memoryview
 
 
@@ -74,9 +75,7 @@ def check_packed(packed: PackedTensors) -> tuple[list[int], list[int]]:
         itemsize = ITEMSIZES.get(name)
         if itemsize is None:
             raise TensorDecodeError(f"packed tensor {key!r} has unknown dtype {name!r}")
-        if len(shape) > MAX_TENSOR_DIMS or (shape and min(shape) < 0):
-            raise TensorDecodeError(f"packed tensor {key!r} has invalid shape {shape}")
-        count = math.prod(shape)
+        count = check_shape(shape, f"packed tensor {key!r}")
         offset = -(-end // itemsize) * itemsize  # _aligned, inlined: this runs per decoded batch
         offsets.append(offset)
         counts.append(count)

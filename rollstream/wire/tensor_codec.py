@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+from typing import Annotated
 
 import msgspec
 import numpy
@@ -38,6 +39,12 @@ DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 ITEMSIZES: dict[str, int] = {k: torch.empty(0, dtype=v).element_size() for k, v in DTYPES.items()}
 NUMPY_DTYPES: dict[str, numpy.dtype] = {k: numpy.dtype(k) for k in DTYPES if k != "bfloat16"}
 MAX_TENSOR_DIMS = 8
+MAX_TENSOR_DIM = 2**31 - 1  # no real tensor has a larger dimension, empty or not
+MAX_TENSOR_ELEMENTS = 64 * 1024 * 1024  # = the largest message (codec.MAX_MESSAGE_BYTES) in bools
+
+# A shape as the wire allows it: at most MAX_TENSOR_DIMS dimensions in 0..MAX_TENSOR_DIM
+# (msgspec refuses anything else at decode, naming the field); check_shape adds the count.
+Shape = Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=MAX_TENSOR_DIM)]], msgspec.Meta(max_length=MAX_TENSOR_DIMS)]
 
 
 class TensorDecodeError(ValueError):
@@ -48,8 +55,20 @@ class WireTensor(msgspec.Struct, array_like=True, frozen=True):
     """One tensor: dtype name, shape, and its bytes in C order, little-endian."""
 
     dtype: str
-    shape: list[int]
+    shape: Shape
     data: memoryview
+
+
+def check_shape(shape: list[int], what: str = "tensor") -> int:
+    """The element count of ``shape``; ``TensorDecodeError`` unless every dimension is in
+    0..MAX_TENSOR_DIM, there are at most MAX_TENSOR_DIMS of them, and the product of the
+    non-zero ones is at most MAX_TENSOR_ELEMENTS (so an empty tensor cannot declare a shape
+    like ``[0, 2**63]`` that breaks whatever computes with it later)."""
+    if len(shape) > MAX_TENSOR_DIMS or any(not 0 <= d <= MAX_TENSOR_DIM for d in shape):
+        raise TensorDecodeError(f"{what} has invalid shape {shape}")
+    if math.prod(d for d in shape if d) > MAX_TENSOR_ELEMENTS:
+        raise TensorDecodeError(f"{what} shape {shape} declares more than {MAX_TENSOR_ELEMENTS} elements")
+    return math.prod(shape)
 
 
 def encode_tensor(tensor: torch.Tensor) -> WireTensor:
@@ -92,9 +111,7 @@ def check_tensor(wire: WireTensor) -> torch.dtype:
     if dtype is None:
         raise TensorDecodeError(f"unknown tensor dtype {wire.dtype!r}")
     shape = wire.shape
-    if len(shape) > MAX_TENSOR_DIMS or (shape and min(shape) < 0):
-        raise TensorDecodeError(f"invalid tensor shape {shape}")
-    expected = math.prod(shape) * ITEMSIZES[wire.dtype]
+    expected = check_shape(shape) * ITEMSIZES[wire.dtype]
     if wire.data.nbytes != expected:
         raise TensorDecodeError(
             f"tensor of shape {shape} and dtype {wire.dtype} needs {expected} bytes, "

@@ -1,32 +1,54 @@
-"""A small local stand-in for an SGLang server, speaking SGLang's native HTTP API.
+"""A local stand-in for an SGLang 0.5.23 server, speaking SGLang's native HTTP API.
 
-A real SGLang server needs a GPU, so CPU tests run against this fake. It follows the documented
-API of SGLang 0.5.x (see ``shared/reference/sglang-http.md``): ``/health``, ``/generate`` with
-``input_ids`` (as a server started with ``--skip-tokenizer-init``), ``/pause_generation``,
-``/continue_generation`` and ``/update_weights_from_disk``. Like SGLang >= 0.5.23 it answers
-HTTP 400 "unknown field" for a ``sampling_params`` key SGLang does not know (e.g. ``max_tokens``).
+A real SGLang server needs a GPU, so CPU tests run against this stand-in. It follows what
+SGLang 0.5.23's own request and server code does (``shared/reference/sglang-http.md``), point
+by point; ``scripts/check_sglang.py`` runs the same checks against a real server (and, in
+``tests/unit/test_check_sglang.py``, against this one):
 
-Tokens are deterministic pseudo-random ids in ``[3, vocab_size)`` derived from the context and
-the weight version; logprobs are deterministic negative floats. Each token takes
-``token_delay`` seconds, so a pause can cut a request mid-way. ``scripts/check_sglang.py``
-runs the same checks against a real server.
+* ``/generate`` takes ``input_ids`` (the server models ``--skip-tokenizer-init``: no ``text``;
+  ``stop`` strings and ``min_new_tokens`` > 0 are refused with 400, as SGLang refuses them
+  without a tokenizer). Unknown top-level keys are ignored; an unknown ``sampling_params`` key
+  is 400 "unknown field" (SGLang >= 0.5.22). A ``rid`` the server still holds is 400
+  "Duplicate request ID detected"; a dropped client is noticed only every
+  ``disconnect_check_seconds`` (SGLang: ~4 s), so its rid stays held until then.
+* ``meta_info.weight_version`` reports the version given to ``/update_weights_from_disk``
+  (``"default"`` before the first load), stamped when the answer is written.
+* ``/pause_generation`` (mode abort, the default) aborts every running request and answers only
+  once those were answered, polling every ``pause_poll_seconds`` (SGLang: 1 s); ``in_place`` and
+  ``retract`` hold running requests instead. While paused, a new request waits at the gate (it
+  is neither aborted nor answered) until ``/continue_generation``. A load waits for running
+  requests to end (SGLang's model-update lock) and new requests wait for the load.
+* ``/health`` generates a token: while paused it answers 503 after ``health_pause_timeout``
+  (SGLang: ~20 s). ``/model_info`` (and ``/get_weight_version``) answer at once, paused or not.
+* A NaN logprob is written as JSON ``null`` (hook ``null_logprob_next``).
+* Any number of clients at once; per request, one token every ``token_delay`` seconds.
+
+Tokens are pseudo-random ids in ``[3, vocab_size)`` drawn from the weights, the context and
+(unless greedy) the rid; logprobs are negative multiples of 2**-16 (exact in float32). Every
+token is recorded in :attr:`ledger` with the weights that produced it, so tests can check
+each tag a client gives it.
 
 Test hooks: ``fail_next`` (HTTP 5xx), ``drop_next`` (close the connection without an answer),
-``go_down``/``come_up`` (stop/start listening on the same port), ``healthy``, ``stop_at``,
-``abort_after``, ``fail_updates``; ``requests`` holds every ``/generate`` body received and
-``tokens_out`` counts generated tokens.
+``go_down``/``come_up`` (a crash and a restart, optionally with fresh weights), ``healthy``,
+``stop_at``, ``abort_after``, ``fail_updates``, ``load_delay``, ``null_logprob_next``.
+Records: ``requests`` (bodies received), ``hits``, ``refusals`` (400s by reason),
+``loads`` (one per completed load), ``tokens_out``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import socket
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.sglang_ledger import TokenLedger
 
 SAMPLING_KEYS = frozenset({
     "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
@@ -34,11 +56,8 @@ SAMPLING_KEYS = frozenset({
     "presence_penalty", "repetition_penalty", "n", "sampling_seed", "json_schema", "regex", "ebnf",
     "spaces_between_special_tokens", "stop_regex", "custom_params",
 })
-REQUEST_KEYS = frozenset({
-    "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "stream", "lora_path",
-    "image_data", "video_data", "audio_data", "modalities", "return_hidden_states", "priority",
-})
+INITIAL_VERSION = "default"
+LOGPROB_STEP = 2.0**-16
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -49,51 +68,79 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"object": "error", "message": message, "code": status}, status=status)
+    """SGLang's error body for a refused /generate (FastAPI handler catching ValueError)."""
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+@dataclass
+class _Running:
+    """A request past the gate (it holds SGLang's model-update reader lock)."""
+
+    rid: str
+    abort: str | None = None  # why it must stop, once set
+
+
+@dataclass(frozen=True)
+class Load:
+    """One completed ``/update_weights_from_disk``."""
+
+    weight_version: str
+    model_path: str
+    started: float
+    finished: float
 
 
 class FakeSGLangServer:
     """``async with FakeSGLangServer() as server:`` serves on ``server.url`` (a free port)."""
 
     def __init__(
-        self,
-        *,
-        token_delay: float = 0.002,
-        vocab_size: int = 1000,
-        eos_token_id: int = 2,
-        seed: int = 0,
-        weight_version: str = "default",
-        host: str = "127.0.0.1",
-        port: int | None = None,
+        self, *, token_delay: float = 0.002, vocab_size: int = 1000, eos_token_id: int = 2, seed: int = 0,
+        host: str = "127.0.0.1", port: int | None = None, pause_poll_seconds: float = 0.05,
+        health_pause_timeout: float = 20.0, disconnect_check_seconds: float = 4.0, load_delay: float = 0.0,
     ) -> None:
         self.token_delay = token_delay
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.seed = seed
-        self.weight_version = weight_version
-        self.model_path = "fake-model"
         self.host = host
         self.port = port or free_port(host)
+        self.pause_poll_seconds = pause_poll_seconds
+        self.health_pause_timeout = health_pause_timeout
+        self.disconnect_check_seconds = disconnect_check_seconds
+        self.load_delay = load_delay
+        self.weight_version = INITIAL_VERSION
+        self.model_path = "fake-model"
+        self.ledger = TokenLedger()
         self.requests: list[dict[str, Any]] = []
         self.hits: Counter[str] = Counter()
-        self.tokens_out = 0  # tokens generated so far, over all requests
+        self.refusals: Counter[str] = Counter()
+        self.loads: list[Load] = []
+        self.tokens_out = 0
         self.healthy = True
         self.stop_at: int | None = None  # emit eos as this output index
         self.abort_after: int | None = None  # abort each request after this many tokens
         self.fail_updates = False
+        self.null_logprob_next = 0  # this many next requests get a null logprob on their first token
+        self.loading = asyncio.Event()  # set while a load runs (tests wait on it)
         self._fail: list[int] = [0, 500]  # remaining count, status
         self._drop = 0
+        self._held: set[str] = set()  # rids the server holds (SGLang's rid_to_state)
+        self._running: dict[str, _Running] = {}
         self._paused = False
         self._pause_mode = "abort"
-        self._unpaused = asyncio.Event()
-        self._unpaused.set()
-        self._abort_epoch = 0
+        self._open_gate = asyncio.Event()  # set when neither paused nor loading
+        self._open_gate.set()
+        self._control = asyncio.Lock()  # SGLang's is_pause_cond: pause and continue exclude each other
         self._runner: web.AppRunner | None = None
-        self._open: set[asyncio.BaseTransport] = set()  # transports of running /generate calls
+        self._open: set[asyncio.BaseTransport] = set()
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
 
     # ------------------------------------------------------------------ hooks
 
@@ -106,17 +153,24 @@ class FakeSGLangServer:
         self._drop = n
 
     async def go_down(self) -> None:
-        """Stop listening and cut open connections at once, like a crash (in-flight requests fail)."""
+        """Stop listening and cut open connections at once, like a crash."""
         if self._runner is not None:
-            # aiohttp's graceful shutdown would let running handlers finish: cut them instead.
-            for transport in list(self._open):
+            for transport in list(self._open):  # a graceful shutdown would let handlers finish
                 transport.abort()
-            self._abort_epoch += 1
+            for running in self._running.values():
+                running.abort = "server down"
             await self._runner.cleanup()
             self._runner = None
 
-    async def come_up(self) -> None:
-        """Listen again on the same port."""
+    async def come_up(self, *, fresh: bool = False) -> None:
+        """Listen again on the same port; ``fresh``: as a restarted process, back on the
+        weights it was started with, running, holding no request."""
+        if fresh:
+            self.weight_version, self.model_path = INITIAL_VERSION, "fake-model"
+            self._paused = False
+            self._open_gate.set()
+            self._held.clear()
+            self._running.clear()
         if self._runner is None:
             app = web.Application()
             app.add_routes(self._routes())
@@ -129,7 +183,7 @@ class FakeSGLangServer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self._unpaused.set()
+        self._open_gate.set()
         await self.go_down()
 
     def _routes(self) -> list[web.RouteDef]:
@@ -138,23 +192,41 @@ class FakeSGLangServer:
             web.get("/health_generate", self._health),
             web.get("/ready", self._ready),
             web.get("/model_info", self._model_info),
+            web.get("/get_model_info", self._model_info),
+            web.get("/get_weight_version", self._get_weight_version),
+            web.get("/server_info", self._server_info),
             web.post("/generate", self._generate),
             web.post("/pause_generation", self._pause),
             web.post("/continue_generation", self._continue),
             web.post("/update_weights_from_disk", self._update_weights),
         ]
 
-    # -------------------------------------------------------------- handlers
+    # -------------------------------------------------------------- control
 
     async def _health(self, request: web.Request) -> web.Response:
         self.hits["health"] += 1
-        return web.Response(status=200 if self.healthy else 503)
+        if not self.healthy:
+            return web.Response(status=503)
+        try:  # SGLang's health check generates one token: it waits at the gate like any request
+            await asyncio.wait_for(self._open_gate.wait(), self.health_pause_timeout)
+        except asyncio.TimeoutError:
+            return web.Response(status=503)
+        await asyncio.sleep(self.token_delay)
+        return web.Response(status=200)
 
     async def _ready(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self._paused else 200)
 
     async def _model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({"model_path": self.model_path, "is_generation": True})
+        return web.json_response({"model_path": self.model_path, "tokenizer_path": None, "is_generation": True,
+                                  "weight_version": self.weight_version})
+
+    async def _get_weight_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.5.23", "skip_tokenizer_init": True,
+                                  "weight_version": self.weight_version})
 
     async def _json_body(self, request: web.Request) -> dict[str, Any] | None:
         try:
@@ -167,22 +239,29 @@ class FakeSGLangServer:
         body = await self._json_body(request)
         if body is None:
             return _error(400, "expected a JSON object body")
+        mode = body.get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            return _error(400, f"unknown pause mode {mode!r}")
         self.hits["pause"] += 1
-        self._pause_mode = body.get("mode", "abort")
-        if self._pause_mode not in ("abort", "retract", "in_place"):
-            return _error(400, f"unknown pause mode {self._pause_mode!r}")
-        self._paused = True
-        self._unpaused.clear()
-        if self._pause_mode == "abort":
-            self._abort_epoch += 1
+        async with self._control:
+            self._paused, self._pause_mode = True, mode
+            self._open_gate.clear()
+            while mode == "abort":  # like SGLang: abort all, answer once none is running
+                for running in self._running.values():
+                    running.abort = running.abort or "Abort all requests (pause_generation)"
+                if not self._running:
+                    break
+                await asyncio.sleep(self.pause_poll_seconds)
         return web.json_response({"message": "Generation paused successfully."})
 
     async def _continue(self, request: web.Request) -> web.Response:
         if await self._json_body(request) is None:
             return _error(400, "expected a JSON object body")
         self.hits["continue"] += 1
-        self._paused = False
-        self._unpaused.set()
+        async with self._control:
+            self._paused = False
+            if not self.loading.is_set():
+                self._open_gate.set()
         return web.json_response({"message": "Generation continued successfully."})
 
     async def _update_weights(self, request: web.Request) -> web.Response:
@@ -190,17 +269,31 @@ class FakeSGLangServer:
         if body is None or "model_path" not in body:
             return _error(400, "model_path is required")
         self.hits["update"] += 1
-        if self.fail_updates:
-            return web.json_response(
-                {"success": False, "message": "Failed to load weights", "num_paused_requests": 0}, status=400
-            )
-        self.model_path = body["model_path"]
-        self.weight_version = str(body.get("weight_version") or self.weight_version)
-        if body.get("abort_all_requests"):
-            self._abort_epoch += 1
+        started = time.monotonic()
+        self.loading.set()
+        self._open_gate.clear()  # new requests wait for the model-update lock
+        try:
+            if body.get("abort_all_requests"):
+                for running in self._running.values():
+                    running.abort = "Abort all requests (update_weights)"
+            while self._running:  # the writer lock waits for running requests
+                await asyncio.sleep(self.pause_poll_seconds)
+            await asyncio.sleep(self.load_delay)
+            if self.fail_updates:
+                return web.json_response(
+                    {"success": False, "message": "Failed to load weights", "num_paused_requests": 0}, status=400)
+            self.model_path = body["model_path"]
+            if body.get("weight_version") is not None:
+                self.weight_version = str(body["weight_version"])
+            self.loads.append(Load(self.weight_version, self.model_path, started, time.monotonic()))
+        finally:
+            self.loading.clear()
+            if not self._paused:
+                self._open_gate.set()
         return web.json_response(
-            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
-        )
+            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0})
+
+    # ----------------------------------------------------------- generation
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         self.hits["generate"] += 1
@@ -214,87 +307,129 @@ class FakeSGLangServer:
             return _error(self._fail[1], "injected failure")
         body = await self._json_body(request)
         if body is None:
-            return _error(400, "expected a JSON object body")
-        problem = self._validate(body)
-        if problem:
-            return _error(400, problem)
+            return self._refuse("bad_body", "expected a JSON object body")
         self.requests.append(body)
+        problem = self._check_prompt(body)
+        if problem:
+            return self._refuse(*problem)
+        rid = str(body.get("rid") or f"auto-{random.getrandbits(64):x}")
+        if rid in self._held:  # registered before the pause gate, as SGLang does
+            return self._refuse("duplicate_rid", f"Duplicate request ID detected: {rid}")
+        self._held.add(rid)
         transport = request.transport
         if transport is not None:
             self._open.add(transport)
         try:
-            await self._unpaused.wait()  # like SGLang: new requests wait while paused
-            return web.json_response(await self._run(body))
+            await self._open_gate.wait()  # paused or loading: wait here, neither aborted nor answered
+            problem = self._check_sampling(body)  # SGLang builds its sampling params after the gate
+            if problem:
+                return self._refuse(*problem)
+            running = self._running[rid] = _Running(rid)
+            try:
+                answer = await self._run(body, rid, running, request)
+                if answer is None:  # the client went away: nobody to answer
+                    return web.Response(status=204)
+                return await self._write(request, answer)  # answered before the rid is released
+            finally:
+                self._running.pop(rid, None)
         finally:
+            self._held.discard(rid)
             if transport is not None:
                 self._open.discard(transport)
 
-    def _validate(self, body: dict[str, Any]) -> str | None:
-        unknown = sorted(set(body) - REQUEST_KEYS)
-        if unknown:
-            return f"unknown field(s) in request: {unknown}"
-        params = body.get("sampling_params") or {}
-        unknown = sorted(set(params) - SAMPLING_KEYS)
-        if unknown:
-            return f"unknown field(s) in sampling_params: {unknown}"
+    @staticmethod
+    async def _write(request: web.Request, answer: dict[str, Any]) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(json.dumps(answer).encode())
+        await response.write_eof()
+        return response
+
+    def _refuse(self, reason: str, message: str) -> web.Response:
+        self.refusals[reason] += 1
+        return _error(400, message)
+
+    @staticmethod
+    def _check_prompt(body: dict[str, Any]) -> tuple[str, str] | None:
         ids = body.get("input_ids")
+        if "text" in body and ids is None:
+            return "skip_tokenizer_init", "text prompts need a tokenizer: the server runs with --skip-tokenizer-init"
         if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
-            return "input_ids must be a non-empty list of ints (server runs with --skip-tokenizer-init)"
-        max_new = params.get("max_new_tokens", 128)
-        if not isinstance(max_new, int) or max_new < 0:
-            return "max_new_tokens must be a non-negative int"
+            return "bad_body", "input_ids must be a non-empty list of ints"
         return None
 
-    async def _run(self, body: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def _check_sampling(body: dict[str, Any]) -> tuple[str, str] | None:
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            return "bad_body", "sampling_params must be an object"
+        unknown = sorted(set(params) - SAMPLING_KEYS)
+        if unknown:
+            return "unknown_sampling_key", f"unknown field(s) in sampling_params: {unknown}"
+        if params.get("stop"):
+            return "skip_tokenizer_init", "stop strings are not supported when skip_tokenizer_init is set"
+        if (params.get("min_new_tokens") or 0) > 0:
+            return "skip_tokenizer_init", "min_new_tokens is not supported when skip_tokenizer_init is set"
+        max_new = params.get("max_new_tokens", 128)
+        if not isinstance(max_new, int) or max_new < 0:
+            return "bad_body", "max_new_tokens must be a non-negative int"
+        return None
+
+    async def _run(
+        self, body: dict[str, Any], rid: str, running: _Running, request: web.Request,
+    ) -> dict[str, Any] | None:
         params = body.get("sampling_params") or {}
         context = list(body["input_ids"])
         prompt_len = len(context)
         max_new = params.get("max_new_tokens", 128)
-        min_new = params.get("min_new_tokens", 0)
         stop_ids = set(params.get("stop_token_ids") or []) | {self.eos_token_id}
-        ignore_eos = bool(params.get("ignore_eos", False))
-        epoch, started = self._abort_epoch, time.monotonic()
-        out: list[tuple[float, int]] = []
+        greedy = params.get("temperature", 1.0) == 0 or params.get("top_k") == 1
+        started = last_check = time.monotonic()
+        null_first = self.null_logprob_next > 0
+        self.null_logprob_next -= int(null_first)
+        out: list[tuple[float | None, int]] = []
         finish: dict[str, Any] = {"type": "length", "length": max_new}
         while True:
             if self.abort_after is not None and len(out) >= self.abort_after:
-                finish = {"type": "abort", "message": "injected abort"}
+                finish = _abort("injected abort")
                 break
             if len(out) >= max_new:  # SGLang checks length before stop tokens
                 break
             await asyncio.sleep(self.token_delay)
             if self._paused and self._pause_mode != "abort":
-                await self._unpaused.wait()  # in_place / retract: hold the request
-            if self._abort_epoch != epoch:
-                finish = {"type": "abort", "message": "Abort in waiting queue or running batch"}
+                await self._open_gate.wait()  # in_place / retract: hold the request
+            if running.abort:
+                finish = _abort(running.abort)
                 break
-            logprob, token = self._next_token(context, len(out), min_new, stop_ids)
-            out.append((logprob, token))
+            if time.monotonic() - last_check >= self.disconnect_check_seconds:
+                last_check = time.monotonic()
+                if request.transport is None or request.transport.is_closing():
+                    return None  # SGLang notices the dropped client only now, and aborts
+            logprob, token = self._next_token(context, rid, greedy, len(out), stop_ids)
+            self.ledger.record(context + [token], logprob, self.weight_version)
+            out.append((None if null_first and not out else logprob, token))
             context.append(token)
             self.tokens_out += 1
-            if not ignore_eos and token in stop_ids and len(out) < max_new:
+            if not params.get("ignore_eos") and token in stop_ids:
                 finish = {"type": "stop", "matched": token}
                 break
-        return {
-            "text": "",
-            "output_ids": [t for _, t in out],
-            "meta_info": {
-                "id": body.get("rid"),
-                "finish_reason": finish,
-                "prompt_tokens": prompt_len,
-                "completion_tokens": len(out),
-                "cached_tokens": 0,
-                "weight_version": self.weight_version,
-                "e2e_latency": time.monotonic() - started,
-                "output_token_logprobs": [[lp, t, None] for lp, t in out] if body.get("return_logprob") else None,
-            },
+        meta = {
+            "id": rid, "finish_reason": finish, "prompt_tokens": prompt_len, "completion_tokens": len(out),
+            "cached_tokens": 0, "weight_version": self.weight_version, "e2e_latency": time.monotonic() - started,
         }
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in out]
+        return {"text": "", "output_ids": [t for _, t in out], "meta_info": meta}
 
-    def _next_token(self, context: list[int], index: int, min_new: int, stop_ids: set[int]) -> tuple[float, int]:
-        if self.stop_at is not None and index == self.stop_at and index >= min_new:
+    def _next_token(self, context: list[int], rid: str, greedy: bool, index: int,
+                    stop_ids: set[int]) -> tuple[float, int]:
+        if self.stop_at is not None and index == self.stop_at:
             return -0.5, self.eos_token_id
-        rng = random.Random(f"{self.seed}|{self.weight_version}|{len(context)}|{context[-4:]}")
+        source = f"{context[-4:]}" if greedy else rid
+        rng = random.Random(f"{self.seed}|{self.weight_version}|{source}|{len(context)}")
         token = rng.randrange(3, self.vocab_size)
-        while token in stop_ids and index < min_new:
-            token = rng.randrange(3, self.vocab_size)
-        return -round(rng.uniform(0.01, 5.0), 6), token
+        return -rng.randint(1, 5 * 2**16) * LOGPROB_STEP, token
+
+
+def _abort(message: str) -> dict[str, Any]:
+    return {"type": "abort", "message": message, "status_code": None, "err_type": None}

@@ -1,35 +1,41 @@
-"""SGLang servers that die or answer 5xx, under a running rollout worker.
+"""SGLang servers that die or answer 5xx, and a weight-sync owner SIGKILLed mid-update.
 
 The servers are ``tests.fakes.FakeSGLangServer``: a real SGLang server needs a GPU, which the CI
-machine lacks, so a fake that speaks SGLang's native HTTP API stands in for it (the engine's
-own unit tests cover the client in detail; this test covers the tier). The rollout worker runs
-in-process against the session's real broker, with the default settings of ``SGLangEngine``
-(3 retries with backoff, a server marked down after 2 failures in a row, for 30 s).
+machine lacks, so a stand-in that follows SGLang 0.5.23's HTTP behaviour takes its place (the
+engine's own unit tests cover the client in detail; these tests cover the tier). The failover
+test runs one rollout worker in-process with the default ``rollout.sglang`` settings (3 retries
+with backoff, a server marked down after 2 failures in a row, for 30 s); the owner test runs
+three rollout-worker processes against the session's real broker and Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
+import yaml
 
 from rollout_workers.service import run
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
-from rollstream.kafka.topics import TopicNames
-from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode, encode
+from rollstream.wire import Episode, PromptTask, SampleRejected, encode
+from rollstream.redis_state import RedisKeys, connect
+from rollstream.server_lease import ServerLeases
 from tests.fakes import FakeSGLangServer
-from tests.faults.ledger import read_topic
+from tests.fakes.tag_audit import audit
+from tests.faults.tiers import TierProcess
 from tests.helpers import make_config
+from tests.shared_sglang import (
+    PromptFeed, loads_per_version, names_of, publish_versions, samples, shared_config, worker_settings,
+)
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
-
-
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 
 
 async def publish(config: RollstreamConfig, prefix: str, n: int) -> set[tuple[str, int]]:
@@ -42,19 +48,6 @@ async def publish(config: RollstreamConfig, prefix: str, n: int) -> set[tuple[st
     finally:
         await producer.stop()
     return {(f"{prefix}-{i}", s) for i in range(n) for s in range(2)}
-
-
-async def samples(config: RollstreamConfig, wanted: set[tuple[str, int]], timeout: float = 90) -> dict:
-    """Wait for one message per wanted ``(task_id, sample_idx)``; returns them."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = {(m.task_id, m.sample_idx): m
-                 for m in await read_topic(config.kafka, names_of(config).episodes, decode_episode)
-                 if isinstance(m, (Episode, SampleRejected)) and (m.task_id, m.sample_idx) in wanted}
-        if len(found) == len(wanted):
-            return found
-        assert time.monotonic() < deadline, f"only {len(found)} of {len(wanted)} samples arrived"
-        await asyncio.sleep(0.3)
 
 
 async def test_failover_then_no_server_left(
@@ -71,20 +64,20 @@ async def test_failover_then_no_server_left(
         stop = asyncio.Event()
         worker = asyncio.create_task(run(config, stop))
         try:
-            both = await samples(config, await publish(config, "up", 3))
+            both, _ = await samples(config, await publish(config, "up", 3))
             assert all(isinstance(m, Episode) for m in both.values())
             assert a.hits["generate"] and b.hits["generate"]  # both servers took work
 
             await a.go_down()  # a crash: in-flight and new requests move to b
             served_by_b = b.hits["generate"]
-            one = await samples(config, await publish(config, "failover", 4))
+            one, _ = await samples(config, await publish(config, "failover", 4))
             assert all(isinstance(m, Episode) for m in one.values()), one
             assert b.hits["generate"] >= served_by_b + 8
 
             b.fail_next(10**6, 500)  # the last server answers 500s: no server is left
             before = b.hits["generate"]
             started = time.monotonic()
-            none_left = await samples(config, await publish(config, "none-left", 2))
+            none_left, _ = await samples(config, await publish(config, "none-left", 2))
             spent = time.monotonic() - started
             for message in none_left.values():  # a failed sample with a clear reason, not a hang
                 assert isinstance(message, SampleRejected) and message.failed, message
@@ -95,7 +88,7 @@ async def test_failover_then_no_server_left(
             await asyncio.sleep(3.0)  # idle: no retry loop keeps hammering the dead servers
             assert b.hits["generate"] - before == requests
 
-            later = await samples(config, await publish(config, "still-down", 1))
+            later, _ = await samples(config, await publish(config, "still-down", 1))
             assert all("no SGLang server available" in m.reason for m in later.values()), later
             assert b.hits["generate"] - before == requests  # marked down: fails fast, no request
             assert not worker.done()
@@ -104,3 +97,81 @@ async def test_failover_then_no_server_left(
             await asyncio.wait_for(worker, 60)
     print(f"no server left: {requests} requests to the failing server for 4 samples in {spent:.1f}s, "
           "then none while idle and none for a later prompt")
+
+
+async def until(predicate: Callable[[], Any], what: str, timeout: float = 60.0,
+                logs: Callable[[], str] = lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{logs()}"
+        await asyncio.sleep(0.02)
+
+
+async def test_sigkilled_weight_sync_owner_is_replaced(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """Three rollout-worker processes share two stand-ins. While the owner of a server is in
+    the middle of loading version 2 on it (paused, load running), it is SIGKILLed. Another
+    worker takes the server over once the dead owner's lease expires; every server reaches the
+    newest version; every token keeps the tag of the weights that produced it; every prompt's
+    samples arrive (the dead worker's prompts are re-run); no version is loaded twice."""
+    async with FakeSGLangServer(vocab_size=300, token_delay=0.01, load_delay=1.0) as a, \
+            FakeSGLangServer(vocab_size=300, token_delay=0.01, load_delay=1.0) as b:
+        config = shared_config(kafka_bootstrap, redis_url, unique_name,
+                               worker_settings([a, b], tiny_model, "unset"))
+        config_file = tmp_path / "workers.yaml"
+        config_file.write_text(yaml.safe_dump(msgspec.to_builtins(config)))
+        await ensure_topics(config.kafka, names_of(config))
+        workers = {f"w{i}": TierProcess("rollout-worker", config_file, tmp_path, [f"rollout.worker_id=w{i}"],
+                                        name=f"w{i}") for i in range(3)}
+        logs = lambda: "\n".join(w.tail(15) for w in workers.values())  # noqa: E731
+        leases = ServerLeases(connect(config.redis), RedisKeys(unique_name, "t0"), "observer", 1.0)
+        feed = PromptFeed(config, interval=0.2)
+        feeding = asyncio.create_task(feed.run())
+        try:
+            for worker in workers.values():
+                worker.start()
+            await until(lambda: all(w.grep("consuming") for w in workers.values()), "3 workers up", 120, logs)
+            await publish_versions(config, range(1, 2), every=0.0)
+            await until(lambda: a.weight_version == b.weight_version == "1" and not (a.paused or b.paused),
+                        "both servers at v1", logs=logs)
+
+            await publish_versions(config, range(2, 3), every=0.0)
+            await until(lambda: a.loading.is_set() or b.loading.is_set(), "a load of v2", logs=logs)
+            victim_server = a if a.loading.is_set() else b
+            owner, token = await leases.holder(victim_server.url)
+            victim = workers[owner.split(":")[0]]
+            victim.kill()  # mid-update: the server is paused and loading
+            killed_at = time.monotonic()
+            assert victim_server.paused, "the kill should land between pause and continue"
+
+            await until(lambda: a.weight_version == b.weight_version == "2" and not (a.paused or b.paused),
+                        "every server at v2 and running again", logs=logs)
+            taken_over = time.monotonic() - killed_at
+            successor, new_token = await leases.holder(victim_server.url)
+            assert successor.split(":")[0] != victim.name and new_token > token
+
+            await publish_versions(config, range(3, 5), every=1.0)
+            await until(lambda: a.weight_version == b.weight_version == "4" and not (a.paused or b.paused),
+                        "every server at the newest version", logs=logs)
+            feed.stop()
+            await feeding
+            found, published = await samples(config, feed.wanted, timeout=150)
+        finally:
+            feed.stop()
+            await asyncio.gather(feeding, return_exceptions=True)
+            for worker in workers.values():
+                worker.stop()
+            await leases._redis.aclose()
+
+        failed = [m for m in found.values() if not isinstance(m, Episode)]
+        assert not failed, failed[:3]
+        result = audit(published, [a, b])
+        print(f"\nowner {victim.name} SIGKILLed while loading v2 on {victim_server.url}; "
+              f"{successor} took over after {taken_over:.1f}s; {len(feed.wanted) // 2} prompts; {result}")
+        assert result.mistagged == 0 and result.unknown == 0, result.examples
+        for server in (a, b):
+            loads = loads_per_version(server)
+            print(f"{server.url}: loads {dict(loads)}, pauses {server.hits['pause']}, refusals {dict(server.refusals)}")
+            assert max(loads.values()) == 1 and loads["2"] == loads["4"] == 1, loads  # none twice, none lost
+            assert server.refusals["duplicate_rid"] == 0

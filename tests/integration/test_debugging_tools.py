@@ -22,7 +22,7 @@ from aiokafka import TopicPartition
 from consumers import dump_service
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
-from rollstream.dump import dump_path, dump_record
+from rollstream.dump import dump_record, read_task
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
@@ -148,13 +148,13 @@ async def test_replay_scored_to_dump_matches_the_episodes(config: RollstreamConf
     dumped = read_dump(tmp_path / "dump", config)
     tokenizer = make_tokenizer()
     assert len(dumped) == 4
+    exp = config.experiment
     for message in messages:
         episode = message.episode
         expected = dump_record(message, tokenizer)
         assert dumped[(episode.task_id, episode.sample_idx)] == expected
-        exp = config.experiment
-        path = dump_path(tmp_path / "dump", exp.experiment_name, exp.trial_name, episode.is_eval, expected["tail_version"], episode.task_id)
-        assert json.dumps(expected, ensure_ascii=False) in path.read_text()
+        group = read_task(tmp_path / "dump", exp.experiment_name, exp.trial_name, episode.task_id, episode.is_eval)
+        assert expected in group
     assert dumped[("q2", 0)]["prompt_len"] == 4 and dumped[("q2", 0)]["head_version"] == 3
 
 
@@ -362,8 +362,8 @@ async def test_dump_service_writes_the_layout_and_serves_metrics(config: Rollstr
     tokenizer = make_tokenizer()
     for message in messages:
         expected = dump_record(message, tokenizer)
-        path = dump_path(root, exp.experiment_name, exp.trial_name, message.episode.is_eval, expected["tail_version"], message.episode.task_id)
-        assert json.dumps(expected, ensure_ascii=False) in path.read_text()
+        group = read_task(root, exp.experiment_name, exp.trial_name, message.episode.task_id, message.episode.is_eval)
+        assert expected in group
     letters = [decode_dead_letter(value) for _, _, value in await read_raw(config, names_of(config).dead_letter)]
     assert [(letter.tier, letter.source_topic, letter.key) for letter in letters] == [("dump", names_of(config).scored, b"bad")]
     await assert_metrics_served()

@@ -16,7 +16,7 @@ import pytest
 import torch
 from aiokafka import TopicPartition
 
-from reward_workers.service import WorkerFencedError, run
+from reward_workers.service import run
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer
@@ -25,6 +25,7 @@ from rollstream.wire import (
     Episode,
     SampleRejected,
     ScoredEpisode,
+    TaskFailed,
     decode_dead_letter,
     decode_scored,
     decode_tensor_dict,
@@ -137,13 +138,16 @@ async def test_scores_every_episode_once_and_dead_letters_garbage(
     stop = asyncio.Event()
     worker = asyncio.create_task(run(config, stop))
     try:
-        scored = await wait_for_scored(config, n + 1)
+        scored = await wait_for_scored(config, n + 2)
     finally:
         stop.set()
         await asyncio.wait_for(worker, 30)
 
     episodes = [m for m in scored if isinstance(m, ScoredEpisode)]
-    assert len(scored) == n + 1 and [m for m in scored if isinstance(m, SampleRejected)] == [rejected]
+    assert len(scored) == n + 2 and [m for m in scored if isinstance(m, SampleRejected)] == [rejected]
+    # the undecodable record's group is told at once (by its key), not left to time out
+    [failure] = [m for m in scored if isinstance(m, TaskFailed)]
+    assert failure.task_id == "garbage" and "undecodable" in failure.reason
     assert sorted(m.episode.task_id for m in episodes) == sorted(f"p:0:{i}" for i in range(n))
     for message in episodes:
         i = int(message.episode.task_id.rsplit(":", 1)[1])
@@ -181,27 +185,34 @@ async def end_offsets(config: RollstreamConfig, topic: str) -> dict[TopicPartiti
         await consumer.stop()
 
 
-async def test_a_fenced_worker_stops_loudly_and_publishes_nothing_more(
+async def test_a_fenced_partition_is_given_up_then_taken_back_without_loss_or_duplicates(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tokenizer_dir: str
 ) -> None:
-    config = reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir, worker_id="w-dup")
+    """Another producer registers the partitions' transactional ids (as a new owner would):
+    the worker's next transactions are fenced, it publishes nothing for those partitions and
+    does not exit; once the hold (2 x session timeout) passes and the group still assigns
+    them to it, it takes them back (fencing the other) and scores the rest exactly once."""
+    config = reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir)
     names = names_of(config)
     await produce_episodes(config, [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(3)])
     worker = asyncio.create_task(run(config, asyncio.Event()))
     try:
         await wait_for_scored(config, 3)
-        # A second worker with the same worker id takes over the transactional id.
-        usurper = make_producer(
-            config.kafka, "usurper", transactional_id=f"{names.group_id('reward-worker')}.w-dup"
-        )
-        await usurper.start()
-        await usurper.stop()
+        for p in range(config.kafka.partitions):
+            usurper = make_producer(config.kafka, "usurper", transactional_id=f"{names.group_id('reward-worker')}.p{p}")
+            await usurper.start()
+            await usurper.stop()
         await produce_episodes(config, [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(3, 6)])
-        with pytest.raises(WorkerFencedError, match="reward.worker_id"):
-            await asyncio.wait_for(worker, 60)
+        await asyncio.sleep(6.0)  # within the 12 s hold: fenced, nothing more published
+        assert len(await read_topic(config, names.scored, decode_scored)) == 3
+        assert not worker.done()
+        scored = await wait_for_scored(config, 6, timeout=60.0)
+        await asyncio.sleep(1.0)
+        scored = await read_topic(config, names.scored, decode_scored)
     finally:
         worker.cancel()
-    assert len(await read_topic(config, names.scored, decode_scored)) == 3
+        await asyncio.gather(worker, return_exceptions=True)
+    assert sorted(m.episode.task_id for m in scored) == [f"p:0:{i}" for i in range(6)]
 
 
 def start_worker_process(config: RollstreamConfig, tokenizer: str, log_path: Path) -> subprocess.Popen[bytes]:

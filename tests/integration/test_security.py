@@ -163,7 +163,9 @@ async def test_redis_acl_user(auth_redis: LocalRedisServer, acl_user: str, uniqu
     client = connect(config)
     try:  # the Lua scripts of the staleness budget run as the ACL user
         budget = StalenessBudget(client, RedisKeys(unique_name, "t0"), 0, 2)
+        assert await budget.restore([], {})  # what a producer does first (rebuilt from the topics)
         assert await budget.try_admit("task-1") and (await budget.usage())["admitted"] == 1
+        assert await budget.confirm(["task-1", "task-2"]) == 1 and await budget.release("task-2", "timeout")
     finally:
         await client.aclose()
     with pytest.raises(AuthenticationError):

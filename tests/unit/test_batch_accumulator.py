@@ -85,6 +85,30 @@ def test_inconsistent_batch_is_rejected() -> None:
     assert torch.is_tensor(split_groups(build_batch([group("a", [1])], 0))[0].tensors["rewards"])
 
 
+def test_a_group_handed_out_before_is_skipped_and_counted_not_trained_twice() -> None:
+    """Re-delivered records (an ack refused after a rebalance) never train a group twice."""
+    acc = BatchAccumulator(batch_size=2, remember_steps=4)
+    first = [record(encode(build_batch([group(t, [1])], trainer_version=1)), i) for i, t in enumerate("ab")]
+    for r in first:
+        acc.take(r)
+    assert acc.hand_out().task_ids == ["a", "b"]
+    acc.reset()  # the rebalance: positions go back, the same records come again
+    for r in first + [record(encode(build_batch([group(t, [1])], trainer_version=1)), 2 + i) for i, t in enumerate("cd")]:
+        acc.take(r)
+    assert acc.duplicates_skipped == 2 and acc.ready()
+    assert acc.hand_out().task_ids == ["c", "d"]
+    acc.take(record(encode(build_batch([group("c", [1]), group("e", [1])], trainer_version=1)), 4))
+    assert acc.duplicates_skipped == 3 and not acc.ready()  # "c" again inside a two-group record
+
+
+def test_the_memory_of_trained_groups_is_bounded() -> None:
+    acc = BatchAccumulator(batch_size=1, remember_steps=2)
+    for i, t in enumerate("abc"):
+        acc.take(record(encode(build_batch([group(t, [1])], trainer_version=1)), i))
+        acc.hand_out()
+    assert "a" not in acc.trained and "b" in acc.trained and "c" in acc.trained
+
+
 def test_training_batch_has_rejected_and_failed_per_group() -> None:
     from consumers.batching import build_batch
     from consumers.training_batch import assemble, split_groups

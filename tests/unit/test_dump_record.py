@@ -1,15 +1,14 @@
-"""Trajectory dump lines and layout: the fields, the two fixes over the reference, the writer."""
+"""Trajectory dump lines: the fields, the two fixes over the reference, rows, batches, config."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from rollstream.config import ConfigError, config_from_dict
-from rollstream.dump import DUMP_FIELDS, DumpWriter, dump_lines, dump_path, dump_record, safe_task_id
+from rollstream.dump import DUMP_FIELDS, EXTENDED_FIELDS, DumpWriter, dump_lines, dump_record
 from rollstream.tensors import TrajectoryBuilder, concat_padded_tensors
 from rollstream.wire import Batch, Episode, SampleRejected, ScoredEpisode, encode_tensor_dict, pack_tensor_dict
 from tests.unit.fakes import ids, make_tokenizer
@@ -72,7 +71,7 @@ def test_multi_turn_prompt_len_counts_tokens_before_first_generated_token() -> N
     assert record["reward"] == 0.25  # a one-row scored episode: the message's reward
 
 
-def test_rows_of_a_padded_episode_each_get_a_line() -> None:
+def test_rows_of_a_padded_episode_each_get_a_line_keyed_by_row() -> None:
     rows = concat_padded_tensors([
         single_turn("what is two", "four", [1], reward=0.5),
         single_turn("hello", "world again <eos>", [1, 2, 2], reward=-1.0),
@@ -83,6 +82,9 @@ def test_rows_of_a_padded_episode_each_get_a_line() -> None:
     assert [line.record["reward"] for line in lines] == [0.5, -1.0]
     assert [line.tail_version for line in lines] == [1, 2]
     assert lines[0].record["completion"] == "four"  # padding is not part of the sequence
+    # (task_id, sample_idx) is shared by the two rows: "row" tells them apart, after the nine
+    assert [list(line.record) for line in lines] == [[*DUMP_FIELDS, "row"]] * 2
+    assert [line.record["row"] for line in lines] == [0, 1]
 
 
 def test_no_generated_token_and_no_tokenizer() -> None:
@@ -100,54 +102,29 @@ def episode_without_output(tensors: dict[str, torch.Tensor]) -> Episode:
 
 @pytest.mark.parametrize("form", ["packed", "tensors"])
 def test_batches_dump_one_line_per_row_with_their_task(form: str) -> None:
-    rows = concat_padded_tensors([single_turn("hello", "world", [4], 1.0), single_turn("what", "is two", [5, 6], 0.0)])
+    rows = concat_padded_tensors([
+        single_turn("hello", "world", [4], 1.0), single_turn("what", "is two", [5, 6], 0.0),
+        single_turn("what", "four", [6], 0.5),
+    ])
     # packed: what the grouping tier writes now; tensors: batches written before (schema 1)
     tensors = {"tensors": {}, "packed": pack_tensor_dict(rows)} if form == "packed" else {
         "tensors": encode_tensor_dict(rows), "schema_version": 1}
     batch = Batch(
-        task_ids=["a", "b"], group_sizes=[1, 1], row_task=[0, 1], sample_idx=[0, 0], tail_version=6, **tensors,
+        task_ids=["a", "b"], group_sizes=[1, 3], row_task=[0, 1, 1], sample_idx=[0, 2, 2], tail_version=6,
+        trainer_version=7, **tensors,
     )
     lines = dump_lines(batch, make_tokenizer())
-    assert [(line.task_id, line.tail_version, line.record["reward"]) for line in lines] == [("a", 4, 1.0), ("b", 6, 0.0)]
+    assert [(line.task_id, line.tail_version, line.record["reward"]) for line in lines] == [
+        ("a", 4, 1.0), ("b", 6, 0.0), ("b", 6, 0.5)]
+    assert [line.record.get("row") for line in lines] == [None, 0, 1]  # b's sample 2 has two rows
+    extended = dump_lines(batch, make_tokenizer(), fields="extended")
+    assert [list(line.record) for line in extended] == [[*DUMP_FIELDS, *EXTENDED_FIELDS]] * 3
+    assert [(r.record["row"], r.record["group_size"], r.record["trainer_version"], r.record["stop_reason"])
+            for r in extended] == [(0, 1, 7, None), (0, 3, 7, None), (1, 3, 7, None)]
 
 
 def test_rejections_are_not_dumped() -> None:
     assert dump_lines(SampleRejected(task_id="t", sample_idx=0, group_size=1), None) == []
-
-
-@pytest.mark.parametrize(
-    ("task_id", "expected_prefix"),
-    [("gsm8k-17", "gsm8k-17"), ("a/b", "a_b-"), ("../x", "_._x-"), (".hidden", "_hidden-"), ("", "-")],
-)
-def test_safe_task_id(task_id: str, expected_prefix: str) -> None:
-    name = safe_task_id(task_id)
-    assert name.startswith(expected_prefix)
-    assert "/" not in name and not name.startswith(".")
-    if task_id == "gsm8k-17":
-        assert name == task_id
-
-
-def test_safe_task_id_never_merges_different_ids() -> None:
-    assert safe_task_id("a/b") != safe_task_id("a:b") != safe_task_id("a_b")
-    assert len(safe_task_id("x" * 1000)) <= 200
-
-
-def test_layout() -> None:
-    assert dump_path("/r", "exp", "t0", False, 7, "q/1") == Path(f"/r/exp/t0/rollout/7/{safe_task_id('q/1')}.jsonl")
-    assert dump_path("/r", "exp", "t0", True, 0, "q1") == Path("/r/exp/t0/eval-rollout/0/q1.jsonl")
-
-
-async def test_writer_appends_lines_under_the_tail_version(tmp_path: Path) -> None:
-    writer = DumpWriter(tmp_path, "exp", "t0", make_tokenizer(), flush_every=1000)
-    await writer.write(scored(single_turn("hello", "world", [2]), 1.0, sample_idx=0))
-    await writer.write(scored(single_turn("hello", "four", [2]), 0.0, sample_idx=1))
-    await writer.write(scored(single_turn("hello", "five", [3]), 0.0, task_id="task-1", is_eval=True))
-    assert not (tmp_path / "exp").exists()  # buffered until flushed
-    await writer.close()
-    lines = (tmp_path / "exp/t0/rollout/2/task-1.jsonl").read_text().splitlines()
-    assert [json.loads(line)["completion"] for line in lines] == ["world", "four"]
-    assert json.loads((tmp_path / "exp/t0/eval-rollout/3/task-1.jsonl").read_text())["tail_version"] == 3
-    assert writer.lines_written == 3
 
 
 def test_writer_from_config_names_the_missing_tokenizer_setting(tmp_path: Path) -> None:
@@ -159,4 +136,9 @@ def test_writer_from_config_names_the_missing_tokenizer_setting(tmp_path: Path) 
         "experiment": {"experiment_name": "e", "trial_name": "t"},
     })
     writer = DumpWriter.from_config(config)
-    assert (writer.root, writer.experiment, writer.trial) == (tmp_path / "d", "e", "t")
+    assert (writer.root, writer.experiment, writer.trial, writer.fields) == (tmp_path / "d", "e", "t", "reference")
+    extended = config_from_dict({
+        "rollout": {"tokenizer_path": str(tmp_path / "tok")}, "dump": {"fields": "extended"}})
+    assert DumpWriter.from_config(extended).fields == "extended"
+    with pytest.raises(ConfigError, match="dump.fields"):
+        config_from_dict({"dump": {"fields": "everything"}})

@@ -1,0 +1,278 @@
+"""One weight-sync owner per shared SGLang server: it alone pauses, loads and continues it.
+
+Every rollout worker with ``rollout.engine: sglang`` runs a :class:`SharedServerFollower`:
+
+* it follows the trainer's version in Redis like :class:`VersionFollower`, but only declares
+  each version to its engine (which then sends calls only to servers that report it, and tags
+  tokens with what the servers report); it never pauses or reloads a server;
+* it runs one :class:`ServerOwner` per server URL in its config. All workers' owners of a URL
+  compete for one Redis lease (``rollstream.server_lease``); the holder is the server's only
+  weight-sync owner. A dead owner's lease expires after ``rollout.sglang.lease_ttl_seconds``
+  and another worker's owner takes the server over.
+
+What an owner does while it holds the lease (and checks before every step that it still does):
+
+* when the server reports a version below the newest published one (a new version, or a
+  server that restarted or missed updates while down): pause (``/pause_generation``, which
+  answers once the aborted requests were answered), load (``/update_weights_from_disk`` with
+  ``weight_version``), continue. Superseded versions are skipped: a server behind by several
+  versions loads only the newest. A failed load resumes the server on its old weights (workers
+  do not use it while it is behind) and is retried with capped backoff;
+* every ``reconcile_seconds`` it re-reads the server's version and probes it: a server that
+  went back (restarted on its launch weights) is reloaded; one that is up but does not generate
+  while no update runs (a pause left behind) is sent ``/continue_generation``, as is every
+  server at once when the owner takes it over (its predecessor may have died mid-update);
+* it records each phase in Redis (``ServerLeases.write_state``, fenced by its token), which is
+  how an operator tells "paused for a weight update" from "down".
+
+Limits: the server itself knows nothing of fencing tokens. An owner that stalls past its lease
+(a frozen process) may still have one HTTP call in flight when its successor starts; the
+successor's reconcile undoes a stray pause or load within ``reconcile_seconds`` (plus a probe). A load that
+outlasts a dead owner's lease can run a second time (same weights, same tag).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from redis.exceptions import RedisError
+
+from rollstream.api.engine import InferenceEngine, WeightUpdate
+from rollstream.config import SGLangConfig
+from rollstream.engines.sglang_admin import ServerHealth, SGLangAdmin
+from rollstream.engines.sglang_http import TRANSPORT_ERRORS, EngineRequestError, Retryable
+from rollstream.metrics import WEIGHT_VERSION
+from rollstream.server_lease import Lease, Phase, ServerLeases, ServerSyncState
+from rollout_workers.versions import TIER, Backoff, VersionFollower, VersionSource
+
+log = logging.getLogger(__name__)
+
+REDIS_ERRORS = (RedisError, OSError)
+SERVER_ERRORS = (*TRANSPORT_ERRORS, Retryable, EngineRequestError)
+
+
+class LeaseLost(Exception):
+    """The owner no longer holds the server's lease: it must stop touching the server."""
+
+
+class ServerOwner:
+    """Competes for one server's lease and, while holding it, keeps the server on the target."""
+
+    def __init__(self, url: str, admin: SGLangAdmin, leases: ServerLeases, settings: SGLangConfig) -> None:
+        self.url = url
+        self._admin = admin
+        self._leases = leases
+        self._settings = settings
+        self._target: WeightUpdate | None = None
+        self._changed = asyncio.Event()
+        self.loads = 0  # loads this owner completed (for tests and logs)
+        self.failed_loads = 0
+        self.lease: Lease | None = None
+
+    def offer(self, update: WeightUpdate) -> None:
+        """Make ``update`` the target if it is newer than the current one."""
+        if self._target is None or update.version > self._target.version:
+            self._target = update
+            self._changed.set()
+
+    async def run(self) -> None:
+        """Compete for the lease and serve while holding it, until cancelled."""
+        period = self._leases.ttl_seconds / 3
+        try:
+            while True:
+                lease = await self._try_acquire()
+                if lease is None:
+                    await asyncio.sleep(period)
+                    continue
+                self.lease = lease
+                log.info("weight-sync owner of %s (fencing token %d)", self.url, lease.token)
+                await self._own(lease)
+                log.warning("no longer the weight-sync owner of %s", self.url)
+        finally:
+            await self._give_up()
+
+    async def _try_acquire(self) -> Lease | None:
+        try:
+            return await self._leases.acquire(self.url)
+        except REDIS_ERRORS as exc:
+            log.warning("cannot reach Redis for the lease of %s (%s); not its owner for now", self.url, exc)
+            return None
+
+    async def _give_up(self) -> None:
+        """On stop: release a held lease so the next owner need not wait for the TTL."""
+        lease, self.lease = self.lease, None
+        if lease is not None and lease.valid():
+            with contextlib.suppress(*REDIS_ERRORS):
+                await asyncio.shield(self._leases.release(lease))
+
+    async def _own(self, lease: Lease) -> None:
+        """Serve until the lease is lost; an unexpected error in either half propagates."""
+        keeper = asyncio.create_task(self._keep(lease), name=f"lease-{self.url}")
+        server = asyncio.create_task(self._serve(lease), name=f"owner-{self.url}")
+        try:
+            done, _ = await asyncio.wait({keeper, server}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                with contextlib.suppress(LeaseLost):
+                    task.result()
+        finally:
+            for task in (keeper, server):
+                task.cancel()
+            await asyncio.gather(keeper, server, return_exceptions=True)
+
+    async def _keep(self, lease: Lease) -> None:
+        """Renew every ttl/3; returns when the lease is lost or can no longer be confirmed."""
+        period = self._leases.ttl_seconds / 3
+        while True:
+            await asyncio.sleep(period)
+            try:
+                if not await self._leases.renew(lease):
+                    return
+            except REDIS_ERRORS as exc:
+                log.warning("cannot renew the lease of %s (%s)", self.url, exc)
+            if not lease.valid():
+                return
+
+    async def _serve(self, lease: Lease) -> None:
+        backoff = Backoff(min(1.0, self._settings.reconcile_seconds), 30.0)
+        taken_over = True
+        while True:
+            self._changed.clear()
+            if await self._reconcile(lease, taken_over):
+                taken_over = False
+                backoff.reset()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), self._settings.reconcile_seconds)
+            else:
+                await backoff.sleep()
+
+    async def _reconcile(self, lease: Lease, taken_over: bool) -> bool:
+        """Bring the server to the target and running; False when it failed (retry later).
+
+        ``/continue_generation`` is sent on taking a server over (a predecessor may have died
+        between its pause and its continue) and whenever the server is up but does not
+        generate; not blindly, since newer SGLang empties the CUDA cache on each continue.
+        """
+        self._check(lease)
+        target = self._target
+        try:
+            version = await self._admin.weight_version(self.url)
+            if target is not None and (version is None or version < target.version):
+                return await self._update(lease, target, version)
+            if not taken_over:
+                probe = await self._admin.probe(self.url)
+                if probe.health is ServerHealth.DOWN:
+                    await self._record(lease, "down", None, probe.detail)
+                    return False
+                taken_over = probe.health is ServerHealth.NOT_GENERATING
+                if taken_over:
+                    log.warning("%s is up but does not generate (%s) and no update is running: continuing it",
+                                self.url, probe.detail)
+            if taken_over:
+                await self._admin.resume(self.url)
+        except SERVER_ERRORS as exc:
+            await self._record(lease, "down", None, f"{type(exc).__name__}: {exc}")
+            return False
+        await self._record(lease, "serving", version)
+        return True
+
+    async def _update(self, lease: Lease, target: WeightUpdate, version: int | None) -> bool:
+        started = time.monotonic()
+        log.info("%s: loading weight version %d (server at %s) from %s", self.url, target.version,
+                 version, target.path)
+        loaded = False
+        try:
+            await self._step(lease, "pausing", version, self._admin.pause)
+            await self._step(lease, "loading", version, lambda url: self._admin.load(url, target))
+            loaded = True
+        except SERVER_ERRORS as exc:
+            self.failed_loads += 1
+            log.error("%s: loading weight version %d failed (%s: %s); it resumes on its old weights and "
+                      "is not used until it caught up", self.url, target.version, type(exc).__name__, exc)
+        finally:
+            if lease.valid():  # never continue a server that is no longer ours
+                with contextlib.suppress(*SERVER_ERRORS):
+                    await self._step(lease, "continuing", target.version if loaded else version, self._admin.resume)
+        if not loaded:
+            await self._record(lease, "failed", version, f"loading v{target.version} failed")
+            return False
+        self.loads += 1
+        await self._record(lease, "serving", target.version)
+        log.info("%s: now at weight version %d (pause + load + continue %.2fs)", self.url, target.version,
+                 time.monotonic() - started)
+        return True
+
+    async def _step(self, lease: Lease, phase: Phase, version: int | None,
+                    op: Callable[[str], Awaitable[None]]) -> None:
+        self._check(lease)
+        await self._record(lease, phase, version)
+        await op(self.url)
+
+    def _check(self, lease: Lease) -> None:
+        if not lease.valid():
+            raise LeaseLost(self.url)
+
+    async def _record(self, lease: Lease, phase: Phase, version: int | None, message: str = "") -> None:
+        target = self._target.version if self._target else None
+        state = ServerSyncState(url=self.url, owner=lease.owner, token=lease.token, phase=phase,
+                                target=target, version=version, since=time.time(), message=message)
+        try:
+            if not await self._leases.write_state(lease, state):
+                lease.lost = True
+                raise LeaseLost(self.url)
+        except REDIS_ERRORS as exc:  # the state is for operators; the lease deadline guards the rest
+            log.warning("cannot record the weight-sync state of %s (%s)", self.url, exc)
+
+
+class WeightSync:
+    """A :class:`ServerOwner` per server URL, all fed the same target."""
+
+    def __init__(self, urls: list[str], admin: SGLangAdmin, leases: ServerLeases, settings: SGLangConfig) -> None:
+        self.owners = [ServerOwner(url.rstrip("/"), admin, leases, settings) for url in urls]
+
+    def offer(self, update: WeightUpdate) -> None:
+        for owner in self.owners:
+            owner.offer(update)
+
+    async def run(self) -> None:
+        """Run every owner until cancelled; an unexpected error of one is raised."""
+        tasks = [asyncio.create_task(o.run(), name=f"weight-sync-{o.url}") for o in self.owners]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class SharedServerFollower(VersionFollower):
+    """Follows the trainer's version for an engine on shared servers; see the module docstring."""
+
+    def __init__(self, engine: InferenceEngine, store: VersionSource, sync: WeightSync, **kwargs: float) -> None:
+        super().__init__(engine, store, **kwargs)
+        self.sync = sync
+
+    async def apply(self, update: WeightUpdate) -> None:
+        """Declare ``update``'s version to the engine and hand it to the server owners."""
+        self._engine.set_version(update.version)
+        self.sync.offer(update)
+        WEIGHT_VERSION.labels(TIER).set(update.version)
+        log.info("trainer version %d: generating only on servers that report it", update.version)
+
+    async def run(self) -> None:
+        """Follow versions and run the server owners until cancelled."""
+        tasks = [asyncio.create_task(super().run(), name="version-follow"),
+                 asyncio.create_task(self.sync.run(), name="weight-sync")]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,241 @@
+"""Dump files on disk: one file per task (its whole group), in the directory of the group's version.
+
+Layout (the reference system's)::
+
+    {fileroot}/{experiment}/{trial}/{rollout|eval-rollout}/{version}/{task_id}.jsonl
+
+What callers may rely on:
+
+- **The file is named by the task id as written** when the id is a plain file name
+  (:func:`is_plain_name`): every id our producers make (``{producer_id}:{epoch}:{index}``,
+  with ``producer.producer_id`` checked to be plain). Any other id is percent-encoded
+  (:func:`file_stem`): ``/``, ``%``, control characters and a leading ``.`` become ``%XX``,
+  so the name can neither leave its directory nor collide with another id's, and
+  ``urllib.parse.unquote`` gives the id back. An id too long for a file name is cut and gets
+  ``%%`` plus 16 hex digits of its SHA-256. The lines inside always carry the id itself.
+- **One group, one file, one directory.** ``{version}`` is the group's version: the newest
+  ``tail_version`` over its lines (-1 when no line has a generated token). Lines of a task are
+  merged into its file as they arrive (:meth:`TaskFiles.merge`): the file is rewritten whole
+  (temporary file + rename) and moved when a new line raises the group's version, so at every
+  moment a group lies in one file, in its version's directory, its lines sorted by
+  ``(sample_idx, row)``.
+- **Nothing is written twice.** A line whose ``(sample_idx, row)`` the task's file already
+  holds is skipped (the first line stays, as the grouping consumer keeps the first sample):
+  re-reading input after a crash, or dumping the same records again, changes nothing. A line
+  already on disk is never removed.
+- One process writes a task's file at a time (a task's records share a partition, so one
+  dump-tier instance or one rollout worker handles them); :func:`read_task` reads a task back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".jsonl"
+MAX_NAME_BYTES = 200  # below Linux's 255-byte NAME_MAX, with room for the suffix and temp names
+_DIGEST_HEX = 16
+_NO_KEY = (1 << 62, 0)  # sorts unreadable lines last (kept, never dropped)
+
+
+def _needs_escape(char: str, index: int) -> bool:
+    code = ord(char)
+    return char in "/%" or code < 0x20 or code == 0x7F or (index == 0 and char == ".")
+
+
+def is_plain_name(text: str) -> bool:
+    """True when ``text`` can name a file as it is: not empty, at most 200 UTF-8 bytes, no
+    ``/``, ``%`` or control character, and not starting with ``.`` (so never ``.`` or ``..``)."""
+    return (
+        bool(text)
+        and len(text.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES
+        and not any(_needs_escape(char, i) for i, char in enumerate(text))
+    )
+
+
+def file_stem(task_id: str) -> str:
+    """The file name (without ``.jsonl``) of ``task_id``: the id itself when it is plain, else
+    its percent-encoding, cut and suffixed with a digest when too long (module docstring)."""
+    if is_plain_name(task_id):
+        return task_id
+    encoded = "".join(
+        "".join(f"%{b:02X}" for b in char.encode("utf-8", "surrogatepass")) if _needs_escape(char, i) else char
+        for i, char in enumerate(task_id)
+    )
+    if encoded and len(encoded.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES:
+        return encoded
+    digest = hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_HEX]
+    return f"{_cut(encoded, MAX_NAME_BYTES - _DIGEST_HEX - 2)}%%{digest}"
+
+
+def _cut(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` UTF-8 bytes, never inside a character or an escape."""
+    out, size = [], 0
+    for char in text:
+        size += len(char.encode("utf-8", "surrogatepass"))
+        if size > max_bytes:
+            break
+        out.append(char)
+    cut = "".join(out)
+    tail = cut[-2:]
+    if tail.endswith("%"):
+        return cut[:-1]
+    if tail.startswith("%"):
+        return cut[:-2]
+    return cut
+
+
+def scope_dir(is_eval: bool) -> str:
+    """``eval-rollout`` for eval groups, ``rollout`` for training groups."""
+    return "eval-rollout" if is_eval else "rollout"
+
+
+def dump_path(
+    fileroot: str | Path, experiment: str, trial: str, is_eval: bool, version: int, task_id: str
+) -> Path:
+    """Where the group of ``task_id`` lies when its version is ``version``."""
+    return Path(fileroot) / experiment / trial / scope_dir(is_eval) / str(version) / f"{file_stem(task_id)}{SUFFIX}"
+
+
+def group_version(tail_versions: Iterable[int]) -> int:
+    """The version that names a group's directory: the newest ``tail_version`` of its lines
+    (the reference's choice: the group's global tail), -1 when none has a generated token."""
+    return max(tail_versions, default=-1)
+
+
+def line_key(record: dict[str, Any]) -> tuple[int, int]:
+    """A line's key inside its task's file: ``(sample_idx, row)``; ``row`` is 0 when absent."""
+    return int(record["sample_idx"]), int(record.get("row", 0))
+
+
+def task_files(fileroot: str | Path, experiment: str, trial: str, task_id: str, is_eval: bool = False) -> list[Path]:
+    """The file(s) of ``task_id``: one, or two for a moment while a group moves to a newer
+    version's directory (or after a crash in that moment, until the task is written again)."""
+    return _find(Path(fileroot) / experiment / trial / scope_dir(is_eval), file_stem(task_id) + SUFFIX)
+
+
+def read_task(
+    fileroot: str | Path, experiment: str, trial: str, task_id: str, is_eval: bool = False
+) -> list[dict[str, Any]]:
+    """Every dump line of ``task_id``, sorted by ``(sample_idx, row)``; [] when none."""
+    records = [
+        json.loads(line)
+        for path in task_files(fileroot, experiment, trial, task_id, is_eval)
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line
+    ]
+    return sorted(records, key=line_key)
+
+
+def _find(scope: Path, name: str) -> list[Path]:
+    try:
+        entries = list(os.scandir(scope))
+    except FileNotFoundError:
+        return []
+    found = [Path(entry.path) / name for entry in entries if entry.is_dir()]
+    return sorted((p for p in found if p.is_file()), key=lambda p: p.parent.name)
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What :meth:`TaskFiles.merge` did: lines added, lines skipped (key already there), the file."""
+
+    added: int
+    skipped: int
+    path: Path
+
+
+class TaskFiles:
+    """Merges lines into their task's file under ``base`` (``{fileroot}/{experiment}/{trial}``).
+
+    Remembers where it last put each task (up to ``cache_size`` tasks), so only a task's first
+    write looks through the version directories. Not thread-safe: one caller at a time.
+    """
+
+    def __init__(self, base: Path, cache_size: int = 65_536) -> None:
+        self.base = base
+        self._where: OrderedDict[tuple[bool, str], Path] = OrderedDict()
+        self._cache_size = cache_size
+
+    def merge(self, is_eval: bool, task_id: str, records: list[dict[str, Any]], texts: list[str]) -> MergeResult:
+        """Add ``records`` (with their JSON ``texts``, one line each) to the file of ``task_id``."""
+        scope = self.base / scope_dir(is_eval)
+        name = file_stem(task_id) + SUFFIX
+        paths = self._paths(scope, name, (is_eval, task_id))
+        lines = _read_lines(paths)
+        keys = {key for key, _, _ in lines}
+        added = 0
+        for record, text in zip(records, texts):
+            key = line_key(record)
+            if key in keys:
+                continue
+            keys.add(key)
+            lines.append((key, int(record["tail_version"]), text))
+            added += 1
+        if added == 0 and len(paths) == 1:
+            return self._remember((is_eval, task_id), MergeResult(0, len(records), paths[0]))
+        version = group_version(tail for key, tail, _ in lines if key != _NO_KEY)
+        target = scope / str(version) / name
+        _replace(target, "".join(text for _, _, text in sorted(lines, key=lambda line: line[0])))
+        for old in paths:
+            if old != target:
+                old.unlink(missing_ok=True)
+        return self._remember((is_eval, task_id), MergeResult(added, len(records) - added, target))
+
+    def known_path(self, is_eval: bool, task_id: str) -> Path | None:
+        """Where this object last put ``task_id``'s file (None when it does not remember)."""
+        return self._where.get((is_eval, task_id))
+
+    def _paths(self, scope: Path, name: str, key: tuple[bool, str]) -> list[Path]:
+        known = self._where.get(key)
+        if known is not None:
+            self._where.move_to_end(key)
+            return [known] if known.is_file() else []
+        return _find(scope, name)
+
+    def _remember(self, key: tuple[bool, str], result: MergeResult) -> MergeResult:
+        self._where[key] = result.path
+        self._where.move_to_end(key)
+        if len(self._where) > self._cache_size:
+            self._where.popitem(last=False)
+        return result
+
+
+def _read_lines(paths: list[Path]) -> list[tuple[tuple[int, int], int, str]]:
+    """``(key, tail_version, text)`` of every line in ``paths``; an unreadable line is kept
+    as it is (sorted last) and logged."""
+    lines = []
+    for path in paths:
+        try:
+            content = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        for text in content.splitlines(keepends=True):
+            if not text.strip():
+                continue
+            if not text.endswith("\n"):
+                text += "\n"
+            try:
+                record = json.loads(text)
+                lines.append((line_key(record), int(record["tail_version"]), text))
+            except (ValueError, KeyError, TypeError):
+                log.warning("dump file %s holds a line that is not a dump record; kept as it is", path)
+                lines.append((_NO_KEY, -1, text))
+    return lines
+
+
+def _replace(target: Path, content: str) -> None:
+    """Write ``content`` to ``target`` atomically: readers see the old file or the new one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temporary.write_text(content, encoding="utf-8")
+    os.replace(temporary, target)

@@ -1,0 +1,166 @@
+"""The SGLang servers one engine generates on: which are up, which are current, where a call goes.
+
+Callers may rely on:
+
+* :meth:`ServerPool.pick` returns a server that is up (not in its down cooldown) and current
+  (it reported at least ``trainer_version - max_version_lag``), the one a request already used
+  while it qualifies (bounded LRU), else the one with the fewest calls in flight. While every up
+  server is behind it waits, re-reading their versions at most once per
+  ``version_poll_seconds`` however many calls wait, and raises ``EngineUnavailableError`` after
+  ``catch_up_timeout_seconds``; with no server up it raises at once.
+* :meth:`record_failure` counts failures in a row; ``failure_threshold`` of them mark a server
+  down for ``down_cooldown_seconds``. A success (``record_success``) resets the count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+from rollstream.config import SGLangConfig
+from rollstream.engines.sglang_admin import SGLangAdmin
+from rollstream.engines.sglang_http import TRANSPORT_ERRORS, EngineUnavailableError
+
+logger = logging.getLogger(__name__)
+
+MAX_STICKY = 100_000
+
+
+@dataclass(eq=False)
+class Server:
+    url: str
+    inflight: int = 0
+    failures: int = 0  # consecutive
+    down_until: float = 0.0
+    version: int | None = None  # the weight version it last reported; None: not known yet
+
+    def up(self, now: float) -> bool:
+        return self.down_until <= now
+
+    def current(self, minimum: int) -> bool:
+        return self.version is not None and self.version >= minimum
+
+
+@dataclass
+class SGLangEngineStats:
+    """Counters for monitoring and tests (never reset by the engine)."""
+
+    http_attempts: int = 0
+    http_failures: int = 0
+    resubmissions: int = 0
+    servers_marked_down: int = 0
+    duplicate_rids: int = 0  # 400 "Duplicate request ID" answers, retried with a new rid
+    stale_spans: int = 0  # spans discarded: the server answered older than required
+    catch_up_waits: int = 0  # calls that waited for a server to reach the trainer's version
+    calls_per_server: Counter[str] = field(default_factory=Counter)  # /generate posts by URL
+
+
+class ServerPool:
+    """The servers of one engine; see the module docstring."""
+
+    def __init__(self, urls: list[str], settings: SGLangConfig, admin: SGLangAdmin, stats: SGLangEngineStats) -> None:
+        self.servers = [Server(url.rstrip("/")) for url in urls]
+        self.settings = settings
+        self.trainer_version = 0
+        self._admin = admin
+        self._stats = stats
+        self._sticky: OrderedDict[str, Server] = OrderedDict()
+        self._rotation = 0
+        self._poll_lock = asyncio.Lock()
+        self._next_poll = 0.0
+
+    def min_version(self) -> int:
+        return self.trainer_version - self.settings.max_version_lag
+
+    def up_servers(self) -> list[Server]:
+        now = time.monotonic()
+        return [s for s in self.servers if s.up(now)]
+
+    def server(self, url: str) -> Server:
+        return next(s for s in self.servers if s.url == url)
+
+    def server_for(self, rid: str) -> str | None:
+        server = self._sticky.get(rid)
+        return server.url if server else None
+
+    async def pick(self, rid: str, last_error: BaseException | None) -> tuple[Server, int]:
+        """A server that is up and current, and the minimum version it had to report."""
+        deadline: float | None = None
+        while True:
+            now = time.monotonic()
+            minimum = self.min_version()
+            up = [s for s in self.servers if s.up(now)]
+            if not up:
+                raise EngineUnavailableError(
+                    f"no SGLang server available {self.states(minimum)}; last error: {last_error!r}")
+            current = [s for s in up if s.current(minimum)]
+            if current:
+                return self._choose(rid, current), minimum
+            if deadline is None:
+                deadline = now + self.settings.catch_up_timeout_seconds
+                self._stats.catch_up_waits += 1
+            elif now >= deadline:
+                raise EngineUnavailableError(
+                    f"no SGLang server reached weight version {minimum} within "
+                    f"{self.settings.catch_up_timeout_seconds}s: {self.states(minimum)}")
+            await self._refresh_versions(up, minimum)
+
+    def _choose(self, rid: str, current: list[Server]) -> Server:
+        server = self._sticky.get(rid)
+        if server is None or server not in current:
+            # Fewest in flight; the rotating tie-break spreads a burst of new requests.
+            self._rotation += 1
+            n = len(current)
+            server = min(enumerate(current), key=lambda p: (p[1].inflight, (p[0] - self._rotation) % n))[1]
+        self._sticky[rid] = server
+        self._sticky.move_to_end(rid)
+        while len(self._sticky) > MAX_STICKY:
+            self._sticky.popitem(last=False)
+        return server
+
+    async def _refresh_versions(self, servers: list[Server], minimum: int) -> None:
+        """Re-read the versions of servers that are behind (one poll per interval for all
+        waiting calls), then sleep until the next poll may run."""
+        async with self._poll_lock:
+            if time.monotonic() >= self._next_poll:
+                behind = [s for s in servers if not s.current(minimum)]
+                await asyncio.gather(*(self._read_version(s) for s in behind))
+                self._next_poll = time.monotonic() + self.settings.version_poll_seconds
+        await asyncio.sleep(max(0.0, self._next_poll - time.monotonic()))
+
+    async def _read_version(self, server: Server) -> None:
+        try:
+            server.version = await self._admin.weight_version(server.url)
+        except TRANSPORT_ERRORS as exc:
+            self.record_failure(server, exc)
+
+    def states(self, minimum: int) -> dict[str, str]:
+        """Each server's state in words, for error messages and logs."""
+        now = time.monotonic()
+
+        def state(s: Server) -> str:
+            if not s.up(now):
+                return f"down for {s.down_until - now:.0f}s more"
+            if s.version is None:
+                return "weight version unknown"
+            return f"at v{s.version}" + ("" if s.current(minimum) else f", behind v{minimum}")
+
+        return {s.url: state(s) for s in self.servers}
+
+    def record_success(self, server: Server) -> None:
+        server.failures = 0
+
+    def record_failure(self, server: Server, exc: BaseException) -> None:
+        self._stats.http_failures += 1
+        server.failures += 1
+        logger.warning("SGLang %s failed (%d in a row): %r", server.url, server.failures, exc)
+        if server.failures >= self.settings.failure_threshold and server.up(time.monotonic()):
+            self.mark_down(server)
+
+    def mark_down(self, server: Server) -> None:
+        server.down_until = time.monotonic() + self.settings.down_cooldown_seconds
+        self._stats.servers_marked_down += 1
+        logger.error("SGLang %s marked down for %.0fs", server.url, self.settings.down_cooldown_seconds)

@@ -1,0 +1,129 @@
+"""The one retry policy: capped exponential backoff with jitter, from tenacity.
+
+Every tier waits the same way for what may come back (a broker restarting, a coordinator
+moving, Redis down, a transaction that failed): ``RetryPolicy`` holds the numbers and the
+wait strategy is tenacity's ``wait_exponential_jitter``, so no module writes its own delay
+math. Two shapes of use:
+
+- a call that is simply retried: ``await policy.call(fn, retry_on=(...), what="...")``;
+- a loop that keeps running and only needs to know how long to pause after its N-th failure
+  in a row (the transactional loops, which rebuild their state between tries): a
+  :class:`Backoff` from ``policy.backoff()``; ``failed()`` returns the pause and raises
+  :class:`RetriesExhausted` once ``max_attempts`` failures came in a row, ``succeeded()``
+  resets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import tenacity
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class RetriesExhausted(RuntimeError):
+    """``max_attempts`` tries in a row failed; ``__cause__`` is the last error."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Pauses of ``initial * 2**(n-1)`` seconds (plus up to ``jitter``), at most ``maximum``.
+
+    ``max_attempts`` None: never give up (a service waiting for a dependency).
+    """
+
+    initial: float = 0.25
+    maximum: float = 5.0
+    jitter: float = 0.25
+    max_attempts: int | None = None
+
+    def wait_strategy(self) -> tenacity.wait.wait_base:
+        return tenacity.wait_exponential_jitter(multiplier=self.initial, max=self.maximum, jitter=self.jitter)
+
+    def backoff(self) -> Backoff:
+        return Backoff(self)
+
+    async def call(
+        self,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        retry_on: tuple[type[BaseException], ...] | Callable[[BaseException], bool],
+        what: str,
+        stop: asyncio.Event | None = None,
+    ) -> T:
+        """``await fn()``, retried on ``retry_on`` (exception types, or a predicate) with this
+        policy's pauses (each logged, naming ``what``).
+
+        Raises the last error once ``max_attempts`` tries failed, or at once when ``stop`` is set.
+        """
+        stops = [tenacity.stop_after_attempt(self.max_attempts)] if self.max_attempts else []
+        if stop is not None:
+            stops.append(_StopWhenSet(stop))
+        retrying = tenacity.AsyncRetrying(
+            retry=(
+                tenacity.retry_if_exception_type(retry_on)
+                if isinstance(retry_on, tuple) else tenacity.retry_if_exception(retry_on)
+            ),
+            wait=self.wait_strategy(),
+            stop=tenacity.stop_any(*stops) if stops else tenacity.stop_never,
+            before_sleep=_log_retry(what),
+            reraise=True,
+        )
+        async def invoke() -> T:  # tenacity awaits only coroutine functions, not lambdas
+            return await fn()
+
+        return await retrying(invoke)
+
+
+class Backoff:
+    """Failures in a row -> the pause before the next try (see the module docstring)."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.failures = 0
+        self._wait = policy.wait_strategy()
+
+    def failed(self, error: BaseException | None = None) -> float:
+        """Count one more failure; the seconds to pause, or RetriesExhausted past the limit."""
+        self.failures += 1
+        limit = self.policy.max_attempts
+        if limit is not None and self.failures >= limit:
+            raise RetriesExhausted(f"{self.failures} tries in a row failed, last: {error!r}") from error
+        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+        state.attempt_number = self.failures
+        return float(self._wait(state))
+
+    def succeeded(self) -> None:
+        self.failures = 0
+
+
+class _StopWhenSet(tenacity.stop.stop_base):
+    def __init__(self, event: asyncio.Event) -> None:
+        self._event = event
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self._event.is_set()
+
+
+def _log_retry(what: str) -> Callable[[tenacity.RetryCallState], None]:
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        pause = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning(
+            "%s failed (try %d: %s: %s); retrying in %.1fs",
+            what, state.attempt_number, type(error).__name__, error, pause,
+        )
+
+    return before_sleep
+
+
+def transaction_retry(max_attempts: int) -> RetryPolicy:
+    """The policy of the transactional loops: 0.25 s doubling up to 5 s, ``max_attempts`` in a row."""
+    return RetryPolicy(initial=0.25, maximum=5.0, jitter=0.25, max_attempts=max_attempts)

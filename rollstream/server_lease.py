@@ -1,0 +1,199 @@
+"""Leases in Redis that elect one weight-sync owner per inference server, with fencing tokens.
+
+Keys (hash-tagged like every rollstream key, so each script touches one slot on Redis Cluster):
+
+* ``rs:{experiment.trial}:sync:lease:<url>``: ``"<owner>|<token>"`` with a TTL: who owns it now;
+* ``rs:{experiment.trial}:sync:fence:<url>``: a counter, the fencing token of each new ownership;
+* ``rs:{experiment.trial}:sync:state``: hash ``url -> ServerSyncState`` (JSON), what the owner did;
+* channel ``rs:{experiment.trial}:sync:events``: the new state, each time one is written.
+
+Callers may rely on:
+
+* :meth:`ServerLeases.acquire` grants a server to at most one owner at a time; each new
+  ownership gets a strictly larger fencing token; the holder acquiring again renews.
+* :meth:`renew`, :meth:`release` and :meth:`write_state` take effect only while the caller's
+  ``(owner, token)`` still holds the lease, atomically (one Lua script): an owner whose lease
+  expired and was taken over can neither extend it nor overwrite its successor's state.
+* :meth:`Lease.valid` is the holder's own, conservative view: ``ttl`` after the last grant was
+  *sent*, less a margin, so it ends before Redis can grant the lease to anyone else. An owner
+  acts on a server only while it is valid.
+* Redis errors (``redis.exceptions.RedisError``, ``OSError``) propagate: callers treat them as
+  "not confirmed" and never crash on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+import redis.asyncio as aioredis
+
+from rollstream.redis_state import RedisKeys
+
+log = logging.getLogger(__name__)
+
+Phase = Literal["pausing", "loading", "continuing", "serving", "failed", "down"]
+
+_ACQUIRE = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local owner, token = string.match(current, '^(.*)|(%d+)$')
+  if owner == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return tonumber(token)
+  end
+  return 0
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
+return token
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+_WRITE_STATE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+  redis.call('PUBLISH', ARGV[4], ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+class ServerSyncState(msgspec.Struct, kw_only=True):
+    """What the owner of ``url`` last did: ``phase`` toward ``target`` since ``since`` (unix
+    seconds); ``version`` is the version the server reported then (None: not read)."""
+
+    url: str
+    owner: str
+    token: int
+    phase: Phase
+    target: int | None = None
+    version: int | None = None
+    since: float = 0.0
+    message: str = ""
+
+
+@dataclass
+class Lease:
+    """A granted lease: the server, its owner, the fencing token and the local deadline."""
+
+    url: str
+    owner: str
+    token: int
+    valid_until: float = 0.0  # time.monotonic()
+    lost: bool = field(default=False)
+
+    @property
+    def value(self) -> str:
+        return f"{self.owner}|{self.token}"
+
+    def valid(self) -> bool:
+        return not self.lost and time.monotonic() < self.valid_until
+
+
+def owner_id(worker_id: str) -> str:
+    """A lease owner name unique to this process (a restarted worker is a new owner)."""
+    return f"{worker_id}:{uuid.uuid4().hex[:8]}"
+
+
+class ServerLeases:
+    """Lease operations for one owner over any number of servers; see the module docstring."""
+
+    def __init__(self, client: aioredis.Redis, keys: RedisKeys, owner: str, ttl_seconds: float) -> None:
+        if "|" in owner:
+            raise ValueError(f"a lease owner name may not contain '|': {owner!r}")
+        self._redis = client
+        self._keys = keys
+        self.owner = owner
+        self.ttl_seconds = ttl_seconds
+        self._acquire = client.register_script(_ACQUIRE)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._write = client.register_script(_WRITE_STATE)
+
+    def _lease_key(self, url: str) -> str:
+        return self._keys.key(f"sync:lease:{url}")
+
+    @property
+    def state_key(self) -> str:
+        return self._keys.key("sync:state")
+
+    @property
+    def channel(self) -> str:
+        return self._keys.key("sync:events")
+
+    def _deadline(self, sent_at: float) -> float:
+        # Redis starts the TTL when it runs the script, after we sent it: ending ttl after the
+        # send (less a margin for clock rate differences) ends before anyone else can hold it.
+        return sent_at + self.ttl_seconds - min(0.5, 0.1 * self.ttl_seconds)
+
+    async def acquire(self, url: str) -> Lease | None:
+        """The lease on ``url`` if it is free or already ours; None when another owner holds it."""
+        sent_at = time.monotonic()
+        token = int(await self._acquire(keys=[self._lease_key(url), self._keys.key(f"sync:fence:{url}")],
+                                        args=[self.owner, self._ttl_ms()]))
+        if token == 0:
+            return None
+        return Lease(url, self.owner, token, self._deadline(sent_at))
+
+    async def renew(self, lease: Lease) -> bool:
+        """Extend ``lease``; False (and ``lease.lost``) when it is no longer ours."""
+        sent_at = time.monotonic()
+        if await self._renew(keys=[self._lease_key(lease.url)], args=[lease.value, self._ttl_ms()]):
+            lease.valid_until = self._deadline(sent_at)
+            return True
+        lease.lost = True
+        return False
+
+    async def release(self, lease: Lease) -> None:
+        """Give ``lease`` up now (a graceful stop), so another owner need not wait for the TTL."""
+        lease.lost = True
+        await self._release(keys=[self._lease_key(lease.url)], args=[lease.value])
+
+    async def write_state(self, lease: Lease, state: ServerSyncState) -> bool:
+        """Record ``state`` and announce it, only while ``lease`` holds; False otherwise."""
+        payload = msgspec.json.encode(state).decode()
+        keys = [self._lease_key(lease.url), self.state_key]
+        return bool(await self._write(keys=keys, args=[lease.value, lease.url, payload, self.channel]))
+
+    async def holder(self, url: str) -> tuple[str, int] | None:
+        """``(owner, token)`` holding ``url`` now, or None."""
+        raw = await self._redis.get(self._lease_key(url))
+        if raw is None:
+            return None
+        owner, _, token = raw.decode().rpartition("|")
+        return owner, int(token)
+
+    async def states(self) -> dict[str, ServerSyncState]:
+        """The last state each server's owners wrote (unreadable entries are skipped)."""
+        raw = await self._redis.hgetall(self.state_key)
+        states: dict[str, ServerSyncState] = {}
+        for url, value in raw.items():
+            try:
+                states[url.decode()] = msgspec.json.decode(value, type=ServerSyncState)
+            except msgspec.DecodeError:
+                log.warning("unreadable weight-sync state for %s: %r", url, value[:200])
+        return states
+
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.ttl_seconds * 1000))

@@ -1,0 +1,182 @@
+"""The weight-sync owners against the real Redis and SGLang stand-ins.
+
+Leases: one owner at a time, fencing tokens that only grow, a stale owner that can neither
+renew nor write. Owners: of three competing for a server exactly one loads each version; a
+graceful stop hands the server over; a takeover releases a server its predecessor left paused;
+a failed load resumes the server and is retried; the pause is bounded. (A SIGKILLed owner is
+in tests/faults/test_sglang_faults.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from rollstream.api.engine import WeightUpdate
+from rollstream.config import SGLangConfig
+from rollstream.engines.sglang_admin import SGLangAdmin
+from rollstream.engines.sglang_http import SGLangHttp
+from rollstream.redis_state import RedisKeys
+from rollstream.server_lease import ServerLeases, ServerSyncState
+from rollout_workers.weight_sync import ServerOwner
+from tests.fakes import FakeSGLangServer
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(90)]
+
+SETTINGS = SGLangConfig(lease_ttl_seconds=1.5, reconcile_seconds=0.3, pause_timeout_seconds=2.0,
+                        health_probe_timeout_seconds=2.0)
+
+
+async def until(predicate: Callable[[], Any], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def admin() -> AsyncIterator[SGLangAdmin]:
+    http = SGLangHttp(SETTINGS)
+    yield SGLangAdmin(http)
+    await http.close()
+
+
+def leases(client: aioredis.Redis, name: str, owner: str, ttl: float = SETTINGS.lease_ttl_seconds) -> ServerLeases:
+    return ServerLeases(client, RedisKeys(name, "t0"), owner, ttl)
+
+
+async def test_one_holder_growing_tokens_and_stale_owners_fenced(redis_client: aioredis.Redis, unique_name: str) -> None:
+    a, b = leases(redis_client, unique_name, "a"), leases(redis_client, unique_name, "b")
+    url = "http://gpu0:30000"
+    first = await a.acquire(url)
+    assert first is not None and await b.acquire(url) is None
+    again = await a.acquire(url)  # the holder acquiring again renews, same token
+    assert again is not None and again.token == first.token and await a.renew(first)
+    await a.release(first)
+    second = await b.acquire(url)
+    assert second is not None and second.token > first.token
+    assert await a.holder(url) == ("b", second.token)
+    stale = first
+    stale.lost = False  # even a holder that missed the release cannot act with its old token
+    assert not await a.renew(stale) and stale.lost
+    state = ServerSyncState(url=url, owner="a", token=first.token, phase="serving", version=1)
+    assert not await a.write_state(first, state)
+    assert await b.write_state(second, ServerSyncState(url=url, owner="b", token=second.token, phase="serving"))
+    assert (await a.states())[url].owner == "b"
+
+
+async def test_an_expired_lease_goes_to_the_next_owner(redis_client: aioredis.Redis, unique_name: str) -> None:
+    a, b = leases(redis_client, unique_name, "a", ttl=0.3), leases(redis_client, unique_name, "b", ttl=0.3)
+    held = await a.acquire("http://s")
+    assert held is not None and held.valid()
+    await asyncio.sleep(0.35)  # a crashed: no renewal
+    assert not held.valid()  # its own view ended no later than Redis's
+    taken = await b.acquire("http://s")
+    assert taken is not None and taken.token == held.token + 1
+
+
+@contextlib.asynccontextmanager
+async def owners(server: FakeSGLangServer, admin: SGLangAdmin, client: aioredis.Redis, name: str,
+                 n: int = 3) -> AsyncIterator[list[tuple[ServerOwner, asyncio.Task[None]]]]:
+    running = []
+    for i in range(n):
+        owner = ServerOwner(server.url, admin, leases(client, name, f"w{i}"), SETTINGS)
+        running.append((owner, asyncio.create_task(owner.run())))
+    try:
+        yield running
+    finally:
+        for _, task in running:
+            task.cancel()
+        await asyncio.gather(*(t for _, t in running), return_exceptions=True)
+
+
+def holders(running: list[tuple[ServerOwner, asyncio.Task[None]]]) -> list[ServerOwner]:
+    return [o for o, t in running if o.lease is not None and o.lease.valid() and not t.done()]
+
+
+async def test_exactly_one_of_three_owners_loads_each_version(
+    admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str
+) -> None:
+    async with FakeSGLangServer(token_delay=0.005) as server, \
+            owners(server, admin, redis_client, unique_name) as running:
+        await until(lambda: len(holders(running)) == 1)
+        for version in (1, 2, 3):
+            for owner, _ in running:
+                owner.offer(WeightUpdate(version, f"/ckpt/v{version}"))
+            await until(lambda: server.weight_version == str(version) and not server.paused)
+        await asyncio.sleep(3 * SETTINGS.reconcile_seconds)  # reconciles load nothing more
+        assert [load.weight_version for load in server.loads] == ["1", "2", "3"]
+        assert server.hits["pause"] == 3 and sum(o.loads for o, _ in running) == 3
+        states = await leases(redis_client, unique_name, "reader").states()
+        assert states[server.url].phase == "serving" and states[server.url].version == 3
+
+
+async def test_graceful_stop_hands_over_and_the_successor_releases_a_paused_server(
+    admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str
+) -> None:
+    async with FakeSGLangServer(token_delay=0.005) as server, \
+            owners(server, admin, redis_client, unique_name) as running:
+        await until(lambda: len(holders(running)) == 1)
+        (first,) = holders(running)
+        await admin.pause(server.url)  # as if the owner had died right after its pause
+        task = next(t for o, t in running if o is first)
+        task.cancel()  # a graceful stop releases the lease at once
+        await asyncio.gather(task, return_exceptions=True)
+        await until(lambda: len(holders(running)) == 1 and holders(running)[0] is not first, timeout=5)
+        await until(lambda: not server.paused, timeout=5)  # the successor's first reconcile continues it
+        assert server.loads == []
+
+
+async def test_failed_load_resumes_the_server_and_is_retried(
+    admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str
+) -> None:
+    async with FakeSGLangServer(token_delay=0.005) as server, \
+            owners(server, admin, redis_client, unique_name, n=1) as running:
+        owner = running[0][0]
+        server.fail_updates = True
+        owner.offer(WeightUpdate(1, "/ckpt/v1"))
+        await until(lambda: server.hits["update"] >= 2)  # retried
+        await until(lambda: not server.paused)  # and never left paused meanwhile
+        assert owner.failed_loads >= 2 and server.weight_version == "default"
+        server.fail_updates = False
+        await until(lambda: server.weight_version == "1" and not server.paused)
+        assert len(server.loads) == 1
+
+
+async def test_the_pause_is_bounded(admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str) -> None:
+    """A server whose pause does not answer in pause_timeout_seconds: the owner gives up on
+    this try, continues the server and retries later, instead of hanging."""
+    async with FakeSGLangServer(token_delay=0.02, pause_poll_seconds=30.0) as server:
+        http = SGLangHttp(SETTINGS)
+        generating = asyncio.create_task(http.post(server.url, "/generate", {
+            "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 500}}, 60))
+        await until(lambda: server.tokens_out > 0)
+        async with owners(server, admin, redis_client, unique_name, n=1) as running:
+            owner = running[0][0]
+            started = time.monotonic()
+            owner.offer(WeightUpdate(1, "/ckpt/v1"))
+            await until(lambda: owner.failed_loads >= 1, timeout=10)
+            assert time.monotonic() - started < SETTINGS.pause_timeout_seconds + 3
+        assert (await generating)["meta_info"]["finish_reason"]["type"] == "abort"
+        await http.close()
+
+
+async def test_a_stray_pause_is_continued_by_the_owner(
+    admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str
+) -> None:
+    """Something else pauses a server (a frozen predecessor's late call): the owner's reconcile
+    sees it up but not generating while no update runs, and continues it."""
+    async with FakeSGLangServer(token_delay=0.005, health_pause_timeout=30.0) as server, \
+            owners(server, admin, redis_client, unique_name, n=1) as running:
+        await until(lambda: len(holders(running)) == 1)
+        await asyncio.sleep(2 * SETTINGS.reconcile_seconds)  # past the takeover's own continue
+        continues = server.hits["continue"]
+        await admin.pause(server.url)
+        await until(lambda: not server.paused, timeout=3 * SETTINGS.health_probe_timeout_seconds)
+        assert server.hits["continue"] == continues + 1 and server.loads == []
