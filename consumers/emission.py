@@ -54,9 +54,9 @@ class Emission:
         for groups in batches:
             try:
                 self._batch(groups, version, out)
-            except Exception:  # noqa: BLE001 - find the group(s) at fault, emit the others
+            except Exception as exc:  # noqa: BLE001 - find the group(s) at fault, emit the others
                 if len(groups) == 1:
-                    refused.append(self._refuse(groups[0], version, out))
+                    refused.append(self._refuse(groups[0], exc, version, out))
                     continue
                 refused += self.batches([[g] for g in groups], version, out)
         return refused
@@ -78,12 +78,7 @@ class Emission:
         value = encode(outcome_record(group))
         out.send(self._names.grouping_changelog, value, key=group.task_id.encode(), partition=group.partition)
 
-    def _refuse(self, group: CompleteGroup, version: int, out: PartitionOutput) -> DroppedGroup:
-        try:
-            build_batch([group], version, self._pad_value)
-            error: Exception = ValueError("the batch record is too large")
-        except Exception as exc:  # noqa: BLE001 - the error is what the dead letter reports
-            error = exc
+    def _refuse(self, group: CompleteGroup, error: Exception, version: int, out: PartitionOutput) -> DroppedGroup:
         detail = f"group cannot be batched: {type(error).__name__}: {error}"[:MAX_DETAIL_CHARS]
         out.dead_letters.append(DeadLetter(
             tier=TIER, source_topic=self._names.scored, partition=group.partition, offset=group.min_offset,

@@ -106,6 +106,7 @@ class Pipeline:
         self.watcher = BatchesWatcher(self.config.kafka, self.names.batches)
         self.version = 0
         self.hold_versions = False  # True: the trainer publishes nothing (the pipeline drains)
+        self.published_at: list[tuple[float, int]] = [(0.0, 0)]  # (wall time, version) per publish
         self.started = time.monotonic()
         self._trainer: asyncio.Task[None] | None = None
         self._redis = connect(self.config.redis)
@@ -149,6 +150,7 @@ class Pipeline:
                 try:
                     await self._store.publish(WeightUpdate(self.version + 1, str(self.model)))
                     self.version += 1
+                    self.published_at.append((time.time(), self.version))
                     await asyncio.sleep(self.step_seconds)
                     continue
                 except (RedisError, OSError) as exc:

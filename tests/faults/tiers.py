@@ -30,6 +30,7 @@ class TierProcess:
         self.log_path = log_dir / f"{self.name}.log"
         self.starts = 0
         self.kills = 0
+        self.pauses = 0
         self.unexpected_exits: list[int] = []  # exit codes of exits nobody asked for
         self.held_down = False  # killed or stopped on purpose: not to be restarted by a supervisor
         self._proc: subprocess.Popen[bytes] | None = None
@@ -72,6 +73,16 @@ class TierProcess:
         proc.wait(30)
         self.kills += 1
 
+    def pause(self) -> None:
+        """SIGSTOP the tier and its children: a GC pause, a stalled VM, a network hiccup."""
+        if self.running():
+            _signal_group(self._proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+            self.pauses += 1
+
+    def resume(self) -> None:
+        if self._proc is not None:
+            _signal_group(self._proc.pid, signal.SIGCONT)
+
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM (graceful stop), SIGKILL after ``timeout``; returns the exit code."""
         self.held_down = True
@@ -79,6 +90,7 @@ class TierProcess:
         if proc is None:
             return None
         if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGCONT)  # a paused tier cannot stop gracefully
             _signal_group(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout)

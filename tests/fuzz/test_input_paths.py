@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,6 +34,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.wire import (
     Batch,
     Episode,
+    GroupDropped,
     PromptTask,
     SampleRejected,
     ScoredEpisode,
@@ -44,9 +46,10 @@ from rollstream.wire import (
     decode_prompt,
     decode_scored,
     encode,
+    encode_tensor_dict,
 )
 from tests.faults.ledger import read_topic
-from tests.fuzz.strategies import BUDGET, as_dict, broken_bytes, episode, float_tensor, raw, valid_messages
+from tests.fuzz.strategies import BUDGET, as_dict, broken_bytes, episode, float_tensor, raw, trajectory, valid_messages
 from tests.helpers import make_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
@@ -94,11 +97,12 @@ def names_of(config: RollstreamConfig) -> TopicNames:
 
 
 async def send(config: RollstreamConfig, topic: str, records: list[tuple[str, bytes | None]]) -> None:
+    """In order, all to partition 0: every good record sent last sits BEHIND the hostile ones."""
     producer = make_producer(config.kafka, "fuzz-sender")
     await producer.start()
     try:
         for key, value in records:
-            await producer.send(topic, value, key=key.encode())
+            await producer.send(topic, value, key=key.encode(), partition=0)
         await producer.flush()
     finally:
         await producer.stop()
@@ -187,6 +191,20 @@ def _decodes(decode: Callable[[bytes | None], Any], value: bytes | None) -> bool
     return True
 
 
+def with_extra_shape(message: dict[str, Any], shape: list[int]) -> dict[str, Any]:
+    """``message`` (an episode as a dict) with an empty float32 tensor of ``shape`` added."""
+    return message | {"trajectory": message["trajectory"] | {"extra": ["float32", shape, b""]}}
+
+
+def shape_cases(prefix: str, fields: dict[str, Any], wrap: Callable[[dict[str, Any]], dict[str, Any]]) -> list[Case]:
+    """Empty tensors whose declared shape would break whatever computes with them later."""
+    return [
+        (f"{prefix}-shape-2-63", raw(wrap(with_extra_shape(fields, [0, 2**63]))), "<= 2147483647"),
+        (f"{prefix}-shape-wide", raw(wrap(with_extra_shape(fields, [0, 2**31 - 1]))), "declares more than"),
+        (f"{prefix}-shape-rank", raw(wrap(with_extra_shape(fields, [0] * 9))), "length <= 8"),
+    ]
+
+
 def episode_cases() -> list[Case]:
     valid = valid_messages()["episode"]
     fields = as_dict(valid)
@@ -207,6 +225,7 @@ def episode_cases() -> list[Case]:
         ("e-inf", with_logprobs([0.0, 0.0, float("inf"), -0.5, -0.5]), "infinity"),
         ("e-tombstone", None, "tombstone"),
         ("e-oversize", OVERSIZE, "undecodable"),
+        *shape_cases("e", fields, lambda episode: episode),
         *random_cases(valid, "e", decode_episode),
     ]
 
@@ -238,6 +257,7 @@ def scored_cases() -> list[Case]:
         ("s-negative-group", raw(fields | {"episode": fields["episode"] | {"group_size": -2}}), "outside"),
         ("s-tombstone", None, "tombstone"),
         ("s-oversize", OVERSIZE, "undecodable"),
+        *shape_cases("s", fields["episode"], lambda episode: fields | {"episode": episode}),
         *random_cases(valid, "s", decode_scored),
     ]
 
@@ -251,12 +271,20 @@ async def test_grouping_input(kafka_bootstrap: str, redis_url: str, unique_name:
     # the same task id, first with group size 2, then with 3: the second contradicts the open group
     first = SampleRejected(task_id="reused", sample_idx=0, group_size=2)
     second = SampleRejected(task_id="reused", sample_idx=1, group_size=3)
+    # a group whose samples each decode but cannot be padded together (ranks 2 and 3)
+    ranks = [ScoredEpisode(episode=msgspec.structs.replace(
+        episode(task_id="ranks", sample_idx=i, group_size=2),
+        trajectory=encode_tensor_dict({**trajectory(), "x": torch.zeros([1] * (2 + i))})), reward=1.0) for i in range(2)]
     await ensure_topics(config.kafka, names)
-    await send(config, names.scored, [("reused", encode(first))])
+    await send(config, names.scored, [("reused", encode(first)), ("ranks", encode(ranks[0]))])
     reused: Case = ("reused", encode(second), "group_size 3 differs from the open group's 2")
+    ranked: Case = ("ranks", encode(ranks[1]), "group cannot be batched: ValueError: cannot concatenate 'x'")
     good = ScoredEpisode(episode=episode(task_id="good", sample_idx=0, group_size=1), reward=1.0)
     reasons = await feed_and_check(
-        config, tier, names.scored, cases + [reused], ("good", encode(good)), run_grouping, names.batches,
+        config, tier, names.scored, cases + [reused, ranked], ("good", encode(good)), run_grouping, names.batches,
         lambda m: isinstance(m, Batch) and m.task_ids == ["good"], decode_batch,
     )
     assert "differs" in reasons["reused"]
+    ended = {m.task_id: m.reason for m in await read_topic(config.kafka, names.batches, decode_batch)
+             if isinstance(m, GroupDropped)}
+    assert ended["ranks"] == "dead_lettered"

@@ -1,0 +1,84 @@
+"""The staleness budget against a real Redis: malformed keys, lost state, rebuild from topics."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio as aioredis
+
+from producers.budget_restore import restore_budget
+from rollstream.api.engine import WeightUpdate
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_producer
+from rollstream.kafka.topics import TopicNames
+from rollstream.redis_state import RedisKeys, RedisStateError, StalenessBudget, StateMissingError, VersionStore
+from rollstream.wire import GroupDropped, ProducerCursor, PromptTask, encode
+from tests.helpers import make_config
+
+pytestmark = pytest.mark.broker
+
+
+def budget_of(client: aioredis.Redis, name: str, eta: int = 0, batch_size: int = 2) -> StalenessBudget:
+    return StalenessBudget(client, RedisKeys(name, "t0"), eta, batch_size)
+
+
+async def test_a_malformed_version_is_an_error_naming_the_key_never_a_crash(redis_client, unique_name: str) -> None:
+    keys = RedisKeys(unique_name, "t0")
+    budget = budget_of(redis_client, unique_name)
+    await budget.restore([], {})
+    await redis_client.set(keys.key("version"), "garbage")
+    with pytest.raises(RedisStateError, match=r"version holds 'garbage', not an integer"):
+        await VersionStore(redis_client, keys).get_version()
+    with pytest.raises(RedisStateError, match="version"):
+        await budget.try_admit("p:0:0")
+    with pytest.raises(RedisStateError):
+        await budget.usage()
+    await VersionStore(redis_client, keys).publish(WeightUpdate(2, "/w/2"))  # the trainer repairs it
+    assert await budget.try_admit("p:0:0") and (await budget.usage())["version"] == 2
+
+
+async def test_without_its_state_the_budget_counts_nothing_until_restored(redis_client, unique_name: str) -> None:
+    budget = budget_of(redis_client, unique_name, eta=0, batch_size=2)
+    with pytest.raises(StateMissingError):
+        await budget.try_admit("p:0:0")
+    with pytest.raises(StateMissingError):
+        await budget.release("p:0:0", "timeout")
+    with pytest.raises(StateMissingError):
+        await budget.confirm(["p:0:0"])
+    assert await budget.restore(["p:0:0"], {}, admitted_count=1)
+    assert not await budget.restore([], {})  # a second rebuilder writes nothing
+    assert await budget.try_admit("p:0:0")  # known from the rebuild: not counted again
+    assert await budget.try_admit("p:0:1") and not await budget.try_admit("p:0:2")  # capacity 2
+    assert await budget.confirm(["p:0:1", "p:0:5"]) == 1  # p:0:5 was published unseen
+    assert (await budget.usage())["admitted"] == 3
+    assert await budget.release("p:0:5", "all_rejected")
+    assert not await budget.release("p:0:5", "all_rejected")  # idempotent per task
+    assert (await budget.usage())["dropped"] == 1
+
+
+async def test_restore_rebuilds_the_counters_from_the_topics(
+    kafka_bootstrap: str, redis_url: str, redis_client, unique_name: str
+) -> None:
+    config = make_config(kafka_bootstrap, redis_url, unique_name)
+    names = TopicNames(unique_name, "t0")
+    await ensure_topics(config.kafka, names)
+    producer = make_producer(config.kafka, "feeder")
+    await producer.start()
+    try:
+        for i in range(6):
+            task = PromptTask(task_id=f"p:0:{i}", group_size=2, data={}, is_eval=i >= 4)
+            await producer.send_and_wait(names.prompts, encode(task), key=task.task_id.encode())
+        for task_id, reason in (("p:0:1", "timeout"), ("p:0:4", "all_rejected")):  # p:0:4 is eval
+            drop = GroupDropped(task_id=task_id, reason=reason, is_eval=task_id == "p:0:4")
+            await producer.send_and_wait(names.batches, encode(drop), key=task_id.encode())
+        # retention deleted a producer's early prompts: its cursor still counts all 7
+        cursor = ProducerCursor(producer_id="other", epoch=0, index=0, published=7)
+        await producer.send_and_wait(names.producer_cursor, encode(cursor), key=b"other")
+    finally:
+        await producer.stop()
+    budget = budget_of(redis_client, unique_name, eta=2, batch_size=2)
+    await restore_budget(config, names, budget)
+    assert (await budget.usage())["admitted"] == 7 and (await budget.usage())["dropped"] == 1
+    assert await budget.drops_by_reason() == {"timeout": 1}
+    assert await budget.try_admit("p:0:3") and (await budget.usage())["admitted"] == 7  # a marker
+    await restore_budget(config, names, budget)  # has its state: a no-op
+    assert (await budget.usage())["admitted"] == 7
