@@ -33,7 +33,6 @@ from rollstream.tools.replay import ReplayOptions, replay
 from rollstream.tools.roles import partitions_of, topic_for
 from rollstream.tensors import concat_padded_tensors
 from rollstream.wire import (
-    GroupDropped,
     Batch,
     Episode,
     GroupDropped,
