@@ -2,7 +2,8 @@
 
 :func:`build_batch` pads the trajectories of one or more complete groups into one ``[N, L]``
 tensor dict (``versions`` pad with -1, ``attention_mask`` with 0, the rest with
-``pad_value``), adds ``rewards`` ``[N]`` and the version bookkeeping the trainer needs. The
+``pad_value``), adds ``rewards`` ``[N]``, the version bookkeeping the trainer needs and, per
+group, how many samples were rejected and how many failed. The
 padded tensors are written straight into one buffer (an arena) that the record then carries
 as its ``packed`` tensors, so encoding the batch copies its bytes once.
 """
@@ -77,6 +78,8 @@ def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: fl
         tail_version=tail,
         staleness=trainer_version - head if head >= 0 else 0,
         emitted_at=time.time(),
+        rejected=[g.rejected for g in groups],
+        failed=[g.failed for g in groups],
     )
 
 

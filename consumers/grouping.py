@@ -13,9 +13,12 @@ Rules (what callers may rely on):
 - a message whose ``group_size`` differs from its open group's raises :class:`ConflictError`
   and leaves the group unchanged (the caller dead-letters the record);
 - ``TaskFailed`` drops the group at once ("task_failed");
-- once ``group_size`` samples arrived: all rejected -> "all_rejected"; else the filters run
-  (train groups only; eval groups are never filtered): equal rewards -> "filtered", oldest
-  generated token more than ``max_head_offpolicyness`` versions behind -> "stale";
+- once ``group_size`` samples arrived with none accepted: every one rejected by the workflow ->
+  "all_rejected"; at least one failed -> "all_failed" (the detail counts both and quotes the
+  first failure by sample index). A failure is never counted as a rejection;
+- otherwise the filters run (train groups only; eval groups are never filtered): equal rewards
+  -> "filtered", oldest generated token more than ``max_head_offpolicyness`` versions behind
+  -> "stale"; a group that passes keeps its counts of rejected and failed samples;
 - :meth:`GroupBuffer.expire` drops groups open longer than the timeout ("timeout"). The clock
   restarts when a group is rebuilt after a crash (its first sample is re-read then).
 
@@ -63,7 +66,8 @@ class OpenGroup:
 
 @dataclass(frozen=True)
 class CompleteGroup:
-    """A group with every sample in: the accepted episodes sorted by ``sample_idx``."""
+    """A group with every sample in: the accepted episodes sorted by ``sample_idx``;
+    ``rejected`` / ``failed`` count the samples the workflow rejected / that failed."""
 
     task_id: str
     group_size: int
@@ -74,6 +78,7 @@ class CompleteGroup:
     min_offset: int
     max_offset: int
     first_seen: float
+    failed: int = 0
 
     @property
     def head_version(self) -> int:
@@ -105,6 +110,18 @@ def _drop(group: OpenGroup | CompleteGroup, reason: DropReason, detail: str) -> 
         group.task_id, reason, detail, group.is_eval, group.group_size,
         group.partition, group.min_offset, group.max_offset, group.first_seen,
     )
+
+
+def _no_accepted(group: OpenGroup, rejected: int, failures: list[SampleRejected]) -> DroppedGroup:
+    """The drop of a group none of whose samples was accepted: rejected or failed."""
+    if not failures:
+        return _drop(group, "all_rejected", f"all {rejected} samples rejected by the workflow")
+    first = failures[0]
+    detail = (
+        f"{len(failures)} of {len(group.samples)} samples failed, {rejected} rejected; "
+        f"first failure (sample {first.sample_idx}): {first.reason}"
+    )
+    return _drop(group, "all_failed", detail)
 
 
 def apply_filters(group: CompleteGroup, filters: GroupFilters, trainer_version: int) -> GroupResult:
@@ -193,13 +210,15 @@ class GroupBuffer:
         return [self._ended(self._finish(group, trainer_version), now)]
 
     def _finish(self, group: OpenGroup, trainer_version: int) -> GroupResult:
-        accepted = [s for _, s in sorted(group.samples.items()) if isinstance(s, ScoredEpisode)]
-        rejected = len(group.samples) - len(accepted)
+        samples = [s for _, s in sorted(group.samples.items())]
+        accepted = [s for s in samples if isinstance(s, ScoredEpisode)]
+        failures = [s for s in samples if isinstance(s, SampleRejected) and s.failed]
+        rejected = len(samples) - len(accepted) - len(failures)
         if not accepted:
-            return _drop(group, "all_rejected", f"all {rejected} samples rejected")
+            return _no_accepted(group, rejected, failures)
         complete = CompleteGroup(
             group.task_id, group.group_size, group.is_eval, tuple(accepted), rejected,
-            group.partition, group.min_offset, group.max_offset, group.first_seen,
+            group.partition, group.min_offset, group.max_offset, group.first_seen, len(failures),
         )
         return apply_filters(complete, self.filters, trainer_version)
 

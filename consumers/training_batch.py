@@ -35,6 +35,8 @@ class GroupRows:
     sample_idx: list[int]
     tp: TopicPartition | None = None
     offset: int = -1
+    rejected: int = 0  # samples the workflow rejected
+    failed: int = 0  # samples that failed
 
 
 @dataclass
@@ -44,7 +46,9 @@ class TrainingBatch:
     ``tensors`` are ``[N, L]`` (``rewards`` ``[N]``), padded across the groups: ``versions``
     with -1, ``attention_mask`` with 0, the rest with ``grouping.pad_value``; they are fresh,
     writable tensors. ``row_task[r]`` indexes ``task_ids`` for row r. ``trainer_versions`` and
-    ``group_is_eval`` are per group. ``head_version``/``tail_version`` span every generated
+    ``group_is_eval`` are per group, and so are ``group_rejected`` / ``group_failed``: how many
+    samples of the group the workflow rejected / failed (0 for batches written before the
+    grouping tier counted them). ``head_version``/``tail_version`` span every generated
     token (-1: none); ``max_staleness`` is the largest ``trainer_version - head`` of a group.
     ``offsets`` is what :meth:`BatchConsumer.ack` commits.
     """
@@ -61,6 +65,8 @@ class TrainingBatch:
     max_staleness: int
     offsets: dict[TopicPartition, int] = field(default_factory=dict)
     generation: int = 0
+    group_rejected: list[int] = field(default_factory=list)
+    group_failed: list[int] = field(default_factory=list)
 
     @property
     def num_groups(self) -> int:
@@ -88,8 +94,13 @@ def split_groups(batch: Batch) -> list[GroupRows]:
         groups.append(GroupRows(
             task_id, batch.group_sizes[index], batch.is_eval, batch.trainer_version,
             group_tensors, [batch.sample_idx[r] for r in rows],
+            rejected=_per_group(batch.rejected, index), failed=_per_group(batch.failed, index),
         ))
     return groups
+
+
+def _per_group(counts: list[int], index: int) -> int:
+    return counts[index] if index < len(counts) else 0  # batches written before the counts: 0
 
 
 def assemble(groups: list[GroupRows], pad_value: float = 0.0) -> TrainingBatch:
@@ -112,6 +123,8 @@ def assemble(groups: list[GroupRows], pad_value: float = 0.0) -> TrainingBatch:
         head_version=head,
         tail_version=tail,
         max_staleness=max(staleness, default=0),
+        group_rejected=[g.rejected for g in groups],
+        group_failed=[g.failed for g in groups],
     )
 
 

@@ -4,7 +4,13 @@ The reward function is named only by configuration (``reward.reward_fn``, an imp
 ``"module:function"`` or ``"module.function"``) and must be on the allow-list
 ``{reward.reward_fn} | reward.allowed_reward_fns``; nothing in a message can choose it.
 It runs through ``rollstream.reward_wrapper.AsyncRewardWrapper`` (process pool, timeout,
-retries).
+retries). ``reward.reward_fn: ""`` configures none: for pipelines whose workflows all set
+``rewards`` themselves; an episode without rewards then fails with a reason saying so.
+
+Episodes whose workflow set ``rewards`` are passed through with them (``scoring``) unless
+``reward.rescore`` is true. The first such episode a worker with a reward function passes
+through is reported with a WARNING naming ``reward.rescore``: re-scoring a replay of such
+episodes without it changes nothing, and says so.
 
 ``AsyncRewardWrapper`` returns 0.0 when its last attempt times out, which the ``"reject"``
 timeout policy cannot tell from a genuine 0.0. ``TimeoutAwareRewardWrapper`` is a minimal
@@ -86,21 +92,36 @@ class TimeoutAwareRewardWrapper(AsyncRewardWrapper):
         return value
 
 
+class NoRewardFunctionError(RuntimeError):
+    """An episode needs scoring but ``reward.reward_fn`` names no function."""
+
+
 class Scorer:
-    """Decodes token ids with the configured tokenizer and calls the reward function."""
+    """Decodes token ids with the configured tokenizer and calls the reward function
+    (``wrapper``; None when none is configured)."""
 
     def __init__(
         self,
-        wrapper: TimeoutAwareRewardWrapper,
+        wrapper: TimeoutAwareRewardWrapper | None,
         tokenizer: Any | None,
         on_timeout: Literal["zero", "reject"] = "zero",
         worker_id: str = "",
+        *,
+        rescore: bool = False,
+        reward_fn_name: str = "",
     ) -> None:
+        if rescore and wrapper is None:
+            raise ConfigError("reward.rescore is true but reward.reward_fn names no reward function to re-score with")
         self._wrapper = wrapper
         self._tokenizer = tokenizer
         self.on_timeout = on_timeout
         self.worker_id = worker_id
-        if tokenizer is None:
+        self.rescore = rescore
+        self.reward_fn_name = reward_fn_name
+        self.passed_through_count = 0  # episodes whose workflow's rewards were kept
+        if wrapper is None:
+            log.info("no reward function (reward.reward_fn is empty): episodes must carry rewards set by their workflow")
+        elif tokenizer is None:
             log.warning(
                 "reward.tokenizer_path is not set: reward functions get empty prompt and completion "
                 "text (token ids only)"
@@ -109,16 +130,21 @@ class Scorer:
     @classmethod
     def from_config(cls, config: RewardConfig, worker_id: str) -> Scorer:
         """The scorer ``config`` describes; raises ``ConfigError`` naming a bad setting."""
-        allowed = {config.reward_fn, *config.allowed_reward_fns}
-        fn = resolve_reward_fn(config.reward_fn, allowed)
-        try:
-            wrapper = TimeoutAwareRewardWrapper(
-                fn, timeout_seconds=config.timeout_seconds, max_retries=config.max_retries,
-                max_workers=config.max_workers,
-            )
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"reward settings cannot be used: {exc}") from None
-        return cls(wrapper, load_tokenizer(config.tokenizer_path), config.on_timeout, worker_id)
+        wrapper = None
+        if config.reward_fn:
+            allowed = {config.reward_fn, *config.allowed_reward_fns}
+            fn = resolve_reward_fn(config.reward_fn, allowed)
+            try:
+                wrapper = TimeoutAwareRewardWrapper(
+                    fn, timeout_seconds=config.timeout_seconds, max_retries=config.max_retries,
+                    max_workers=config.max_workers,
+                )
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"reward settings cannot be used: {exc}") from None
+        return cls(
+            wrapper, load_tokenizer(config.tokenizer_path), config.on_timeout, worker_id,
+            rescore=config.rescore, reward_fn_name=config.reward_fn,
+        )
 
     def decode(self, ids: Sequence[int] | numpy.ndarray) -> str:
         if self._tokenizer is None or len(ids) == 0:
@@ -129,10 +155,26 @@ class Scorer:
         self, prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int],
         data: dict[str, Any],
     ) -> float:
+        if self._wrapper is None:
+            raise NoRewardFunctionError(
+                "the episode carries no rewards and reward.reward_fn is empty: set reward.reward_fn, "
+                "or return 'rewards' from the workflow"
+            )
         return await self._wrapper.call(prompt, completion, prompt_ids, completion_ids, **data)
 
+    def passed_through(self, episode: Any) -> None:
+        self.passed_through_count += 1
+        if self.passed_through_count == 1 and self._wrapper is not None:
+            log.warning(
+                "episode %s/%d carries rewards set by its workflow: passed through unchanged, %s NOT "
+                "called (for this and every such episode; set reward.rescore=true to re-score them, "
+                "e.g. when re-scoring a replay)",
+                episode.task_id, episode.sample_idx, self.reward_fn_name,
+            )
+
     async def aclose(self) -> None:
-        await self._wrapper.aclose()
+        if self._wrapper is not None:
+            await self._wrapper.aclose()
 
 
 def load_tokenizer(path: str) -> Any | None:

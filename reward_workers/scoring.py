@@ -4,6 +4,11 @@
 the reward cannot be computed) and passes ``SampleRejected`` / ``TaskFailed`` through
 unchanged. It never raises for a bad episode or a failing reward function: every outcome is
 a message for the ``scored`` topic, so the group can still complete downstream.
+
+The pre-scored rule: an episode whose workflow set ``rewards`` itself (``has_reward``) keeps
+them and the reward function is not called (``reward_source="workflow"``), unless the scorer
+re-scores on purpose (``reward.rescore``). So a pipeline whose workflows all score themselves
+needs no reward function at all.
 """
 
 from __future__ import annotations
@@ -39,10 +44,15 @@ class RewardTimeout(Exception):
 
 
 class RewardScorer(Protocol):
-    """What ``score_message`` needs: text decoding, the reward call, and the timeout policy."""
+    """What ``score_message`` needs: text decoding, the reward call, the timeout policy, and
+    whether episodes the workflow scored are re-scored (``rescore``)."""
 
     worker_id: str
     on_timeout: Literal["zero", "reject"]
+    rescore: bool
+
+    def passed_through(self, episode: Episode) -> None:
+        """Told of each episode whose workflow's rewards were kept (to count and report it)."""
 
     def decode(self, ids: Sequence[int] | numpy.ndarray) -> str:
         """Text of ``ids`` (special tokens kept); "" when no tokenizer is configured."""
@@ -90,29 +100,33 @@ async def score_message(
     """The ``scored`` message for one ``episodes`` message (see the module docstring).
 
     An ``Episode`` gets ``trajectory["rewards"]`` (float32 ``[b]``) and ``reward`` (row 0's
-    reward when ``b == 1``, else the mean over rows). With ``has_reward`` the workflow's
-    rewards are kept and the reward function is not called. A timeout on the last attempt
+    reward when ``b == 1``, else the mean over rows). With ``has_reward`` (and not
+    ``scorer.rescore``) the workflow's rewards are kept and the reward function is not called.
+    A timeout on the last attempt
     scores 0.0 (``on_timeout="zero"``) or rejects the sample with reason ``reward_timeout``
     (``"reject"``); any other failure rejects it with ``failed=True`` and reason
     ``"reward_error: ..."``.
     """
     match message:
         case Episode():
+            keep = message.has_reward and not scorer.rescore
             try:
-                rewards = await _episode_rewards(message, scorer)
+                rewards = await _episode_rewards(message, scorer, keep)
             except RewardTimeout:
                 return _rejected(message, "reward_timeout", failed=False)
             except Exception as exc:  # noqa: BLE001 - a reward failure is a sample outcome
                 return _rejected(message, f"reward_error: {type(exc).__name__}: {exc}", failed=True)
-            return _scored(message, rewards, scorer.worker_id)
+            if keep:
+                scorer.passed_through(message)
+            return _scored(message, rewards, scorer.worker_id, "workflow" if keep else "reward_fn")
         case _:
             return message
 
 
-async def _episode_rewards(episode: Episode, scorer: RewardScorer) -> list[float]:
+async def _episode_rewards(episode: Episode, scorer: RewardScorer, keep: bool) -> list[float]:
     tensors = decode_tensor_dict(episode.trajectory)
     rows = int(tensors["input_ids"].shape[0])
-    if episode.has_reward:
+    if keep:
         if "rewards" not in tensors:
             raise ValueError("has_reward is set but the trajectory has no 'rewards'")
         rewards = tensors["rewards"].to(torch.float32).tolist()
@@ -141,7 +155,9 @@ async def _row_reward(
         return 0.0
 
 
-def _scored(episode: Episode, rewards: list[float], worker_id: str) -> ScoredEpisode:
+def _scored(
+    episode: Episode, rewards: list[float], worker_id: str, source: Literal["reward_fn", "workflow"]
+) -> ScoredEpisode:
     # A new dict: the decoded message's tensors are read-only views of its buffer.
     trajectory = dict(episode.trajectory)
     trajectory["rewards"] = encode_tensor(torch.tensor(rewards, dtype=torch.float32))
@@ -151,6 +167,7 @@ def _scored(episode: Episode, rewards: list[float], worker_id: str) -> ScoredEpi
         reward=float(reward),
         scored_by=worker_id,
         scored_at=time.time(),
+        reward_source=source,
     )
 
 

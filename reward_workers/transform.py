@@ -13,6 +13,7 @@ a ``TaskFailed`` for that task id.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from aiokafka.structs import ConsumerRecord
 
@@ -41,8 +42,11 @@ def task_id_of(result: ScoreResult) -> str:
 
 
 def outcome_of(result: ScoreResult) -> str:
-    """Metric label: scored | rejected | failed | task_failed."""
+    """Metric label: scored | passed_through (already scored by its workflow) | rejected |
+    failed | task_failed."""
     match result:
+        case ScoredEpisode(reward_source="workflow"):
+            return "passed_through"
         case ScoredEpisode():
             return "scored"
         case SampleRejected(failed=True):
@@ -52,6 +56,14 @@ def outcome_of(result: ScoreResult) -> str:
         case TaskFailed():
             return "task_failed"
     raise TypeError(f"not a scored message: {type(result).__name__}")
+
+
+def describe_outcomes(counts: Counter[str]) -> str:
+    """``"3 scored, 13 passed through (already scored by their workflow), 1 failed"``: counts
+    of :func:`outcome_of` labels in a fixed order, zero counts left out ("nothing" if empty)."""
+    labels = {"passed_through": "passed through (already scored by their workflow)"}
+    order = ("scored", "passed_through", "rejected", "failed", "task_failed")
+    return ", ".join(f"{counts[o]} {labels.get(o, o)}" for o in order if counts[o]) or "nothing"
 
 
 def failure_answer(record: ConsumerRecord, error: BaseException) -> ScoreResult | None:
@@ -84,6 +96,7 @@ class RewardTransform:
         self._names = names
         self._scorer = scorer
         self.scored = 0  # records committed, for the stop log
+        self._outcomes: dict[int, Counter[str]] = {}  # per partition, this cycle's results
 
     async def acquire(self, partitions: set[int]) -> None:
         pass  # stateless: the loop seeks the partitions to their committed offsets
@@ -92,7 +105,7 @@ class RewardTransform:
         pass
 
     async def begin(self, records: dict[int, list[ConsumerRecord]]) -> None:
-        pass
+        self._outcomes = {partition: Counter() for partition in records}  # an aborted cycle's counts go
 
     async def transform(self, record: ConsumerRecord, out: PartitionOutput) -> None:
         result = await score_message(decode_episode(record.value), self._scorer)
@@ -111,12 +124,15 @@ class RewardTransform:
         tasks = sorted({(r.key or b"-").decode("utf-8", "replace") for r in out.records})
         shown = ", ".join(tasks[:5]) + (f" (+{len(tasks) - 5} more)" if len(tasks) > 5 else "")
         log.info(
-            "partition %d: committed %d scored messages, %d dead letters, offset %s; tasks %s",
-            partition, len(out.records), len(out.dead_letters), out.offset, shown or "-",
+            "partition %d: committed %s; %d dead letters, offset %s; tasks %s",
+            partition, describe_outcomes(self._outcomes.pop(partition, Counter())), len(out.dead_letters),
+            out.offset, shown or "-",
         )
 
     def _send(self, result: ScoreResult, out: PartitionOutput) -> None:
         out.send(self._names.scored, encode(result), key=task_id_of(result).encode())
-        EPISODES.labels(TIER, outcome_of(result)).inc()
+        outcome = outcome_of(result)
+        self._outcomes.setdefault(out.partition, Counter())[outcome] += 1
+        EPISODES.labels(TIER, outcome).inc()
         if isinstance(result, ScoredEpisode):
             REWARD.labels(TIER).observe(result.reward)

@@ -24,6 +24,7 @@ from rollstream.api.engine import InferenceEngine
 from rollstream.config import ConfigError, RolloutConfig
 from rollstream.imports import import_object
 from rollstream.redis_state import RedisKeys
+from rollstream.tokenizer_compat import ids_from_chat_template
 from rollout_workers.versions import VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
@@ -41,12 +42,13 @@ def tokenizer_path(config: RolloutConfig) -> str:
 
 
 def load_tokenizer(config: RolloutConfig) -> Any:
-    """The tokenizer the workflows use (``AutoTokenizer.from_pretrained``)."""
+    """The tokenizer the workflows use (``AutoTokenizer.from_pretrained``), its
+    ``apply_chat_template`` returning token ids by default (``rollstream.tokenizer_compat``)."""
     from transformers import AutoTokenizer
 
     path = tokenizer_path(config)
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return ids_from_chat_template(AutoTokenizer.from_pretrained(path))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"invalid configuration: cannot load a tokenizer from {path!r}: {exc}") from exc
 

@@ -2,7 +2,10 @@
 
 Pure functions, no I/O. Every return form of ``arun_episode`` maps to exactly one message:
 
-* a tensor dict -> :class:`Episode` (validated; malformed -> failed :class:`SampleRejected`);
+* a tensor dict -> :class:`Episode`, after ``rollstream.normalize.episode_tensors`` made it
+  standard (dtypes converted exactly, batch dim and attention mask added, the ``input_ids`` +
+  ``output_ids`` + ``reward`` form joined into one row with the engine's logprobs and versions);
+  what cannot be made standard -> failed :class:`SampleRejected` naming the key;
 * a dict of :class:`Interaction` -> converted with ``interactions_to_tensors``, then as above;
 * ``None`` -> :class:`SampleRejected` with ``reason="rejected"`` (a rejection, not a failure);
 * anything else, or tensors that cannot be encoded -> :class:`SampleRejected` with
@@ -15,20 +18,18 @@ An exception raised by the workflow itself is turned into a failed rejection by
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor
 
-from rollstream.api.workflow import interactions_to_tensors, is_interactions
-from rollstream.tensors import PROMPT_VERSION, row_spans, span_range, validate_trajectory
+from rollstream.api.io_struct import ModelResponse
+from rollstream.normalize import TrajectoryError, episode_tensors
+from rollstream.tensors import PROMPT_VERSION, row_spans, span_range
 from rollstream.wire import Episode, PromptTask, SampleRejected
 from rollstream.wire.tensor_codec import encode_tensor_dict
 
 MAX_REASON_CHARS = 500
-
-
-class MalformedResult(ValueError):
-    """A workflow result that cannot become an episode; the message says why."""
 
 
 def rejected_sample(task: PromptTask, sample_idx: int) -> SampleRejected:
@@ -58,49 +59,19 @@ def generated_version_range(td: dict[str, Tensor], fallback_version: int = PROMP
     return span_range(row_spans(td, fallback_version))
 
 
-def as_tensor_dict(result: Any) -> dict[str, Tensor]:
-    """The trajectory tensors of a non-``None`` result; :class:`MalformedResult` otherwise."""
-    if is_interactions(result):
-        try:
-            return interactions_to_tensors(result)
-        except (ValueError, TypeError) as exc:
-            raise MalformedResult(f"cannot turn interactions into tensors: {describe_error(exc)}") from exc
-    if not isinstance(result, dict) or not result:
-        raise MalformedResult(
-            "workflow must return a tensor dict, a dict of Interaction, or None; "
-            f"got {type(result).__name__}{' (empty)' if isinstance(result, dict) else ''}"
-        )
-    for key, value in result.items():
-        if not isinstance(value, Tensor):
-            raise MalformedResult(
-                f"trajectory key {key!r} is a {type(value).__name__}; only tensors travel on episodes"
-            )
-    return {key: value.detach().cpu() for key, value in result.items()}
-
-
-def check_tensors(td: dict[str, Tensor]) -> None:
-    """``validate_trajectory`` plus a ``[B, L]`` batch of at least one row."""
-    try:
-        validate_trajectory(td)
-    except (ValueError, TypeError) as exc:
-        raise MalformedResult(f"malformed trajectory: {exc}") from exc
-    if td["input_ids"].shape[0] < 1:
-        raise MalformedResult("malformed trajectory: input_ids has no rows")
-
-
 def to_episode(
     task: PromptTask, sample_idx: int, result: Any, stop_reason: str, worker_id: str,
-    fallback_version: int = PROMPT_VERSION,
+    fallback_version: int = PROMPT_VERSION, responses: Sequence[ModelResponse] = (),
 ) -> Episode | SampleRejected:
     """The message for sample ``sample_idx`` of ``task`` whose workflow returned ``result``;
-    ``fallback_version`` (the engine's version) versions generated tokens that have none."""
+    ``fallback_version`` (the engine's version) versions generated tokens that have none;
+    ``responses`` are the engine responses of the episode, oldest first."""
     if result is None:
         return rejected_sample(task, sample_idx)
     try:
-        td = as_tensor_dict(result)
-        check_tensors(td)
+        td = episode_tensors(result, responses)
         trajectory = encode_tensor_dict(td)
-    except MalformedResult as exc:
+    except TrajectoryError as exc:
         return failed_sample(task, sample_idx, str(exc))
     except (TypeError, ValueError) as exc:  # e.g. a dtype the wire format does not carry
         return failed_sample(task, sample_idx, f"cannot encode trajectory: {describe_error(exc)}")

@@ -1,44 +1,6 @@
-"""A per-episode view of the engine that remembers what the episode generated.
+"""The per-episode engine view the worker gives each episode (defined in the core, where
+``rollstream.testing`` uses it too)."""
 
-The worker hands each episode its own :class:`EpisodeEngine`, so concurrent episodes never
-see each other's responses. After the workflow returns, ``last_response`` tells how the last
-generation ended (the episode's stop reason) and ``output_tokens`` how many tokens it
-generated (for metrics).
-"""
+from rollstream.api.recording import EpisodeEngine
 
-from __future__ import annotations
-
-
-from rollstream.api.engine import DelegatingEngine, InferenceEngine
-from rollstream.api.io_struct import ModelRequest, ModelResponse
-
-
-class EpisodeEngine(DelegatingEngine):
-    """Delegates to the shared engine and records every ``agenerate`` response.
-
-    Attributes the workflow reads that this class does not define (e.g. a tokenizer the engine
-    exposes) are looked up on the shared engine.
-    """
-
-    def __init__(self, inner: InferenceEngine) -> None:
-        super().__init__(inner)
-        self.responses: list[ModelResponse] = []
-
-    async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        resp = await self.inner.agenerate(req)
-        self.responses.append(resp)
-        return resp
-
-    @property
-    def last_response(self) -> ModelResponse | None:
-        return self.responses[-1] if self.responses else None
-
-    @property
-    def stop_reason(self) -> str:
-        """The last response's stop reason; "stop" when the episode generated nothing."""
-        last = self.last_response
-        return last.stop_reason if last is not None else "stop"
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(resp.output_len for resp in self.responses)
+__all__ = ["EpisodeEngine"]

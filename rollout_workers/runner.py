@@ -181,7 +181,9 @@ class PromptRunner:
             finally:
                 TOKENS.labels(TIER).inc(engine.output_tokens)
         # The engine's version now versions generated tokens the trajectory leaves unversioned.
-        message = to_episode(task, sample_idx, result, engine.stop_reason, self._worker_id, engine.get_version())
+        message = to_episode(
+            task, sample_idx, result, engine.stop_reason, self._worker_id, engine.get_version(), engine.responses,
+        )
         if isinstance(message, SampleRejected) and message.failed:
             log.warning("task %s sample %d: %s", task.task_id, sample_idx, message.reason)
         return message

@@ -18,6 +18,9 @@ import redis.asyncio as aioredis
 from rollstream.dev.kafka_jars import KAFKA_VERSION
 from rollstream.dev.launcher import DevStack, Services, dev_stack as start_dev_stack
 
+# The workflow authors' fixtures (tiny_model_dir, tiny_tokenizer, gconfig, scripted_engine).
+pytest_plugins = ["rollstream.testing.fixtures"]
+
 # Filled by the dev_stack fixture, printed by pytest_terminal_summary.
 _startup_lines: list[str] = []
 

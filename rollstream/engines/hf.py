@@ -16,6 +16,10 @@ Callers may rely on:
   loads a checkpoint directory and sets the version; after ``resume`` every in-flight request's
   cache is recomputed with the new weights from the tokens it already has.
 * With ``seed`` set, results are reproducible for the same sequence of requests and arrivals.
+* A request is checked before it joins a step (``rollstream.api.request_check``): malformed
+  ``input_ids``, ids outside the model's vocabulary, or a prompt that fills the model's context
+  (``max_position_embeddings``) raise ``InvalidRequestError`` for that request alone; requests
+  sharing its steps are untouched. The budget is also capped so prompt + output fit the context.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import torch
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
+from rollstream.api.request_check import checked_input_ids
 from rollstream.engines.kv_batch import KVBatch, make_cache
 from rollstream.engines.sampling import SamplingSpec, sample
 
@@ -116,6 +121,8 @@ class HFEngine(InferenceEngine):
         self._tokenizer: Any = None
         self._eos_ids: frozenset[int] = frozenset()
         self._pad_id = 0
+        self._vocab_size: int | None = None  # embedding rows: ids at or above are refused
+        self._max_context: int | None = None
         self._fwd_kw: dict[str, str] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._generator: torch.Generator | None = None
@@ -174,6 +181,9 @@ class HFEngine(InferenceEngine):
         self._model = model.to(device=self.device, dtype=self.dtype).eval()
         self._set_threads(sum(p.numel() for p in model.parameters()))
         self._eos_ids = frozenset(self._config_eos_ids(model))
+        self._vocab_size = int(model.get_input_embeddings().num_embeddings)
+        context = getattr(model.config, "max_position_embeddings", None)
+        self._max_context = context if isinstance(context, int) and context > 0 else None
         pad = model.config.pad_token_id
         self._pad_id = pad if isinstance(pad, int) else min(self._eos_ids, default=0)
         params = inspect.signature(model.forward).parameters
@@ -278,14 +288,16 @@ class HFEngine(InferenceEngine):
     # ----------------------------------------------------------------- generation
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        """Generate for ``req`` (see the module docstring). Raises ``ValueError`` on no budget."""
-        if not req.input_ids:
-            raise ValueError("HFEngine needs a non-empty input_ids")
-        budget = req.gconfig.budget(len(req.input_ids))
+        """Generate for ``req`` (see the module docstring). Raises ``InvalidRequestError`` (a
+        ``ValueError``) for a malformed request and ``ValueError`` when no budget is left."""
         await self.start()
+        prompt = checked_input_ids(req.input_ids, vocab_size=self._vocab_size, max_context=self._max_context)
+        budget = req.gconfig.budget(len(prompt))
+        if self._max_context is not None:
+            budget = min(budget, self._max_context - len(prompt))
         seq = _Seq(
             sid=next(self._ids),
-            prompt=list(req.input_ids),
+            prompt=prompt,
             budget=budget,
             spec=self._spec(req.gconfig),
             future=asyncio.get_running_loop().create_future(),

@@ -48,6 +48,7 @@ from typing import Any
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
+from rollstream.api.request_check import checked_input_ids
 from rollstream.config import SGLangConfig
 from rollstream.engines.sglang_admin import ServerHealth, SGLangAdmin
 from rollstream.engines.sglang_http import (
@@ -243,6 +244,7 @@ class SGLangEngine(InferenceEngine):
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Generate for ``req``, resuming across pauses (see the module docstring)."""
+        checked_input_ids(req.input_ids)  # a malformed request fails here, alone, with its cause
         g = req.gconfig
         budget = g.budget(len(req.input_ids))
         started = time.monotonic()

@@ -66,7 +66,10 @@ def _register_tail(subparsers: Any) -> None:
     add_config_arguments(p)
     p.add_argument("role", choices=ROLES, metavar="TOPIC_ROLE", help=" | ".join(ROLES))
     p.add_argument("--from-beginning", action="store_true", help="start at the first offset instead of the end")
-    p.add_argument("--max-messages", type=int, metavar="N", help="exit after N messages")
+    p.add_argument("--max-messages", type=int, metavar="N", help="exit after N messages (or at the end, with --stop-at-end)")
+    p.add_argument("--stop-at-end", action="store_true",
+                   help="exit once every message that existed at start was read, instead of waiting for "
+                        "more (with --from-beginning: print the whole topic and exit)")
     p.add_argument("--json", dest="as_json", action="store_true", help="whole messages as JSON (tensors summarized)")
     p.add_argument("--decode", metavar="TOKENIZER_PATH", help="show prompt and completion text")
     p.set_defaults(func=_tail_command)
@@ -158,7 +161,7 @@ def _tail_command(args: argparse.Namespace) -> int:
         return 2
     options = TailOptions(
         from_beginning=args.from_beginning, max_messages=args.max_messages,
-        as_json=args.as_json, tokenizer_path=args.decode,
+        as_json=args.as_json, tokenizer_path=args.decode, stop_at_end=args.stop_at_end,
     )
 
     async def body(stop: asyncio.Event) -> int:

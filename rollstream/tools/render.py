@@ -102,10 +102,12 @@ def _batch_summary(batch: Batch) -> str:
     mean = f"{float(rewards.float().mean()):.4g}" if rewards is not None and rewards.numel() else "-"
     shape = list(tensors["input_ids"].shape) if "input_ids" in tensors else []
     tasks = ",".join(batch.task_ids[:4]) + ("..." if len(batch.task_ids) > 4 else "")
+    # per-group counts, summed: written since the grouping tier counts them (else absent)
+    counts = f" rejected={sum(batch.rejected)} failed={sum(batch.failed)}" if batch.rejected or batch.failed else ""
     return (
         f"tasks={tasks} groups={len(batch.task_ids)} shape={shape} "
         f"{_versions(batch.head_version, batch.tail_version)} trainer={batch.trainer_version} "
-        f"staleness={batch.staleness} reward_mean={mean}{' eval' if batch.is_eval else ''}"
+        f"staleness={batch.staleness} reward_mean={mean}{counts}{' eval' if batch.is_eval else ''}"
     )
 
 

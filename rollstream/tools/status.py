@@ -3,6 +3,12 @@
 ``collect`` takes one snapshot (rates come from the previous snapshot's end offsets); the
 reward means per version come from a sample of the last ``REWARD_SAMPLE`` records of
 ``scored`` (cheap, and enough to spot a reward function that went wrong).
+
+Prompts in flight = admitted - emitted - dropped (train prompts: eval prompts never take a
+slot). Admitted and dropped come from Redis, emitted groups are counted from ``batches``
+(``rollstream.tools.emitted``: read once from the beginning, then only what is new; while
+that first read is not finished, the count shown is an upper bound, "<=N"). The budget's
+"used" is admitted - dropped: an emitted group keeps its slot until the version moves on.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_admin, make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.tools.emitted import EmittedCount, EmittedCounter
 from rollstream.tools.roles import ROLES, topic_for
 from rollstream.wire import ScoredEpisode, WireDecodeError, decode_scored
 
@@ -52,6 +59,13 @@ class Snapshot:
     usage: dict[str, int]
     drops: dict[str, int]
     reward_by_version: dict[int, tuple[float, int]] = field(default_factory=dict)
+    emitted: EmittedCount | None = None  # None: no batches topic yet
+
+    def in_flight(self) -> str:
+        """Admitted train prompts with no outcome yet ("<=N" while emitted groups are still being counted)."""
+        emitted = self.emitted.groups if self.emitted is not None else 0
+        count = self.usage.get("admitted", 0) - emitted - self.usage.get("dropped", 0)
+        return str(count) if self.emitted is None or self.emitted.complete else f"<={count}"
 
     def end_total(self, role: str) -> int:
         return sum(self.ends.get(self.roles[role], {}).values())
@@ -77,11 +91,15 @@ class StatusCollector:
         self.names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
         self._stack = contextlib.AsyncExitStack()
         self._previous: Snapshot | None = None
+        self._emitted = EmittedCounter(self.names.batches)
 
     async def __aenter__(self) -> StatusCollector:
         self.consumer: AIOKafkaConsumer = make_consumer(self.config.kafka, "status", group_id=None, read_committed=True)
         await self.consumer.start()
         self._stack.push_async_callback(self.consumer.stop)
+        self.batches_consumer: AIOKafkaConsumer = make_consumer(self.config.kafka, "status-batches", group_id=None, read_committed=True)
+        await self.batches_consumer.start()
+        self._stack.push_async_callback(self.batches_consumer.stop)
         self.admin: AIOKafkaAdminClient = make_admin(self.config.kafka, "status")
         await self.admin.start()
         self._stack.push_async_callback(self.admin.close)
@@ -104,11 +122,15 @@ class StatusCollector:
         groups = consumer_groups(self.config, self.names)
         for group in groups:
             await self._fill_lag(group, ends)
+        # Redis first: a group emitted while the topic is read then counts as emitted, not as
+        # in flight twice (the count can only err towards fewer in flight for that moment).
+        usage, drops = await self.budget.usage(), await self.budget.drops_by_reason()
+        batch_ends = ends.get(roles["batches"])
         snapshot = Snapshot(
             at=now, experiment=f"{self.names.experiment}/{self.names.trial}", ends=ends, roles=roles,
-            rates=self._rates(ends, now), groups=groups,
-            usage=await self.budget.usage(), drops=await self.budget.drops_by_reason(),
+            rates=self._rates(ends, now), groups=groups, usage=usage, drops=drops,
             reward_by_version=await self._reward_sample(ends.get(roles["scored"], {})),
+            emitted=await self._emitted.update(self.batches_consumer, batch_ends) if batch_ends is not None else None,
         )
         self._previous = snapshot
         return snapshot
@@ -205,13 +227,14 @@ def render(snapshot: Snapshot) -> Group:
     usage = snapshot.usage
     used = usage.get("admitted", 0) - usage.get("dropped", 0)
     budget = Table(title="trainer version and staleness budget", title_justify="left")
-    for column in ("version", "admitted", "dropped", "in flight", "capacity", "used", "drops by reason"):
+    for column in ("version", "admitted", "emitted", "dropped", "in flight", "capacity", "used", "drops by reason"):
         budget.add_column(column)
     drops = ", ".join(f"{reason}={count}" for reason, count in sorted(snapshot.drops.items())) or "-"
     capacity = usage.get("capacity", 0)
+    emitted = "-" if snapshot.emitted is None else f"{snapshot.emitted.groups}{'' if snapshot.emitted.complete else '+'}"
     budget.add_row(
-        str(usage.get("version", 0)), str(usage.get("admitted", 0)), str(usage.get("dropped", 0)),
-        str(used), str(capacity), f"{100 * used / capacity:.0f}%" if capacity else "-", drops,
+        str(usage.get("version", 0)), str(usage.get("admitted", 0)), emitted, str(usage.get("dropped", 0)),
+        snapshot.in_flight(), str(capacity), f"{100 * used / capacity:.0f}%" if capacity else "-", drops,
     )
     rewards = Table(title=f"reward by tail version (last {REWARD_SAMPLE} scored)", title_justify="left")
     for column in ("version", "mean reward", "samples"):

@@ -2,6 +2,9 @@
 
 Reads ``read_committed`` without a consumer group (it never moves any tier's offsets).
 Undecodable records are printed as ``undecodable p<partition>@<offset>: <reason>``.
+With ``stop_at_end`` it captures each partition's end (the last stable offset) when it starts
+and returns once it has read up to there: ``--from-beginning --stop-at-end`` prints what a
+topic holds and exits, however few messages that is.
 """
 
 from __future__ import annotations
@@ -32,14 +35,15 @@ class TailOptions:
     as_json: bool = False  # whole message as JSON, tensors summarized
     tokenizer_path: str | None = None  # show prompt and completion text of episodes
     wait_seconds: float = 30.0  # how long to wait for the topic to exist
+    stop_at_end: bool = False  # exit once the end offsets captured at start are reached
 
 
 async def tail(
     config: RollstreamConfig, role: str, options: TailOptions,
     out: TextIO | None = None, stop: asyncio.Event | None = None,
 ) -> int:
-    """Print messages of ``role`` until ``stop`` is set or ``max_messages`` are printed;
-    returns how many were printed."""
+    """Print messages of ``role`` until ``stop`` is set, ``max_messages`` are printed, or (with
+    ``stop_at_end``) the topic's end at start is reached; returns how many were printed."""
     out = out or sys.stdout
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
     topic = topic_for(names, role)
@@ -52,10 +56,15 @@ async def tail(
         tps = await _assign(config, consumer, topic, options)
         if tps is None:
             raise RuntimeError(f"topic {topic} does not exist (check experiment.experiment_name / trial_name)")
+        ends = await consumer.end_offsets(tps) if options.stop_at_end else None
         while not (stop is not None and stop.is_set()):
+            if ends is not None and await _reached(consumer, ends):
+                break
             polled = await consumer.getmany(timeout_ms=POLL_MS)
             for tp in sorted(polled, key=lambda t: t.partition):
                 for record in polled[tp]:
+                    if ends is not None and record.offset >= ends[tp]:
+                        continue  # written after the start: not this run's to print
                     out.write(_render(role, record.value, record.partition, record.offset, options, tokenizer) + "\n")
                     printed += 1
                     if options.max_messages is not None and printed >= options.max_messages:
@@ -63,6 +72,14 @@ async def tail(
                         return printed
             out.flush()
     return printed
+
+
+async def _reached(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
+    """True once every partition's position is at or past its captured end offset."""
+    for tp, end in ends.items():
+        if await consumer.position(tp) < end:
+            return False
+    return True
 
 
 async def _assign(

@@ -14,6 +14,12 @@ History:
   and writes ``tensors={}``; a version-1 reader would see a batch without tensors, so batches
   are written as version 2 and such readers refuse them. Readers take a batch's tensors only
   through ``batch_tensors``, which accepts both forms. Every other kind still writes 1.
+
+Added later without a version bump: the fields ``Batch.rejected`` / ``Batch.failed`` (per
+group: samples the workflow rejected / samples that failed; empty in batches written before)
+and ``ScoredEpisode.reward_source``, with defaults (old readers ignore them, new readers of old
+messages get the default); the drop reason ``all_failed``, which a reader older than it
+refuses like any undecodable record (upgrade readers before writers, docs/DEPLOYMENT.md).
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ FIRST_VERSION = 1
 PACKED_BATCH_VERSION = 2
 
 DropReason = Literal[
-    "all_rejected",  # every sample of the group was rejected by the workflow
+    "all_rejected",  # every sample of the group was rejected by the workflow (returned None)
+    "all_failed",  # no sample was accepted and at least one failed (detail: the first error)
     "filtered",  # a group filter removed it (e.g. all rewards equal)
     "stale",  # the oldest generated token is beyond the staleness bound
     "timeout",  # the group did not complete within the grouping timeout
@@ -94,12 +101,17 @@ class TaskFailed(_Message, tag="task_failed"):
 
 
 class ScoredEpisode(_Message, tag="scored"):
-    """An episode with its scalar reward (also written into ``trajectory['rewards']``)."""
+    """An episode with its scalar reward (also written into ``trajectory['rewards']``).
+
+    ``reward_source``: "reward_fn" when the reward tier computed the rewards, "workflow" when
+    it passed through rewards the workflow set itself (``episode.has_reward``).
+    """
 
     episode: Episode
     reward: float
     scored_by: str = ""
     scored_at: float = 0.0
+    reward_source: Literal["reward_fn", "workflow"] = "reward_fn"
 
 
 class Batch(_Message, tag="batch", kw_only=True):
@@ -109,6 +121,9 @@ class Batch(_Message, tag="batch", kw_only=True):
     version read from Redis at emission; ``staleness = trainer_version - head_version``.
     The tensors are in ``packed`` (written since schema version 2, with ``tensors={}``) or,
     in batches written before, in ``tensors``; read them with ``batch_tensors``.
+    ``rejected[i]`` / ``failed[i]``: how many samples of group ``i`` the workflow rejected /
+    failed; its accepted samples (those with rows) number ``group_sizes[i] - rejected[i] -
+    failed[i]``. Empty lists in batches written before these fields existed.
     """
 
     schema_version: int = PACKED_BATCH_VERSION
@@ -124,6 +139,8 @@ class Batch(_Message, tag="batch", kw_only=True):
     staleness: int = 0
     emitted_at: float = 0.0
     packed: PackedTensors | None = None
+    rejected: list[int] = []
+    failed: list[int] = []
 
 
 class GroupDropped(_Message, tag="dropped"):

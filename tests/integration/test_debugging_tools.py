@@ -278,6 +278,41 @@ async def test_tail_prints_summaries(config: RollstreamConfig) -> None:
     assert any(line.startswith("undecodable") for line in lines)
 
 
+async def test_tail_stop_at_end_prints_what_there_is_and_exits(config: RollstreamConfig) -> None:
+    await publish_scored(config)
+    started = time.monotonic()
+    done = await asyncio.to_thread(cli, config, "tail", "scored", "--from-beginning", "--stop-at-end", "--max-messages", "50")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 6 and time.monotonic() - started < 30
+    helped = await asyncio.to_thread(cli, config, "tail", "--help")
+    assert "--stop-at-end" in helped.stdout and "exit once every message that existed at start" in " ".join(helped.stdout.split())
+
+
+async def test_status_in_flight_is_admitted_minus_emitted_minus_dropped(config: RollstreamConfig) -> None:
+    from rollstream.redis_state import StalenessBudget
+
+    rows = [single_turn("what is two plus two", "four <eos>", [1, 2])] * 4
+    records = [(b"a", encode(recorded_batch(["a", "b"], rows))),
+               (b"e", encode(msgspec.structs.replace(recorded_batch(["e"], rows[:1]), is_eval=True))),
+               (b"c", encode(GroupDropped(task_id="c", reason="all_failed")))]
+    await publish(config, "batches", records)
+    client = connect(config.redis)
+    exp = config.experiment
+    budget = StalenessBudget(client, RedisKeys(exp.experiment_name, exp.trial_name), 4, 8)
+    await budget.restore([], {})  # a fresh trial's counters, as a producer writes them first
+    for task in ("a", "b", "c", "d", "f"):
+        assert await budget.try_admit(task)
+    await budget.release("c", "all_failed")
+    await client.aclose()
+    done = await asyncio.to_thread(cli, config, "status", "--once")
+    assert done.returncode == 0, done.stderr
+    table = done.stdout.split("trainer version and staleness budget")[1]
+    header = next(line for line in table.splitlines() if "in flight" in line)
+    values = next(line for line in table.splitlines() if line.count("│") > 3 and "version" not in line)
+    columns = dict(zip([c.strip() for c in header.split("┃")], [c.strip() for c in values.split("│")]))
+    assert (columns["admitted"], columns["emitted"], columns["dropped"], columns["in flight"]) == ("5", "2", "1", "2")
+
+
 async def test_status_once_shows_offsets_and_version(config: RollstreamConfig) -> None:
     await publish_scored(config)
     client = connect(config.redis)

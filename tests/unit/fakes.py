@@ -1,18 +1,18 @@
-"""Test doubles of our own interfaces: a deterministic engine and a tiny offline tokenizer."""
+"""Test doubles of our own interfaces: a deterministic engine (``rollstream.testing``'s) and a
+tiny offline tokenizer."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
-from collections.abc import Sequence
 
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from rollstream.api.engine import InferenceEngine, WeightUpdate
-from rollstream.api.io_struct import ModelRequest, ModelResponse, StopReason
+from rollstream.api.engine import InferenceEngine
+from rollstream.api.io_struct import ModelRequest
 from rollstream.api.workflow import RolloutWorkflow
 from rollstream.tensors import trajectory_row
+from rollstream.testing import ScriptedEngine
 
 SPECIAL = ["[PAD]", "[UNK]", "<eos>", "<|user|>", "<|assistant|>"]
 WORDS = "hello world what is two plus three four five the answer again try please wrong".split()
@@ -40,58 +40,8 @@ def ids(words: str) -> list[int]:
     return make_tokenizer().convert_tokens_to_ids(words.split())
 
 
-class FakeEngine(InferenceEngine):
-    """Returns scripted outputs (cycled per call), logprob -0.5 - 0.1*i, the current version.
-
-    The output is cut to the request's generation budget; the stop reason is "length" when it
-    was cut (or set explicitly), else "stop". Every request is kept in ``requests``.
-    """
-
-    def __init__(
-        self,
-        outputs: Sequence[Sequence[int]] = ((10, 11, 2),),
-        version: int = 0,
-        stop_reason: StopReason | None = None,
-        delay: float = 0.0,
-    ) -> None:
-        self.outputs = [list(o) for o in outputs]
-        self.version = version
-        self.stop_reason = stop_reason
-        self.delay = delay
-        self.requests: list[ModelRequest] = []
-
-    async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        self.requests.append(req.copy())
-        script = self.outputs[(len(self.requests) - 1) % len(self.outputs)]
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        budget = req.gconfig.budget(len(req.input_ids))
-        out = script[:budget]
-        reason = self.stop_reason or ("length" if len(out) < len(script) else "stop")
-        return ModelResponse(
-            input_tokens=list(req.input_ids),
-            output_tokens=out,
-            output_logprobs=[-0.5 - 0.1 * i for i in range(len(out))],
-            output_versions=[self.version] * len(out),
-            stop_reason=reason,
-            latency=0.0,
-            ttft=0.0,
-        )
-
-    def get_version(self) -> int:
-        return self.version
-
-    def set_version(self, version: int) -> None:
-        self.version = version
-
-    async def pause(self) -> None:
-        pass
-
-    async def resume(self) -> None:
-        pass
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        self.version = update.version
+# The scripted engine workflow authors use (rollstream.testing), under the name these tests know.
+FakeEngine = ScriptedEngine
 
 
 class EchoWorkflow(RolloutWorkflow):

@@ -107,3 +107,14 @@ def test_the_memory_of_trained_groups_is_bounded() -> None:
         acc.take(record(encode(build_batch([group(t, [1])], trainer_version=1)), i))
         acc.hand_out()
     assert "a" not in acc.trained and "b" in acc.trained and "c" in acc.trained
+
+
+def test_training_batch_has_rejected_and_failed_per_group() -> None:
+    from consumers.batching import build_batch
+    from consumers.training_batch import assemble, split_groups
+    from tests.unit.test_grouping_support import scored
+
+    groups = [CompleteGroup("a", 3, False, (scored("a", 0, group_size=3),), 1, 0, 0, 2, 0.0, 1),
+              CompleteGroup("b", 1, False, (scored("b", 0, group_size=1),), 0, 0, 3, 3, 0.0)]
+    batch = assemble(split_groups(build_batch(groups, trainer_version=0)))
+    assert (batch.group_rejected, batch.group_failed) == ([1, 0], [1, 0])

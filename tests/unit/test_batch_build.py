@@ -93,3 +93,10 @@ def test_drop_record() -> None:
     assert (record.task_id, record.reason, record.is_eval, record.detail, record.trainer_version) == (
         "t", "timeout", True, "2 of 4", 3,
     )
+
+
+def test_batch_carries_rejected_and_failed_per_group() -> None:
+    g1 = CompleteGroup("a", 4, False, (scored("a", 0),), 2, 0, 0, 3, 0.0, 1)
+    g2 = CompleteGroup("b", 2, False, (scored("b", 0), scored("b", 1)), 0, 0, 4, 5, 0.0)
+    batch = decode_batch(encode(build_batch([g1, g2], trainer_version=0)))
+    assert (batch.rejected, batch.failed) == ([2, 0], [1, 0])

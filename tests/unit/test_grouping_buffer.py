@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from consumers.grouping import CompleteGroup, ConflictError, DroppedGroup, GroupBuffer, GroupFilters
-from tests.unit.test_grouping_support import failed, rejected, scored
+from tests.unit.test_grouping_support import failed, rejected, sample_failed, scored
 
 
 def buffer(**filters: object) -> GroupBuffer:
@@ -162,3 +162,21 @@ def test_memory_stays_bounded_over_many_groups() -> None:
     assert ended == 10_000
     assert len(buf.outcomes) <= 10.0 / 0.01 + 200  # the window, plus one expiry interval
     assert sum(len(g) for g in buf._open.values()) == 0
+
+
+def test_failures_are_not_rejections() -> None:
+    buf = buffer()
+    messages = [sample_failed("f", 0, reason="RuntimeError: first"), rejected("f", 1),
+                sample_failed("f", 2, reason="RuntimeError: second"), sample_failed("f", 3)]
+    (drop,) = [r for i, m in enumerate(messages) for r in buf.add(m, 0, i, 0.0)]
+    assert isinstance(drop, DroppedGroup) and drop.reason == "all_failed"
+    assert "3 of 4 samples failed, 1 rejected" in drop.detail
+    assert "(sample 0): RuntimeError: first" in drop.detail
+
+
+def test_complete_group_counts_rejected_and_failed_apart() -> None:
+    buf = buffer()
+    messages = [scored("m", 0), rejected("m", 1), sample_failed("m", 2), sample_failed("m", 3)]
+    (group,) = [r for i, m in enumerate(messages) for r in buf.add(m, 0, i, 0.0)]
+    assert isinstance(group, CompleteGroup)
+    assert (len(group.episodes), group.rejected, group.failed) == (1, 1, 2)

@@ -53,5 +53,10 @@ def rejected(task_id: str, idx: int, group_size: int = 4, *, is_eval: bool = Fal
     return SampleRejected(task_id=task_id, sample_idx=idx, group_size=group_size, is_eval=is_eval)
 
 
+def sample_failed(task_id: str, idx: int, group_size: int = 4, reason: str = "ValueError: boom") -> SampleRejected:
+    """A sample whose workflow (or reward function) raised."""
+    return SampleRejected(task_id=task_id, sample_idx=idx, group_size=group_size, reason=reason, failed=True)
+
+
 def failed(task_id: str, group_size: int = 4) -> TaskFailed:
     return TaskFailed(task_id=task_id, group_size=group_size, reason="boom")

@@ -171,3 +171,24 @@ async def test_bad_checkpoint_is_rejected_and_weights_kept(engine: HFEngine, tmp
     with pytest.raises(ValueError, match="does not match"):
         await engine.update_weights(WeightUpdate(version=9, path=str(tmp_path)))
     assert engine.get_version() == 0
+
+
+async def test_a_malformed_request_fails_alone_in_a_shared_step(engine: HFEngine) -> None:
+    good = engine.tokenizer("What is 2+2? Answer:").input_ids
+    encoding = engine.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True, return_dict=True)
+    bad = [[100000], list(encoding), [good], ["1", "2"], [1] * 2048]
+    results = await asyncio.gather(
+        *(gen(engine, ids, max_new_tokens=6) for ids in [good, *bad, good]), return_exceptions=True
+    )
+    for resp in (results[0], results[-1]):
+        assert isinstance(resp, ModelResponse) and resp.output_len > 0, resp
+    messages = [str(r) for r in results[1:-1]]
+    assert all(isinstance(r, ValueError) for r in results[1:-1]), results
+    assert "input_ids[0] = 100000 is outside the model's vocabulary" in messages[0]
+    assert "BatchEncoding in transformers 5" in messages[1]
+    assert "nested" in messages[2] and "string '1'" in messages[3] and "context holds 2048" in messages[4]
+
+
+async def test_the_budget_is_capped_by_the_context(engine: HFEngine) -> None:
+    resp = await gen(engine, [1] * 2044, max_new_tokens=20, ignore_eos=True)
+    assert resp.output_len == 4 and resp.stop_reason == "length"

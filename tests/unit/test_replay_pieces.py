@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from rollstream.tools.filters import RecordFilter
@@ -137,3 +138,9 @@ def test_summary_lines() -> None:
     decoded = summary_line(scored(single_turn("hello", "world <eos>", [1, 1]), 1.0), make_tokenizer())
     assert "completion: 'world <eos>'" in decoded
     assert summary_line(GroupDropped(task_id="q2", reason="stale")).startswith("dropped     task=q2 reason=stale")
+
+
+def test_batch_lines_show_rejected_and_failed_counts() -> None:
+    batch = msgspec.structs.replace(two_row_batch("packed"), rejected=[1, 0], failed=[0, 2])
+    assert summary_line(batch).endswith("rejected=1 failed=2")
+    assert "rejected=" not in summary_line(two_row_batch("packed"))  # written before the counts

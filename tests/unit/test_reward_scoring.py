@@ -100,11 +100,16 @@ def test_split_without_generated_tokens_is_all_prompt() -> None:
 class FakeScorer:
     """A RewardScorer with a scripted outcome; records every call."""
 
-    def __init__(self, outcome: float | BaseException, on_timeout: str = "zero") -> None:
+    def __init__(self, outcome: float | BaseException, on_timeout: str = "zero", rescore: bool = False) -> None:
         self.outcome = outcome
         self.on_timeout = on_timeout
         self.worker_id = "w-test"
+        self.rescore = rescore
         self.calls: list[tuple[str, str, list[int], list[int], dict[str, Any]]] = []
+        self.passed: list[Episode] = []
+
+    def passed_through(self, episode: Episode) -> None:
+        self.passed.append(episode)
 
     def decode(self, ids: list[int]) -> str:
         return " ".join(f"t{i}" for i in ids)
@@ -143,9 +148,19 @@ async def test_batch_rows_are_scored_each_and_averaged() -> None:
 
 async def test_has_reward_keeps_the_workflow_reward() -> None:
     scorer = FakeScorer(0.0)
-    result = await score_message(episode(trajectory([([10, 20], [0, 1])], rewards=[0.25]), has_reward=True), scorer)
+    ep = episode(trajectory([([10, 20], [0, 1])], rewards=[0.25]), has_reward=True)
+    result = await score_message(ep, scorer)
     assert isinstance(result, ScoredEpisode) and result.reward == 0.25
+    assert result.reward_source == "workflow" and scorer.passed == [ep]
     assert scorer.calls == []
+
+
+async def test_rescore_calls_the_reward_fn_for_episodes_the_workflow_scored() -> None:
+    scorer = FakeScorer(0.75, rescore=True)
+    result = await score_message(episode(trajectory([([10, 20], [0, 1])], rewards=[0.25]), has_reward=True), scorer)
+    assert isinstance(result, ScoredEpisode) and result.reward == 0.75 and result.reward_source == "reward_fn"
+    assert decode_tensor_dict(result.episode.trajectory)["rewards"].tolist() == [0.75]
+    assert len(scorer.calls) == 1 and scorer.passed == []
 
 
 async def test_has_reward_without_rewards_is_a_failed_rejection() -> None:
@@ -221,6 +236,36 @@ async def test_real_reward_fn_and_error_through_the_process_pool(tmp_path: Path)
     assert isinstance(wrong, ScoredEpisode) and wrong.reward == 0.0  # a genuine 0.0, not a timeout
     assert isinstance(failed, SampleRejected) and failed.failed
     assert failed.reason == "reward_error: ValueError: reward exploded"
+
+
+async def test_without_a_reward_fn_pre_scored_episodes_pass_and_others_fail_saying_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    scorer = Scorer.from_config(RewardConfig(reward_fn=""), "w")
+    pre = episode(trajectory([([10, 20], [0, 1])], rewards=[0.5]), has_reward=True)
+    kept = await score_message(pre, scorer)
+    unscored = await score_message(episode(SINGLE), scorer)
+    await scorer.aclose()
+    assert isinstance(kept, ScoredEpisode) and kept.reward == 0.5 and kept.reward_source == "workflow"
+    assert isinstance(unscored, SampleRejected) and unscored.failed
+    assert "reward.reward_fn is empty" in unscored.reason and "NoRewardFunctionError" in unscored.reason
+    assert scorer.passed_through_count == 1 and "NOT called" not in caplog.text  # no function: nothing to warn about
+    with pytest.raises(ConfigError, match="reward.rescore"):
+        Scorer.from_config(RewardConfig(reward_fn="", rescore=True), "w")
+
+
+async def test_passing_through_with_a_reward_fn_warns_once_naming_rescore(caplog: pytest.LogCaptureFixture) -> None:
+    scorer = make_scorer(raising_reward)
+    scorer.reward_fn_name = "tests.unit.reward_fns:raising_reward"
+    pre = episode(trajectory([([10, 20], [0, 1])], rewards=[0.5]), has_reward=True)
+    try:
+        results = [await score_message(pre, scorer) for _ in range(3)]
+    finally:
+        await scorer.aclose()
+    assert all(isinstance(r, ScoredEpisode) and r.reward_source == "workflow" for r in results)
+    warnings = [r for r in caplog.records if "reward.rescore=true" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+    assert "raising_reward NOT called" in warnings[0].getMessage()
 
 
 def test_scorer_from_config_errors_name_the_setting(tmp_path: Path) -> None:

@@ -92,10 +92,11 @@ def test_interactions_become_rows() -> None:
 @pytest.mark.parametrize(
     ("mutate", "needle"),
     [
-        (lambda td: td.update(input_ids=td["input_ids"].long()), "dtype"),
+        (lambda td: td.update(input_ids=td["input_ids"].long() + 2**40), "'input_ids' has dtype torch.int64 and values"),
         (lambda td: td.update(logprobs=td["logprobs"][:, :-1]), "shape"),
         (lambda td: td["logprobs"].__setitem__((0, 3), math.nan), "NaN"),
-        (lambda td: td.pop("attention_mask"), "attention_mask"),
+        (lambda td: td.update({k: v.repeat(2, 1) for k, v in td.items() if k != "rewards"}) or td.pop("attention_mask"),
+         "lacks 'attention_mask'"),
         (lambda td: td.update(rewards=torch.tensor([[1.0]])), "rewards"),
         (lambda td: td.update(input_ids=td["input_ids"][0]), "input_ids"),
         (lambda td: td.update(extra=[1, 2]), "only tensors"),
