@@ -20,6 +20,15 @@ Callers may rely on:
   ``input_ids``, ids outside the model's vocabulary, or a prompt that fills the model's context
   (``max_position_embeddings``) raise ``InvalidRequestError`` for that request alone; requests
   sharing its steps are untouched. The budget is also capped so prompt + output fit the context.
+* Vision-language models (a Qwen2-VL-style directory: ``config.json`` with a ``vision_config``,
+  and an image processor) load with ``AutoModelForImageTextToText``. A request's
+  ``image_data`` (base64, data URIs or file paths, as SGLang takes them) is processed when it
+  arrives and goes into the request's prefills (the first one, and the recomputation after a
+  weight update), with multimodal rotary positions (``rollstream.engines.vision_rows``); its
+  prompt must hold the image placeholder tokens the model's processor made for those images
+  (``InvalidRequestError`` otherwise, and for ``image_data`` sent to a text-only model). Only
+  placeholders in the prompt are image slots: a generated placeholder token is plain text.
+  Logprobs equal a fresh forward pass with the same images (``rollstream.vision.forward``).
 """
 
 from __future__ import annotations
@@ -40,9 +49,13 @@ import torch
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
-from rollstream.api.request_check import checked_input_ids
+from rollstream.api.request_check import InvalidRequestError, checked_input_ids
 from rollstream.engines.kv_batch import KVBatch, make_cache
 from rollstream.engines.sampling import SamplingSpec, sample
+from rollstream.engines.vision_rows import EngineVision
+from rollstream.vision.forward import is_vision_model
+from rollstream.vision.inputs import VisionInputs
+from rollstream.vision.processor import load_image_processor
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +98,8 @@ class _Seq:
     out_logprobs: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
     first_token_at: float | None = None
+    vision: VisionInputs | None = None  # the request's images (vision models only)
+    rope_delta: int = 0  # next position = tokens so far + this (M-RoPE; 0 for text)
 
 
 class HFEngine(InferenceEngine):
@@ -124,6 +139,7 @@ class HFEngine(InferenceEngine):
         self._vocab_size: int | None = None  # embedding rows: ids at or above are refused
         self._max_context: int | None = None
         self._fwd_kw: dict[str, str] = {}
+        self._vision: EngineVision | None = None  # set when the model is a vision-language model
         self._executor: ThreadPoolExecutor | None = None
         self._generator: torch.Generator | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -175,16 +191,15 @@ class HFEngine(InferenceEngine):
             self._executor = None
 
     def _load_model(self) -> None:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(self.model_path)
+        model = _auto_model_class(self.model_path).from_pretrained(self.model_path)
         self._model = model.to(device=self.device, dtype=self.dtype).eval()
         self._set_threads(sum(p.numel() for p in model.parameters()))
         self._eos_ids = frozenset(self._config_eos_ids(model))
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
-        context = getattr(model.config, "max_position_embeddings", None)
+        text_config = model.config.get_text_config()  # a VLM keeps these in its text config
+        context = getattr(text_config, "max_position_embeddings", None)
         self._max_context = context if isinstance(context, int) and context > 0 else None
-        pad = model.config.pad_token_id
+        pad = getattr(text_config, "pad_token_id", None)
         self._pad_id = pad if isinstance(pad, int) else min(self._eos_ids, default=0)
         params = inspect.signature(model.forward).parameters
         # transformers 5 renamed past_key_values -> cache and num_logits_to_keep -> logits_to_keep.
@@ -192,6 +207,8 @@ class HFEngine(InferenceEngine):
         keep = [name for name in ("logits_to_keep", "num_logits_to_keep") if name in params]
         if keep:  # only the last position's logits are needed
             self._fwd_kw["keep"] = keep[0]
+        if is_vision_model(model):
+            self._vision = EngineVision(self._model, load_image_processor(self.model_path))
         self._generator = torch.Generator(device=self.device)
         if self.seed is not None:
             self._generator.manual_seed(self.seed)
@@ -211,7 +228,7 @@ class HFEngine(InferenceEngine):
     def _config_eos_ids(model: Any) -> set[int]:
         ids: set[int] = set()
         gen_config = getattr(model, "generation_config", None)
-        for value in (model.config.eos_token_id, getattr(gen_config, "eos_token_id", None)):
+        for value in (getattr(model.config.get_text_config(), "eos_token_id", None), getattr(gen_config, "eos_token_id", None)):
             if isinstance(value, int):
                 ids.add(value)
             elif isinstance(value, (list, tuple)):
@@ -261,9 +278,7 @@ class HFEngine(InferenceEngine):
             for file in files:
                 state.update(load_file(str(file)))
         else:
-            from transformers import AutoModelForCausalLM
-
-            state = AutoModelForCausalLM.from_pretrained(path).state_dict()
+            state = _auto_model_class(path).from_pretrained(path).state_dict()
         self._check_state(state)
         with torch.no_grad():
             self._model.load_state_dict(state, strict=False)
@@ -292,6 +307,7 @@ class HFEngine(InferenceEngine):
         ``ValueError``) for a malformed request and ``ValueError`` when no budget is left."""
         await self.start()
         prompt = checked_input_ids(req.input_ids, vocab_size=self._vocab_size, max_context=self._max_context)
+        vision = await self._request_vision(prompt, req.image_data)
         budget = req.gconfig.budget(len(prompt))
         if self._max_context is not None:
             budget = min(budget, self._max_context - len(prompt))
@@ -303,10 +319,21 @@ class HFEngine(InferenceEngine):
             future=asyncio.get_running_loop().create_future(),
             started=time.monotonic(),
             tokenizer=req.tokenizer,
+            vision=vision,
         )
         self._pending.append(seq)
         self._wake.set()
         return await seq.future
+
+    async def _request_vision(self, prompt: list[int], image_data: list[str] | None) -> VisionInputs | None:
+        if self._vision is None:
+            if image_data:
+                raise InvalidRequestError(
+                    f"the request has {len(image_data)} image_data entries but {self.model_path} is a "
+                    "text-only model; send images to a vision-language model"
+                )
+            return None
+        return await self._in_worker(self._vision.prepare, prompt, image_data)
 
     def _spec(self, g: GenerationHyperparameters) -> SamplingSpec:
         stop_ids = set(g.stop_token_ids)
@@ -421,7 +448,7 @@ class HFEngine(InferenceEngine):
         old = set(kv.rows)
         parts = []
         if kv.rows:
-            parts.append(self._decode(kv, [by_id[sid].out_tokens[-1] for sid in kv.rows]))
+            parts.append(self._decode(kv, [by_id[sid] for sid in kv.rows]))
         new = [s for s in seqs if s.sid not in old]
         if new:
             parts.append(self._prefill(kv, new))
@@ -431,22 +458,27 @@ class HFEngine(InferenceEngine):
         self.stats.decode_steps += 1
         return {s.sid: (t, lp) for s, t, lp in zip(rows, tokens, logprobs)}
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> Any:
+    def _forward(
+        self, ids: torch.Tensor | None, mask: torch.Tensor, pos: torch.Tensor, cache: Any, embeds: torch.Tensor | None = None,
+    ) -> Any:
         kwargs: dict[str, Any] = {self._fwd_kw["cache"]: cache}
         if "keep" in self._fwd_kw:
             kwargs[self._fwd_kw["keep"]] = 1
-        return self._model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
+        tokens = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
+        return self._model(**tokens, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
 
     @staticmethod
     def _out_cache(out: Any) -> Any:
         cache = getattr(out, "cache", None)
         return cache if cache is not None else out.past_key_values
 
-    def _decode(self, kv: KVBatch, last_tokens: list[int]) -> torch.Tensor:
+    def _decode(self, kv: KVBatch, seqs: list[_Seq]) -> torch.Tensor:
         assert kv.mask is not None
-        ids = torch.tensor(last_tokens, device=self.device).unsqueeze(1)
+        ids = torch.tensor([s.out_tokens[-1] for s in seqs], device=self.device).unsqueeze(1)
         pos = kv.mask.sum(-1, keepdim=True)  # real tokens so far = position of the new one
-        mask = torch.cat([kv.mask, kv.mask.new_ones(len(last_tokens), 1)], dim=1)
+        if self._vision is not None:
+            pos = self._vision.decode_positions(pos, [s.rope_delta for s in seqs])
+        mask = torch.cat([kv.mask, kv.mask.new_ones(len(seqs), 1)], dim=1)
         out = self._forward(ids, mask, pos, kv.cache)
         kv.cache, kv.mask = self._out_cache(out), mask
         return out.logits[:, -1]
@@ -460,8 +492,24 @@ class HFEngine(InferenceEngine):
             ids[i, length - len(toks):] = torch.tensor(toks)
             mask[i, length - len(toks):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self._forward(ids, mask, pos, make_cache())
+        if self._vision is None:
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = self._forward(ids, mask, pos, make_cache())
+        else:
+            spans = [(length - len(t), length - len(t) + len(s.prompt)) for s, t in zip(seqs, seq_tokens)]
+            embeds, pos, deltas = self._vision.prefill(ids, mask, spans, [s.vision for s in seqs])
+            for seq, delta in zip(seqs, deltas.tolist()):
+                seq.rope_delta = int(delta)
+            out = self._forward(None, mask, pos, make_cache(), embeds)
         kv.extend([s.sid for s in seqs], self._out_cache(out), mask)
         self.stats.prefill_tokens += sum(len(t) for t in seq_tokens)
         return out.logits[:, -1]
+
+
+def _auto_model_class(path: str) -> Any:
+    """``AutoModelForImageTextToText`` for a vision-language model directory, else
+    ``AutoModelForCausalLM``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(path)
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM

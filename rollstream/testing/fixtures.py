@@ -5,6 +5,7 @@ in a ``conftest.py``.
 * ``tiny_tokenizer`` (session): its tokenizer as workflows receive it for ``"$tokenizer"``;
 * ``gconfig``: generation settings as workflows receive them for ``"$gconfig"``
   (``max_new_tokens=8``);
+* ``tiny_vlm_dir`` (session): the tiny vision-language model's directory;
 * ``scripted_engine``: a :class:`~rollstream.testing.ScriptedEngine` answering ``[10, 11]``
   then the tokenizer's eos, with the tiny model's vocabulary size.
 """
@@ -19,12 +20,18 @@ import pytest
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.testing.engine import ScriptedEngine
 from rollstream.testing.tiny import tiny_model_dir as _tiny_model_dir
+from rollstream.testing.tiny import tiny_vlm_dir as _tiny_vlm_dir
 from rollstream.testing.tiny import workflow_gconfig, workflow_tokenizer
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     return _tiny_model_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir() -> Path:
+    return _tiny_vlm_dir()
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,9 @@
 (``rollstream.tiny_model``, no hub access) once into ``$ROLLSTREAM_CACHE_DIR/tiny-model``
 (default ``~/.cache/rollstream``) and returns it. ``workflow_tokenizer`` and
 ``workflow_gconfig`` give what a rollout worker hands to a workflow for ``"$tokenizer"`` and
-``"$gconfig"``.
+``"$gconfig"``. ``tiny_vlm_dir()`` does the same for the tiny vision-language model
+(``rollstream.tiny_vlm``) in ``tiny-vlm``; ``workflow_processor`` is what a workflow receives
+for ``"$processor"``.
 """
 
 from __future__ import annotations
@@ -15,12 +17,25 @@ from typing import Any
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.dev.kafka_jars import cache_dir
 from rollstream.tiny_model import ensure_tiny_model
+from rollstream.tiny_vlm import ensure_tiny_vlm
 from rollstream.tokenizer_compat import ids_from_chat_template
 
 
 def tiny_model_dir(path: Path | str | None = None) -> Path:
     """The tiny model directory (built on first use; idempotent and safe to call concurrently)."""
     return ensure_tiny_model(Path(path) if path is not None else cache_dir() / "tiny-model")
+
+
+def tiny_vlm_dir(path: Path | str | None = None) -> Path:
+    """The tiny vision-language model directory (built on first use, like :func:`tiny_model_dir`)."""
+    return ensure_tiny_vlm(Path(path) if path is not None else cache_dir() / "tiny-vlm")
+
+
+def workflow_processor(model_dir: Path | str) -> Any:
+    """The processor of ``model_dir`` as workflows receive it for ``"$processor"``."""
+    from rollstream.vision.processor import load_processor
+
+    return load_processor(model_dir)
 
 
 def workflow_tokenizer(model_dir: Path | str) -> Any:
