@@ -271,17 +271,31 @@ class HFEngine(InferenceEngine):
 
     def _load_weights(self, path: str) -> None:
         files = sorted(Path(path).glob("*.safetensors"))
-        if files:
-            from safetensors.torch import load_file
-
-            state: dict[str, torch.Tensor] = {}
-            for file in files:
-                state.update(load_file(str(file)))
-        else:
+        state = self._read_safetensors(files) if files else None
+        if state is None:
+            # No safetensors, or saved under the hub's names (transformers renames some
+            # models' parameters on save, e.g. Qwen2-VL's): let transformers map them back.
             state = _auto_model_class(path).from_pretrained(path).state_dict()
         self._check_state(state)
         with torch.no_grad():
             self._model.load_state_dict(state, strict=False)
+
+    def _read_safetensors(self, files: list[Path]) -> dict[str, torch.Tensor] | None:
+        """The tensors of ``files``; None when their names are not the model's and a
+        ``config.json`` beside them lets transformers load them instead."""
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        names: set[str] = set()
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                names.update(handle.keys())
+        if not names <= set(self._model.state_dict()) and (files[0].parent / "config.json").is_file():
+            return None
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        return state
 
     def _check_state(self, state: dict[str, torch.Tensor]) -> None:
         """Validate before loading, so a bad checkpoint leaves the model untouched."""
