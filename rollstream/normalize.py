@@ -15,6 +15,9 @@ publishes an episode, ``rollstream.testing`` when it checks a workflow). Callers
   or ``is_truncated`` -> ``[1]``); a missing ``attention_mask`` of a one-row dict is all ones.
 * Known keys get the dtypes of ``rollstream.tensors.trajectory_dtypes`` when every value
   converts exactly (int64 ids -> int32, 0/1 ints -> bool, float64 that float32 holds exactly...).
+* Vision inputs (``multi_modal_input``, ``pixel_values``, ``image_grid_thw``,
+  ``rollstream.vision.inputs.VISION_RESULT_KEYS``) are left out: the rollout worker ships the
+  encoded images the engine saw instead, and the trainer side rebuilds them (docs/ARCHITECTURE.md).
 * Anything else that is not standard raises :class:`TrajectoryError` with one message naming
   the key, what was found and what is expected. Keys rollstream does not know pass unchanged.
 """
@@ -30,6 +33,7 @@ from torch import Tensor
 from rollstream.api.io_struct import ModelResponse
 from rollstream.api.workflow import interactions_to_tensors, is_interactions
 from rollstream.tensors import ROW_KEYS, SEQUENCE_KEYS, TrajectoryBuilder, trajectory_dtypes, validate_trajectory
+from rollstream.vision.inputs import VISION_RESULT_KEYS
 
 
 class TrajectoryError(ValueError):
@@ -65,6 +69,7 @@ def _tensor_dict(result: Any) -> dict[str, Tensor]:
             "workflow must return a tensor dict, a dict of Interaction, or None; "
             f"got {type(result).__name__}{' (empty)' if isinstance(result, dict) else ''}"
         )
+    result = {k: v for k, v in result.items() if k not in VISION_RESULT_KEYS}
     for key, value in result.items():
         if not isinstance(value, Tensor):
             raise TrajectoryError(

@@ -10,11 +10,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from rollstream.vision.images import open_image
+
+MULTI_MODAL_KEY = "multi_modal_input"  # the reference's per-row list of vision-input dicts
+# What a workflow may return beside the trajectory for a VLM trainer: the reference's
+# multi_modal_input, or (its older form) pixel_values / image_grid_thw as keys of their own.
+VISION_RESULT_KEYS = (MULTI_MODAL_KEY, "pixel_values", "image_grid_thw")
+
+
+def result_image_counts(result: dict[str, Any]) -> list[int] | None:
+    """Images per row the vision inputs of a workflow's ``result`` describe (from their
+    ``image_grid_thw``), or ``None`` when the result has none."""
+    rows = result.get(MULTI_MODAL_KEY)
+    if isinstance(rows, list):
+        return [_grid_rows(row.get("image_grid_thw") if isinstance(row, dict) else None) for row in rows]
+    grid = result.get("image_grid_thw")
+    if isinstance(grid, Tensor):
+        return [_grid_rows(g) for g in grid] if grid.dim() == 3 else [_grid_rows(grid)]
+    return None
+
+
+def _grid_rows(grid: Any) -> int:
+    return int(grid.shape[0]) if isinstance(grid, Tensor) and grid.dim() == 2 else 0
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Built-in workflows: RLVR, multi-turn retry and vision RLVR against a fake engine."""
+"""Built-in workflows: RLVR and multi-turn retry against a fake engine (vision RLVR: test_vision_workflow.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from rollstream.stats import stats_tracker
 from rollstream.tensors import trajectory_dtypes, validate_trajectory
 from rollstream.workflows.multi_turn import MultiTurnWorkflow
 from rollstream.workflows.rlvr import RLVRWorkflow
-from rollstream.workflows.vision_rlvr import VisionRLVRWorkflow
 from tests.unit import reward_fns
 from tests.unit.fakes import FakeEngine, ids, make_tokenizer
 
@@ -161,19 +160,6 @@ def test_multi_turn_retry_prompt_without_chat_template() -> None:
         GCONFIG, plain, reward_fn=five_reward, max_turns=2, turn_discount=0.9, retry_prompt="try again"
     )
     assert wf.retry_prompt_ids == ids("try again")
-
-
-async def test_vision_rlvr_passes_images_to_engine() -> None:
-    engine = FakeEngine(outputs=[ids("five")])
-    wf = VisionRLVRWorkflow(GCONFIG, TOK)
-    td = await wf.arun_episode(engine, {"input_ids": [5, 6], "images": ["aGVsbG8=", "/tmp/cat.png"]})
-    assert engine.requests[0].image_data == ["aGVsbG8=", "/tmp/cat.png"]
-    check_row(td, prompt_len=2, out_len=1, version=0)
-    await wf.arun_episode(engine, {"input_ids": [5], "images": "aGVsbG8="})
-    await wf.arun_episode(engine, {"input_ids": [5]})
-    assert engine.requests[1].image_data == ["aGVsbG8="] and engine.requests[2].image_data is None
-    with pytest.raises(TypeError, match="list of base64 strings or paths"):
-        await wf.arun_episode(engine, {"input_ids": [5], "images": [b"raw"]})
 
 
 async def test_multi_turn_records_final_reward_and_turns() -> None:
