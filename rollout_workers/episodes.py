@@ -13,6 +13,12 @@ Pure functions, no I/O. Every return form of ``arun_episode`` maps to exactly on
 
 An exception raised by the workflow itself is turned into a failed rejection by
 :func:`failed_sample`; failures and rejections are always counted apart.
+
+Vision: an episode names the images each row showed (``Episode.row_images``, from the images
+its engine calls sent; ``rollout_workers.episode_images``) and holds their bytes in
+``Episode.images`` (the runner keeps only those its prompt's run has not sent yet). Its
+``data`` leaves out the prompt's ``images`` (``rollstream.vision.IMAGES_KEY``): they travel
+once per group, never once per sample, and the reward tier does not receive them.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ from torch import Tensor
 from rollstream.api.io_struct import ModelResponse
 from rollstream.normalize import TrajectoryError, episode_tensors
 from rollstream.tensors import PROMPT_VERSION, row_spans, span_range
+from rollstream.vision.images import IMAGES_KEY
 from rollstream.wire import Episode, PromptTask, SampleRejected
 from rollstream.wire.tensor_codec import encode_tensor_dict
+from rollout_workers.episode_images import episode_images
 
 MAX_REASON_CHARS = 500
 
@@ -62,10 +70,12 @@ def generated_version_range(td: dict[str, Tensor], fallback_version: int = PROMP
 def to_episode(
     task: PromptTask, sample_idx: int, result: Any, stop_reason: str, worker_id: str,
     fallback_version: int = PROMPT_VERSION, responses: Sequence[ModelResponse] = (),
+    image_data: Sequence[Sequence[Any]] = (),
 ) -> Episode | SampleRejected:
     """The message for sample ``sample_idx`` of ``task`` whose workflow returned ``result``;
     ``fallback_version`` (the engine's version) versions generated tokens that have none;
-    ``responses`` are the engine responses of the episode, oldest first."""
+    ``responses`` are the engine responses of the episode, oldest first, and ``image_data``
+    the images each of its engine calls sent."""
     if result is None:
         return rejected_sample(task, sample_idx)
     try:
@@ -75,6 +85,10 @@ def to_episode(
         return failed_sample(task, sample_idx, str(exc))
     except (TypeError, ValueError) as exc:  # e.g. a dtype the wire format does not carry
         return failed_sample(task, sample_idx, f"cannot encode trajectory: {describe_error(exc)}")
+    try:
+        shown = episode_images(result, td["input_ids"].shape[0], image_data)
+    except ValueError as exc:
+        return failed_sample(task, sample_idx, f"cannot ship the episode's images: {exc}")
     head, tail = generated_version_range(td, fallback_version)
     return Episode(
         task_id=task.task_id,
@@ -82,12 +96,14 @@ def to_episode(
         group_size=task.group_size,
         trajectory=trajectory,
         is_eval=task.is_eval,
-        data=task.data,
+        data=task.data if IMAGES_KEY not in task.data else {k: v for k, v in task.data.items() if k != IMAGES_KEY},
         stop_reason=stop_reason,
         head_version=head,
         tail_version=tail,
         has_reward="rewards" in td,
         worker_id=worker_id,
         generated_at=time.time(),
+        row_images=shown.row_images,
+        images=shown.images,
     )
 

@@ -11,6 +11,11 @@ A record that cannot be run (undecodable, or naming a workflow outside the allow
 dead-lettered and answered with a ``TaskFailed`` on ``episodes`` (when its task id is known),
 then marked done. A failing workflow is a failed ``SampleRejected``; a failing publish is fatal
 and surfaces through :attr:`PromptRunner.tasks`.
+
+Images: each run of a prompt has an :class:`ImageLedger`, so an image's bytes go out with the
+first episode that shows it and later episodes only name it. An episode message larger than
+``kafka.max_message_bytes`` could never be written: it is published as a failed sample naming
+its size and the limit instead.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ from rollstream.api.engine import InferenceEngine
 from rollstream.api.workflow import RolloutWorkflow
 from rollstream.dump import DumpWriter
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
+from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT, TOKENS
 from rollstream.wire import Episode, PromptTask, SampleRejected, TaskFailed, WireDecodeError, decode_prompt, encode
 from rollout_workers.data_copies import copier
+from rollout_workers.episode_images import ImageLedger
 from rollout_workers.episodes import MAX_REASON_CHARS, describe_error, failed_sample, to_episode
 from rollout_workers.offsets import OffsetTracker
 from rollout_workers.recording import EpisodeEngine
@@ -65,6 +72,7 @@ class PromptRunner:
         worker_id: str,
         max_concurrent_rollouts: int,
         dump: DumpWriter | None = None,
+        max_message_bytes: int | None = None,
     ) -> None:
         self._producer = producer
         self._names = names
@@ -73,6 +81,7 @@ class PromptRunner:
         self._tracker = tracker
         self._worker_id = worker_id
         self._dump = dump  # rollout.dump_to_file: the reference system's in-worker dumps
+        self._max_message_bytes = max_message_bytes  # kafka.max_message_bytes (None: unchecked)
         self._rollouts = asyncio.Semaphore(max_concurrent_rollouts)
         self.tasks = TaskSet()
         self.inflight_samples = 0  # samples started (or waiting to start) and not yet published
@@ -113,6 +122,34 @@ class PromptRunner:
         await delivery
         MESSAGES_OUT.labels(TIER, self._names.episodes).inc()
 
+    async def _publish_sample(
+        self, task: PromptTask, message: Episode | SampleRejected, ledger: ImageLedger,
+    ) -> Episode | SampleRejected:
+        """Publish one sample (its images once per run, its size checked); returns what went out."""
+        key = task.task_id.encode()
+        async with ledger.lock:  # images go out with the first episode queued that shows them
+            if isinstance(message, Episode):
+                message = ledger.unsent(message)
+            value = encode(message)
+            problem = self._size_problem(message, value, key)
+            if problem is not None:
+                log.warning("task %s sample %d: %s", task.task_id, message.sample_idx, problem)
+                message = failed_sample(task, message.sample_idx, problem)
+                value = encode(message)
+            delivery = await self._producer.send(self._names.episodes, value, key=key)
+            if isinstance(message, Episode):
+                ledger.mark(message)
+        await delivery
+        MESSAGES_OUT.labels(TIER, self._names.episodes).inc()
+        return message
+
+    def _size_problem(self, message: Episode | SampleRejected, value: bytes, key: bytes) -> str | None:
+        if self._max_message_bytes is None or not isinstance(message, Episode):
+            return None
+        images = sum(len(data) for data in message.images.values())
+        what = f"the episode message ({images} bytes of images)"
+        return size_problem(what, value, key, self._max_message_bytes)
+
     async def _refuse(
         self, tp: TopicPartition, record: ConsumerRecord, task: PromptTask | None,
         label: str, reason: str, exc: BaseException,
@@ -137,8 +174,9 @@ class PromptRunner:
 
     async def _run_prompt(self, tp: TopicPartition, offset: int, task: PromptTask, workflow: RolloutWorkflow) -> None:
         fresh_data = copier(task.data)  # a workflow may mutate its data: each sample gets a copy
+        ledger = ImageLedger()
         samples = [
-            asyncio.create_task(self._run_sample(task, workflow, i, fresh_data), name=f"sample-{task.task_id}-{i}")
+            asyncio.create_task(self._run_sample(task, workflow, i, fresh_data, ledger), name=f"sample-{task.task_id}-{i}")
             for i in range(task.group_size)
         ]
         try:
@@ -153,11 +191,12 @@ class PromptRunner:
 
     async def _run_sample(
         self, task: PromptTask, workflow: RolloutWorkflow, sample_idx: int, fresh_data: Callable[[], dict[str, Any]],
+        ledger: ImageLedger,
     ) -> None:
         try:
             async with self._rollouts:
                 message = await self._roll(task, workflow, sample_idx, fresh_data())
-            await self._publish(task.task_id, message)
+            message = await self._publish_sample(task, message, ledger)
             EPISODES.labels(TIER, outcome_of(message)).inc()
             if self._dump is not None and isinstance(message, Episode):
                 await self._dump.write(message)
@@ -183,6 +222,7 @@ class PromptRunner:
         # The engine's version now versions generated tokens the trajectory leaves unversioned.
         message = to_episode(
             task, sample_idx, result, engine.stop_reason, self._worker_id, engine.get_version(), engine.responses,
+            engine.image_data,
         )
         if isinstance(message, SampleRejected) and message.failed:
             log.warning("task %s sample %d: %s", task.task_id, sample_idx, message.reason)

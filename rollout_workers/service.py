@@ -98,6 +98,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         runner = PromptRunner(
             producer=producer, names=names, registry=registry, engine=engine, tracker=tracker,
             worker_id=worker_id, max_concurrent_rollouts=rollout.max_concurrent_rollouts, dump=dump,
+            max_message_bytes=config.kafka.max_message_bytes,
         )
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)

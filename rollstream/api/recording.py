@@ -5,6 +5,9 @@ The rollout worker (and ``rollstream.testing``) hands each episode its own
 workflow returns, ``last_response`` tells how the last generation ended (the episode's stop
 reason), ``output_tokens`` how many tokens it generated (for metrics), and ``responses`` let
 the episode's result be matched to what the engine returned (``rollstream.normalize``).
+``image_data`` holds, per ``agenerate`` call in order, the images the request sent (a copy of
+``ModelRequest.image_data``; ``[]`` for none): what the model saw, which the rollout worker
+ships to the trainer side.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ class EpisodeEngine(DelegatingEngine):
     def __init__(self, inner: InferenceEngine) -> None:
         super().__init__(inner)
         self.responses: list[ModelResponse] = []
+        self.image_data: list[list[str]] = []
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        images = list(req.image_data or [])  # copied now: the workflow may reuse the request
         resp = await self.inner.agenerate(req)
         self.responses.append(resp)
+        self.image_data.append(images)
         return resp
 
     @property

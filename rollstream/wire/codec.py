@@ -29,6 +29,7 @@ from rollstream.wire.messages import (
     SampleRejected,
     TaskFailed,
 )
+from rollstream.vision.images import image_digest
 from rollstream.wire.packed import check_packed, unpack_tensor_dict
 from rollstream.wire.tensor_codec import (
     TensorDecodeError,
@@ -149,6 +150,20 @@ def decode_prompt(data: bytes | memoryview | None) -> PromptTask:
 def _check_episode(episode: Episode) -> None:
     _check_group(episode.task_id, episode.group_size, episode.sample_idx)
     check_trajectory(episode.trajectory)
+    if episode.row_images or episode.images:
+        _check_episode_images(episode)
+
+
+def _check_episode_images(episode: Episode) -> None:
+    rows = episode.trajectory["input_ids"].shape[0]
+    if len(episode.row_images) != rows:
+        raise WireDecodeError(f"row_images has {len(episode.row_images)} entries for {rows} trajectory rows")
+    shown = {d for images in episode.row_images for d in images}
+    for digest, data in episode.images.items():
+        if digest not in shown:
+            raise WireDecodeError(f"image {digest[:12]} is carried but no row shows it")
+        if image_digest(data) != digest:
+            raise WireDecodeError(f"image {digest[:12]}: its {len(data)} bytes do not match its digest")
 
 
 def _check_episodes_message(message: Any) -> None:
@@ -193,6 +208,20 @@ def _check_batch_tensors(batch: Batch) -> None:
             check_packed(batch.packed)
     except TensorDecodeError as exc:
         raise WireDecodeError(str(exc)) from None
+    if batch.group_images or batch.row_images:
+        _check_batch_images(batch)
+
+
+def _check_batch_images(batch: Batch) -> None:
+    if len(batch.group_images) != len(batch.task_ids) or len(batch.row_images) != len(batch.row_task):
+        raise WireDecodeError(
+            f"batch has images for {len(batch.group_images)} groups and {len(batch.row_images)} rows; "
+            f"expected {len(batch.task_ids)} and {len(batch.row_task)}"
+        )
+    for row, (group, images) in enumerate(zip(batch.row_task, batch.row_images)):
+        count = len(batch.group_images[group]) if 0 <= group < len(batch.group_images) else 0
+        if any(not 0 <= i < count for i in images):
+            raise WireDecodeError(f"row {row} shows image {images} but its group has {count} images")
 
 
 def decode_batch(data: bytes | memoryview | None) -> BatchesMessage:

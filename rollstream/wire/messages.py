@@ -20,6 +20,10 @@ group: samples the workflow rejected / samples that failed; empty in batches wri
 and ``ScoredEpisode.reward_source``, with defaults (old readers ignore them, new readers of old
 messages get the default); the drop reason ``all_failed``, which a reader older than it
 refuses like any undecodable record (upgrade readers before writers, docs/DEPLOYMENT.md).
+Also without a bump, for vision (docs/ARCHITECTURE.md, "Images travel once"):
+``Episode.row_images`` / ``Episode.images`` and ``Batch.group_images`` / ``Batch.row_images``,
+empty for text. A reader older than them would drop a batch's images, so upgrade trainers
+before the grouping tier when a trial has images.
 """
 
 from __future__ import annotations
@@ -78,6 +82,12 @@ class Episode(_Message, tag="episode"):
     has_reward: bool = False  # the workflow set ``rewards`` itself
     worker_id: str = ""
     generated_at: float = 0.0
+    # Vision: per trajectory row, the digests (rollstream.vision.image_digest) of the images
+    # it shows, in the order of its image slots ([] for a text episode)...
+    row_images: list[list[str]] = []
+    # ...and the encoded images, by digest, that no earlier message of this run of the prompt
+    # carried: each image goes out once per group, with the first episode that shows it.
+    images: dict[str, bytes] = {}
 
 
 class SampleRejected(_Message, tag="rejected"):
@@ -124,6 +134,9 @@ class Batch(_Message, tag="batch", kw_only=True):
     ``rejected[i]`` / ``failed[i]``: how many samples of group ``i`` the workflow rejected /
     failed; its accepted samples (those with rows) number ``group_sizes[i] - rejected[i] -
     failed[i]``. Empty lists in batches written before these fields existed.
+    Vision (empty for text): ``group_images[i]`` holds the distinct encoded images of group
+    ``i``, once each; ``row_images[r]`` indexes the images row ``r`` shows (in its group's
+    list, in the order of the row's image slots).
     """
 
     schema_version: int = PACKED_BATCH_VERSION
@@ -141,6 +154,8 @@ class Batch(_Message, tag="batch", kw_only=True):
     packed: PackedTensors | None = None
     rejected: list[int] = []
     failed: list[int] = []
+    group_images: list[list[bytes]] = []
+    row_images: list[list[int]] = []
 
 
 class GroupDropped(_Message, tag="dropped"):
