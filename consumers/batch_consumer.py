@@ -44,7 +44,9 @@ class BatchConsumer:
     """Async iterator of :class:`TrainingBatch` over ``batches`` (read_committed, manual commits).
 
     ``include_eval=False`` skips eval groups (counted in ``eval_skipped``); with True they are
-    delivered and flagged per group in ``TrainingBatch.group_is_eval``.
+    delivered and flagged per group in ``TrainingBatch.group_is_eval``. Batches with images get
+    ``TrainingBatch.vision`` rebuilt by ``image_processor`` (default: the one of
+    ``trainer.processor_path``, when set).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class BatchConsumer:
         include_eval: bool = False,
         client_id: str = "trainer",
         poll_timeout_ms: int = 500,
+        image_processor: object = None,
     ) -> None:
         if config.trainer.batch_size < 1:
             raise ConfigError("invalid configuration: trainer.batch_size must be >= 1")
@@ -65,7 +68,13 @@ class BatchConsumer:
                 "re-delivers the groups of the first step too",
                 self.batch_size, config.grouping.groups_per_batch,
             )
-        self.accumulator = BatchAccumulator(config.trainer.batch_size, config.grouping.pad_value, include_eval)
+        if image_processor is None and config.trainer.processor_path:
+            from rollstream.vision.processor import load_image_processor
+
+            image_processor = load_image_processor(config.trainer.processor_path)
+        self.accumulator = BatchAccumulator(
+            config.trainer.batch_size, config.grouping.pad_value, include_eval, image_processor=image_processor,
+        )
         self._names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
         self._kafka = config.kafka
         self._topic = self._names.batches

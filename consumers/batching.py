@@ -3,7 +3,8 @@
 :func:`build_batch` pads the trajectories of one or more complete groups into one ``[N, L]``
 tensor dict (``versions`` pad with -1, ``attention_mask`` with 0, the rest with
 ``pad_value``), adds ``rewards`` ``[N]``, the version bookkeeping the trainer needs and, per
-group, how many samples were rejected and how many failed. The
+group, how many samples were rejected and how many failed; for groups with images, each
+group's distinct images once and, per row, which of them it shows. The
 padded tensors are written straight into one buffer (an arena) that the record then carries
 as its ``packed`` tensors, so encoding the batch copies its bytes once.
 """
@@ -63,6 +64,7 @@ def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: fl
             parts.append(rows)
             row_task += [index] * b
             sample_idx += [scored.episode.sample_idx] * b
+    group_images, row_images = batch_images(groups)
     tensors = concat_padded_arena(common_keys(parts), pad_value)
     head, tail = version_span(tensors.get("versions"))
     return Batch(
@@ -80,7 +82,27 @@ def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: fl
         emitted_at=time.time(),
         rejected=[g.rejected for g in groups],
         failed=[g.failed for g in groups],
+        group_images=group_images,
+        row_images=row_images,
     )
+
+
+def batch_images(groups: list[CompleteGroup]) -> tuple[list[list[bytes]], list[list[int]]]:
+    """``(group_images, row_images)`` of a batch (``Batch``'s fields): each group's distinct
+    images once, in first-use order, and per row the indexes of those it shows. Empty lists
+    when no group has images (a text batch)."""
+    if not any(g.images for g in groups):
+        return [], []
+    group_images: list[list[bytes]] = []
+    row_images: list[list[int]] = []
+    for group in groups:
+        index: dict[str, int] = {}
+        for scored in group.episodes:
+            rows = scored.episode.row_images or [[] for _ in range(scored.episode.trajectory["input_ids"].shape[0])]
+            for shown in rows:
+                row_images.append([index.setdefault(d, len(index)) for d in shown])
+        group_images.append([group.images[d] for d in index])
+    return group_images, row_images
 
 
 def drop_record(group: DroppedGroup, trainer_version: int) -> GroupDropped:

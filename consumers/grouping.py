@@ -21,6 +21,11 @@ Rules (what callers may rely on):
   -> "stale"; a group that passes keeps its counts of rejected and failed samples;
 - :meth:`GroupBuffer.expire` drops groups open longer than the timeout ("timeout"). The clock
   restarts when a group is rebuilt after a crash (its first sample is re-read then).
+- images (vision): an episode names the images its rows show and carries the bytes of those
+  its run of the prompt had not sent yet; the group keeps the bytes of every episode message
+  of its task, duplicates included (a re-run prompt's first carrier may be a duplicate of a
+  sample already in), and is complete only once it holds every image its accepted episodes
+  show; ``CompleteGroup.images`` has exactly those.
 
 Memory holds the open groups and the outcome log (bounded by its window), nothing else.
 """
@@ -62,6 +67,13 @@ class OpenGroup:
     min_offset: int
     max_offset: int
     samples: dict[int, Sample] = field(default_factory=dict)
+    images: dict[str, bytes] = field(default_factory=dict)  # by digest, from any of its messages
+
+    def missing_images(self) -> set[str]:
+        """Digests the accepted samples show whose bytes have not arrived."""
+        shown = {d for s in self.samples.values() if isinstance(s, ScoredEpisode)
+                 for row in s.episode.row_images for d in row}
+        return shown - set(self.images)
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,7 @@ class CompleteGroup:
     max_offset: int
     first_seen: float
     failed: int = 0
+    images: dict[str, bytes] = field(default_factory=dict)  # every image its episodes show, by digest
 
     @property
     def head_version(self) -> int:
@@ -204,7 +217,9 @@ class GroupBuffer:
             )
         group.max_offset = max(group.max_offset, offset)
         group.samples.setdefault(_idx_of(message), message)
-        if len(group.samples) < group.group_size:
+        if isinstance(message, ScoredEpisode) and message.episode.images:
+            group.images.update(message.episode.images)
+        if len(group.samples) < group.group_size or group.missing_images():
             return []
         del groups[task_id]
         return [self._ended(self._finish(group, trainer_version), now)]
@@ -216,9 +231,11 @@ class GroupBuffer:
         rejected = len(samples) - len(accepted) - len(failures)
         if not accepted:
             return _no_accepted(group, rejected, failures)
+        shown = {d for s in accepted for row in s.episode.row_images for d in row}
         complete = CompleteGroup(
             group.task_id, group.group_size, group.is_eval, tuple(accepted), rejected,
             group.partition, group.min_offset, group.max_offset, group.first_seen, len(failures),
+            images={d: data for d, data in group.images.items() if d in shown},
         )
         return apply_filters(complete, self.filters, trainer_version)
 
@@ -235,6 +252,8 @@ class GroupBuffer:
             for task_id in [t for t, g in groups.items() if g.first_seen <= cutoff]:
                 group = groups.pop(task_id)
                 detail = f"{len(group.samples)} of {group.group_size} samples after {now - group.first_seen:.1f}s"
+                if len(group.samples) >= group.group_size:
+                    detail += f", {len(group.missing_images())} of its images never arrived"
                 drop = _drop(group, "timeout", detail)
                 self._ended(drop, now)
                 dropped.append(drop)

@@ -4,6 +4,11 @@ Pure, no I/O: :func:`split_groups` cuts a ``Batch`` record into its groups, :fun
 pads groups from any number of records into one :class:`TrainingBatch`, and
 :class:`BatchAccumulator` turns ``batches`` records into training batches with the offsets
 that are safe to commit once the trainer has used them.
+
+Vision: a group's images arrive once per group (``Batch.group_images``); each row says which it
+shows. With an image processor (the model's, as in the rollout: ``trainer.processor_path``),
+:func:`assemble` rebuilds the rows' ``pixel_values`` / ``image_grid_thw`` into
+``TrainingBatch.vision`` (``rollstream.vision.inputs.VisionInputs``), each distinct image once.
 """
 
 from __future__ import annotations
@@ -11,12 +16,14 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from aiokafka.structs import ConsumerRecord, TopicPartition
 from torch import Tensor
 
 from consumers.batching import common_keys
+from rollstream.vision.inputs import VisionInputs, build_vision_inputs
 from rollstream.tensors import concat_padded_tensors, version_span
 from rollstream.wire import Batch, GroupDropped, WireDecodeError, batch_tensors, decode_batch
 
@@ -37,6 +44,8 @@ class GroupRows:
     offset: int = -1
     rejected: int = 0  # samples the workflow rejected
     failed: int = 0  # samples that failed
+    images: list[bytes] = field(default_factory=list)  # the group's distinct encoded images
+    row_images: list[list[int]] = field(default_factory=list)  # per row: indexes into images ([] for text)
 
 
 @dataclass
@@ -51,6 +60,12 @@ class TrainingBatch:
     grouping tier counted them). ``head_version``/``tail_version`` span every generated
     token (-1: none); ``max_staleness`` is the largest ``trainer_version - head`` of a group.
     ``offsets`` is what :meth:`BatchConsumer.ack` commits.
+
+    Vision (empty for text): ``group_images[g]`` are group ``g``'s distinct encoded images;
+    ``row_images[r]`` indexes those row ``r`` shows, in the order of its image slots;
+    ``vision`` holds their ``pixel_values`` / ``image_grid_thw`` for a forward pass
+    (``rollstream.vision.forward.trajectory_logits``) when the batch was assembled with an
+    image processor, else ``None``.
     """
 
     tensors: dict[str, Tensor]
@@ -67,6 +82,9 @@ class TrainingBatch:
     generation: int = 0
     group_rejected: list[int] = field(default_factory=list)
     group_failed: list[int] = field(default_factory=list)
+    group_images: list[list[bytes]] = field(default_factory=list)
+    row_images: list[list[int]] = field(default_factory=list)
+    vision: VisionInputs | None = None
 
     @property
     def num_groups(self) -> int:
@@ -95,6 +113,8 @@ def split_groups(batch: Batch) -> list[GroupRows]:
             task_id, batch.group_sizes[index], batch.is_eval, batch.trainer_version,
             group_tensors, [batch.sample_idx[r] for r in rows],
             rejected=_per_group(batch.rejected, index), failed=_per_group(batch.failed, index),
+            images=list(batch.group_images[index]) if batch.group_images else [],
+            row_images=[list(batch.row_images[r]) for r in rows] if batch.row_images else [],
         ))
     return groups
 
@@ -103,8 +123,9 @@ def _per_group(counts: list[int], index: int) -> int:
     return counts[index] if index < len(counts) else 0  # batches written before the counts: 0
 
 
-def assemble(groups: list[GroupRows], pad_value: float = 0.0) -> TrainingBatch:
-    """Pad ``groups`` into one :class:`TrainingBatch` (``offsets`` left for the caller)."""
+def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: object = None) -> TrainingBatch:
+    """Pad ``groups`` into one :class:`TrainingBatch` (``offsets`` left for the caller); with an
+    ``image_processor``, also rebuild the rows' vision inputs."""
     if not groups:
         raise ValueError("assemble needs at least one group")
     parts = common_keys([g.tensors for g in groups])
@@ -125,7 +146,19 @@ def assemble(groups: list[GroupRows], pad_value: float = 0.0) -> TrainingBatch:
         max_staleness=max(staleness, default=0),
         group_rejected=[g.rejected for g in groups],
         group_failed=[g.failed for g in groups],
+        **_vision_fields(groups, image_processor),
     )
+
+
+def _vision_fields(groups: list[GroupRows], image_processor: object) -> dict[str, Any]:
+    if not any(g.images for g in groups):
+        return {}
+    row_images = [row for g in groups for row in (g.row_images or [[] for _ in g.sample_idx])]
+    fields: dict[str, Any] = {"group_images": [g.images for g in groups], "row_images": row_images}
+    if image_processor is not None:
+        shown = [[g.images[i] for i in row] for g in groups for row in (g.row_images or [[] for _ in g.sample_idx])]
+        fields["vision"] = build_vision_inputs(image_processor, shown)
+    return fields
 
 
 class RecentTasks:
@@ -158,11 +191,14 @@ class BatchAccumulator:
     """
 
     def __init__(
-        self, batch_size: int, pad_value: float = 0.0, include_eval: bool = False, remember_steps: int = 64
+        self, batch_size: int, pad_value: float = 0.0, include_eval: bool = False, remember_steps: int = 64,
+        image_processor: object = None,
     ) -> None:
         self.batch_size = batch_size
         self.pad_value = pad_value
         self.include_eval = include_eval
+        self.image_processor = image_processor  # rebuilds vision inputs (None: images only as bytes)
+        self._warned_images = False
         self.drops_by_reason: Counter[str] = Counter()
         self.undecodable = 0
         self.eval_skipped = 0
@@ -209,7 +245,11 @@ class BatchAccumulator:
     def hand_out(self) -> TrainingBatch:
         """The first ``batch_size`` waiting groups (call when :meth:`ready`)."""
         taken, self._groups = self._groups[: self.batch_size], self._groups[self.batch_size :]
-        batch = assemble(taken, self.pad_value)
+        batch = assemble(taken, self.pad_value, self.image_processor)
+        if batch.group_images and self.image_processor is None and not self._warned_images:
+            self._warned_images = True
+            log.warning("batches carry images but no image processor is set (trainer.processor_path): "
+                        "TrainingBatch.vision is None; rebuild it with rollstream.vision.inputs.build_vision_inputs")
         for group in taken:
             self.trained.add(group.task_id)
         offsets = dict(self._progress)

@@ -6,6 +6,12 @@ skip admission), and publishes the ``PromptTask`` plus the advanced cursor in on
 transaction (several prompts per transaction). It returns when the dataset is exhausted
 (burst style), when ``producer.max_prompts`` prompts were published in total (counted across
 restarts through the cursor), or when ``stop`` is set (after committing what it admitted).
+
+A row that cannot become a prompt record is dead-lettered (with the reason) and skipped, the
+cursor moving past it: a row that cannot be encoded, an image that is not one, or a record
+larger than ``kafka.max_message_bytes`` (the reason gives its size, its images' sizes and the
+limit), which no retry could ever write. A row's images travel as encoded files
+(``producers/prompt_images.py``).
 """
 
 from __future__ import annotations
@@ -23,9 +29,12 @@ from producers.admission import Admission
 from producers.budget_restore import restore_budget
 from producers.cursor import advance, read_cursor
 from producers.dataset import iter_samples, load_rows, next_position, task_id_for
+from producers.prompt_images import image_sizes, with_encoded_images
 from producers.publisher import TIER, PendingBatch, PromptPublisher
 from rollstream.config import RollstreamConfig, raise_first_problem
 from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.consume_transform_produce import RecordTooLargeError
+from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer
 from rollstream.redis_state import RedisKeys, StalenessBudget, connect
@@ -130,6 +139,7 @@ class _ProduceLoop:
         stop: asyncio.Event,
     ) -> None:
         self._pc = config.producer
+        self._max_message_bytes = config.kafka.max_message_bytes
         self._rows = rows
         self._cursor = cursor
         self._admission = admission
@@ -165,14 +175,19 @@ class _ProduceLoop:
         pc = self._pc
         task_id = task_id_for(pc.producer_id, epoch, index)
         nxt_epoch, nxt_index = next_position(epoch, index, len(self._rows))
-        task = PromptTask(
-            task_id=task_id, group_size=pc.group_size, data=self._rows[row_index],
-            is_eval=pc.is_eval, workflow=pc.workflow, epoch=epoch, index=index, created_at=time.time(),
-        )
         try:
+            data = with_encoded_images(self._rows[row_index])
+            task = PromptTask(
+                task_id=task_id, group_size=pc.group_size, data=data,
+                is_eval=pc.is_eval, workflow=pc.workflow, epoch=epoch, index=index, created_at=time.time(),
+            )
             value = encode(task)
         except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
             self._dead_letter(task_id, row_index, exc, nxt_epoch, nxt_index)
+            return True
+        too_large = self._size_problem(task, value)
+        if too_large is not None:
+            self._dead_letter(task_id, row_index, RecordTooLargeError(too_large), nxt_epoch, nxt_index)
             return True
         if not await self._admit(task_id, pc.is_eval):
             return False
@@ -193,11 +208,20 @@ class _ProduceLoop:
                 return False
         return True
 
+    def _size_problem(self, task: PromptTask, value: bytes) -> str | None:
+        sizes = image_sizes(task.data)
+        what = f"the prompt record ({len(sizes)} images of {sizes} bytes)" if sizes else "the prompt record"
+        problem = size_problem(what, value, task.task_id.encode(), self._max_message_bytes)
+        if problem is None:
+            return None
+        return f"{problem}; downscale its images or raise kafka.max_message_bytes (then recreate the topics)"
+
     def _dead_letter(self, task_id: str, row_index: int, exc: Exception, epoch: int, index: int) -> None:
-        log.error("dataset row %d (task %s) cannot be encoded: %s", row_index, task_id, exc)
+        what = "is too large for the prompts topic" if isinstance(exc, RecordTooLargeError) else "cannot be encoded"
+        log.error("dataset row %d (task %s) %s: %s", row_index, task_id, what, exc)
         letter = DeadLetter(
             tier=TIER, source_topic=f"dataset:{self._pc.dataset}", partition=-1, offset=row_index,
-            key=task_id.encode(), value=None, reason=f"row {row_index} cannot be encoded: {exc}",
+            key=task_id.encode(), value=None, reason=f"row {row_index} {what}: {exc}",
             error_type=type(exc).__name__, at=time.time(),
         )
         self._batch.add_dead_letter(letter, advance(self._cursor, epoch, index, self._summary.total_published))

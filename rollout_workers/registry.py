@@ -15,17 +15,21 @@ Special values in ``kwargs`` (also inside nested lists and dicts):
 * ``"$tokenizer"`` -> the tokenizer of ``rollout.tokenizer_path`` (default: the model path);
 * ``"$gconfig"`` -> ``GenerationHyperparameters().new(**rollout.gconfig)`` with the tokenizer's
   stop and pad token ids added;
+* ``"$processor"`` -> the processor of ``rollout.processor_path`` (default: the tokenizer path),
+  loaded once and only when a workflow asks for it (``rollstream.vision.processor.load_processor``);
 * a ``reward_fn`` given as a string is imported (``pkg.module.fn``), since the built-in
   workflows take a callable.
 
-The built-in workflows get ``gconfig="$gconfig"`` and ``tokenizer="$tokenizer"`` unless the
-kwargs set them, so ``multi_turn: {path: multi_turn, kwargs: {reward_fn: pkg.mod.fn,
-max_turns: 2, turn_discount: 0.9}}`` is a complete entry.
+The built-in workflows get ``gconfig="$gconfig"`` and ``tokenizer="$tokenizer"`` (and
+``vision_rlvr`` ``processor="$processor"``) unless the kwargs set them, so ``multi_turn: {path:
+multi_turn, kwargs: {reward_fn: pkg.mod.fn, max_turns: 2, turn_discount: 0.9}}`` is a complete
+entry.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from rollstream.api.io_struct import GenerationHyperparameters
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 
 TOKENIZER_PLACEHOLDER = "$tokenizer"
 GCONFIG_PLACEHOLDER = "$gconfig"
+PROCESSOR_PLACEHOLDER = "$processor"
 BUILTIN_PATHS = {
     "rlvr": "rollstream.workflows.rlvr:RLVRWorkflow",
     "multi_turn": "rollstream.workflows.multi_turn:MultiTurnWorkflow",
@@ -58,25 +63,36 @@ def make_gconfig(settings: dict[str, Any], tokenizer: Any) -> GenerationHyperpar
     return gconfig.new_with_stop_and_pad_token_ids(tokenizer)
 
 
-def _substitute(value: Any, tokenizer: Any, gconfig: GenerationHyperparameters) -> Any:
+def _no_processor() -> Any:
+    raise ConfigError("invalid configuration: \"$processor\" needs rollout.processor_path (or a tokenizer or model path)")
+
+
+def _substitute(value: Any, tokenizer: Any, gconfig: GenerationHyperparameters, processor: Callable[[], Any]) -> Any:
     if value == TOKENIZER_PLACEHOLDER:
         return tokenizer
     if value == GCONFIG_PLACEHOLDER:
         return gconfig.new()  # each workflow gets its own copy
+    if value == PROCESSOR_PLACEHOLDER:
+        return processor()
     if isinstance(value, list):
-        return [_substitute(v, tokenizer, gconfig) for v in value]
+        return [_substitute(v, tokenizer, gconfig, processor) for v in value]
     if isinstance(value, dict):
-        return {k: _substitute(v, tokenizer, gconfig) for k, v in value.items()}
+        return {k: _substitute(v, tokenizer, gconfig, processor) for k, v in value.items()}
     return value
 
 
-def build_kwargs(spec: WorkflowSpec, tokenizer: Any, gconfig: GenerationHyperparameters) -> dict[str, Any]:
-    """The constructor kwargs of ``spec`` with placeholders replaced (see the module doc)."""
+def build_kwargs(
+    spec: WorkflowSpec, tokenizer: Any, gconfig: GenerationHyperparameters, processor: Callable[[], Any] = _no_processor,
+) -> dict[str, Any]:
+    """The constructor kwargs of ``spec`` with placeholders replaced (see the module doc);
+    ``processor()`` returns what ``"$processor"`` stands for."""
     kwargs = dict(spec.kwargs)
     if spec.path in BUILTIN_PATHS:
         kwargs.setdefault("gconfig", GCONFIG_PLACEHOLDER)
         kwargs.setdefault("tokenizer", TOKENIZER_PLACEHOLDER)
-    kwargs = _substitute(kwargs, tokenizer, gconfig)
+    if spec.path == "vision_rlvr":
+        kwargs.setdefault("processor", PROCESSOR_PLACEHOLDER)
+    kwargs = _substitute(kwargs, tokenizer, gconfig, processor)
     if isinstance(kwargs.get("reward_fn"), str):
         kwargs["reward_fn"] = import_object(kwargs["reward_fn"])
     return kwargs
@@ -99,7 +115,8 @@ class WorkflowRegistry:
         """Build every configured workflow (plus the built-in ``rlvr``) with ``tokenizer``."""
         gconfig = make_gconfig(config.gconfig, tokenizer)
         specs = {**DEFAULT_WORKFLOWS, **config.workflows}
-        workflows = {key: _build(key, spec, tokenizer, gconfig) for key, spec in specs.items()}
+        processor = _processor_loader(config)
+        workflows = {key: _build(key, spec, tokenizer, gconfig, processor) for key, spec in specs.items()}
         log.info("workflow allow-list: %s (default %s)", ", ".join(sorted(workflows)), config.default_workflow)
         return cls(workflows, config.default_workflow)
 
@@ -129,10 +146,30 @@ class WorkflowRegistry:
                 log.exception("closing workflow %s failed", key)
 
 
-def _build(key: str, spec: WorkflowSpec, tokenizer: Any, gconfig: GenerationHyperparameters) -> RolloutWorkflow:
+def _processor_loader(config: RolloutConfig) -> Callable[[], Any]:
+    """Loads the processor on first call (text-only workers never do), then returns the same one."""
+    path = config.processor_path or config.tokenizer_path or config.model_path
+    loaded: list[Any] = []
+
+    def load() -> Any:
+        if not path:
+            return _no_processor()
+        if not loaded:
+            from rollstream.vision.processor import load_processor
+
+            loaded.append(load_processor(path))
+            log.info("loaded the processor for \"$processor\" from %s", path)
+        return loaded[0]
+
+    return load
+
+
+def _build(
+    key: str, spec: WorkflowSpec, tokenizer: Any, gconfig: GenerationHyperparameters, processor: Callable[[], Any],
+) -> RolloutWorkflow:
     path = BUILTIN_PATHS.get(spec.path, spec.path)
     try:
-        kwargs = build_kwargs(spec, tokenizer, gconfig)
+        kwargs = build_kwargs(spec, tokenizer, gconfig, processor)
         # group_size=1: the worker runs (and publishes) every sample of a group itself.
         return resolve_workflow(path, kwargs, group_size=1)
     except Exception as exc:

@@ -126,6 +126,9 @@ class RolloutConfig(_Section):
     engine_factory: str = ""
     model_path: str = ""
     tokenizer_path: str | None = None
+    # where "$processor" (a VLM's processor, for vision workflows) is loaded from: default the
+    # tokenizer path, else the model path
+    processor_path: str | None = None
     sglang_urls: list[str] = []
     sglang: SGLangConfig = msgspec.field(default_factory=SGLangConfig)  # see SGLangConfig
     device: str = "cpu"
@@ -176,6 +179,9 @@ class TrainerConfig(_Section):
     batch_size: int = 8  # groups per step
     group_id: str = "trainer"
     checkpoint_dir: str = "runs/checkpoints"
+    # A VLM's directory (or any with its image processor): BatchConsumer rebuilds the vision
+    # inputs of batches with images with it ("" = none: TrainingBatch.vision stays None)
+    processor_path: str = ""
     # The example GRPO trainer (examples/grpo_trainer.py, `rollstream train`):
     model_path: str = ""  # the weights of version 0 (the rollout workers' rollout.model_path)
     device: str = "cpu"
