@@ -1,0 +1,65 @@
+"""The example trainer's GRPO step for a vision-language model: the same math as
+``examples.grpo.policy_update``, with the images each row showed in the forward pass.
+
+    batches = BatchConsumer(config)                  # trainer.processor_path: the VLM's directory
+    batch = await batches.next_batch()
+    advantages = group_advantages(batch.tensors["rewards"], batch.row_task)
+    vision_policy_update(model, optimizer, batch.tensors, batch.vision, advantages, temperature=T)
+
+``batch.vision`` holds the rows' ``pixel_values`` / ``image_grid_thw`` (each distinct image once),
+rebuilt on the trainer side from the images the rollout's engine saw; the forward pass is
+``rollstream.vision.forward.trajectory_logits``, the recipe the engine generated with, so the
+first epoch's logprobs equal the batch's behaviour logprobs (for the weights that generated them).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from examples.grpo import DEFAULT_CLIP, UpdateStats, clipped_policy_loss, token_logprobs
+from rollstream.vision.forward import trajectory_logits
+from rollstream.vision.inputs import VisionInputs
+
+
+def vision_token_logprobs(
+    model: torch.nn.Module, tensors: dict[str, Tensor], vision: VisionInputs | None, temperature: float = 1.0,
+) -> Tensor:
+    """``[N, L]`` logprobs of the rows' tokens (aligned like the batch's ``logprobs``) with their images."""
+    logits = trajectory_logits(model, tensors, vision)
+    return token_logprobs(logits, tensors["input_ids"].to(logits.device), temperature)
+
+
+def vision_policy_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tensors: dict[str, Tensor],
+    vision: VisionInputs | None,
+    advantages: Tensor,
+    *,
+    temperature: float = 1.0,
+    clip: float = DEFAULT_CLIP,
+    epochs: int = 1,
+    max_grad_norm: float | None = 1.0,
+) -> UpdateStats:
+    """``epochs`` optimizer steps of the PPO-clip loss on one batch with images (see
+    ``examples.grpo.policy_update``; ``vision`` is ``TrainingBatch.vision``). The model is
+    left in eval mode."""
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    device = next(model.parameters()).device
+    loss_mask = tensors["loss_mask"].to(device)
+    old = tensors["logprobs"].to(device=device, dtype=torch.float32)
+    advantages = advantages.to(device)
+    model.train()
+    try:
+        for _ in range(epochs):
+            new = vision_token_logprobs(model, tensors, vision, temperature)
+            loss, stats = clipped_policy_loss(new, old, advantages, loss_mask, clip)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
+            optimizer.step()
+    finally:
+        model.eval()
+    return UpdateStats(stats, float(norm))
