@@ -78,7 +78,9 @@ def make_producer(
         transactional_id=transactional_id,
         transaction_timeout_ms=config.transaction_timeout_ms,
         max_request_size=config.max_message_bytes,
-        max_batch_size=1024 * 1024,
+        # The broker applies a topic's max.message.bytes to whole record batches: a batch may
+        # not outgrow the limit, or records that each fit are refused together.
+        max_batch_size=min(1024 * 1024, config.max_message_bytes),
         linger_ms=config.linger_ms,
         request_timeout_ms=config.request_timeout_ms,
         **security_kwargs(config),

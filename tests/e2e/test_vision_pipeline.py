@@ -1,0 +1,189 @@
+"""Vision RL end to end: the tiers as processes on the real broker and Redis, the tiny VLM.
+
+producer -> rollout worker (HFEngine, tiny Qwen2-VL built offline, VisionRLVRWorkflow) ->
+reward worker -> grouping consumer -> BatchConsumer with the VLM's image processor (this test
+plays the trainer). 12 prompts x 4 samples with one or two images each; kafka.max_message_bytes
+is 256 KiB, which holds each group's images once but not once per row (the two-image prompts
+would need ~4 x 140 KB in a batch), and one more row's image is larger than the limit on its own.
+
+Asserts: every admitted prompt ends as exactly one group or counted drop; the oversized row is a
+dead letter naming its size and the limit, and the row after it goes through; each row of every
+training batch comes with the vision inputs of its prompt's images, which reproduce the rollout's
+logprobs within 1e-4 on a fresh forward pass; the image bytes on each topic equal the prompts'
+distinct images once (reported, beside what per-sample copies would have cost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from consumers.batch_consumer import BatchConsumer
+from consumers.training_batch import TrainingBatch
+from rollstream.config import RollstreamConfig, config_from_dict
+from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.topics import TopicNames
+from rollstream.vision.forward import trajectory_logits
+from rollstream.wire import (
+    Batch, Episode, GroupDropped, ScoredEpisode, decode_batch, decode_dead_letter, decode_episode, decode_prompt, decode_scored,
+)
+from tests.e2e.test_pipeline import Tier
+from tests.unit.vision_helpers import noise_png
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+PROMPTS = 12
+GROUP_SIZE = 4
+STEP_GROUPS = 4
+LIMIT = 256 * 1024
+OVERSIZED_ROW = 5  # its image alone is above LIMIT; the row after it must go through
+
+
+def _images(i: int) -> list[bytes]:
+    """One small image, or two large ones (~70 KB each: incompressible noise) every third prompt."""
+    if i % 3 == 2:
+        return [noise_png(100 + i, 150, 160), noise_png(200 + i, 160, 150)]
+    return [noise_png(100 + i, 32 + i, 48)]
+
+
+def _rows() -> list[dict[str, Any]]:
+    rows = []
+    for i in range(PROMPTS):
+        images = _images(i)
+        content = [{"type": "image"}] * len(images) + [{"type": "text", "text": f"What is {i % 5}+{i % 4}?"}]
+        rows.append({"messages": [{"role": "user", "content": content}],
+                     "images": [base64.b64encode(img).decode() for img in images], "answer": str(i % 5 + i % 4)})
+    oversized = {**rows[0], "images": [base64.b64encode(noise_png(999, 300, 300)).decode()]}  # ~270 KB
+    return rows[:OVERSIZED_ROW] + [oversized] + rows[OVERSIZED_ROW:]
+
+
+def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path) -> tuple[Path, RollstreamConfig]:
+    dataset = tmp / "vision.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    tree: dict[str, Any] = {
+        "kafka": {"bootstrap_servers": kafka, "partitions": 2, "transaction_timeout_ms": 15000, "max_message_bytes": LIMIT},
+        "redis": {"url": redis_url},
+        "experiment": {"experiment_name": name, "trial_name": "vision"},
+        "staleness": {"max_head_offpolicyness": 3, "batch_size": STEP_GROUPS},
+        "producer": {"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
+        "rollout": {
+            "model_path": str(model), "seed": 0, "max_concurrent_rollouts": 8, "worker_id": "rw-v",
+            "commit_interval_seconds": 0.2, "shutdown_grace_seconds": 20,
+            "gconfig": {"max_new_tokens": 8, "temperature": 1.0},
+            "workflows": {"vision": {"path": "vision_rlvr"}}, "default_workflow": "vision",
+        },
+        "reward": {"tokenizer_path": str(model), "worker_id": "rew-v", "max_workers": 1, "session_timeout_ms": 6000},
+        "grouping": {"instance_id": "g-v", "commit_interval_ms": 50, "session_timeout_ms": 6000},
+        "trainer": {"batch_size": STEP_GROUPS, "group_id": f"{name}-trainer", "processor_path": str(model)},
+    }
+    path = tmp / "rollstream.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path, config_from_dict(tree)
+
+
+async def _read_all(config: RollstreamConfig, topic: str, decode: Any) -> list[Any]:
+    consumer = make_consumer(config.kafka, "e2e-vision-reader", topic, group_id=None)
+    await consumer.start()
+    try:
+        messages: list[Any] = []
+        while fetched := await consumer.getmany(timeout_ms=1500):
+            messages.extend(decode(r.value) for records in fetched.values() for r in records)
+        return messages
+    finally:
+        await consumer.stop()
+
+
+async def _train_side(config: RollstreamConfig, tiers: dict[str, Tier]) -> list[TrainingBatch]:
+    batches: list[TrainingBatch] = []
+    async with BatchConsumer(config) as consumer:
+        deadline = time.monotonic() + 300
+        while len(batches) * STEP_GROUPS < PROMPTS and time.monotonic() < deadline:
+            batch = await consumer.next_batch(timeout=10)
+            if batch is None:
+                assert all(t.proc.poll() in (None, 0) for t in tiers.values()), _tails(tiers)
+                continue
+            batches.append(batch)
+            assert await consumer.ack(batch)
+    return batches
+
+
+def _check_vision_logprobs(batches: list[TrainingBatch], model_dir: Path, images_of: dict[str, list[bytes]]) -> int:
+    """Every row gets its prompt's images; a fresh pass with them reproduces its logprobs."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    checked = 0
+    for batch in batches:
+        vision = batch.vision
+        assert vision is not None
+        for row, group in enumerate(batch.row_task):
+            shown = [batch.group_images[group][i] for i in batch.row_images[row]]
+            assert shown == images_of[batch.task_ids[group]], "the row shows its prompt's images, in order"
+            assert len(vision.row_images[row]) == len(shown)
+        with torch.no_grad():
+            logits = trajectory_logits(model, batch.tensors, vision).float()
+        t = batch.tensors
+        expected = torch.log_softmax(logits[:, :-1], -1).gather(-1, t["input_ids"][:, 1:].long().unsqueeze(-1)).squeeze(-1)
+        generated = t["loss_mask"][:, 1:].bool()
+        torch.testing.assert_close(t["logprobs"][:, 1:][generated], expected[generated], atol=1e-4, rtol=0)
+        checked += int(generated.sum())
+    return checked
+
+
+async def test_vision_pipeline_end_to_end(
+    tiny_vlm_dir: Path, kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path,
+) -> None:
+    config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, tiny_vlm_dir)
+    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    tiers = {n: Tier(n, config_path, tmp_path) for n in ("grouping", "reward-worker", "rollout-worker", "producer")}
+    try:
+        batches = await _train_side(config, tiers)
+        assert len(batches) * STEP_GROUPS == PROMPTS, f"only {len(batches)} steps\n{_tails(tiers)}"
+        assert tiers["producer"].proc.wait(30) == 0, tiers["producer"].tail()
+        codes = {name: tier.terminate() for name, tier in tiers.items() if name != "producer"}
+        assert all(code == 0 for code in codes.values()), (codes, _tails(tiers))
+    finally:
+        for tier in tiers.values():
+            if tier.proc.poll() is None:
+                tier.proc.kill()
+
+    prompts = await _read_all(config, names.prompts, decode_prompt)
+    images_of = {p.task_id: p.data["images"] for p in prompts}
+    assert sorted(p.index for p in prompts) == [i for i in range(PROMPTS + 1) if i != OVERSIZED_ROW]
+    [letter] = await _read_all(config, names.dead_letter, decode_dead_letter)
+    assert letter.tier == "producer" and letter.offset == OVERSIZED_ROW
+    assert "too large for the prompts topic" in letter.reason and f"kafka.max_message_bytes={LIMIT}" in letter.reason
+    outcomes = await _read_all(config, names.batches, decode_batch)
+    emitted = [tid for m in outcomes if isinstance(m, Batch) for tid in m.task_ids]
+    dropped = [m.task_id for m in outcomes if isinstance(m, GroupDropped)]
+    assert sorted(emitted + dropped) == sorted(images_of), "every admitted prompt ends exactly once"
+    assert sorted(tid for b in batches for tid in b.task_ids) == sorted(emitted)
+
+    checked = _check_vision_logprobs(batches, tiny_vlm_dir, images_of)
+    episodes = [m for m in await _read_all(config, names.episodes, decode_episode) if isinstance(m, Episode)]
+    scored = [m.episode for m in await _read_all(config, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
+    assert all("images" not in e.data for e in episodes), "episodes do not copy the prompt's images"
+    on_broker = {
+        "prompts": sum(len(i) for p in prompts for i in p.data["images"]),
+        "episodes": sum(len(i) for e in episodes for i in e.images.values()),
+        "scored": sum(len(i) for e in scored for i in e.images.values()),
+        "batches": sum(len(i) for b in outcomes if isinstance(b, Batch) for g in b.group_images for i in g),
+    }
+    once = sum(len(i) for images in images_of.values() for i in images)
+    print(f"\ne2e vision: prompts={len(prompts)} groups={len(emitted)} dropped={len(dropped)} "
+          f"logprobs checked={checked} (max |diff| <= 1e-4)")
+    print(f"e2e vision: image bytes on the broker {on_broker}; each prompt's images once = {once}; "
+          f"per-sample copies would be {GROUP_SIZE * once} per topic")
+    assert on_broker == {"prompts": once, "episodes": once, "scored": once, "batches": once}
+
+
+def _tails(tiers: dict[str, Tier]) -> str:
+    return "\n".join(f"--- {name}\n{tier.tail()}" for name, tier in tiers.items())
