@@ -27,6 +27,12 @@ Callers may rely on:
   ``sampling_params`` with SGLang's own keys only (SGLang >= 0.5.22 answers 400 to unknown
   ones); ``stop`` and ``min_new_tokens`` only when set (a server started with
   ``--skip-tokenizer-init`` refuses them; the error says so).
+* **Images.** ``image_data`` is sent, with every submission of the request (resubmissions
+  too), as a list of strings for the one request, the form SGLang's ``GenerateReqInput`` takes
+  for a single ``input_ids`` prompt: base64 text, data URIs, paths or URLs go as they are (the
+  server reads them); image bytes, PIL images and datasets' ``{"bytes", "path"}`` dicts are
+  sent as base64. The prompt holds the placeholder tokens the model's processor made for the
+  images, as the reference system sends it. Anything else raises ``InvalidRequestError``.
 * **Faults.** Connection errors, timeouts and HTTP 5xx are retried up to ``max_retries`` times
   with capped exponential backoff and jitter; ``failure_threshold`` failures in a row mark a
   server down for ``down_cooldown_seconds`` and its calls move to the others. With no server
@@ -43,12 +49,13 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
-from rollstream.api.request_check import checked_input_ids
+from rollstream.api.request_check import InvalidRequestError, checked_input_ids
 from rollstream.config import SGLangConfig
 from rollstream.engines.sglang_admin import ServerHealth, SGLangAdmin
 from rollstream.engines.sglang_http import (
@@ -62,6 +69,7 @@ from rollstream.engines.sglang_http import (
 )
 from rollstream.engines.sglang_pool import Server, ServerPool, SGLangEngineStats
 from rollstream.retry import RetryPolicy
+from rollstream.vision.images import ImageError, image_bytes, to_base64
 
 __all__ = [
     "EngineRequestError", "EngineUnavailableError", "NonFiniteLogprobError", "SGLangEngine",
@@ -245,6 +253,7 @@ class SGLangEngine(InferenceEngine):
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Generate for ``req``, resuming across pauses (see the module docstring)."""
         checked_input_ids(req.input_ids)  # a malformed request fails here, alone, with its cause
+        images = sglang_image_data(req.image_data) if req.image_data else None
         g = req.gconfig
         budget = g.budget(len(req.input_ids))
         started = time.monotonic()
@@ -256,7 +265,7 @@ class SGLangEngine(InferenceEngine):
         empty_aborts = 0
         attempts = itertools.count()  # a fresh rid per HTTP attempt
         while len(tokens) < budget:
-            payload = self._payload(req, tokens, budget)
+            payload = self._payload(req, tokens, budget, images)
             server, span, minimum = await self._generate(req.rid, payload, attempts)
             if span.version < minimum:  # the server went back (restarted) after it was picked
                 self.stats.stale_spans += 1
@@ -299,14 +308,14 @@ class SGLangEngine(InferenceEngine):
         if empty_aborts:
             await asyncio.sleep(self._backoff(empty_aborts - 1))  # shedding load: do not spin
 
-    def _payload(self, req: ModelRequest, generated: list[int], budget: int) -> dict[str, Any]:
+    def _payload(self, req: ModelRequest, generated: list[int], budget: int, images: list[str] | None) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "input_ids": list(req.input_ids) + generated,
             "sampling_params": sampling_params(req.gconfig, budget - len(generated), len(generated)),
             "return_logprob": True,
         }
-        if req.image_data:
-            payload["image_data"] = req.image_data
+        if images:
+            payload["image_data"] = images
         return payload
 
     async def _generate(
@@ -376,3 +385,17 @@ def _explain(exc: HttpRefused, payload: dict[str, Any]) -> EngineRequestError:
             f"{exc} (the request used {used}: a server started with --skip-tokenizer-init refuses "
             "them; start it without that flag or drop them from gconfig)")
     return exc
+
+
+def sglang_image_data(images: Sequence[Any]) -> list[str]:
+    """``ModelRequest.image_data`` as SGLang's ``/generate`` takes it (see the module docstring)."""
+    out: list[str] = []
+    for index, image in enumerate(images):
+        if isinstance(image, str):
+            out.append(image)
+            continue
+        try:
+            out.append(to_base64(image_bytes(image, f"image_data[{index}]")))
+        except ImageError as exc:
+            raise InvalidRequestError(str(exc)) from None
+    return out

@@ -47,7 +47,8 @@ def load_processor(path: str | Path) -> Any:
     except Exception as exc:  # transformers raises several types for a missing video backend
         if not _has_qwen2_vl_image_processor(Path(path)):
             raise
-        log.info("AutoProcessor(%s) failed (%s: %s); using its image and text halves", path, type(exc).__name__, exc)
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        log.info("AutoProcessor(%s) failed (%s: %s); using its image and text halves", path, type(exc).__name__, first_line)
     from transformers import AutoTokenizer
 
     return image_only_qwen2_vl_class()(load_image_processor(path), AutoTokenizer.from_pretrained(str(path)))

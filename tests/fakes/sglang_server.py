@@ -8,7 +8,9 @@ by point; ``scripts/check_sglang.py`` runs the same checks against a real server
 * ``/generate`` takes ``input_ids`` (the server models ``--skip-tokenizer-init``: no ``text``;
   ``stop`` strings and ``min_new_tokens`` > 0 are refused with 400, as SGLang refuses them
   without a tokenizer). Unknown top-level keys are ignored; an unknown ``sampling_params`` key
-  is 400 "unknown field" (SGLang >= 0.5.22). A ``rid`` the server still holds is 400
+  is 400 "unknown field" (SGLang >= 0.5.22). ``image_data`` for the one ``input_ids`` prompt
+  must be a string or a list of strings or dicts (SGLang's ``ImageDataInputItem`` forms that JSON
+  can carry), else 400. A ``rid`` the server still holds is 400
   "Duplicate request ID detected"; a dropped client is noticed only every
   ``disconnect_check_seconds`` (SGLang: ~4 s), so its rid stays held until then.
 * ``meta_info.weight_version`` reports the version given to ``/update_weights_from_disk``
@@ -356,6 +358,10 @@ class FakeSGLangServer:
             return "skip_tokenizer_init", "text prompts need a tokenizer: the server runs with --skip-tokenizer-init"
         if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
             return "bad_body", "input_ids must be a non-empty list of ints"
+        images = body.get("image_data")
+        items = images if isinstance(images, list) else [images]
+        if images is not None and not all(isinstance(i, (str, dict)) for i in items):
+            return "bad_body", "image_data must be a string or a list of strings (one request: its images)"
         return None
 
     @staticmethod

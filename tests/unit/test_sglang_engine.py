@@ -414,3 +414,34 @@ async def test_failed_weight_update_leaves_the_server_behind(servers: Any) -> No
         assert engine.server_versions() == {a.url: 0, b.url: 3}
     finally:
         await engine.close()
+
+
+async def test_image_data_goes_as_sglang_takes_it_with_every_submission(servers: Any) -> None:
+    import base64
+
+    from rollstream.api.request_check import InvalidRequestError
+    from tests.unit.vision_helpers import noise_png
+
+    server = servers[0]
+    png = noise_png(3)
+    engine = engine_for(server)
+    try:
+        req = request(rid="img", n=60, ignore_eos=True)
+        req.image_data = [base64.b64encode(png).decode(), png, "/data/cat.png"]  # type: ignore[list-item]
+        task = asyncio.create_task(engine.agenerate(req))
+        await until_tokens(server)
+        await engine.pause()  # the abort makes the engine resubmit the rest
+        await engine.resume()
+        await task
+        with pytest.raises(InvalidRequestError, match=r"image_data\[0\] is a int"):
+            await engine.agenerate(ModelRequest(input_ids=[1], image_data=[7]))  # type: ignore[list-item]
+    finally:
+        await engine.close()
+    bodies = [b for b in server.requests if b["rid"].startswith("img.")]
+    assert len(bodies) == 2 and server.refusals["bad_body"] == 0
+    expected = [base64.b64encode(png).decode()] * 2 + ["/data/cat.png"]
+    assert all(b["image_data"] == expected for b in bodies)
+    async with aiohttp.ClientSession() as session:  # the stand-in refuses what SGLang's request class would
+        body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}, "image_data": [[1, 2]]}
+        async with session.post(f"{server.url}/generate", json=body) as resp:
+            assert resp.status == 400 and "image_data" in await resp.text()
