@@ -23,7 +23,7 @@ COPY rollout_workers ./rollout_workers
 COPY reward_workers ./reward_workers
 COPY consumers ./consumers
 COPY examples ./examples
-RUN pip install ".[math,plot]"
+RUN pip install ".[math,plot,vision]"
 
 # Run as an unprivileged user; /data is where the compose volume (dumps, checkpoints, demo
 # assets, HF cache) is mounted, created here so that the volume inherits the ownership.
