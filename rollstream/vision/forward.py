@@ -18,6 +18,7 @@ generated output holds no placeholder token.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -85,10 +86,23 @@ def rope_positions(
     row the offset of the next token's position from its count of tokens (0 without images)."""
     order = vision.slot_order() if vision is not None else []
     grid = vision.image_grid_thw[order] if vision is not None and order else None
+    _check_rope_index(model)
     positions, deltas = model.model.get_rope_index(
         input_ids, mm_token_type_ids=placeholders.long(), image_grid_thw=grid, attention_mask=attention_mask,
     )
     return positions, deltas.reshape(-1)
+
+
+def _check_rope_index(model: Any) -> None:
+    """Image slots are given to ``get_rope_index`` as ``mm_token_type_ids``; older transformers
+    found them by scanning the ids, generated ones included, which this recipe must avoid."""
+    if "mm_token_type_ids" not in inspect.signature(model.model.get_rope_index).parameters:
+        import transformers
+
+        raise RuntimeError(
+            f"rollstream's vision-language support needs a transformers whose Qwen2-VL get_rope_index takes "
+            f"mm_token_type_ids (5.17 and 5.24 do); this is transformers {transformers.__version__}"
+        )
 
 
 def vision_logits(
