@@ -212,16 +212,20 @@ class KafkaStepSource:
 
     # -- commits --
 
-    async def commit(self, entries: list[LedgerEntry]) -> None:
-        """Write ``entries`` to the ledger, then commit the last one's offsets (retried across
-        rebalances); :class:`CommitRefused` when every try failed."""
-        if not entries:
-            return
+    async def record(self, entries: list[LedgerEntry]) -> None:
+        """Append ``entries`` to the ledger (durably): the first half of :meth:`commit`."""
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         for entry in entries:
             entry.restart, entry.topic, entry.group_id, entry.written_at = restart, self.topic, self.group_id, time.time()
         if self.ledger is not None:
             await asyncio.to_thread(self.ledger.append, entries)
+
+    async def commit(self, entries: list[LedgerEntry]) -> None:
+        """Write ``entries`` to the ledger, then commit the last one's offsets (retried across
+        rebalances); :class:`CommitRefused` when every try failed."""
+        if not entries:
+            return
+        await self.record(entries)
         # Offsets only move forward: a step whose groups all came from a record split across
         # steps commits what the step before did.
         offsets = {p: o for p, o in entries[-1].offsets.items() if o > self._committed.get(p, -1)}
