@@ -134,7 +134,7 @@ def _print_result(result: Any, console: Any) -> None:
 
 def _train_command(args: argparse.Namespace) -> int:
     """Replace this process with the example trainer (under torchrun for ``--ranks`` > 1)."""
-    from rollstream.demo.example_trainer import trainer_argv
+    from rollstream.demo.example_trainer import TORCHRUN_ENV, trainer_argv
 
     try:
         load_config(args.config, args.overrides)  # a bad config is answered here, before torchrun starts
@@ -144,6 +144,8 @@ def _train_command(args: argparse.Namespace) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"rollstream train: {exc}", file=sys.stderr)
         return 2
+    for name, value in TORCHRUN_ENV.items():
+        os.environ.setdefault(name, value)
     os.execv(argv[0], argv)
     return 1  # not reached
 

@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path("examples") / "grpo_trainer.py"
+# torchrun's restarts otherwise reuse the rendezvous keys of the failed run and its workers
+# cannot connect (pytorch/pytorch#135712); harmless without restarts.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def _candidate_roots() -> list[Path]:

@@ -37,7 +37,7 @@ from rich.console import Console
 
 from rollstream.config import RollstreamConfig, load_config
 from rollstream.demo.children import ChildGroup, tier_argv
-from rollstream.demo.example_trainer import trainer_argv
+from rollstream.demo.example_trainer import TORCHRUN_ENV, trainer_argv
 from rollstream.demo.progress import DemoProgress, LagProbe, ProgressView
 from rollstream.demo.report import RewardTrend, StepsFile, plot_rewards, reward_trend, weight_reloads
 from rollstream.demo.settings import DemoSettings, demo_config_tree, write_config
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 2.0
 FOLLOW_SECONDS = 0.5  # how often the steps file is read
-CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **TORCHRUN_ENV}
 
 
 @dataclass(frozen=True)
