@@ -155,7 +155,11 @@ class TrainerBatches:
                 self._thread = None
 
     def __enter__(self) -> TrainerBatches:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -75,9 +75,9 @@ class _Replay:
 
     def __init__(self, config: RollstreamConfig, include_eval: bool, first_step: int) -> None:
         self.topic = TopicNames(config.experiment.experiment_name, config.experiment.trial_name).batches
+        # Counts drops, undecodable records and repeated groups as the live source does.
         self.accumulator = BatchAccumulator(config.trainer.batch_size, config.grouping.pad_value, include_eval,
-                                            remember_steps=1, topic=self.topic)
-        self.accumulator.trained = _NeverTrained()  # a replay hands out what it is asked for, again if asked
+                                            config.trainer.remember_steps, topic=self.topic)
         self._number = first_step - 1
         self._done = False
 
@@ -97,14 +97,6 @@ class _Replay:
     def _step(self, groups: list[GroupRows]) -> Step:
         self._number += 1
         return Step(self._number, groups, {})
-
-
-class _NeverTrained:
-    def __contains__(self, task_id: object) -> bool:
-        return False
-
-    def add(self, task_id: str) -> None:
-        pass
 
 
 class _OrderedReplay(_Replay):
