@@ -13,8 +13,10 @@ one clock for every process of the machine). The first ``--warmup`` steps are no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -110,8 +112,13 @@ async def measure_ranks(svc: Services, workdir: Path, ranks: int, steps: int, wa
     finally:
         await producer.stop()
         if job.poll() is None:
-            os.killpg(job.pid, 9)
+            os.killpg(job.pid, signal.SIGKILL)
             job.wait()
+        for pid_file in out.glob("pid-rank*"):  # torchrun's workers run in sessions of their own
+            with contextlib.suppress(OSError, ValueError):  # gone already; and a reused pid is not ours
+                pid = int(pid_file.read_text())
+                if "trainer_rank.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    os.kill(pid, signal.SIGKILL)
     measured = {task for step in plan[warmup:] for task, _ in step}
     per_rank: dict[str, str] = {}
     everyone: list[float] = []

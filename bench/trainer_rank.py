@@ -37,6 +37,7 @@ def main() -> int:
         dist.init_process_group("gloo")
         world = dist.get_world_size()
     rank = dist.get_rank() if dist.is_initialized() else 0
+    (args.out / f"pid-rank{rank}").write_text(str(os.getpid()))  # torchrun's workers have sessions of their own
     arrivals: dict[str, float] = {}
     steps: list[int] = []
     with TrainerBatches(load_config(args.config), wait_seconds=0.5) as batches:

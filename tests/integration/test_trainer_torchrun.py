@@ -15,6 +15,7 @@ in lockstep, and each step was committed once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -92,9 +93,14 @@ class TrainerJob:
         return "\n".join((self.out / "torchrun.log").read_text(errors="replace").splitlines()[-40:])
 
     def stop(self) -> None:
+        """Kill torchrun and every worker it started (they run in sessions of their own)."""
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        for pid in {e["pid"] for r in range(self.ranks) for e in self.log(r)}:
+            with contextlib.suppress(OSError):  # gone already; and a reused pid is not ours
+                if "trainer_job.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    os.kill(pid, signal.SIGKILL)
 
 
 async def kill_mid_step(pipe: Pipeline, job: TrainerJob, rank: int, step: int, timeout: float) -> int:

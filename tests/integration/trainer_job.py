@@ -43,6 +43,7 @@ def main() -> int:
         log.write(json.dumps({"event": event, "rank": rank, "pid": os.getpid(), "restart": restart, **fields}) + "\n")
         log.flush()
 
+    note("up")  # its pid, for a test that must kill what a failed run left
     config = load_config(args.config)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1, bias=False))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
