@@ -37,6 +37,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -269,6 +270,20 @@ class GRPOTrainer:
             signal.signal(sig, stop)
 
 
+def exit_with_launcher() -> None:
+    """Under torchrun: leave when the launcher is gone. Its workers run in sessions of their own,
+    so a launcher killed with SIGKILL (after its grace period) would leave them running."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(2.0)
+        log.error("torchrun is gone; exiting")
+        os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     from rollstream.cli import add_config_arguments
     from rollstream.config import load_config
@@ -286,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(TIER if rank == 0 else f"{TIER}-rank{rank}", config.log_level)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        exit_with_launcher()
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no progress bars between the log lines
