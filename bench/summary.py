@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.common import RESULTS_DIR, fmt
 
-ORDER = ("codec", "grouping", "pipeline", "inprocess", "latency", "memory", "gpu")
+ORDER = ("codec", "grouping", "pipeline", "inprocess", "latency", "trainer", "memory", "gpu")
 
 
 def load(name: str) -> dict[str, Any] | None:
@@ -53,6 +53,10 @@ def headline(name: str, r: dict[str, Any]) -> list[str]:
         for row in table(r, "Group-to-trainer"):
             rows.append(f"| latency | commit interval {row['commit_interval_ms']} ms: p50 / p95 / p99 ms | "
                         f"{fmt(row['p50'])} / {fmt(row['p95'])} / {fmt(row['p99'])} | max {fmt(row['max'])} |")
+    if name == "trainer":
+        for row in table(r, "Commit-to-rank"):
+            rows.append(f"| trainer | {row['ranks']} rank(s): commit to arrival on its rank, p50 / p99 ms | "
+                        f"{fmt(row['p50'])} / {fmt(row['p99'])} | max {fmt(row['max'])}; {row['groups']} groups |")
     if name == "memory":
         buf = table(r, "GroupBuffer")
         rows.append(f"| memory | GroupBuffer RSS after {buf[0]['emitted groups']:,} / {buf[-1]['emitted groups']:,} emitted groups, MB | "

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from consumers.grouping import CompleteGroup, DroppedGroup
-from rollstream.tensors import concat_padded_arena, version_span
+from rollstream.tensors import common_keys, concat_padded_arena, version_span
 from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_tensor_dict, pack_tensor_dict
 
 log = logging.getLogger(__name__)
@@ -37,15 +37,6 @@ def episode_rows(scored: ScoredEpisode) -> dict[str, Tensor]:
         rewards = torch.full((b,), float(scored.reward), dtype=torch.float32)
     rows["rewards"] = rewards.to(torch.float32)
     return rows
-
-
-def common_keys(parts: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
-    """Keep only keys every trajectory has (an optional key missing in one would fail the concat)."""
-    common = set(parts[0]).intersection(*parts[1:])
-    extra = set().union(*parts) - common
-    if extra:
-        log.warning("dropping trajectory keys %s that not every episode of the batch has", sorted(extra))
-    return [{k: v for k, v in p.items() if k in common} for p in parts]
 
 
 def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: float = 0.0) -> Batch:

@@ -1,71 +1,84 @@
-"""A reference GRPO trainer against the ``batches`` topic: copy it to write your own.
+"""A reference GRPO trainer on ``rollstream.trainer``: copy it to write your own.
 
-    python examples/grpo_trainer.py --config my.yaml      # or: rollstream train --config my.yaml
+    python examples/grpo_trainer.py --config my.yaml                          # one process
+    torchrun --nproc-per-node 2 examples/grpo_trainer.py --config my.yaml     # two ranks (DDP)
+    rollstream train --config my.yaml [--ranks 2]                             # the same, installed
 
-Each step:
+Under ``torchrun`` every rank runs this file: the model is wrapped in DistributedDataParallel
+(gloo on CPU, NCCL with ``trainer.device: cuda``, one GPU per rank) and
+:class:`~rollstream.trainer.TrainerBatches` gives each rank its share of every step. Each step:
 
-1. read ``trainer.batch_size`` groups with :class:`BatchConsumer` (read_committed);
+1. this rank's share of ``trainer.batch_size`` groups (whole groups, balanced by tokens);
 2. group-normalised advantages ``(r - mean_group) / (std_group + eps)``;
 3. ``trainer.ppo_epochs`` AdamW steps of the PPO-clip loss (ratio against the behaviour
-   logprobs the rollout workers recorded, clip ``trainer.clip``) over ``loss_mask`` tokens;
-4. ``ack`` the batch (its offsets are committed only now: a trainer that dies before this
-   gets the same groups again);
-5. save the weights to ``<trainer.checkpoint_dir>/v<n>`` and publish version ``n`` with
-   :class:`VersionPublisher`; the rollout workers load them and tag new tokens with ``n``.
+   logprobs the rollout workers recorded, clip ``trainer.clip``) over ``loss_mask`` tokens,
+   gradients averaged across ranks by DDP;
+4. rank 0 saves the weights as checkpoint ``v<step>`` (complete or invisible:
+   :class:`~rollstream.trainer.Checkpoints`);
+5. every rank commits the step (rank 0 writes the ledger and commits the offsets, once);
+6. rank 0 publishes version ``<step>`` (versions only go up; old checkpoints and their Redis
+   entries are deleted together, keeping ``trainer.keep_checkpoints``).
 
-Staleness is reported from the per-token versions (trainer version minus token version over
-generated tokens). A restarted trainer continues from the version in Redis (its weights are
-loaded from the published path; the optimizer state starts afresh).
+Restart (after a crash of any rank): the job resumes after the last committed step, from that
+step's checkpoint (a checkpoint written for a step whose commit did not happen is discarded:
+the step is trained again, on the same records), and publishes it if the crash came before the
+publish. No group is lost and none is trained twice (docs/TRAINER.md). The optimizer state
+starts afresh.
+
+``--steps-file F``: rank 0 appends one JSON line per step (the figures of
+:class:`StepReport`), which ``rollstream demo`` follows.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
+import json
 import logging
-import shutil
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `examples` and the tiers importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+import torch.distributed as dist
 
-from consumers.batch_consumer import BatchConsumer, TrainingBatch, VersionPublisher
 from examples.grpo import Staleness, UpdateStats, group_advantages, policy_update, staleness_stats
 from rollstream.config import ConfigError, RollstreamConfig, raise_first_problem
 from rollstream.metrics import STALENESS, WEIGHT_VERSION
-from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.trainer import Checkpoint, Checkpoints, SyncVersionPublisher, TrainerBatches, TrainingBatch
 
 log = logging.getLogger(__name__)
 
 TIER = "trainer"
-POLL_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
 class StepReport:
-    """One finished trainer step; ``version`` is the version published after it."""
+    """One finished step, all ranks together; ``version`` is the version published after it."""
 
     step: int
     version: int
     reward_mean: float
     episodes: int
     groups: int
-    update: UpdateStats
-    staleness: Staleness
+    ranks: int
+    loss: float  # rank 0's last epoch
+    clip_fraction: float
+    approx_kl: float
+    grad_norm: float
+    staleness_mean: float
+    staleness_max: int
     head_version: int
     tail_version: int
     seconds: float  # wall time of the step, waiting for the batch included
-    finished_at: float  # time.monotonic()
-
-
-StepCallback = Callable[[StepReport], None]
+    finished_at: float  # time.time()
 
 
 def check_config(config: RollstreamConfig) -> None:
@@ -76,29 +89,89 @@ def check_config(config: RollstreamConfig) -> None:
         (tc.clip <= 0, "trainer.clip must be > 0"),
         (tc.ppo_epochs < 1, "trainer.ppo_epochs must be >= 1"),
         (tc.max_steps < 0, "trainer.max_steps must be >= 0"),
-        (tc.keep_checkpoints < 1, "trainer.keep_checkpoints must be >= 1"),
     ]
     raise_first_problem(problems)
 
 
+def init_distributed(device: str) -> tuple[int, int, str]:
+    """``(rank, world_size, device)``; starts the process group under ``torchrun``."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        cuda = device.startswith("cuda")
+        if cuda:  # one GPU per rank
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            device = f"cuda:{local}"
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return rank, world, device
+
+
 class GRPOTrainer:
-    """The model, its optimizer and the step logic; :meth:`run` is the loop over batches."""
+    """The model, its optimizer and the step; :meth:`run` is the loop over this rank's batches."""
 
-    def __init__(self, config: RollstreamConfig) -> None:
+    def __init__(self, config: RollstreamConfig, steps_file: Path | None = None) -> None:
         check_config(config)
-        from transformers import AutoModelForCausalLM
-
         self.config = config
         tc = config.trainer
-        self.model = AutoModelForCausalLM.from_pretrained(tc.model_path).to(tc.device).eval()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.learning_rate)
+        self.rank, self.world, self.device = init_distributed(tc.device)
+        self.leader = self.rank == 0
+        self.checkpoints = Checkpoints(tc.checkpoint_dir)
+        self.steps_file = steps_file
         # The behaviour logprobs were taken at the rollout temperature: use the same one.
         self.temperature = float(config.rollout.gconfig.get("temperature", 1.0))
         self.version = 0
-        self.checkpoints = Path(tc.checkpoint_dir)
+        self.model: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.stopping = False
+
+    # -- resume --
+
+    def resume(self, last_step: int, versions: SyncVersionPublisher | None) -> None:
+        """Load the checkpoint of the last committed step (the initial weights when none)."""
+        if self.leader:
+            self.checkpoints.remove_partials()
+            self.checkpoints.discard_after(last_step)  # written, never committed: trained again
+        if dist.is_initialized():
+            dist.barrier()  # nobody reads the directory while rank 0 tidies it up
+        checkpoint = self.checkpoints.latest(at_most_step=last_step)
+        if last_step > 0 and (checkpoint is None or checkpoint.step != last_step):
+            raise RuntimeError(
+                f"the ledger says step {last_step} was committed but {self.checkpoints.directory} has no "
+                f"checkpoint of it (found {checkpoint}): restore the checkpoint directory"
+            )
+        path = checkpoint.path if checkpoint is not None else Path(self.config.trainer.model_path)
+        self._load(path)
+        self.version = checkpoint.version if checkpoint is not None else 0
+        if versions is not None:
+            self._publish_if_behind(checkpoint, versions)
+        log.info("rank %d: starting after step %d from %s", self.rank, last_step, path)
+
+    def _publish_if_behind(self, checkpoint: Checkpoint | None, versions: SyncVersionPublisher) -> None:
+        current, mine = versions.current_version(), checkpoint.version if checkpoint is not None else 0
+        if checkpoint is not None and current < mine:  # the crash came between the commit and the publish
+            versions.publish(mine, checkpoint)
+        elif current > mine:
+            raise RuntimeError(
+                f"redis holds version {current}, above this trainer's last committed step {mine}: another "
+                "trainer publishes to this experiment, or its ledger or checkpoints were replaced"
+            )
+
+    def _load(self, path: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path).to(self.device).eval()
+        if self.world > 1:
+            devices = [torch.device(self.device).index] if self.device.startswith("cuda") else None
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=devices)
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.trainer.learning_rate)
+
+    # -- the step --
 
     def train_on(self, batch: TrainingBatch) -> tuple[UpdateStats, Staleness, float]:
-        """One policy update on ``batch``: ``(update stats, staleness, mean reward)``."""
+        """One policy update on this rank's share: ``(update stats, staleness, reward sum)``."""
+        assert self.optimizer is not None
         tensors = batch.tensors
         rewards = tensors["rewards"].to(torch.float32)
         advantages = group_advantages(rewards, batch.row_task)
@@ -108,94 +181,117 @@ class GRPOTrainer:
             clip=tc.clip, epochs=tc.ppo_epochs, max_grad_norm=tc.max_grad_norm,
         )
         staleness = staleness_stats(tensors["versions"], tensors["loss_mask"], self.version)
-        return update, staleness, float(rewards.mean().item())
+        return update, staleness, float(rewards.sum().item())
 
-    def save(self, version: int) -> Path:
-        """Write ``v<version>`` (safetensors + config) and delete checkpoints beyond the kept ones."""
-        path = self.checkpoints / f"v{version}"
-        tmp = self.checkpoints / f".v{version}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp, safe_serialization=True)
-        shutil.rmtree(path, ignore_errors=True)
-        tmp.rename(path)  # a reader never sees a half-written checkpoint
-        old = self.checkpoints / f"v{version - self.config.trainer.keep_checkpoints}"
-        if version - self.config.trainer.keep_checkpoints > 0:
-            shutil.rmtree(old, ignore_errors=True)
-        return path
+    def save(self, step: int) -> Checkpoint:
+        """Rank 0: checkpoint ``v<step>`` (safetensors + config), complete or absent."""
+        model = self.model.module if self.world > 1 else self.model
+        with self.checkpoints.write(step, step=step) as out:
+            model.save_pretrained(out, safe_serialization=True)
+        checkpoint = self.checkpoints.get(step)
+        assert checkpoint is not None
+        return checkpoint
 
-    async def resume(self) -> None:
-        """Continue from the version in Redis, if a trainer already published one."""
-        exp = self.config.experiment
-        redis = connect(self.config.redis)
-        try:
-            update = await VersionStore(redis, RedisKeys(exp.experiment_name, exp.trial_name)).get_update()
-        finally:
-            await redis.aclose()
-        if update is None or update.version <= 0:
-            return
-        from transformers import AutoModelForCausalLM
+    def _totals(self, batch: TrainingBatch, reward_sum: float, staleness: Staleness) -> tuple[float, int, float, int]:
+        """Reward mean, episodes, staleness mean and max over every rank's share."""
+        rows = float(batch.tensors["rewards"].numel())
+        local = torch.tensor([reward_sum, rows, staleness.mean * staleness.tokens, float(staleness.tokens),
+                              float(staleness.max)], dtype=torch.float64, device=self.device)
+        if self.world > 1:
+            high = local[4:].clone()
+            dist.all_reduce(local, op=dist.ReduceOp.SUM)
+            dist.all_reduce(high, op=dist.ReduceOp.MAX)
+            local[4] = high[0]
+        reward, n, stale_sum, stale_n, stale_max = local.tolist()
+        return reward / max(n, 1.0), int(n), stale_sum / stale_n if stale_n else 0.0, int(stale_max)
 
-        loaded = await asyncio.to_thread(AutoModelForCausalLM.from_pretrained, update.path)
-        self.model.load_state_dict(loaded.state_dict())
-        self.version = update.version
-        log.info("resuming from published version %d (%s)", update.version, update.path)
-
-    async def run(self, stop: asyncio.Event, on_step: StepCallback | None = None) -> list[StepReport]:
-        """Train until ``stop`` is set or ``trainer.max_steps`` steps are done."""
-        await self.resume()
+    def run(self) -> list[StepReport]:
+        """Train until stopped (SIGTERM / Ctrl-C) or ``trainer.max_steps`` steps are committed."""
         reports: list[StepReport] = []
         max_steps = self.config.trainer.max_steps
-        async with contextlib.AsyncExitStack() as stack:
-            batches = await stack.enter_async_context(BatchConsumer(self.config))
-            versions = await stack.enter_async_context(VersionPublisher(self.config))
-            started = time.monotonic()
-            while not stop.is_set() and (max_steps == 0 or len(reports) < max_steps):
-                batch = await batches.next_batch(timeout=POLL_SECONDS)
-                if batch is None:
-                    continue
-                report = await self._step(batch, batches, versions, len(reports) + 1, started)
-                reports.append(report)
-                started = report.finished_at
-                if on_step is not None:
-                    on_step(report)
+        versions = SyncVersionPublisher(self.config, self.checkpoints) if self.leader else None
+        try:
+            with TrainerBatches(self.config) as batches:
+                self._on_signals(batches)
+                self.resume(batches.last_committed_step, versions)
+                if max_steps and batches.last_committed_step >= max_steps:
+                    return reports  # done before the restart
+                started = time.monotonic()
+                for batch in batches:
+                    if max_steps and batch.step > max_steps:
+                        break
+                    report = self._step(batch, batches, versions, started)
+                    reports.append(report)
+                    started = time.monotonic()
+                    if max_steps and batch.step >= max_steps:
+                        break
+        finally:
+            if versions is not None:
+                versions.close()
         return reports
 
-    async def _step(self, batch: TrainingBatch, batches: BatchConsumer, versions: VersionPublisher,
-                    step: int, started: float) -> StepReport:
-        # The update runs in a thread so that the event loop (Kafka heartbeats) keeps going.
-        update, staleness, reward = await asyncio.to_thread(self.train_on, batch)
-        await batches.ack(batch)
-        path = await asyncio.to_thread(self.save, self.version + 1)
-        self.version += 1
-        await versions.publish(self.version, str(path.resolve()))
+    def _step(self, batch: TrainingBatch, batches: TrainerBatches, versions: SyncVersionPublisher | None,
+              started: float) -> StepReport:
+        update, staleness, reward_sum = self.train_on(batch)
+        reward, episodes, stale_mean, stale_max = self._totals(batch, reward_sum, staleness)
+        checkpoint = self.save(batch.step) if self.leader else None
+        batches.commit(batch)  # every rank finished the step; it is never delivered again
+        self.version = batch.step
+        if versions is not None and checkpoint is not None:
+            versions.publish(batch.step, checkpoint)
         WEIGHT_VERSION.labels(TIER).set(self.version)
         STALENESS.labels(TIER).observe(batch.max_staleness)
-        now = time.monotonic()
         report = StepReport(
-            step=step, version=self.version, reward_mean=reward, episodes=int(batch.tensors["rewards"].numel()),
-            groups=batch.num_groups, update=update, staleness=staleness, head_version=batch.head_version,
-            tail_version=batch.tail_version, seconds=now - started, finished_at=now,
+            step=batch.step, version=self.version, reward_mean=reward, episodes=episodes, groups=batch.step_groups,
+            ranks=self.world, loss=update.loss.loss, clip_fraction=update.loss.clip_fraction,
+            approx_kl=update.loss.approx_kl, grad_norm=update.grad_norm, staleness_mean=stale_mean,
+            staleness_max=stale_max, head_version=batch.head_version, tail_version=batch.tail_version,
+            seconds=time.monotonic() - started, finished_at=time.time(),
         )
-        log.info(
-            "step %d: version %d, reward %.3f over %d episodes, loss %.4f, clip %.2f, staleness mean %.2f max %d",
-            step, self.version, reward, report.episodes, update.loss.loss, update.loss.clip_fraction,
-            staleness.mean, staleness.max,
-        )
+        if self.leader:
+            log.info("step %d: version %d, reward %.3f over %d episodes on %d ranks, loss %.4f, clip %.2f, "
+                     "staleness mean %.2f max %d", report.step, report.version, reward, episodes, self.world,
+                     report.loss, report.clip_fraction, stale_mean, stale_max)
+            if self.steps_file is not None:
+                with self.steps_file.open("a") as handle:
+                    handle.write(json.dumps(asdict(report)) + "\n")
         return report
 
+    def _on_signals(self, batches: TrainerBatches) -> None:
+        """SIGTERM / SIGINT: finish the current step, then stop every rank (a second one: exit now)."""
+        def stop(signum: int, frame: Any) -> None:
+            if self.stopping:
+                raise KeyboardInterrupt
+            self.stopping = True
+            log.info("stop requested: finishing the current step")
+            batches.stop()
 
-async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
-    """The tier-style entry point (``rollstream train``): train until stopped or max_steps."""
-    trainer = await asyncio.to_thread(GRPOTrainer, config)
-    await trainer.run(stop)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, stop)
+
+
+def exit_with_launcher() -> None:
+    """Under torchrun: leave when the launcher is gone. Its workers run in sessions of their own,
+    so a launcher killed with SIGKILL (after its grace period) would leave them running."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(2.0)
+        log.error("torchrun is gone; exiting")
+        os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rollstream.cli import add_config_arguments, run_tier
+    from rollstream.cli import add_config_arguments
     from rollstream.config import load_config
+    from rollstream.logs import setup_logging
 
-    parser = argparse.ArgumentParser(description="GRPO trainer reading the batches topic")
+    parser = argparse.ArgumentParser(description="GRPO trainer reading the batches topic (torchrun-ready)")
     add_config_arguments(parser)
+    parser.add_argument("--steps-file", type=Path, default=None, help="rank 0 appends one JSON line per step here")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
@@ -203,7 +299,24 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"grpo_trainer: {exc}", file=sys.stderr)
         return 2
-    return run_tier(TIER, run, config)
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(TIER if rank == 0 else f"{TIER}-rank{rank}", config.log_level)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        exit_with_launcher()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no progress bars between the log lines
+    try:
+        GRPOTrainer(config, args.steps_file).run()
+    except KeyboardInterrupt:
+        return 130
+    except Exception:
+        log.exception("trainer failed")
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.api.workflow import RolloutWorkflow, resolve_workflow
 from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
 from rollstream.imports import import_object
+from rollstream.reward_wrapper import close_workflow
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +136,10 @@ class WorkflowRegistry:
         return workflow
 
     async def aclose(self) -> None:
-        """Release what the workflows hold (e.g. their share of the reward process pool)."""
+        """Release what the workflows hold (see ``close_workflow``)."""
         for key, workflow in self._workflows.items():
-            close = getattr(workflow, "aclose", None)
-            if close is None:
-                continue
             try:
-                await close()
+                await close_workflow(workflow)
             except Exception:  # closing must go on for the others
                 log.exception("closing workflow %s failed", key)
 

@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.metrics import WEIGHT_VERSION
 from rollstream.retry import RetryPolicy
+from rollstream.together import run_together
 
 log = logging.getLogger(__name__)
 
@@ -104,18 +105,7 @@ class VersionFollower:
 
     async def run(self) -> None:
         """Follow versions until cancelled; raises only on unexpected errors."""
-        tasks = [
-            asyncio.create_task(self._watch_loop(), name="version-watch"),
-            asyncio.create_task(self._apply_loop(), name="version-apply"),
-        ]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_together({"version-watch": self._watch_loop(), "version-apply": self._apply_loop()})
 
     def _offer(self, version: int) -> None:
         if version > self._target:

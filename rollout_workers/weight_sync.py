@@ -48,6 +48,7 @@ from rollstream.engines.sglang_http import TRANSPORT_ERRORS, EngineRequestError,
 from rollstream.metrics import WEIGHT_VERSION
 from rollstream.server_lease import Lease, Phase, ServerLeases, ServerSyncState
 from rollstream.retry import RetryPolicy
+from rollstream.together import run_together
 from rollout_workers.versions import TIER, VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
@@ -240,15 +241,7 @@ class WeightSync:
 
     async def run(self) -> None:
         """Run every owner until cancelled; an unexpected error of one is raised."""
-        tasks = [asyncio.create_task(o.run(), name=f"weight-sync-{o.url}") for o in self.owners]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_together({f"weight-sync-{o.url}": o.run() for o in self.owners})
 
 
 class SharedServerFollower(VersionFollower):
@@ -267,13 +260,4 @@ class SharedServerFollower(VersionFollower):
 
     async def run(self) -> None:
         """Follow versions and run the server owners until cancelled."""
-        tasks = [asyncio.create_task(super().run(), name="version-follow"),
-                 asyncio.create_task(self.sync.run(), name="weight-sync")]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_together({"version-follow": super().run(), "weight-sync": self.sync.run()})

@@ -176,10 +176,23 @@ class GroupingConfig(_Section):
 
 
 class TrainerConfig(_Section):
-    batch_size: int = 8  # groups per step
+    """The trainer side (``rollstream.trainer``, docs/TRAINER.md) and the example GRPO trainer."""
+
+    batch_size: Annotated[int, msgspec.Meta(ge=1)] = 8  # groups per step (all ranks together)
     group_id: str = "trainer"
     checkpoint_dir: str = "runs/checkpoints"
-    # A VLM's directory (or any with its image processor): BatchConsumer rebuilds the vision
+    # Kafka membership of the trainer's consumer (rank 0's). It polls on a background thread
+    # during a step, so steps of any length keep it in its group.
+    poll_timeout_ms: Annotated[int, msgspec.Meta(ge=1)] = 500  # one fetch waits at most this long
+    session_timeout_ms: Annotated[int, msgspec.Meta(ge=1)] = 10_000  # a dead trainer's partitions move after this
+    heartbeat_interval_ms: Annotated[int, msgspec.Meta(ge=1)] = 3_000
+    max_poll_interval_ms: Annotated[int, msgspec.Meta(ge=1)] = 300_000  # Kafka's limit between two polls
+    prefetch_steps: Annotated[int, msgspec.Meta(ge=1)] = 1  # steps read ahead while one trains; fetching pauses beyond
+    remember_steps: Annotated[int, msgspec.Meta(ge=1)] = 64  # task ids of this many steps are never handed out again
+    commit_retries: Annotated[int, msgspec.Meta(ge=1)] = 10  # tries of a step's commit (e.g. across a rebalance)
+    ledger_path: str = ""  # the committed steps, one JSON line each; "": <checkpoint_dir>/ledger.jsonl
+    collective_timeout_seconds: Seconds = 3600.0  # torchrun: the longest a rank waits for the others
+    # A VLM's directory (or any with its image processor): the trainer side rebuilds the vision
     # inputs of batches with images with it ("" = none: TrainingBatch.vision stays None)
     processor_path: str = ""
     # The example GRPO trainer (examples/grpo_trainer.py, `rollstream train`):
@@ -190,7 +203,7 @@ class TrainerConfig(_Section):
     ppo_epochs: int = 1  # optimizer steps per batch
     max_grad_norm: float = 1.0
     max_steps: int = 0  # 0: train until stopped
-    keep_checkpoints: int = 4  # older ckpt/v{n} directories are deleted
+    keep_checkpoints: Annotated[int, msgspec.Meta(ge=1)] = 4  # older v{n} directories and their Redis entries are deleted
 
 
 class DumpConfig(_Section):

@@ -95,6 +95,22 @@ return 1
 """
 
 
+# KEYS: version, weights, channel. ARGV: version, path, announcement. Publishes only a version
+# above the current one: {1} published, {0, current} refused, {MALFORMED, key, value}.
+_PUBLISH_NEWER = """
+local raw = redis.call('GET', KEYS[1])
+if raw then
+  local current = tonumber(raw)
+  if current == nil then return {-3, KEYS[1], raw} end
+  if tonumber(ARGV[1]) <= current then return {0, current} end
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PUBLISH', KEYS[3], ARGV[3])
+return {1}
+"""
+
+
 class RedisStateError(RedisError):
     """A key holds a value that is not what rollstream wrote (e.g. not an integer)."""
 
@@ -169,6 +185,26 @@ class VersionStore:
             )
             await pipe.execute()
         log.info("published weight version %d at %s", update.version, update.path)
+
+    async def publish_newer(self, update: WeightUpdate) -> int | None:
+        """Like :meth:`publish`, atomically and only when ``update.version`` is above the current
+        version (any version when none was published). None when published, else the current
+        version that refused it; RedisStateError when the version key is malformed."""
+        message = json.dumps({"event": "version", "version": update.version, "path": update.path})
+        script = self._redis.register_script(_PUBLISH_NEWER)
+        keys = [self._keys.key("version"), self._keys.key("weights"), self._keys.channel]
+        result = await script(keys=keys, args=[update.version, update.path, message])
+        if result[0] == MALFORMED:
+            _answer(result)
+        if result[0] == 0:
+            return int(result[1])
+        log.info("published weight version %d at %s", update.version, update.path)
+        return None
+
+    async def forget(self, versions: list[int]) -> None:
+        """Delete the weights entries of ``versions`` (their checkpoints are being deleted)."""
+        if versions:
+            await self._redis.hdel(self._keys.key("weights"), *(str(v) for v in versions))
 
     async def watch(self, poll_seconds: float = 2.0) -> AsyncIterator[int]:
         """Yield the version each time it changes (channel messages, with polling as a backstop)."""

@@ -276,3 +276,22 @@ class AsyncRewardWrapper:
         pool, self._pool = self._pool, None
         if pool is not None:
             _release(pool)
+
+
+async def close_workflow(workflow: Any) -> None:
+    """Release what a workflow holds: its own ``aclose`` if it has one, then every
+    ``AsyncRewardWrapper`` it keeps as an attribute (workflows written for the reference system
+    create one and never close it, so its share of the process pool would outlive them).
+    Closing a wrapper twice is harmless. Raises the first error after trying them all."""
+    closers = [getattr(workflow, "aclose", None)]
+    closers += [v.aclose for v in getattr(workflow, "__dict__", {}).values() if isinstance(v, AsyncRewardWrapper)]
+    errors: list[BaseException] = []
+    for close in closers:
+        if close is None:
+            continue
+        try:
+            await close()
+        except Exception as exc:  # noqa: BLE001 - the others must still be closed
+            errors.append(exc)
+    if errors:
+        raise errors[0]

@@ -8,6 +8,7 @@ A trajectory dict holds ``[B, L]`` sequence tensors (``input_ids``, ``attention_
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -16,6 +17,8 @@ import torch
 from torch import Tensor
 
 from rollstream.wire.packed import allocate_packed
+
+log = logging.getLogger(__name__)
 
 trajectory_dtypes: dict[str, torch.dtype] = {
     "input_ids": torch.int32,
@@ -179,6 +182,17 @@ def _check_same_keys(dicts: list[dict[str, Any]]) -> None:
                 f"cannot concatenate tensor dicts with different keys: dict {i} lacks {missing} "
                 f"and has extra {extra} compared with dict 0"
             )
+
+
+def common_keys(parts: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+    """Keep only keys every trajectory has (an optional key missing in one would fail the concat).
+
+    The keys dropped are logged as a warning, never silently."""
+    common = set(parts[0]).intersection(*parts[1:])
+    extra = set().union(*parts) - common
+    if extra:
+        log.warning("dropping trajectory keys %s that not every episode of the batch has", sorted(extra))
+    return [{k: v for k, v in p.items() if k in common} for p in parts]
 
 
 def concat_padded_tensors(dicts: list[dict[str, Tensor]], pad_value: float = 0.0) -> dict[str, Tensor]:

@@ -1,7 +1,7 @@
 """``rollstream demo | train | topics create``.
 
     rollstream demo [--steps N] [--workers W] [--run-dir D] [--no-live]
-    rollstream train --config F          # the example GRPO trainer against the batch topic
+    rollstream train --config F [--ranks N]  # the example GRPO trainer (torchrun for N > 1)
     rollstream topics create --config F  # the trial's topics (partitions, replication) and exit
 
 Handlers return the process exit code (0 ok, 1 failed, 2 bad arguments or config, 130
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ def register(subparsers: Any) -> None:
     _register_demo(subparsers)
     train = subparsers.add_parser("train", help="run the example GRPO trainer (examples/grpo_trainer.py) on the batch topic")
     add_config_arguments(train)
+    train.add_argument("--ranks", type=int, default=1, help="trainer ranks; more than 1 runs it under torchrun (default 1)")
+    train.add_argument("--steps-file", type=Path, default=None, help="rank 0 appends one JSON line per step here")
     train.set_defaults(func=_train_command)
     topics = subparsers.add_parser("topics", help="manage the trial's Kafka topics")
     actions = topics.add_subparsers(dest="topics_command", metavar="{create}", required=True)
@@ -46,6 +49,8 @@ def _register_demo(subparsers: Any) -> None:
     )
     p.add_argument("--steps", type=int, default=d.steps, help=f"trainer steps (default {d.steps})")
     p.add_argument("--workers", type=int, default=d.workers, help=f"rollout workers (default {d.workers})")
+    p.add_argument("--trainer-ranks", type=int, default=d.trainer_ranks,
+                   help=f"trainer ranks; more than 1 runs the trainer under torchrun (default {d.trainer_ranks})")
     p.add_argument("--run-dir", type=Path, default=None, help="where everything goes (default runs/demo/<time>)")
     p.add_argument("--no-live", dest="live", action="store_false", help="plain lines instead of the live view")
     p.add_argument("--group-size", type=int, default=d.group_size, help=f"samples per prompt (default {d.group_size})")
@@ -75,13 +80,14 @@ def _demo_command(args: argparse.Namespace) -> int:
 
     checks = [(args.steps >= 1, "--steps"), (args.workers >= 1, "--workers"), (args.group_size >= 2, "--group-size"),
               (args.prompts_per_step >= 1, "--prompts-per-step"), (args.lr > 0, "--lr"), (args.eta >= 0, "--eta"),
-              (args.warmup_steps >= 0, "--warmup-steps"), (args.timeout > 0, "--timeout")]
+              (args.warmup_steps >= 0, "--warmup-steps"), (args.timeout > 0, "--timeout"),
+              (1 <= args.trainer_ranks <= args.prompts_per_step, "--trainer-ranks (1 to --prompts-per-step)")]
     bad = [name for ok, name in checks if not ok]
     if bad:
         print(f"rollstream demo: invalid {', '.join(bad)}", file=sys.stderr)
         return 2
     settings = replace(
-        DemoSettings(), steps=args.steps, workers=args.workers, group_size=args.group_size,
+        DemoSettings(), steps=args.steps, workers=args.workers, trainer_ranks=args.trainer_ranks, group_size=args.group_size,
         prompts_per_step=args.prompts_per_step, learning_rate=args.lr, max_head_offpolicyness=args.eta,
         warmup_steps=args.warmup_steps, seed=args.seed, max_operand=args.max_operand,
     )
@@ -106,15 +112,15 @@ def _print_result(result: Any, console: Any) -> None:
     reports = result.reports
     last = reports[-1] if reports else None
     episodes = sum(r.episodes for r in reports)
-    stale = [r.staleness.mean for r in reports]
+    stale = [r.staleness_mean for r in reports]
     rows = [
         ("result", result.reason),
         ("wall time", f"{result.seconds:.0f}s"),
-        ("trainer steps", str(len(reports))),
+        ("trainer steps", f"{len(reports)} ({reports[-1].ranks} rank{'s' if reports[-1].ranks > 1 else ''})" if reports else "0"),
         ("final version", str(last.version) if last else "0"),
         ("episodes trained", str(episodes)),
         ("reward first step / last step", f"{reports[0].reward_mean:.3f} / {last.reward_mean:.3f}" if last else "-"),
-        ("staleness mean / max", f"{sum(stale) / len(stale):.2f} / {max(r.staleness.max for r in reports)}" if stale else "-"),
+        ("staleness mean / max", f"{sum(stale) / len(stale):.2f} / {max(r.staleness_max for r in reports)}" if stale else "-"),
         ("weight reloads by rollout workers", f"{len(result.reloads)} (last version {max(result.reloads)})" if result.reloads else "0"),
         ("tier exit codes", ", ".join(f"{k}={v}" for k, v in result.exit_codes.items()) or "-"),
         ("run directory", str(result.run_dir)),
@@ -127,17 +133,21 @@ def _print_result(result: Any, console: Any) -> None:
 
 
 def _train_command(args: argparse.Namespace) -> int:
-    from rollstream.cli import run_tier
-    from rollstream.demo.example_trainer import load_example_trainer
+    """Replace this process with the example trainer (under torchrun for ``--ranks`` > 1)."""
+    from rollstream.demo.example_trainer import TORCHRUN_ENV, trainer_argv
 
     try:
-        config = load_config(args.config, args.overrides)
-        module = load_example_trainer()
-        module.check_config(config)
-    except (ConfigError, ImportError) as exc:
+        load_config(args.config, args.overrides)  # a bad config is answered here, before torchrun starts
+        if args.ranks < 1:
+            raise ConfigError("--ranks must be >= 1")
+        argv = trainer_argv(args.config, args.ranks, args.steps_file, args.overrides)
+    except (ConfigError, FileNotFoundError) as exc:
         print(f"rollstream train: {exc}", file=sys.stderr)
         return 2
-    return run_tier("trainer", module.run, config)
+    for name, value in TORCHRUN_ENV.items():
+        os.environ.setdefault(name, value)
+    os.execv(argv[0], argv)
+    return 1  # not reached
 
 
 def _topics_create_command(args: argparse.Namespace) -> int:

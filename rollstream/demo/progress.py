@@ -1,6 +1,6 @@
 """What the demo shows while it runs: trainer steps, versions, rewards, rates, lag per tier.
 
-:class:`DemoProgress` is fed by the trainer's step callback and by :class:`LagProbe`
+:class:`DemoProgress` is fed by the trainer's steps file and by :class:`LagProbe`
 (consumer-group offsets against end offsets, the same numbers as ``rollstream status``)
 and renders one rich table; with ``live=False`` it prints a plain line per step instead.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
@@ -19,6 +18,7 @@ from rich.live import Live
 from rich.table import Table
 
 from rollstream.config import RollstreamConfig
+from rollstream.demo.report import StepRecord
 from rollstream.kafka.clients import make_admin, make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.tools.status import GroupLag, consumer_groups
@@ -80,15 +80,15 @@ class LagProbe:
 
 @dataclass
 class DemoProgress:
-    """The numbers on screen; ``steps`` are the trainer's ``StepReport`` objects."""
+    """The numbers on screen; ``steps`` are the trainer's step records."""
 
     total_steps: int
     started: float = field(default_factory=time.monotonic)
-    steps: list[Any] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
     lags: dict[str, int | None] = field(default_factory=dict)
     phase: str = "starting the pipeline"
 
-    def add_step(self, report: Any) -> None:
+    def add_step(self, report: StepRecord) -> None:
         self.steps.append(report)
         self.phase = "training"
 
@@ -109,8 +109,8 @@ class DemoProgress:
         lag = " ".join(f"{tier}={'-' if v is None else v}" for tier, v in self.lags.items())
         return (
             f"step {s.step}/{self.total_steps} version {s.version} reward {s.reward_mean:.3f} "
-            f"episodes/s {self.episodes_per_second():.1f} staleness mean {s.staleness.mean:.2f} "
-            f"max {s.staleness.max} lag {lag or '-'}"
+            f"episodes/s {self.episodes_per_second():.1f} staleness mean {s.staleness_mean:.2f} "
+            f"max {s.staleness_max} ranks {s.ranks} lag {lag or '-'}"
         )
 
     def render(self) -> Table:
@@ -127,8 +127,9 @@ class DemoProgress:
             ("reward (last 5 steps)", f"{sum(recent) / len(recent):.3f}" if recent else "-"),
             ("episodes trained", str(self.episodes())),
             ("episodes/s", f"{self.episodes_per_second():.1f}"),
-            ("staleness (mean / max)", f"{last.staleness.mean:.2f} / {last.staleness.max}" if last else "-"),
-            ("loss / clip fraction", f"{last.update.loss.loss:.4f} / {last.update.loss.clip_fraction:.2f}" if last else "-"),
+            ("staleness (mean / max)", f"{last.staleness_mean:.2f} / {last.staleness_max}" if last else "-"),
+            ("loss / clip fraction", f"{last.loss:.4f} / {last.clip_fraction:.2f}" if last else "-"),
+            ("trainer ranks", str(last.ranks) if last else "-"),
         ]
         for tier, lag in self.lags.items():
             rows.append((f"lag {tier}", "-" if lag is None else str(lag)))

@@ -1,7 +1,8 @@
 """The end of a demo run: per-step records, the reward plot, the summary table.
 
-Everything here reads the trainer's ``StepReport`` objects (duck-typed, so the core does
-not import the example trainer) and writes into the run directory.
+The example trainer (a child process, one rank or several) writes one JSON line per step
+(``--steps-file``, its ``StepReport``); :class:`StepRecord` reads them, so the core never
+imports the example.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 
@@ -38,21 +38,50 @@ def reward_trend(rewards: Sequence[float], window: int = WINDOW) -> RewardTrend:
     return RewardTrend(sum(head) / len(head), sum(tail) / len(tail), window)
 
 
-def step_record(report: Any) -> dict[str, Any]:
-    """One JSON-able line per trainer step (``steps.jsonl``)."""
-    return {
-        "step": report.step, "version": report.version, "reward_mean": report.reward_mean,
-        "episodes": report.episodes, "groups": report.groups, "seconds": round(report.seconds, 3),
-        "loss": report.update.loss.loss, "clip_fraction": report.update.loss.clip_fraction,
-        "approx_kl": report.update.loss.approx_kl, "grad_norm": report.update.grad_norm,
-        "staleness_mean": report.staleness.mean, "staleness_max": report.staleness.max,
-        "head_version": report.head_version, "tail_version": report.tail_version,
-    }
+@dataclass(frozen=True)
+class StepRecord:
+    """One line of the trainer's steps file (the figures the demo shows)."""
+
+    step: int
+    version: int
+    reward_mean: float
+    episodes: int
+    groups: int
+    ranks: int
+    loss: float
+    clip_fraction: float
+    approx_kl: float
+    grad_norm: float
+    staleness_mean: float
+    staleness_max: int
+    head_version: int
+    tail_version: int
+    seconds: float
+    finished_at: float  # time.time()
+
+    @classmethod
+    def from_json(cls, line: str) -> StepRecord:
+        fields = json.loads(line)
+        return cls(**{name: fields[name] for name in cls.__dataclass_fields__})
 
 
-def write_steps(path: Path, reports: Sequence[Any]) -> Path:
-    path.write_text("".join(json.dumps(step_record(r)) + "\n" for r in reports))
-    return path
+class StepsFile:
+    """Follows the steps file as the trainer appends to it (whole lines only)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def new_records(self) -> list[StepRecord]:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return [StepRecord.from_json(line) for line in complete.decode().splitlines() if line.strip()]
 
 
 def plot_rewards(path: Path, rewards: Sequence[float], title: str, window: int = WINDOW) -> Path:

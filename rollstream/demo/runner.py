@@ -7,14 +7,15 @@ Order of a run (everything under ``run_dir``):
 2. the dataset (``dataset.jsonl``) and the one config file (``config.yaml``) are written and
    the trial's topics created;
 3. producer, rollout worker(s), reward worker, grouping and dump start as subprocesses
-   (``logs/<name>.log``);
-4. the example GRPO trainer runs in this process for ``steps`` steps, publishing a version
-   per step (``ckpt/v<n>``); the live view shows progress;
-5. every child is stopped (SIGTERM, then SIGKILL after a grace period), then the services;
-   ``steps.jsonl``, ``reward_per_step.png`` and the summary are written.
+   (``logs/<name>.log``), and the example GRPO trainer (``examples/grpo_trainer.py``, under
+   ``torchrun`` with ``trainer_ranks`` > 1) for ``steps`` steps, publishing a version per step
+   (``ckpt/v<n>``) and appending one line per step to ``steps.jsonl``, which the live view
+   follows;
+4. every child is stopped (SIGTERM, then SIGKILL after a grace period), then the services;
+   ``reward_per_step.png`` and the summary are written.
 
-A first Ctrl-C / SIGTERM stops the run after the current step and still cleans up; a second
-one cancels the trainer at once (the cleanup still runs).
+A first Ctrl-C / SIGTERM stops the trainer after its current step and still cleans up; a
+second one stops waiting for it (the cleanup still runs).
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from rich.console import Console
 
 from rollstream.config import RollstreamConfig, load_config
 from rollstream.demo.children import ChildGroup, tier_argv
-from rollstream.demo.example_trainer import load_example_trainer
+from rollstream.demo.example_trainer import TORCHRUN_ENV, trainer_argv
 from rollstream.demo.progress import DemoProgress, LagProbe, ProgressView
-from rollstream.demo.report import plot_rewards, reward_trend, RewardTrend, weight_reloads, write_steps
+from rollstream.demo.report import RewardTrend, StepsFile, plot_rewards, reward_trend, weight_reloads
 from rollstream.demo.settings import DemoSettings, demo_config_tree, write_config
 from rollstream.demo.task import dataset_rows, write_dataset
 from rollstream.dev.launcher import DevStack, dev_stack
@@ -48,7 +49,8 @@ from rollstream.kafka.topics import TopicNames
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 2.0
-CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+FOLLOW_SECONDS = 0.5  # how often the steps file is read
+CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **TORCHRUN_ENV}
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,6 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
         result.seconds = time.monotonic() - started
         result.reloads = weight_reloads(sorted((run_dir / "logs").glob("rollout-*.log")))
         if result.reports:
-            write_steps(run_dir / "steps.jsonl", result.reports)
             result.plot = plot_rewards(run_dir / "reward_per_step.png", result.rewards,
                                        f"rollstream demo {run_dir.name}: reward per step")
     return result
@@ -173,6 +174,7 @@ def _run(options: DemoOptions, run_dir: Path, result: DemoResult, console: Conso
             children = ChildGroup(run_dir / "logs", env=CHILD_ENV)
             try:
                 _start_tiers(children, settings, result.config_path, config)
+                children.start("trainer", trainer_argv(result.config_path, settings.trainer_ranks, run_dir / "steps.jsonl"))
                 _write_processes(run_dir / "processes.json", stack, children)
                 asyncio.run(_pipeline(config, children, options, result, console, deadline))
             finally:
@@ -236,17 +238,32 @@ async def _pipeline(config: RollstreamConfig, children: ChildGroup, options: Dem
     stop = asyncio.Event()
     _install_signals(stop)
     progress = DemoProgress(options.settings.steps)
-    trainer_module = load_example_trainer()
-    trainer = await asyncio.to_thread(trainer_module.GRPOTrainer, config)
+    steps = StepsFile(result.run_dir / "steps.jsonl")
+    trainer = next(c for c in children.children if c.name == "trainer")
     with ProgressView(progress, console, options.live) as view:
-        def on_step(report: Any) -> None:
-            progress.add_step(report)
-            result.reports.append(report)
-            view.refresh(step_done=True)
+        def follow() -> None:
+            for record in steps.new_records():
+                progress.add_step(record)
+                result.reports.append(record)
+                view.refresh(step_done=True)
 
         watcher = asyncio.create_task(_watch(config, children, progress, view, result, stop, deadline))
         try:
-            await trainer.run(stop, on_step)
+            while trainer.running() and not stop.is_set():
+                follow()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), FOLLOW_SECONDS)
+            if trainer.running():  # stopped early: the trainer finishes its step first (bounded)
+                assert trainer.proc is not None
+                trainer.proc.send_signal(signal.SIGTERM)
+                give_up = time.monotonic() + options.stop_grace_seconds
+                while trainer.running() and time.monotonic() < give_up:
+                    follow()
+                    await asyncio.sleep(FOLLOW_SECONDS)
+            follow()
+            code = trainer.proc.poll() if trainer.proc is not None else None
+            if code not in (None, 0) and not stop.is_set():
+                result.reason = f"tier failed: trainer (see {trainer.log_path})"
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)

@@ -24,6 +24,7 @@ class DemoSettings:
 
     steps: int = 50
     workers: int = 1
+    trainer_ranks: int = 1  # > 1: the example trainer under torchrun (gloo, CPU), DDP across the ranks
     group_size: int = 8  # samples per prompt
     prompts_per_step: int = 8  # groups per trainer step (staleness.batch_size too)
     max_operand: int = 3  # a, b in 0..max_operand: few enough problems to learn in minutes

@@ -26,6 +26,7 @@ from rollstream.api.io_struct import ModelResponse
 from rollstream.api.recording import EpisodeEngine
 from rollstream.api.workflow import resolve_workflow
 from rollstream.normalize import TrajectoryError, episode_tensors
+from rollstream.reward_wrapper import close_workflow
 from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, decode_tensor_dict, encode, encode_tensor_dict
 
 Outcome = Literal["episode", "rejected", "failed"]
@@ -85,8 +86,12 @@ async def check_workflow(
     """
     resolved = resolve_workflow(workflow, workflow_kwargs)
     task = decode_prompt(encode(PromptTask(task_id="check-0", group_size=n, data=data, is_eval=is_eval)))
-    async with _engine_or_tiny(engine) as shared:
-        samples = await asyncio.gather(*(_sample(resolved, shared, task, i) for i in range(n)))
+    try:
+        async with _engine_or_tiny(engine) as shared:
+            samples = await asyncio.gather(*(_sample(resolved, shared, task, i) for i in range(n)))
+    finally:
+        if resolved is not workflow:  # built here: its reward pools are released here
+            await close_workflow(resolved)
     check = WorkflowCheck(list(samples))
     if check.failed and not allow_failures:
         reasons = "\n".join(f"  sample {s.sample_idx}: {s.error}" for s in check.failed)

@@ -1,18 +1,17 @@
-"""BatchConsumer and VersionPublisher against a real broker and Redis."""
+"""The BatchConsumer kept for existing imports (consumers.batch_consumer) against a real broker."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from consumers.batch_consumer import BatchConsumer, VersionPublisher
+from consumers.batch_consumer import BatchConsumer
 from consumers.batching import build_batch
 from consumers.grouping import CompleteGroup
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, VersionStore
 from rollstream.wire import GroupDropped, encode
 from tests.helpers import make_config
 from tests.unit.test_grouping_support import scored
@@ -70,15 +69,3 @@ async def test_batches_are_redelivered_until_acked(kafka_bootstrap: str, redis_u
         assert await again.next_batch(timeout=2) is None  # "f" alone is not a full batch
     async with BatchConsumer(config) as last:
         assert await last.next_batch(timeout=2) is None  # c, d stay acked
-
-
-async def test_version_publisher_sets_the_redis_version(redis_url: str, unique_name: str, redis_client) -> None:
-    config = make_config("127.0.0.1:1", redis_url, unique_name)
-    async with VersionPublisher(config) as publisher:
-        await publisher.publish(5, "/weights/5")
-        with pytest.raises(ValueError):
-            await publisher.publish(-1, "/nowhere")
-    store = VersionStore(redis_client, RedisKeys(config.experiment.experiment_name, config.experiment.trial_name))
-    assert await store.get_version() == 5
-    update = await store.get_update()
-    assert update is not None and update.path == "/weights/5"

@@ -62,6 +62,13 @@ def test_latency_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> N
 
 
 @pytest.mark.broker
+def test_trainer_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> None:
+    results = run_bench("trainer", tmp_path, "--ranks", "2", "--steps", "2", env=broker_env)
+    row = next(iter(results["tables"].values()))[0]
+    assert row["ranks"] == 2 and row["groups"] == 4 and row["p50"] >= 0
+
+
+@pytest.mark.broker
 def test_gpu_benchmark_runs_on_cpu(broker_env: dict[str, str], tmp_path: Path) -> None:
     run_bench("gpu", tmp_path, env=broker_env)
 

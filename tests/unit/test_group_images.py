@@ -104,3 +104,16 @@ def test_the_trainer_side_rebuilds_each_rows_images_once_per_distinct_image(imag
     second = vision.select([1, 3])  # a micro-batch keeps only what its rows show
     assert second.row_images == [[0], []] and torch.equal(second.pixel_values, vision.patches(1))
     assert assemble(groups).vision is None  # no image processor: only the bytes
+
+
+def test_a_ranks_share_carries_its_groups_images() -> None:
+    from rollstream.trainer.share import StepShare, decode_share, encode_share, group_rows, share_group
+
+    group = CompleteGroup("a", 2, False, (shows(scored("a", 0, 2), [DOG, CAT], [DOG, CAT]),
+                                         shows(scored("a", 1, 2), [CAT])), 0, 0, 0, 1, 0.0,
+                          images={image_digest(CAT): CAT, image_digest(DOG): DOG})
+    [rows] = split_groups(build_batch([group], trainer_version=1))
+    share = decode_share(encode_share(StepShare(kind="step", step=1, groups=[share_group(rows)])))
+    received = group_rows(share.groups[0])
+    assert received.images == [DOG, CAT] and received.row_images == [[0, 1], [1]]
+    assert assemble([received]).row_images == [[0, 1], [1]]

@@ -23,12 +23,14 @@ def lines(path: Path) -> int:
 
 @pytest.fixture
 async def wrappers() -> AsyncIterator[list[AsyncRewardWrapper]]:
-    """Wrappers created by a test, all closed afterwards (so pools never outlive a test)."""
+    """Wrappers created by a test, all closed afterwards (so the test's pools never outlive it;
+    a pool another test's workflow still holds is left as it was)."""
+    before = dict(reward_wrapper._pools)
     made: list[AsyncRewardWrapper] = []
     yield made
     for w in made:
         await w.aclose()
-    assert reward_wrapper._pools == {}
+    assert reward_wrapper._pools == before
 
 
 def make(made: list[AsyncRewardWrapper], fn: object, **kw: object) -> AsyncRewardWrapper:
@@ -121,9 +123,10 @@ def _local_reward() -> float:
 
 @pytest.mark.parametrize("fn", [lambda: 1.0, (lambda: (lambda x: x))()], ids=["lambda", "local"])
 def test_unpicklable_function_is_refused(fn: object) -> None:
+    before = dict(reward_wrapper._pools)
     with pytest.raises(TypeError, match="must be picklable"):
         AsyncRewardWrapper(fn)  # type: ignore[arg-type]
-    assert reward_wrapper._pools == {}
+    assert reward_wrapper._pools == before  # refused before it took a share of any pool
 
 
 def test_async_function_and_bad_settings_are_refused() -> None:

@@ -1,0 +1,154 @@
+"""Turning ``batches`` records into steps of ``batch_size`` groups, with the offsets to commit.
+
+Pure, no I/O: :class:`BatchAccumulator` takes records one by one (a Kafka record, or a raw
+value with its partition and offset) and hands out :class:`StepGroups` once ``batch_size``
+groups wait.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from rollstream.trainer.batch import GroupRows, TrainingBatch, assemble, split_groups
+from rollstream.wire import Batch, GroupDropped, WireDecodeError, decode_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepGroups:
+    """The groups of one step, in the order they were read, and the offsets committing them
+    commits: the next offset per partition, for every record taken up to them."""
+
+    groups: list[GroupRows]
+    offsets: dict[int, int]
+
+
+class RecentTasks:
+    """The task ids of the last ``capacity`` groups handed out, oldest forgotten first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids: dict[str, None] = {}
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, task_id: str) -> None:
+        self._ids.pop(task_id, None)
+        self._ids[task_id] = None
+        while len(self._ids) > self.capacity:
+            del self._ids[next(iter(self._ids))]
+
+
+class BatchAccumulator:
+    """Collects groups record by record; hands out ``batch_size`` of them with commit offsets.
+
+    The offsets of a step cover every record taken so far, except a record whose groups were
+    split across two steps: it is committed with the step that uses its last group.
+
+    Second line of defence against training on a group twice (the first is the pipeline's
+    exactly-once emission): a group whose task id was handed out in the last
+    ``remember_steps`` steps (e.g. re-delivered after a commit that a rebalance refused, or
+    recorded in the trainer's ledger before a restart: :meth:`remember`) is skipped and
+    counted in ``duplicates_skipped``, never silently.
+    """
+
+    def __init__(
+        self, batch_size: int, pad_value: float = 0.0, include_eval: bool = False, remember_steps: int = 64,
+        topic: str = "", image_processor: Any = None,
+    ) -> None:
+        self.batch_size = batch_size
+        self.pad_value = pad_value
+        self.include_eval = include_eval
+        self.image_processor = image_processor  # rebuilds vision inputs in hand_out (None: bytes only)
+        self.topic = topic
+        self.drops_by_reason: Counter[str] = Counter()
+        self.undecodable = 0
+        self.eval_skipped = 0
+        self.duplicates_skipped = 0
+        self.trained = RecentTasks(max(1, remember_steps) * batch_size)
+        self._groups: list[GroupRows] = []
+        self._progress: dict[int, int] = {}  # next offset after the last record taken
+
+    def ready(self) -> bool:
+        return len(self._groups) >= self.batch_size
+
+    @property
+    def waiting(self) -> int:
+        """Groups taken and not handed out yet."""
+        return len(self._groups)
+
+    def reset(self) -> None:
+        """Forget what was taken but not handed out."""
+        self._groups.clear()
+        self._progress.clear()
+
+    def forget(self, partitions: Collection[int]) -> None:
+        """Forget what was taken from ``partitions`` and not handed out (they were revoked: their
+        next owner, or we again, reads them from the committed offset)."""
+        self._groups = [g for g in self._groups if g.partition not in partitions]
+        for p in partitions:
+            self._progress.pop(p, None)
+
+    def remember(self, task_ids: Iterable[str]) -> None:
+        """Count ``task_ids`` as handed out already (groups a ledger says were trained)."""
+        for task_id in task_ids:
+            self.trained.add(task_id)
+
+    def take(self, record: ConsumerRecord) -> None:
+        """Take one ``batches`` record: groups queue up, drops and bad records are counted."""
+        self.topic = self.topic or record.topic
+        self.take_value(record.value, record.partition, record.offset)
+
+    def take_value(self, value: bytes | None, partition: int, offset: int) -> None:
+        """:meth:`take` for a record's value read from elsewhere (a replay)."""
+        self._progress[partition] = offset + 1
+        try:
+            message = decode_batch(value)
+            groups = split_groups(message) if isinstance(message, Batch) else []
+        except (WireDecodeError, ValueError) as exc:
+            self.undecodable += 1
+            log.warning("skipping undecodable batches record %d@%d: %s", partition, offset, exc)
+            return
+        if isinstance(message, GroupDropped):
+            self.drops_by_reason[message.reason] += 1
+            return
+        if message.is_eval and not self.include_eval:
+            self.eval_skipped += len(groups)
+            return
+        waiting = {g.task_id for g in self._groups}
+        for group in groups:
+            if group.task_id in self.trained or group.task_id in waiting:
+                self.duplicates_skipped += 1
+                log.warning("skipping group %s at %d@%d: already trained on (or waiting) in this run",
+                            group.task_id, partition, offset)
+                continue
+            group.partition, group.offset = partition, offset
+            self._groups.append(group)
+
+    def next_step(self) -> StepGroups:
+        """The first ``batch_size`` waiting groups (call when :meth:`ready`)."""
+        taken, self._groups = self._groups[: self.batch_size], self._groups[self.batch_size :]
+        for group in taken:
+            self.trained.add(group.task_id)
+        offsets = dict(self._progress)
+        for left in self._groups:  # a record split across two steps is not committed yet
+            offsets[left.partition] = min(offsets.get(left.partition, left.offset), left.offset)
+        return StepGroups(taken, offsets)
+
+    def hand_out(self) -> TrainingBatch:
+        """:meth:`next_step` padded into one :class:`TrainingBatch`."""
+        step = self.next_step()
+        batch = assemble(step.groups, self.pad_value, self.image_processor)
+        batch.offsets = {TopicPartition(self.topic, p): o for p, o in step.offsets.items()}
+        return batch

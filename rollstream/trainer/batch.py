@@ -1,0 +1,206 @@
+"""What a trainer step receives: groups padded into one ``[N, L]`` tensor dict.
+
+Pure, no I/O: :func:`split_groups` cuts a ``Batch`` record into its groups and
+:func:`assemble` pads groups from any number of records into one :class:`TrainingBatch`.
+
+Vision: a group's images arrive once per group (``Batch.group_images``); each row says which it
+shows. With an image processor (the model's, as in the rollout: ``trainer.processor_path``,
+:func:`trainer_image_processor`), :func:`assemble` rebuilds the rows' ``pixel_values`` /
+``image_grid_thw`` into ``TrainingBatch.vision`` (``rollstream.vision.inputs.VisionInputs``),
+each distinct image once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from aiokafka.structs import TopicPartition
+from torch import Tensor
+
+from rollstream.tensors import common_keys, concat_padded_tensors, version_span
+from rollstream.config import RollstreamConfig
+from rollstream.vision.inputs import VisionInputs, build_vision_inputs
+from rollstream.wire import Batch, batch_tensors
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupRows:
+    """The rows of one group and where its record is (``offset`` in ``partition`` of ``batches``;
+    -1 when it came from elsewhere, e.g. a dump)."""
+
+    task_id: str
+    group_size: int
+    is_eval: bool
+    trainer_version: int
+    tensors: dict[str, Tensor]
+    sample_idx: list[int]
+    partition: int = -1
+    offset: int = -1
+    rejected: int = 0  # samples of the group the workflow rejected
+    failed: int = 0  # samples of the group that failed
+    images: list[bytes] = field(default_factory=list)  # the group's distinct encoded images
+    row_images: list[list[int]] = field(default_factory=list)  # per row: indexes into images ([] for text)
+
+    @property
+    def tokens(self) -> int:
+        """Attended positions over the group's rows (what a step's share is balanced on)."""
+        mask = self.tensors.get("attention_mask")
+        if mask is None:
+            return int(self.tensors["input_ids"].numel())
+        return int(mask.sum().item())
+
+
+@dataclass
+class TrainingBatch:
+    """The groups of one trainer step (under ``torchrun``: this rank's share of them).
+
+    ``tensors`` are ``[N, L]`` (``rewards`` ``[N]``), padded across the groups: ``versions``
+    with -1, ``attention_mask`` with 0, the rest with ``grouping.pad_value``; they are fresh,
+    writable tensors. ``row_task[r]`` indexes ``task_ids`` for row r. ``trainer_versions`` and
+    ``group_is_eval`` are per group, and so are ``group_rejected`` / ``group_failed``: how many
+    samples of the group the workflow rejected / failed (0 for batches written before the
+    grouping tier counted them). ``head_version``/``tail_version`` span every generated
+    token (-1: none); ``max_staleness`` is the largest ``trainer_version - head`` of a group.
+
+    ``step`` counts the trainer's steps from 1, across restarts; ``rank``/``world_size`` say
+    whose share this is (0/1 for a single process); ``step_groups`` is the number of groups in
+    the whole step, every rank's share together. ``offsets`` is what committing the step
+    commits (the next offset per partition); only the stream that handed the batch out uses it.
+
+    Vision (empty for text): ``group_images[g]`` are group ``g``'s distinct encoded images;
+    ``row_images[r]`` indexes those row ``r`` shows, in the order of its image slots;
+    ``vision`` holds their ``pixel_values`` / ``image_grid_thw`` for a forward pass
+    (``rollstream.vision.forward.trajectory_logits``) when the batch was assembled with an
+    image processor, else ``None``.
+    """
+
+    tensors: dict[str, Tensor]
+    task_ids: list[str]
+    group_sizes: list[int]
+    row_task: list[int]
+    sample_idx: list[int]
+    trainer_versions: list[int]
+    group_is_eval: list[bool]
+    head_version: int
+    tail_version: int
+    max_staleness: int
+    offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    step: int = 0
+    rank: int = 0
+    world_size: int = 1
+    step_groups: int = 0
+    group_rejected: list[int] = field(default_factory=list)
+    group_failed: list[int] = field(default_factory=list)
+    group_images: list[list[bytes]] = field(default_factory=list)
+    row_images: list[list[int]] = field(default_factory=list)
+    vision: VisionInputs | None = None
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.task_ids)
+
+    @property
+    def is_eval(self) -> bool:
+        """True when every group is an eval group."""
+        return bool(self.group_is_eval) and all(self.group_is_eval)
+
+    @property
+    def tokens(self) -> int:
+        """Attended positions over every row."""
+        return int(self.tensors["attention_mask"].sum().item()) if "attention_mask" in self.tensors else 0
+
+
+def split_groups(batch: Batch) -> list[GroupRows]:
+    """The groups of a ``Batch`` record; ``ValueError`` if its bookkeeping is inconsistent."""
+    tensors = batch_tensors(batch)
+    n = tensors["input_ids"].shape[0] if "input_ids" in tensors else -1
+    if len(batch.row_task) != n or len(batch.sample_idx) != n:
+        raise ValueError(f"batch has {n} rows but {len(batch.row_task)} row_task entries")
+    if len(batch.group_sizes) != len(batch.task_ids) or any(not 0 <= t < len(batch.task_ids) for t in batch.row_task):
+        raise ValueError("batch row_task / group_sizes do not match its task_ids")
+    groups = []
+    for index, task_id in enumerate(batch.task_ids):
+        rows = [r for r, t in enumerate(batch.row_task) if t == index]
+        picked = torch.tensor(rows, dtype=torch.long)
+        group_tensors = {k: v.index_select(0, picked) if v.dim() else v for k, v in tensors.items()}
+        groups.append(GroupRows(
+            task_id, batch.group_sizes[index], batch.is_eval, batch.trainer_version,
+            group_tensors, [batch.sample_idx[r] for r in rows],
+            rejected=_per_group(batch.rejected, index), failed=_per_group(batch.failed, index),
+            images=list(batch.group_images[index]) if batch.group_images else [],
+            row_images=[list(batch.row_images[r]) for r in rows] if batch.row_images else [],
+        ))
+    return groups
+
+
+def _per_group(counts: list[int], index: int) -> int:
+    return counts[index] if index < len(counts) else 0  # batches written before the counts: 0
+
+
+def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: Any = None) -> TrainingBatch:
+    """Pad ``groups`` into one :class:`TrainingBatch` (``offsets`` and step fields left for
+    the caller); with an ``image_processor``, also rebuild the rows' vision inputs."""
+    if not groups:
+        raise ValueError("assemble needs at least one group")
+    parts = common_keys([g.tensors for g in groups])
+    tensors = concat_padded_tensors(parts, pad_value) if len(parts) > 1 else {k: v.clone() for k, v in parts[0].items()}
+    row_task = [i for i, g in enumerate(groups) for _ in g.sample_idx]
+    head, tail = version_span(tensors.get("versions"))
+    staleness = [g.trainer_version - h for g in groups if (h := version_span(g.tensors.get("versions"))[0]) >= 0]
+    return TrainingBatch(
+        tensors=tensors,
+        task_ids=[g.task_id for g in groups],
+        group_sizes=[g.group_size for g in groups],
+        row_task=row_task,
+        sample_idx=[s for g in groups for s in g.sample_idx],
+        trainer_versions=[g.trainer_version for g in groups],
+        group_is_eval=[g.is_eval for g in groups],
+        head_version=head,
+        tail_version=tail,
+        max_staleness=max(staleness, default=0),
+        step_groups=len(groups),
+        group_rejected=[g.rejected for g in groups],
+        group_failed=[g.failed for g in groups],
+        **_vision_fields(groups, image_processor),
+    )
+
+
+def _vision_fields(groups: list[GroupRows], image_processor: Any) -> dict[str, Any]:
+    if not any(g.images for g in groups):
+        return {}
+    per_row = [(g, row) for g in groups for row in (g.row_images or [[] for _ in g.sample_idx])]
+    fields: dict[str, Any] = {"group_images": [g.images for g in groups], "row_images": [row for _, row in per_row]}
+    if image_processor is not None:
+        fields["vision"] = build_vision_inputs(image_processor, [[g.images[i] for i in row] for g, row in per_row])
+    return fields
+
+
+class StepAssembler:
+    """:func:`assemble` with the trainer's image processor (``None``: images stay bytes, and
+    the first batch that carries images logs a warning naming ``trainer.processor_path``)."""
+
+    def __init__(self, image_processor: Any = None) -> None:
+        self.image_processor = image_processor
+        self._warned = False
+
+    def assemble(self, groups: list[GroupRows], pad_value: float) -> TrainingBatch:
+        batch = assemble(groups, pad_value, self.image_processor)
+        if batch.group_images and self.image_processor is None and not self._warned:
+            self._warned = True
+            log.warning("batches carry images but no image processor is set (trainer.processor_path): "
+                        "TrainingBatch.vision is None; rebuild it with rollstream.vision.inputs.build_vision_inputs")
+        return batch
+
+
+def trainer_image_processor(config: RollstreamConfig) -> Any:
+    """The image processor of ``trainer.processor_path``, or ``None`` when it is not set."""
+    if not config.trainer.processor_path:
+        return None
+    from rollstream.vision.processor import load_image_processor
+
+    return load_image_processor(config.trainer.processor_path)

@@ -1,0 +1,282 @@
+"""The synchronous trainer API: one process, or every rank of a ``torchrun`` job.
+
+    with TrainerBatches(config) as batches:
+        for batch in batches:        # this rank's share of one step
+            train_step(batch)        # as long as it takes
+            batches.commit(batch)    # returns once every rank finished and the step is committed
+
+Single process: the Kafka client runs on a background thread (it keeps the consumer in its
+group while a step computes), and the loop is plain Python.
+
+Under ``torchrun`` (``torch.distributed`` initialized, more than one rank), every rank
+creates ``TrainerBatches`` and runs the same loop; every call is collective:
+
+- rank 0 alone owns the Kafka consumer. Each round it takes the next step's
+  ``trainer.batch_size`` groups, splits them into one share per rank (whole groups, balanced
+  by tokens, deterministic: :func:`~rollstream.trainer.split.split_by_tokens`) and scatters
+  the shares over a gloo group (:mod:`rollstream.trainer.ranks`), so the ranks step in
+  lockstep, each on different groups;
+- :meth:`TrainerBatches.commit` waits until every rank called it for the same step, then
+  rank 0 writes the step to the ledger and commits its offsets, once; every rank returns
+  (or raises) with the outcome;
+- a round without a step (nothing arrived within ``wait_seconds``) returns None on every
+  rank from :meth:`next_batch` and is skipped by the iterator, so no collective waits longer
+  than one round for the pipeline; :meth:`stop` on any rank ends every rank's iteration at
+  the next round; a failure on rank 0 ends it too, raising on every rank.
+
+If a rank dies, ``torchrun`` stops the others; the restarted job resumes after the last
+committed step: no group lost, none trained twice (see docs/TRAINER.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from aiokafka.structs import TopicPartition
+
+from rollstream.config import ConfigError, RollstreamConfig
+from rollstream.trainer.batch import GroupRows, StepAssembler, TrainingBatch, trainer_image_processor
+from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource
+from rollstream.trainer.loop_thread import LoopThread
+from rollstream.trainer.ranks import Ranks
+from rollstream.trainer.share import StepShare, decode_share, encode_share, group_rows, share_group
+from rollstream.trainer.split import split_by_tokens
+from rollstream.trainer.steps import Step, StepSource
+from rollstream.trainer.stream import StepBook, check_batch_size
+
+log = logging.getLogger(__name__)
+
+SourceFactory = Callable[[], StepSource]
+
+
+class RankFailed(RuntimeError):
+    """Rank 0 failed (its error is in the message); every other rank raises this."""
+
+
+class TrainerBatches:
+    """Synchronous iterator of :class:`TrainingBatch`, this rank's share of each step.
+
+    ``source`` makes the step source on rank 0's I/O thread (default: the live Kafka source;
+    see :func:`rollstream.trainer.replay.replay_source` for a replay). ``group`` is the
+    process group whose ranks share the steps (default: every rank). ``wait_seconds`` is the
+    length of one round of :meth:`__iter__`. Every rank rebuilds the vision inputs of its share
+    with ``image_processor`` (default: the one of ``trainer.processor_path``, when set).
+    """
+
+    def __init__(
+        self,
+        config: RollstreamConfig,
+        *,
+        include_eval: bool = False,
+        client_id: str = "trainer",
+        source: SourceFactory | None = None,
+        ledger: bool = True,
+        group: Any = None,
+        wait_seconds: float = 2.0,
+        image_processor: Any = None,
+    ) -> None:
+        check_batch_size(config)
+        self.config = config
+        self.ranks = Ranks.detect(group, config.trainer.collective_timeout_seconds)
+        if config.trainer.batch_size < self.ranks.world_size:
+            raise ConfigError(
+                f"invalid configuration: trainer.batch_size {config.trainer.batch_size} is smaller than the "
+                f"{self.ranks.world_size} ranks: every rank needs at least one group per step"
+            )
+        self.wait_seconds = wait_seconds
+        self.book = StepBook()
+        self._pad_value = config.grouping.pad_value
+        self._images = StepAssembler(image_processor if image_processor is not None else trainer_image_processor(config))
+        self._stop = threading.Event()
+        self._stopped = False
+        self._mine: list[GroupRows] = []
+        self._thread: LoopThread | None = None
+        self._source: StepSource | None = None
+        if self.ranks.is_leader:
+            factory = source or (lambda: KafkaStepSource(config, include_eval=include_eval, client_id=client_id,
+                                                          use_ledger=ledger))
+            self._thread = LoopThread()
+
+            async def make() -> StepSource:
+                return factory()
+
+            self._source = self._thread.run(make())
+
+    # -- counters (rank 0's; zero elsewhere) --
+
+    def _counter(self, name: str) -> Any:
+        return getattr(self._source.accumulator, name) if self._source is not None else 0
+
+    @property
+    def drops_by_reason(self) -> Counter[str]:
+        return self._counter("drops_by_reason") or Counter()
+
+    @property
+    def undecodable(self) -> int:
+        return self._counter("undecodable")
+
+    @property
+    def eval_skipped(self) -> int:
+        return self._counter("eval_skipped")
+
+    @property
+    def duplicates_skipped(self) -> int:
+        return self._counter("duplicates_skipped")
+
+    @property
+    def source(self) -> StepSource | None:
+        """Rank 0's step source (None on other ranks)."""
+        return self._source
+
+    @property
+    def last_committed_step(self) -> int:
+        """The last step committed, in this job or before a restart (0: none); every rank."""
+        return self.book.last_committed
+
+    # -- lifecycle --
+
+    def start(self) -> None:
+        """Start the source (rank 0) and agree on where the steps resume (collective)."""
+        last = None
+        if self._thread is not None and self._source is not None:
+            last = self._thread.run(self._source.start())
+        self.book.last_committed = self.ranks.broadcast(last)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            try:
+                if self._source is not None:
+                    self._thread.run(self._source.close(), timeout=30)
+            finally:
+                self._thread.close()
+                self._thread = None
+
+    def __enter__(self) -> TrainerBatches:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stop(self) -> None:
+        """Ask every rank to leave its loop at the next round (safe from a signal handler)."""
+        self._stop.set()
+
+    # -- steps --
+
+    def __iter__(self) -> Iterator[TrainingBatch]:
+        while True:
+            batch = self.next_batch(self.wait_seconds)
+            if batch is not None:
+                yield batch
+            elif self._stopped:
+                return
+
+    def next_batch(self, timeout: float | None = None) -> TrainingBatch | None:
+        """This rank's share of the next step; None when no step came within ``timeout``
+        seconds, or when the ranks stopped (``stopped`` is then True). Collective."""
+        if self._stopped or self._agree_to_stop():
+            self._stopped = True
+            return None
+        payloads = self._lead_round(timeout) if self.ranks.is_leader else None
+        share = decode_share(self.ranks.scatter(payloads))
+        if share.kind == "stop":
+            self._stopped = True
+            if share.error:
+                if self.ranks.is_leader:
+                    raise RankFailed(share.error)
+                raise RankFailed(f"rank 0 failed: {share.error}")
+            return None
+        if share.kind == "idle":
+            return None
+        groups = self._mine if self.ranks.is_leader else [group_rows(g) for g in share.groups]
+        batch = self._images.assemble(groups, self._pad_value)
+        batch.step, batch.rank, batch.world_size, batch.step_groups = share.step, share.rank, share.world_size, share.step_groups
+        if self.ranks.is_leader:
+            step = self.book.pending[share.step]
+            topic = self._source.topic if self._source is not None else ""
+            batch.offsets = {TopicPartition(topic, p): o for p, o in step.offsets.items()}
+        return batch
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def _agree_to_stop(self) -> bool:
+        if self.ranks.group is None:
+            return self._stop.is_set()
+        flag = torch.tensor([1 if self._stop.is_set() else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ranks.group)
+        return bool(flag.item())
+
+    def _lead_round(self, timeout: float | None) -> list[bytes]:
+        """Rank 0: the payload of every rank for this round."""
+        assert self._thread is not None and self._source is not None
+        world = self.ranks.world_size
+        try:
+            step = self._thread.run(self._source.next_step(timeout))
+        except Exception as exc:  # every rank must hear of it, or they would wait forever
+            log.exception("trainer step source failed")
+            return [encode_share(StepShare(kind="stop", error=f"{type(exc).__name__}: {exc}"))] * world
+        if step is None:
+            kind = "stop" if self._source.exhausted else "idle"
+            return [encode_share(StepShare(kind=kind))] * world
+        return self._split(step)
+
+    def _split(self, step: Step) -> list[bytes]:
+        world = self.ranks.world_size
+        shares = split_by_tokens([g.tokens for g in step.groups], world)
+        self.book.handed_out(step, [[step.groups[i].task_id for i in share] for share in shares])
+        self._mine = [step.groups[i] for i in shares[0]]
+        head = dict(kind="step", step=step.number, world_size=world, step_groups=len(step.groups))
+        payloads = [encode_share(StepShare(rank=0, **head))]  # rank 0 keeps its groups as they are
+        for rank in range(1, world):
+            groups = [share_group(step.groups[i]) for i in shares[rank]]
+            payloads.append(encode_share(StepShare(rank=rank, groups=groups, **head)))
+        return payloads
+
+    def commit(self, batch: TrainingBatch) -> None:
+        """Commit ``batch``'s step (and every step before it) once every rank finished it.
+
+        Collective: every rank calls it with its share of the same step. Raises
+        :class:`CommitRefused` (rank 0) or :class:`RankFailed` (the others) on every rank
+        when the commit failed."""
+        steps = self._gather(batch.step)
+        if len(set(steps)) != 1:
+            raise RuntimeError(f"ranks committed different steps {steps}: every rank must commit the same step")
+        failure = None
+        error: BaseException | None = None
+        if self.ranks.is_leader:
+            assert self._thread is not None and self._source is not None
+            try:
+                entries = self.book.due(batch.step)
+                if entries:
+                    self._thread.run(self._source.commit(entries))
+            except Exception as exc:
+                error, failure = exc, f"{type(exc).__name__}: {exc}"
+        failure = self.ranks.broadcast(failure)
+        if failure is not None:
+            if error is not None:
+                raise error
+            raise RankFailed(f"rank 0 could not commit step {batch.step}: {failure}")
+        self.book.committed(batch.step)
+
+    def _gather(self, step: int) -> list[int]:
+        if self.ranks.group is None:
+            return [step]
+        steps: list[Any] = [None] * self.ranks.world_size
+        dist.all_gather_object(steps, step, group=self.ranks.group)
+        return steps
+
+
+__all__ = ["CommitRefused", "RankFailed", "TrainerBatches"]

@@ -1,0 +1,244 @@
+"""The live source of steps: ``batches`` read in the trainer's consumer group.
+
+One consumer (rank 0's, under ``torchrun``) reads ``batches`` with ``read_committed`` in
+``trainer.group_id``. Its rebalance guard is the project's one guard,
+:class:`~rollstream.kafka.ownership.PartitionOwnership`: taking a partition has nothing to
+fence (acquire takes it as is) and seeks it to its committed offset; losing one forgets the
+groups read from it and not handed out yet (release).
+
+A background task keeps polling for as long as the source is open, also while the trainer
+computes a step (the source runs on its own thread in the synchronous API): fetching pauses
+once ``trainer.prefetch_steps`` steps wait, and the poll goes on with paused partitions, so a
+step of any length never exceeds ``max.poll.interval.ms`` and never costs the membership.
+
+Commits: a step's ledger lines are written first, then its offsets are committed, retried
+(the shared :class:`~rollstream.retry.RetryPolicy`) across a rebalance. At start the ledger
+is reconciled with what Kafka has committed (see :mod:`rollstream.trainer.ledger`), and the
+task ids of its last steps are never handed out again (the accumulator's second line of
+defence, kept across restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.structs import TopicPartition
+
+from rollstream.config import RollstreamConfig
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.ownership import PartitionOwnership
+from rollstream.kafka.topics import TopicNames
+from rollstream.retry import RetryPolicy
+from rollstream.trainer.accumulator import BatchAccumulator
+from rollstream.trainer.ledger import LedgerEntry, StepLedger, check_owner, reconcile
+from rollstream.trainer.steps import Step
+
+log = logging.getLogger(__name__)
+
+
+class CommitRefused(RuntimeError):
+    """A step's offsets could not be committed (after every retry). Its groups are read again
+    by whoever owns their partitions next; a restarted trainer resumes from its ledger."""
+
+
+def ledger_path(config: RollstreamConfig) -> Path:
+    """``trainer.ledger_path``, or ``<trainer.checkpoint_dir>/ledger.jsonl``."""
+    tc = config.trainer
+    return Path(tc.ledger_path) if tc.ledger_path else Path(tc.checkpoint_dir) / "ledger.jsonl"
+
+
+def _commit_retryable(error: BaseException) -> bool:
+    # CommitFailedError: the group rebalanced under the commit; IllegalStateError: no
+    # assignment while a rebalance is in progress. Both pass once we are a member again.
+    return isinstance(error, (CommitFailedError, IllegalStateError)) or (
+        isinstance(error, KafkaError) and bool(getattr(error, "retriable", False))
+    )
+
+
+class KafkaStepSource:
+    """Steps from ``batches`` in the trainer's consumer group (see the module docstring)."""
+
+    def __init__(
+        self, config: RollstreamConfig, *, include_eval: bool = False, client_id: str = "trainer",
+        ledger: StepLedger | None = None, use_ledger: bool = True,
+    ) -> None:
+        tc = config.trainer
+        names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+        self.topic = names.batches
+        self._names = names
+        self._kafka = config.kafka
+        self.batch_size = tc.batch_size
+        self.group_id = tc.group_id
+        self.accumulator = BatchAccumulator(
+            tc.batch_size, config.grouping.pad_value, include_eval, tc.remember_steps, topic=self.topic
+        )
+        # Without a ledger, nothing survives a restart but Kafka's committed offsets.
+        self.ledger = (ledger or StepLedger(ledger_path(config))) if use_ledger else None
+        self._remember_steps = tc.remember_steps
+        self._poll_ms = tc.poll_timeout_ms
+        self._limit = tc.batch_size * tc.prefetch_steps  # groups waiting beyond the step in hand
+        self._consumer = make_consumer(
+            config.kafka, client_id, group_id=tc.group_id, read_committed=True,
+            session_timeout_ms=tc.session_timeout_ms, heartbeat_interval_ms=tc.heartbeat_interval_ms,
+            max_poll_interval_ms=tc.max_poll_interval_ms,
+        )
+        self.ownership = PartitionOwnership(self._consumer, self.topic, self._acquire, self._release, name="trainer")
+        self._retry = RetryPolicy(initial=0.25, maximum=5.0, jitter=0.25, max_attempts=tc.commit_retries)
+        self._committed: dict[int, int] = {}  # what this source committed last, per partition
+        self._last_step = 0
+        self._task: asyncio.Task[None] | None = None
+        self._arrived: asyncio.Event | None = None
+        self.assignments = 0  # partition sets taken (1 for a source that was never rebalanced)
+        self.revocations = 0  # partition sets lost
+
+    @property
+    def exhausted(self) -> bool:
+        return False
+
+    # -- lifecycle --
+
+    async def start(self) -> int:
+        """Create missing topics, reconcile the ledger, join the group and start polling;
+        returns the last committed step."""
+        # A trainer may start before any tier: create the trial's topics rather than wait on
+        # a topic that does not exist yet.
+        await ensure_topics(self._kafka, self._names)
+        self._arrived = asyncio.Event()
+        await self._consumer.start()
+        try:
+            self._last_step = await self._reconcile()
+            self._consumer.subscribe([self.topic], listener=self.ownership)
+        except BaseException:
+            await self._consumer.stop()
+            raise
+        self._task = asyncio.create_task(self._poll(), name="trainer-poll")
+        return self._last_step
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._consumer.stop()
+
+    async def _reconcile(self) -> int:
+        if self.ledger is None:
+            return 0
+        entries = self.ledger.read()
+        check_owner(entries, self.ledger.path, self.topic, self.group_id)
+        partitions = sorted({p for e in entries for p in e.offsets})
+        committed = {p: await self._consumer.committed(TopicPartition(self.topic, p)) for p in partitions}
+        kept, _ = reconcile(self.ledger, committed)
+        for entry in kept[-self._remember_steps:]:
+            self.accumulator.remember(entry.task_ids)
+        last = kept[-1].step if kept else 0
+        if kept:
+            log.info("trainer ledger %s: resuming after step %d", self.ledger.path, last)
+        return last
+
+    # -- the steps --
+
+    async def next_step(self, timeout: float | None) -> Step | None:
+        """The next ``batch_size`` groups (see :class:`StepSource`)."""
+        assert self._arrived is not None, "start() the source first"
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            self._check_poll()
+            async with self.ownership.lock:
+                if self.accumulator.ready():
+                    groups = self.accumulator.next_step()
+                    self._flow()
+                    self._last_step += 1
+                    return Step(self._last_step, groups.groups, groups.offsets)
+                self._arrived.clear()
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except asyncio.TimeoutError:
+                return None
+
+    def _check_poll(self) -> None:
+        """Re-raise what stopped the background poll (a dead task is never ignored)."""
+        self.ownership.raise_error()
+        if self._task is not None and self._task.done():
+            self._task.result()
+            raise RuntimeError("the trainer's poll task ended unexpectedly")
+
+    async def _poll(self) -> None:
+        assert self._arrived is not None
+        while True:
+            self.ownership.raise_error()
+            room = max(1, self._limit - self.accumulator.waiting)
+            fetched = await self._consumer.getmany(timeout_ms=self._poll_ms, max_records=room)
+            snapshot = self.ownership.snapshot()  # no await since getmany returned
+            async with self.ownership.lock:
+                await self.ownership.retry_pending()
+                for _, records in sorted(self.ownership.accept(fetched, snapshot).items()):
+                    for record in records:
+                        self.accumulator.take(record)
+                self._flow()
+            if self.accumulator.ready():
+                self._arrived.set()
+
+    def _flow(self) -> None:
+        """Pause fetching while ``prefetch_steps`` steps wait; the poll goes on (membership)."""
+        owned = [TopicPartition(self.topic, p) for p in sorted(self.ownership.owned)]
+        paused = self._consumer.paused()
+        if self.accumulator.waiting >= self._limit:
+            if owned and not set(owned) <= paused:
+                self._consumer.pause(*owned)
+        else:
+            resume = [tp for tp in owned if tp in paused]
+            if resume:
+                self._consumer.resume(*resume)
+
+    # -- ownership hooks: nothing to fence, forget what a lost partition gave us --
+
+    async def _acquire(self, partitions: set[int]) -> set[int]:
+        self.assignments += 1
+        return set(partitions)
+
+    async def _release(self, partitions: set[int]) -> None:
+        self.revocations += 1
+        self.accumulator.forget(partitions)
+
+    # -- commits --
+
+    async def record(self, entries: list[LedgerEntry]) -> None:
+        """Append ``entries`` to the ledger (durably): the first half of :meth:`commit`."""
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        for entry in entries:
+            entry.restart, entry.topic, entry.group_id, entry.written_at = restart, self.topic, self.group_id, time.time()
+        if self.ledger is not None:
+            await asyncio.to_thread(self.ledger.append, entries)
+
+    async def commit(self, entries: list[LedgerEntry]) -> None:
+        """Write ``entries`` to the ledger, then commit the last one's offsets (retried across
+        rebalances); :class:`CommitRefused` when every try failed."""
+        if not entries:
+            return
+        await self.record(entries)
+        # Offsets only move forward: a step whose groups all came from a record split across
+        # steps commits what the step before did.
+        offsets = {p: o for p, o in entries[-1].offsets.items() if o > self._committed.get(p, -1)}
+        if not offsets:
+            return
+        tps = {TopicPartition(self.topic, p): o for p, o in offsets.items()}
+        what = f"committing trainer step {entries[-1].step}"
+        try:
+            await self._retry.call(lambda: self._consumer.commit(tps), retry_on=_commit_retryable, what=what)
+        except (KafkaError, IllegalStateError) as exc:
+            raise CommitRefused(
+                f"step {entries[-1].step}: the trainer group could not commit {offsets} ({exc}); another "
+                f"member of group {self.group_id!r} may own these partitions: run one trainer "
+                "job per trainer.group_id"
+            ) from exc
+        self._committed.update(offsets)

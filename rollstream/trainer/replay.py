@@ -1,0 +1,262 @@
+"""Replay into a step: recorded ``batches`` records fed to a trainer, in a fixed order, with
+nothing committed, so a bad step can be re-run and inspected offline.
+
+Three sources, each a :class:`~rollstream.trainer.steps.StepSource` for
+:class:`~rollstream.trainer.stream.BatchStream` or
+:class:`~rollstream.trainer.batches.TrainerBatches` (``source=``), so the replayed steps reach
+the same trainer code, on one rank or many:
+
+- :class:`LedgerReplay`: steps of the trainer's ledger, exactly as trained: the same groups in
+  the same order, read from the records the ledger names, so the tensors are bit for bit the
+  ones the step trained on (and, with the same number of ranks, every rank gets the same share);
+- :class:`RangeReplay`: a range of offsets per partition, partition 0 first, each in offset
+  order, cut into ``trainer.batch_size`` groups (the rest, if any, is a last smaller step);
+- :class:`DumpReplay`: the same over a JSONL file written by
+  ``rollstream replay batches --to-jsonl F`` (full tensors), without a broker.
+
+Replays never join the trainer's consumer group and never commit; ``commit`` does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+from aiokafka.structs import TopicPartition
+
+from rollstream.config import RollstreamConfig
+from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.topics import TopicNames
+from rollstream.tools.roles import partitions_of
+from rollstream.trainer.accumulator import BatchAccumulator
+from rollstream.trainer.batch import GroupRows, split_groups
+from rollstream.trainer.kafka_source import ledger_path
+from rollstream.trainer.ledger import LedgerEntry, StepLedger
+from rollstream.trainer.steps import Step
+from rollstream.wire import Batch, GroupDropped, decode_batch, encode, encode_tensor_dict
+from rollstream.wire.tensor_codec import DTYPES
+
+log = logging.getLogger(__name__)
+
+FETCH_MS = 500
+
+
+class ReplayError(ValueError):
+    """The replay cannot be done as asked (a step not in the ledger, a record gone)."""
+
+
+async def read_partition(config: RollstreamConfig, topic: str, partition: int, start: int, end: int) -> AsyncIterator[Any]:
+    """The committed records of ``partition`` with ``start <= offset < end``, in offset order."""
+    if end <= start:
+        return
+    consumer = make_consumer(config.kafka, "trainer-replay", group_id=None, read_committed=True)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        while await consumer.position(tp) < end:
+            fetched = await consumer.getmany(tp, timeout_ms=FETCH_MS)
+            for record in fetched.get(tp, []):
+                if record.offset >= end:
+                    return
+                yield record
+    finally:
+        await consumer.stop()
+
+
+class _Replay:
+    """What every replay shares: an accumulator for its counters, no commits."""
+
+    def __init__(self, config: RollstreamConfig, include_eval: bool, first_step: int) -> None:
+        self.topic = TopicNames(config.experiment.experiment_name, config.experiment.trial_name).batches
+        # Counts drops, undecodable records and repeated groups as the live source does.
+        self.accumulator = BatchAccumulator(config.trainer.batch_size, config.grouping.pad_value, include_eval,
+                                            config.trainer.remember_steps, topic=self.topic)
+        self._number = first_step - 1
+        self._done = False
+
+    @property
+    def exhausted(self) -> bool:
+        return self._done
+
+    async def start(self) -> int:
+        return self._number
+
+    async def commit(self, entries: list[LedgerEntry]) -> None:
+        log.debug("replay: steps %s are not committed (a replay commits nothing)", [e.step for e in entries])
+
+    async def close(self) -> None:
+        pass
+
+    def _step(self, groups: list[GroupRows]) -> Step:
+        self._number += 1
+        return Step(self._number, groups, {})
+
+
+class _OrderedReplay(_Replay):
+    """Steps of ``batch_size`` groups over records in a fixed order (the last step may be smaller)."""
+
+    def __init__(self, config: RollstreamConfig, include_eval: bool, first_step: int) -> None:
+        super().__init__(config, include_eval, first_step)
+        self._records: AsyncIterator[tuple[int, int, bytes | None]] | None = None
+
+    def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
+        raise NotImplementedError
+
+    async def next_step(self, timeout: float | None) -> Step | None:
+        if self._done:
+            return None
+        if self._records is None:
+            self._records = self._source()
+        while not self.accumulator.ready():
+            try:
+                partition, offset, value = await anext(self._records)
+            except StopAsyncIteration:
+                self._done = True
+                left = self.accumulator.waiting
+                if left:
+                    self.accumulator.batch_size = left  # the rest, as one last smaller step
+                    return self._step(self.accumulator.next_step().groups)
+                return None
+            self.accumulator.take_value(value, partition, offset)
+        return self._step(self.accumulator.next_step().groups)
+
+    async def close(self) -> None:
+        if self._records is not None:
+            await self._records.aclose()  # type: ignore[attr-defined]
+
+
+class RangeReplay(_OrderedReplay):
+    """Offsets ``start[p] <= offset < end[p]`` of each partition ``p`` of ``batches``.
+
+    ``end`` defaults to each partition's end when the replay starts; ``start`` to 0."""
+
+    def __init__(self, config: RollstreamConfig, start: dict[int, int] | None = None, end: dict[int, int] | None = None,
+                 *, include_eval: bool = False, first_step: int = 1) -> None:
+        super().__init__(config, include_eval, first_step)
+        self._config = config
+        self.start_offsets = dict(start or {})
+        self.end_offsets = dict(end) if end is not None else None
+
+    async def start(self) -> int:
+        if self.end_offsets is None:
+            partitions = await partitions_of(self._config.kafka, self.topic)
+            if partitions is None:
+                raise ReplayError(f"topic {self.topic} does not exist")
+            consumer = make_consumer(self._config.kafka, "trainer-replay", group_id=None, read_committed=True)
+            await consumer.start()
+            try:
+                ends = await consumer.end_offsets([TopicPartition(self.topic, p) for p in partitions])
+            finally:
+                await consumer.stop()
+            self.end_offsets = {tp.partition: o for tp, o in ends.items()}
+        return await super().start()
+
+    async def _records_in_order(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
+        assert self.end_offsets is not None
+        for partition in sorted(self.end_offsets):
+            start = self.start_offsets.get(partition, 0)
+            async for record in read_partition(self._config, self.topic, partition, start, self.end_offsets[partition]):
+                yield record.partition, record.offset, record.value
+
+    def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
+        return self._records_in_order()
+
+
+def batch_from_json(message: dict[str, Any]) -> Batch | GroupDropped:
+    """A ``batches`` message from its JSON rendering with full tensors (``rollstream replay
+    --to-jsonl``; the tensors' ``values`` are nested lists)."""
+    if message.get("kind") == "dropped":
+        return msgspec.convert(message, GroupDropped)
+    if message.get("kind") != "batch":
+        raise ReplayError(f"not a batches message: kind {message.get('kind')!r}")
+    tensors = {}
+    for key, spec in message.get("tensors", {}).items():
+        if "values" not in spec:
+            raise ReplayError("the dump holds tensor summaries, not values: write it with --tensors full")
+        values = torch.tensor(_no_nulls(spec["values"]), dtype=DTYPES[spec["dtype"]])
+        tensors[key] = values.reshape(spec["shape"])
+    fields = {k: v for k, v in message.items() if k not in ("tensors", "packed")}
+    batch = msgspec.convert({**fields, "tensors": {}}, Batch)
+    # The tensors go back inline (the form before packing); readers take either form.
+    return msgspec.structs.replace(batch, tensors=encode_tensor_dict(tensors), packed=None)
+
+
+def _no_nulls(values: Any) -> Any:
+    """JSON has no NaN: the renderer wrote ``null`` for it."""
+    if isinstance(values, list):
+        return [_no_nulls(v) for v in values]
+    return float("nan") if values is None else values
+
+
+class DumpReplay(_OrderedReplay):
+    """The records of a ``rollstream replay batches --to-jsonl`` file, in file order."""
+
+    def __init__(self, config: RollstreamConfig, path: str | Path, *, include_eval: bool = False,
+                 first_step: int = 1) -> None:
+        super().__init__(config, include_eval, first_step)
+        self.path = Path(path)
+
+    async def _lines(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
+        with self.path.open() as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if "message" not in row:  # a record the replay could not decode: counted as such
+                    yield int(row.get("partition", -1)), int(row.get("offset", -1)), None
+                    continue
+                try:
+                    message = batch_from_json(row["message"])
+                except (ReplayError, msgspec.ValidationError, KeyError, TypeError, ValueError) as exc:
+                    raise ReplayError(f"{self.path} line {number}: {exc}") from None
+                yield int(row.get("partition", -1)), int(row.get("offset", -1)), encode(message)
+
+    def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
+        return self._lines()
+
+
+class LedgerReplay(_Replay):
+    """Steps ``steps`` of the ledger (default: ``trainer.ledger_path``), exactly as trained."""
+
+    def __init__(self, config: RollstreamConfig, steps: Iterable[int], *, ledger: StepLedger | None = None,
+                 include_eval: bool = True) -> None:
+        super().__init__(config, include_eval, first_step=1)
+        self._config = config
+        entries = {e.step: e for e in (ledger or StepLedger(ledger_path(config))).read()}
+        wanted = list(steps)
+        missing = [n for n in wanted if n not in entries]
+        if missing:
+            raise ReplayError(f"steps {missing} are not in the ledger (it holds steps {sorted(entries)[:3]}...{sorted(entries)[-3:]})")
+        self._entries = [entries[n] for n in wanted]
+
+    async def next_step(self, timeout: float | None) -> Step | None:
+        if not self._entries:
+            self._done = True
+            return None
+        entry = self._entries.pop(0)
+        by_task: dict[str, GroupRows] = {}
+        for partition, offset in sorted({(p, o) for p, o in entry.records}):
+            value = await self._record(partition, offset)
+            message = decode_batch(value)
+            if isinstance(message, Batch):
+                for group in split_groups(message):
+                    group.partition, group.offset = partition, offset
+                    by_task[group.task_id] = group
+        missing = [t for t in entry.task_ids if t not in by_task]
+        if missing:
+            raise ReplayError(f"step {entry.step}: groups {missing} are not in the records the ledger names")
+        if not self._entries:
+            self._done = True
+        return Step(entry.step, [by_task[t] for t in entry.task_ids], {})
+
+    async def _record(self, partition: int, offset: int) -> bytes | None:
+        async for record in read_partition(self._config, self.topic, partition, offset, offset + 1):
+            return record.value
+        raise ReplayError(f"record {partition}@{offset} of {self.topic} is gone (retention?)")

@@ -1,0 +1,153 @@
+"""Publishing weight versions so that nothing can go wrong.
+
+- Versions only go up: publishing a version at or below the current one raises
+  :class:`VersionRefused` (checked and written in one Redis script, so two publishers cannot
+  interleave between the check and the write).
+- A version is published only once its checkpoint is complete: a
+  :class:`~rollstream.trainer.checkpoints.Checkpoint` must carry its completion marker, a plain
+  local path must exist (``scheme://`` locations are taken as given: the caller vouches).
+- Retention: after a publish, checkpoints older than the newest ``trainer.keep_checkpoints``
+  are deleted together with their Redis entries (the entry first, so no reader is ever handed
+  a path that is being deleted); the version Redis points at is never among them.
+
+``current_version()`` and ``current()`` (the version and where its weights are) are what a
+restarted trainer resumes from.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import TracebackType
+
+from rollstream.api.engine import WeightUpdate
+from rollstream.config import RollstreamConfig
+from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.trainer.checkpoints import Checkpoint, CheckpointError, Checkpoints
+from rollstream.trainer.loop_thread import LoopThread
+
+log = logging.getLogger(__name__)
+
+
+class VersionRefused(ValueError):
+    """The version is not above the current one; versions only go up."""
+
+    def __init__(self, version: int, current: int) -> None:
+        super().__init__(
+            f"weight version {version} refused: the current version is {current} and versions only go up "
+            f"(publish {current + 1} or later; a restarted trainer resumes from current_version())"
+        )
+        self.version = version
+        self.current = current
+
+
+def _location(version: int, weights: str | Path | Checkpoint) -> str:
+    """Where ``version``'s weights are, once it is sure they are complete."""
+    if isinstance(weights, Checkpoint):
+        if weights.version != version:
+            raise CheckpointError(f"checkpoint {weights.path} is version {weights.version}, not {version}")
+        if Checkpoint.read(weights.path) is None:
+            raise CheckpointError(f"checkpoint {weights.path} is not complete (no marker): not publishing it")
+        return str(weights.path.resolve())
+    text = str(weights)
+    if "://" in text:
+        return text
+    path = Path(text)
+    if not path.exists():
+        raise CheckpointError(
+            f"weights of version {version} at {text} do not exist: publish a version only after its "
+            "checkpoint is completely written (Checkpoints.write)"
+        )
+    return str(path.resolve())
+
+
+class VersionPublisher:
+    """Publishes the trainer's weight versions to Redis (an async context manager).
+
+    With ``checkpoints``, each publish also applies the retention (``keep``, default
+    ``trainer.keep_checkpoints``) to that directory and to Redis.
+    """
+
+    def __init__(self, config: RollstreamConfig, checkpoints: Checkpoints | None = None, keep: int | None = None) -> None:
+        self._redis = connect(config.redis)
+        keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
+        self.store = VersionStore(self._redis, keys)
+        self.checkpoints = checkpoints
+        self.keep = keep if keep is not None else config.trainer.keep_checkpoints
+        if self.keep < 1:
+            raise ValueError(f"keep must be >= 1, got {self.keep}")
+
+    async def __aenter__(self) -> VersionPublisher:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    async def current_version(self) -> int:
+        """The published version (0 when none was)."""
+        return await self.store.get_version()
+
+    async def current(self) -> WeightUpdate | None:
+        """The published version and where its weights are; None when none was published."""
+        return await self.store.get_update()
+
+    async def publish(self, version: int, weights: str | Path | Checkpoint) -> None:
+        """Make ``version`` (weights at ``weights``) current and announce it; see the module
+        docstring for what is refused (:class:`VersionRefused`, :class:`CheckpointError`)."""
+        if version < 0:
+            raise ValueError(f"weight version must be >= 0, got {version}")
+        location = _location(version, weights)
+        current = await self.store.publish_newer(WeightUpdate(version, location))
+        if current is not None:
+            raise VersionRefused(version, current)
+        if self.checkpoints is not None:
+            await self.retain(version)
+
+    async def retain(self, published: int) -> list[int]:
+        """Delete checkpoints older than the newest ``keep`` up to ``published``, each Redis
+        entry before its directory; returns the versions deleted."""
+        assert self.checkpoints is not None
+        versions = [c.version for c in self.checkpoints.complete() if c.version <= published]
+        old = versions[:-self.keep]
+        if old:
+            await self.store.forget(old)
+            for version in old:
+                self.checkpoints.delete(version)
+            log.info("retention: deleted checkpoints %s and their redis entries", old)
+        return old
+
+
+class SyncVersionPublisher:
+    """:class:`VersionPublisher` for synchronous trainers (its Redis client on a thread)."""
+
+    def __init__(self, config: RollstreamConfig, checkpoints: Checkpoints | None = None, keep: int | None = None) -> None:
+        self._thread = LoopThread("rollstream-versions")
+
+        async def make() -> VersionPublisher:
+            return VersionPublisher(config, checkpoints, keep)
+
+        self._publisher = self._thread.run(make())
+
+    def __enter__(self) -> SyncVersionPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._thread.run(self._publisher.close(), timeout=10)
+        finally:
+            self._thread.close()
+
+    def current_version(self) -> int:
+        return self._thread.run(self._publisher.current_version())
+
+    def current(self) -> WeightUpdate | None:
+        return self._thread.run(self._publisher.current())
+
+    def publish(self, version: int, weights: str | Path | Checkpoint) -> None:
+        self._thread.run(self._publisher.publish(version, weights))

@@ -1,0 +1,146 @@
+"""TrainerBatches across real ranks (torch.distributed, gloo on CPU), fed by an in-memory source.
+
+Every rank gets its share of each step, the ranks step in lockstep, a step is committed once
+after every rank called commit, a stop on one rank ends every rank's loop, and a failure on
+rank 0 reaches every rank instead of hanging them. (The live Kafka path under ``torchrun``
+is tests/integration/test_trainer_torchrun.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from rollstream.trainer import RankFailed, TrainerBatches
+from rollstream.trainer.accumulator import BatchAccumulator
+from rollstream.trainer.batch import GroupRows
+from rollstream.trainer.ledger import LedgerEntry
+from rollstream.trainer.steps import Step
+from tests.helpers import make_config
+
+GROUPS = 12
+BATCH = 4
+
+
+def group(i: int) -> GroupRows:
+    length = 3 + (7 * i) % 11  # unequal groups, so the token balance matters
+    tensors = {
+        "input_ids": torch.full((2, length), i, dtype=torch.int32),
+        "attention_mask": torch.ones((2, length), dtype=torch.bool),
+        "rewards": torch.tensor([float(i), 0.0]),
+    }
+    return GroupRows(f"task-{i}", 2, False, 0, tensors, [0, 1], partition=0, offset=i)
+
+
+class MemorySource:
+    """Steps of BATCH groups out of GROUPS; ``fail_at`` raises at that step; commits go to a file."""
+
+    topic = "memory"
+
+    def __init__(self, out: Path, fail_at: int = 0) -> None:
+        self.accumulator = BatchAccumulator(BATCH)
+        self._groups = [group(i) for i in range(GROUPS)]
+        self._number = 0
+        self._out = out
+        self._fail_at = fail_at
+
+    @property
+    def exhausted(self) -> bool:
+        return not self._groups
+
+    async def start(self) -> int:
+        return 0
+
+    async def next_step(self, timeout: float | None) -> Step | None:
+        if not self._groups:
+            return None
+        if self._number + 1 == self._fail_at:
+            raise ConnectionError("the broker went away")
+        taken, self._groups = self._groups[:BATCH], self._groups[BATCH:]
+        self._number += 1
+        return Step(self._number, taken, {0: taken[-1].offset + 1})
+
+    async def commit(self, entries: list[LedgerEntry]) -> None:
+        with self._out.open("a") as handle:
+            for e in entries:
+                handle.write(json.dumps({"step": e.step, "ranks": e.ranks, "offsets": e.offsets}) + "\n")
+
+    async def close(self) -> None:
+        pass
+
+
+def run_rank(rank: int, world: int, port: int, tmp: str, mode: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    config = make_config("127.0.0.1:1", "redis://127.0.0.1:1", "ranks", {"trainer": {"batch_size": BATCH}})
+    out = Path(tmp)
+    seen: list[dict[str, Any]] = []
+    try:
+        source = (lambda: MemorySource(out / "commits.jsonl", fail_at=2 if mode == "fail" else 0))
+        with TrainerBatches(config, source=source, wait_seconds=0.5) as batches:
+            for batch in batches:
+                seen.append({"step": batch.step, "tasks": batch.task_ids, "tokens": batch.tokens,
+                             "rank": batch.rank, "world": batch.world_size, "groups": batch.step_groups})
+                if mode == "stop" and rank == world - 1 and batch.step == 2:
+                    batches.stop()  # a signal on one rank
+                batches.commit(batch)
+            seen.append({"stopped": batches.stopped, "last": batches.last_committed_step})
+    except RankFailed as exc:
+        seen.append({"failed": str(exc)})
+    finally:
+        (out / f"rank{rank}.json").write_text(json.dumps(seen))
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_job(tmp_path: Path, world: int, mode: str) -> list[list[dict[str, Any]]]:
+    mp.start_processes(run_rank, args=(world, free_port(), str(tmp_path), mode), nprocs=world, start_method="spawn")
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def commits(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "commits.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_every_rank_gets_its_share_in_lockstep_and_each_step_is_committed_once(tmp_path: Path) -> None:
+    world = 2  # 3 ranks: tests/integration/test_trainer_torchrun.py
+    ranks = run_job(tmp_path, world, "plain")
+    steps = [[s for s in seen if "step" in s] for seen in ranks]
+    assert all([s["step"] for s in rank] == [1, 2, 3] for rank in steps)  # lockstep, nothing skipped
+    for r, rank in enumerate(steps):
+        assert all(s["rank"] == r and s["world"] == world and s["groups"] == BATCH for s in rank)
+    for number in range(3):
+        shares = [rank[number]["tasks"] for rank in steps]
+        assert all(shares)  # every rank has work
+        assert sorted(t for share in shares for t in share) == sorted(f"task-{i}" for i in range(number * BATCH, (number + 1) * BATCH))
+    done = commits(tmp_path)
+    assert [c["step"] for c in done] == [1, 2, 3]  # once per step, by rank 0 alone
+    assert all(c["ranks"] == [rank[c["step"] - 1]["tasks"] for rank in steps] for c in done)  # the ledger's shares
+    assert all(seen[-1] == {"stopped": True, "last": 3} for seen in ranks)  # the exhausted source ends every loop
+
+
+def test_a_stop_on_one_rank_ends_every_rank_after_the_step(tmp_path: Path) -> None:
+    ranks = run_job(tmp_path, 2, "stop")
+    assert all([s["step"] for s in seen if "step" in s] == [1, 2] for seen in ranks)
+    assert [c["step"] for c in commits(tmp_path)] == [1, 2]
+
+
+def test_a_failure_on_rank_0_reaches_every_rank(tmp_path: Path) -> None:
+    ranks = run_job(tmp_path, 2, "fail")
+    for seen in ranks:
+        assert [s["step"] for s in seen if "step" in s] == [1]
+        assert "ConnectionError: the broker went away" in seen[-1]["failed"]
+    assert [c["step"] for c in commits(tmp_path)] == [1]
