@@ -77,9 +77,9 @@ class VisionRLVRWorkflow(RLVRWorkflow):
         if isinstance(chat, str):
             return chat
         if isinstance(chat, Sequence) and chat:
-            return self.processor.apply_chat_template(
-                list(chat), add_generation_prompt=True, tokenize=False, enable_thinking=self.enable_thinking,
-            )
+            # enable_thinking only when set: transformers 5 warns about unknown processor kwargs
+            thinking = {"enable_thinking": True} if self.enable_thinking else {}
+            return self.processor.apply_chat_template(list(chat), add_generation_prompt=True, tokenize=False, **thinking)
         if isinstance(data.get("prompt"), str):
             return data["prompt"]
         raise ValueError(
