@@ -24,7 +24,7 @@ from producers.budget_restore import restore_budget
 from producers.cursor import advance, read_cursor
 from producers.dataset import iter_samples, load_rows, next_position, task_id_for
 from producers.publisher import TIER, PendingBatch, PromptPublisher
-from rollstream.config import RollstreamConfig, raise_first_problem
+from rollstream.config import RollstreamConfig, require
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer
@@ -51,18 +51,8 @@ class RunSummary:
 
 
 def check_config(config: RollstreamConfig) -> None:
-    """Raise ``ConfigError`` naming the producer setting that cannot work."""
-    pc = config.producer
-    problems = [
-        (not pc.dataset, "producer.dataset must name a JSONL, Parquet or HF dataset path"),
-        (not pc.producer_id, "producer.producer_id must not be empty"),
-        (pc.admission_poll_seconds <= 0, "producer.admission_poll_seconds must be > 0"),
-        (pc.max_prompts is not None and pc.max_prompts < 0, "producer.max_prompts must be >= 0"),
-        (pc.max_batch_prompts < 1, "producer.max_batch_prompts must be >= 1"),
-        (pc.batch_linger_ms < 0, "producer.batch_linger_ms must be >= 0"),
-        (pc.progress_every < 1, "producer.progress_every must be >= 1"),
-    ]
-    raise_first_problem(problems)
+    """What the producer needs beyond the schema's rules (which the types carry)."""
+    require(config.producer.dataset, "producer.dataset", "must name a JSONL, Parquet or HF dataset path")
 
 
 def transactional_id(names: TopicNames, producer_id: str) -> str:
