@@ -38,7 +38,10 @@ class KafkaConfig(_Section):
     ssl_password: str | None = None
     client_id_prefix: str = "rollstream"
     partitions: int = 4  # partitions for topics this project creates
-    replication_factor: int = 1
+    replication_factor: int = 1  # 3 on a production cluster (docs/DEPLOYMENT.md)
+    # min.insync.replicas of the topics this project creates; None: replication_factor - 1
+    # (at least 1), i.e. 2 for replication 3
+    min_insync_replicas: int | None = None
     max_message_bytes: int = 16 * 1024 * 1024
     transaction_timeout_ms: int = 60_000
     request_timeout_ms: int = 40_000
@@ -306,6 +309,12 @@ def _check_ranges(config: RollstreamConfig) -> None:
         (config.staleness.max_head_offpolicyness >= 0, "staleness.max_head_offpolicyness must be >= 0"),
         (config.grouping.groups_per_batch >= 1, "grouping.groups_per_batch must be >= 1"),
         (config.kafka.partitions >= 1, "kafka.partitions must be >= 1"),
+        (config.kafka.replication_factor >= 1, "kafka.replication_factor must be >= 1"),
+        (
+            config.kafka.min_insync_replicas is None
+            or 1 <= config.kafka.min_insync_replicas <= config.kafka.replication_factor,
+            "kafka.min_insync_replicas must be between 1 and kafka.replication_factor",
+        ),
         (config.kafka.linger_ms >= 0, "kafka.linger_ms must be >= 0"),
         (config.kafka.fetch_min_bytes >= 1, "kafka.fetch_min_bytes must be >= 1"),
         (config.kafka.fetch_max_wait_ms >= 0, "kafka.fetch_max_wait_ms must be >= 0"),
