@@ -198,7 +198,8 @@ class DumpConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    port: int | None = None
+    port: int | None = None  # serves /metrics, /livez and /readyz (rollstream/health.py)
+    liveness_timeout_seconds: Seconds = 60.0  # /livez fails once the event loop is stuck this long
 
 
 class RollstreamConfig(_Section):
