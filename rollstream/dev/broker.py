@@ -68,8 +68,8 @@ class LocalKafkaBroker(LocalServer):
     `sasl_scram_users` (name -> password) adds a SASL_PLAINTEXT listener with SCRAM-SHA-256 and
     SCRAM-SHA-512 for those users, at `sasl_bootstrap`. `detached=True` lets the broker outlive
     this Python process (used by `rollstream dev up`). Without `layout` it is a cluster of its
-    own (node 1, the only voter, replication 1); `controller_port` is fixed at construction so
-    that a cluster can name every voter before any node starts.
+    own (node 1, the only voter, replication 1). Ports are fixed at construction; a cluster
+    passes `controller_port` (the one its `layout.voters` names for this node).
     """
 
     START_TIMEOUT = 120.0
@@ -82,6 +82,7 @@ class LocalKafkaBroker(LocalServer):
         sasl_scram_users: dict[str, str] | None = None,
         detached: bool = False,
         layout: NodeLayout | None = None,
+        controller_port: int | None = None,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.heap = heap
@@ -89,7 +90,7 @@ class LocalKafkaBroker(LocalServer):
         self.sasl_scram_users = dict(sasl_scram_users or {})
         _check_scram_users(self.sasl_scram_users)
         self.port = free_port()
-        self.controller_port = free_port()
+        self.controller_port = free_port() if controller_port is None else controller_port
         self.sasl_port: int | None = free_port() if self.sasl_scram_users else None
         self.startup_seconds: float | None = None
         name = "kafka broker" if layout is None else f"kafka node {layout.node_id}"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rollstream.dev.broker import BrokerStartError, LocalKafkaBroker, NodeLayout, new_cluster_id
-from rollstream.dev.processes import LOCALHOST
+from rollstream.dev.processes import LOCALHOST, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -42,24 +42,22 @@ class LocalKafkaCluster:
         self.replication = min(brokers, MAX_REPLICATION)
         self.min_insync = max(1, self.replication - 1)
         cluster_id = new_cluster_id()
-        # ports first: every node's configuration names every voter
-        shells = [LocalKafkaBroker(self.workdir / f"node-{i}", heap, detached=detached) for i in range(1, brokers + 1)]
-        voters = ",".join(f"{i}@{LOCALHOST}:{node.controller_port}" for i, node in enumerate(shells, 1))
-        for i, node in enumerate(shells, 1):
-            node.layout = NodeLayout(i, voters, cluster_id, self.replication, self.min_insync)
-            node._process.name = f"kafka node {i}"
-        self.nodes: dict[int, LocalKafkaBroker] = {i: node for i, node in enumerate(shells, 1)}
+        # controller ports first: every node's configuration names every voter
+        ports = {i: free_port() for i in range(1, brokers + 1)}
+        voters = ",".join(f"{i}@{LOCALHOST}:{port}" for i, port in ports.items())
+        self.nodes: dict[int, LocalKafkaBroker] = {
+            i: LocalKafkaBroker(
+                self.workdir / f"node-{i}", heap, detached=detached, controller_port=port,
+                layout=NodeLayout(i, voters, cluster_id, self.replication, self.min_insync),
+            )
+            for i, port in ports.items()
+        }
         self.startup_seconds: float | None = None
 
     @property
     def bootstrap(self) -> str:
         """Every node's PLAINTEXT address, comma-separated (a client needs only one to answer)."""
         return ",".join(node.bootstrap for node in self.nodes.values())
-
-    @property
-    def voters(self) -> str:
-        """`controller.quorum.voters` of this cluster."""
-        return next(iter(self.nodes.values())).layout.voters  # type: ignore[union-attr]
 
     def node(self, node_id: int) -> LocalKafkaBroker:
         """The node with this `node.id`; KeyError naming the ids there are."""

@@ -32,6 +32,7 @@ of the Redis counters; no emitted batch staler than ``max_head_offpolicyness``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -39,8 +40,12 @@ from pathlib import Path
 
 import pytest
 
+from rollstream.config import KafkaConfig
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
+from rollstream.kafka.admin import describe_topics, ensure_topics
+from rollstream.kafka.clients import make_admin
+from rollstream.kafka.topics import TopicNames
 from rollstream.wire import Batch, decode_batch
 from tests.faults.cluster import BudgetWatch, ClusterProbe, FaultRecord, kafka_cluster  # noqa: F401 (fixture)
 from tests.faults.ledger import read_topic
@@ -191,6 +196,32 @@ def report(out: Outcome, faults: list[FaultRecord], budget: BudgetWatch, max_sta
         *(f"fault: {f.line()}" for f in faults),
         f"took {out.seconds:.0f}s",
     ])
+
+
+@pytest.mark.timeout(120)
+async def test_topics_on_the_cluster_are_replicated_and_weak_settings_are_logged(
+    kafka_cluster: LocalKafkaCluster, unique_name: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    durable = KafkaConfig(bootstrap_servers=kafka_cluster.bootstrap, partitions=2, replication_factor=3)
+    names = TopicNames(unique_name, "t0")
+    with caplog.at_level(logging.WARNING, logger="rollstream.kafka.admin"):
+        await ensure_topics(durable, names)
+        await ensure_topics(durable, names)  # and checked, existing
+    assert not [r.message for r in caplog.records if "topic check" in r.message]
+    admin = make_admin(durable, "test")
+    await admin.start()
+    try:
+        internal = await admin.describe_topics(["__consumer_offsets", "__transaction_state"])
+        states = await describe_topics(admin, [*names.data_topics(), *names.compacted_topics()])
+    finally:
+        await admin.close()
+    assert len(states) == 7
+    assert all(s.replication == 3 and s.configs["min.insync.replicas"] == "2" for s in states.values()), states
+    assert all(len(part["replicas"]) == 3 for topic in internal for part in topic["partitions"])
+    weak = KafkaConfig(bootstrap_servers=kafka_cluster.bootstrap, partitions=2)  # replication 1
+    with caplog.at_level(logging.WARNING, logger="rollstream.kafka.admin"):
+        await ensure_topics(weak, TopicNames(unique_name + "w", "t0"))
+    assert any("kafka.replication_factor=1 on a cluster of 3 brokers" in r.message for r in caplog.records)
 
 
 @pytest.mark.timeout(600)
