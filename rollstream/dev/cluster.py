@@ -15,6 +15,7 @@ holds its sockets open.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -170,8 +171,6 @@ class LocalKafkaCluster:
 def _quorum_state(node: LocalKafkaBroker) -> dict[str, Any] | None:
     """The node's record of the current controller leader and epoch (KRaft writes it on every
     election to `<log dir>/__cluster_metadata-0/quorum-state`)."""
-    import json
-
     path = node.workdir / "data" / "__cluster_metadata-0" / "quorum-state"
     try:
         data: dict[str, Any] = json.loads(path.read_text())
