@@ -38,6 +38,7 @@ from consumers.pending import PendingBatches
 from consumers.trainer_version import TrainerVersion
 from rollstream import metrics
 from rollstream.config import RollstreamConfig
+from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.consume_transform_produce import PartitionOutput, TransactionalLoop
@@ -198,4 +199,5 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         await consumer.start()
         stack.push_async_callback(consumer.stop)
         log.info("grouping instance %s consuming %s", g.instance_id, names.scored)
+        mark_ready()
         await loop.run(stop)

@@ -25,6 +25,7 @@ from producers.cursor import advance, read_cursor
 from producers.dataset import iter_samples, load_rows, next_position, task_id_for
 from producers.publisher import TIER, PendingBatch, PromptPublisher
 from rollstream.config import RollstreamConfig, require
+from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer
@@ -97,6 +98,7 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
         )
         publisher = PromptPublisher(txn, names, RetryPolicy(initial=0.25, maximum=5.0, max_attempts=PUBLISH_ATTEMPTS))
         loop = _ProduceLoop(config, rows, cursor, admission, publisher, stop)
+        mark_ready()
         summary = await loop.run()
     log.info(
         "producer %s finished (%s): %d prompts published (%d eval, %d total), %d rows dead-lettered, "

@@ -25,6 +25,7 @@ import socket
 from reward_workers.scorer import Scorer
 from reward_workers.transform import TIER, RewardTransform
 from rollstream.config import RollstreamConfig
+from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.consume_transform_produce import TransactionalLoop
@@ -68,5 +69,6 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         await consumer.start()
         stack.push_async_callback(consumer.stop)
         log.info("reward worker %s consuming %s as group %s", worker_id, names.episodes, group_id)
+        mark_ready()
         await loop.run(stop)
     log.info("reward worker %s stopped after committing %d scored messages", worker_id, transform.scored)

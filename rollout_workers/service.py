@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 
 from rollstream.config import RollstreamConfig
 from rollstream.dump import DumpWriter
+from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.ownership import PartitionOwnership
@@ -92,6 +93,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)
         log.info("rollout worker %s consuming %s as group %s", worker_id, names.prompts, names.group_id(TIER))
+        mark_ready()
         try:
             await _consume(consumer, ownership, runner, committer, follower_task, stop, config)
         except BaseException:

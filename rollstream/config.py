@@ -52,7 +52,10 @@ class KafkaConfig(_Section):
     ssl_password: str | None = None
     client_id_prefix: str = "rollstream"
     partitions: AtLeastOne = 4  # partitions for topics this project creates
-    replication_factor: AtLeastOne = 1
+    replication_factor: AtLeastOne = 1  # 3 on a production cluster (docs/DEPLOYMENT.md)
+    # min.insync.replicas of the topics this project creates; None: replication_factor - 1
+    # (at least 1), i.e. 2 for replication 3
+    min_insync_replicas: AtLeastOne | None = None
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024
     transaction_timeout_ms: SessionMillis = 60_000
     request_timeout_ms: Millis = 40_000
@@ -63,6 +66,8 @@ class KafkaConfig(_Section):
     fetch_max_wait_ms: Count = 500  # ...or this long has passed
 
     def __post_init__(self) -> None:
+        if self.min_insync_replicas is not None and self.min_insync_replicas > self.replication_factor:
+            raise ValueError("kafka.min_insync_replicas must be between 1 and kafka.replication_factor")
         if self.security_protocol.startswith("SASL_") and (not self.sasl_mechanism or self.sasl_username is None):
             raise ValueError(
                 f"kafka.security_protocol {self.security_protocol} needs kafka.sasl_mechanism and kafka.sasl_username"
@@ -236,7 +241,8 @@ class DumpConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    port: int | None = None
+    port: int | None = None  # serves /metrics, /livez and /readyz (rollstream/health.py)
+    liveness_timeout_seconds: Seconds = 60.0  # /livez fails once the event loop is stuck this long
 
 
 class RollstreamConfig(_Section):
