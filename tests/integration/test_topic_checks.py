@@ -11,11 +11,13 @@ import pytest
 import yaml
 from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import describe_topics, ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
+from rollstream.retry import RetryPolicy
 from rollstream.wire import encode
 from tests.helpers import make_config
 from tests.unit.test_grouping_support import scored
@@ -85,9 +87,12 @@ async def test_grouping_refuses_scored_with_other_partitions_and_consumes_nothin
     # nothing consumed: no committed offsets for the grouping group, nothing on batches
     admin = make_admin(config.kafka, "test")
     await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(
-            names.group_id("grouping"), partitions=[TopicPartition(names.scored, p) for p in range(3)])
+    try:  # the offsets topic may be created by this very request on a fresh broker: retried
+        offsets = await RetryPolicy(initial=0.5, maximum=2.0, max_attempts=20).call(
+            lambda: admin.list_consumer_group_offsets(
+                names.group_id("grouping"), partitions=[TopicPartition(names.scored, p) for p in range(3)]),
+            retry_on=(GroupCoordinatorNotAvailableError,), what="reading the grouping group's offsets",
+        )
     finally:
         await admin.close()
     assert all(meta is None or meta.offset < 0 for meta in offsets.values()), offsets
