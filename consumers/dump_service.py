@@ -23,6 +23,7 @@ from aiokafka.structs import ConsumerRecord
 
 from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.dump import DumpWriter
+from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
@@ -71,6 +72,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         stack.push_async_callback(producer.stop)
         stack.push_async_callback(writer.close)
         log.info("dumping %s to %s", names.scored, writer.root / writer.experiment / writer.trial)
+        mark_ready()
         while not stop.is_set():
             polled = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
             if polled:

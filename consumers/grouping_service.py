@@ -37,7 +37,8 @@ from consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFi
 from consumers.pending import PendingBatches
 from consumers.trainer_version import TrainerVersion
 from rollstream import metrics
-from rollstream.config import RollstreamConfig, raise_first_problem
+from rollstream.config import RollstreamConfig
+from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.consume_transform_produce import PartitionOutput, TransactionalLoop
@@ -51,19 +52,6 @@ log = logging.getLogger(__name__)
 
 TIER = "grouping"
 PARTIAL_BATCH_FLUSH_FACTOR = 10
-
-
-def check_config(config: RollstreamConfig) -> None:
-    g = config.grouping
-    problems = [
-        (not g.instance_id, "grouping.instance_id must not be empty"),
-        (g.group_timeout_seconds <= 0, "grouping.group_timeout_seconds must be > 0"),
-        (g.commit_interval_ms < 1, "grouping.commit_interval_ms must be >= 1"),
-        (g.dedupe_window_seconds < 0, "grouping.dedupe_window_seconds must be >= 0"),
-        (g.session_timeout_ms < 1000, "grouping.session_timeout_ms must be >= 1000"),
-        (g.max_consecutive_failures < 1, "grouping.max_consecutive_failures must be >= 1"),
-    ]
-    raise_first_problem(problems)
 
 
 class GroupingTransform:
@@ -186,7 +174,6 @@ class GroupingTransform:
 
 async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
     """Run one grouping instance until ``stop`` is set."""
-    check_config(config)
     g = config.grouping
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
     group_id = names.group_id(TIER)
@@ -212,4 +199,5 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         await consumer.start()
         stack.push_async_callback(consumer.stop)
         log.info("grouping instance %s consuming %s", g.instance_id, names.scored)
+        mark_ready()
         await loop.run(stop)

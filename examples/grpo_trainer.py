@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from examples.grpo import Staleness, UpdateStats, group_advantages, policy_update, staleness_stats
-from rollstream.config import ConfigError, RollstreamConfig, raise_first_problem
+from rollstream.config import ConfigError, RollstreamConfig, require
 from rollstream.metrics import STALENESS, WEIGHT_VERSION
 from rollstream.trainer import Checkpoint, Checkpoints, SyncVersionPublisher, TrainerBatches, TrainingBatch
 
@@ -82,15 +82,8 @@ class StepReport:
 
 
 def check_config(config: RollstreamConfig) -> None:
-    tc = config.trainer
-    problems = [
-        (not tc.model_path, "trainer.model_path must name the initial weights (version 0)"),
-        (tc.learning_rate <= 0, "trainer.learning_rate must be > 0"),
-        (tc.clip <= 0, "trainer.clip must be > 0"),
-        (tc.ppo_epochs < 1, "trainer.ppo_epochs must be >= 1"),
-        (tc.max_steps < 0, "trainer.max_steps must be >= 0"),
-    ]
-    raise_first_problem(problems)
+    """What this trainer needs beyond the schema's rules (which the types carry)."""
+    require(config.trainer.model_path, "trainer.model_path", "must name the initial weights (version 0)")
 
 
 def init_distributed(device: str) -> tuple[int, int, str]:

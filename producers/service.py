@@ -31,7 +31,8 @@ from producers.cursor import advance, read_cursor
 from producers.dataset import iter_samples, load_rows, next_position, task_id_for
 from producers.prompt_images import image_sizes, with_encoded_images
 from producers.publisher import TIER, PendingBatch, PromptPublisher
-from rollstream.config import RollstreamConfig, raise_first_problem
+from rollstream.config import RollstreamConfig, require
+from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.consume_transform_produce import RecordTooLargeError
 from rollstream.kafka.record_size import size_problem
@@ -60,18 +61,8 @@ class RunSummary:
 
 
 def check_config(config: RollstreamConfig) -> None:
-    """Raise ``ConfigError`` naming the producer setting that cannot work."""
-    pc = config.producer
-    problems = [
-        (not pc.dataset, "producer.dataset must name a JSONL, Parquet or HF dataset path"),
-        (not pc.producer_id, "producer.producer_id must not be empty"),
-        (pc.admission_poll_seconds <= 0, "producer.admission_poll_seconds must be > 0"),
-        (pc.max_prompts is not None and pc.max_prompts < 0, "producer.max_prompts must be >= 0"),
-        (pc.max_batch_prompts < 1, "producer.max_batch_prompts must be >= 1"),
-        (pc.batch_linger_ms < 0, "producer.batch_linger_ms must be >= 0"),
-        (pc.progress_every < 1, "producer.progress_every must be >= 1"),
-    ]
-    raise_first_problem(problems)
+    """What the producer needs beyond the schema's rules (which the types carry)."""
+    require(config.producer.dataset, "producer.dataset", "must name a JSONL, Parquet or HF dataset path")
 
 
 def transactional_id(names: TopicNames, producer_id: str) -> str:
@@ -116,6 +107,7 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
         )
         publisher = PromptPublisher(txn, names, RetryPolicy(initial=0.25, maximum=5.0, max_attempts=PUBLISH_ATTEMPTS))
         loop = _ProduceLoop(config, rows, cursor, admission, publisher, stop)
+        mark_ready()
         summary = await loop.run()
     log.info(
         "producer %s finished (%s): %d prompts published (%d eval, %d total), %d rows dead-lettered, "

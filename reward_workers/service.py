@@ -24,7 +24,8 @@ import socket
 
 from reward_workers.scorer import Scorer
 from reward_workers.transform import TIER, RewardTransform
-from rollstream.config import RollstreamConfig, raise_first_problem
+from rollstream.config import RollstreamConfig
+from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.consume_transform_produce import TransactionalLoop
@@ -39,22 +40,8 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def check_config(config: RollstreamConfig) -> None:
-    rc = config.reward
-    problems = [
-        (rc.max_batch < 1, "reward.max_batch must be >= 1"),
-        (rc.timeout_seconds <= 0, "reward.timeout_seconds must be > 0"),
-        (rc.max_workers < 1, "reward.max_workers must be >= 1"),
-        (rc.poll_timeout_ms < 1, "reward.poll_timeout_ms must be >= 1"),
-        (rc.session_timeout_ms < 1000, "reward.session_timeout_ms must be >= 1000"),
-        (rc.max_consecutive_failures < 1, "reward.max_consecutive_failures must be >= 1"),
-    ]
-    raise_first_problem(problems)
-
-
 async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
     """Score episodes until ``stop`` is set; then finish the current batch, commit, and close."""
-    check_config(config)
     rc = config.reward
     worker_id = rc.worker_id or default_worker_id()
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
@@ -82,5 +69,6 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         await consumer.start()
         stack.push_async_callback(consumer.stop)
         log.info("reward worker %s consuming %s as group %s", worker_id, names.episodes, group_id)
+        mark_ready()
         await loop.run(stop)
     log.info("reward worker %s stopped after committing %d scored messages", worker_id, transform.scored)

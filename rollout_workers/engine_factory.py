@@ -21,7 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from rollstream.api.engine import InferenceEngine
-from rollstream.config import ConfigError, RolloutConfig
+from rollstream.config import ConfigError, RolloutConfig, require
 from rollstream.imports import import_object
 from rollstream.redis_state import RedisKeys
 from rollstream.tokenizer_compat import ids_from_chat_template
@@ -56,17 +56,12 @@ def load_tokenizer(config: RolloutConfig) -> Any:
 def build_engine(config: RolloutConfig) -> InferenceEngine:
     """A not yet started engine for ``config`` (call ``start()`` before generating)."""
     if config.engine == "hf":
-        if not config.model_path:
-            raise ConfigError("invalid configuration: rollout.model_path must be set when rollout.engine is 'hf'")
+        require(config.model_path, "rollout.model_path", "must be set when rollout.engine is 'hf'")
         from rollstream.engines.hf import HFEngine
 
         return HFEngine(config.model_path, device=config.device, seed=config.seed)
     if config.engine == "sglang":
-        if not config.sglang_urls:
-            raise ConfigError(
-                "invalid configuration: rollout.sglang_urls must list at least one server when "
-                "rollout.engine is 'sglang'"
-            )
+        require(config.sglang_urls, "rollout.sglang_urls", "must list at least one server when rollout.engine is 'sglang'")
         from rollstream.engines.sglang import SGLangEngine
 
         return SGLangEngine(config.sglang_urls, tokenizer_path(config), config.sglang)
@@ -77,8 +72,7 @@ def build_engine(config: RolloutConfig) -> InferenceEngine:
 
 def _custom_engine(config: RolloutConfig) -> InferenceEngine:
     spec = config.engine_factory
-    if not spec:
-        raise ConfigError("invalid configuration: rollout.engine_factory must be set when rollout.engine is 'custom'")
+    require(spec, "rollout.engine_factory", "must be set when rollout.engine is 'custom'")
     try:
         factory = import_object(spec)
     except (ValueError, ImportError) as exc:

@@ -26,8 +26,9 @@ import time
 from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
 
-from rollstream.config import ConfigError, RolloutConfig, RollstreamConfig
+from rollstream.config import RollstreamConfig
 from rollstream.dump import DumpWriter
+from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.ownership import PartitionOwnership
@@ -51,21 +52,11 @@ def worker_id_of(config: RollstreamConfig) -> str:
     return config.rollout.worker_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def check_settings(rollout: RolloutConfig) -> None:
-    """ConfigError naming the setting for values the loop cannot work with."""
-    if rollout.commit_interval_seconds <= 0:
-        raise ConfigError("invalid configuration: rollout.commit_interval_seconds must be > 0")
-    if rollout.shutdown_grace_seconds < 0:
-        raise ConfigError("invalid configuration: rollout.shutdown_grace_seconds must be >= 0")
-
-
 async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
     """Run the rollout worker until ``stop`` is set (see the module docstring)."""
     rollout = config.rollout
     worker_id = worker_id_of(config)
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    # Configuration errors surface here, before any connection is made.
-    check_settings(rollout)
     engine = build_engine(rollout)
     tokenizer = load_tokenizer(rollout)
     registry = WorkflowRegistry.from_config(rollout, tokenizer)
@@ -103,6 +94,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)
         log.info("rollout worker %s consuming %s as group %s", worker_id, names.prompts, names.group_id(TIER))
+        mark_ready()
         try:
             await _consume(consumer, ownership, runner, committer, follower_task, stop, config)
         except BaseException:

@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from rollstream.config import ConfigError, RollstreamConfig, load_config, redacted, secret_values
+from rollstream.health import HEALTH, heartbeat, mark_not_ready
 from rollstream.logs import setup_logging
 from rollstream.metrics import serve_metrics
 from rollstream.shutdown import ShutdownSignal
@@ -80,12 +81,19 @@ def run_tier(tier: str, run: TierRun, config: RollstreamConfig) -> int:
     """Run one tier until it finishes or is signalled; returns the process exit code."""
     setup_logging(tier, config.log_level, secret_values(config))
     log.info("starting %s with config %s", tier, redacted(config))
+    HEALTH.liveness_timeout = config.metrics.liveness_timeout_seconds
     serve_metrics(config.metrics.port)
 
     async def main() -> None:
         shutdown = ShutdownSignal()
         shutdown.install()
-        await run(config, shutdown.event)
+        probes = [asyncio.create_task(heartbeat(), name="heartbeat"),
+                  asyncio.create_task(_not_ready_once_set(shutdown.event), name="stopping")]
+        try:
+            await run(config, shutdown.event)
+        finally:
+            for task in probes:
+                task.cancel()
 
     try:
         asyncio.run(main())
@@ -94,6 +102,11 @@ def run_tier(tier: str, run: TierRun, config: RollstreamConfig) -> int:
         return 1
     log.info("%s stopped", tier)
     return 0
+
+
+async def _not_ready_once_set(stop: asyncio.Event) -> None:
+    await stop.wait()
+    mark_not_ready("stopping")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,20 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
+# The rules of the settings live in their types: msgspec checks them when a configuration is
+# loaded and names the key in its error ("Expected `int` >= 1 - at `$.reward.max_batch`").
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+Seconds = Positive  # a duration that must be positive
+Wait = Annotated[float, msgspec.Meta(ge=0)]  # a duration that may be zero
+Count = Annotated[int, msgspec.Meta(ge=0)]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
+Millis = AtLeastOne  # a positive duration in milliseconds
+SessionMillis = Annotated[int, msgspec.Meta(ge=1000)]  # a consumer group session timeout
+Name = Annotated[str, msgspec.Meta(min_length=1)]
+MAX_GROUP_SIZE = 1024  # = rollstream.wire.messages.MAX_GROUP_SIZE (the decoders refuse more)
+MAX_PRODUCER_ID_BYTES = 128  # leaves room for ":{epoch}:{index}" in a 200-byte file name
+
+
 class KafkaConfig(_Section):
     bootstrap_servers: str = "127.0.0.1:9092"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -37,16 +51,27 @@ class KafkaConfig(_Section):
     ssl_keyfile: str | None = None
     ssl_password: str | None = None
     client_id_prefix: str = "rollstream"
-    partitions: int = 4  # partitions for topics this project creates
-    replication_factor: int = 1
-    max_message_bytes: int = 16 * 1024 * 1024
-    transaction_timeout_ms: int = 60_000
-    request_timeout_ms: int = 40_000
+    partitions: AtLeastOne = 4  # partitions for topics this project creates
+    replication_factor: AtLeastOne = 1  # 3 on a production cluster (docs/DEPLOYMENT.md)
+    # min.insync.replicas of the topics this project creates; None: replication_factor - 1
+    # (at least 1), i.e. 2 for replication 3
+    min_insync_replicas: AtLeastOne | None = None
+    max_message_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024
+    transaction_timeout_ms: SessionMillis = 60_000
+    request_timeout_ms: Millis = 40_000
     # Request batching (aiokafka's meaning). Larger batches did not lower the broker's CPU on
     # the benchmark machine (bench/README.md), so the defaults favour latency.
-    linger_ms: int = 5  # producers wait this long to fill a batch before sending
-    fetch_min_bytes: int = 1  # the broker holds a fetch until this much data is ready...
-    fetch_max_wait_ms: int = 500  # ...or this long has passed
+    linger_ms: Count = 5  # producers wait this long to fill a batch before sending
+    fetch_min_bytes: AtLeastOne = 1  # the broker holds a fetch until this much data is ready...
+    fetch_max_wait_ms: Count = 500  # ...or this long has passed
+
+    def __post_init__(self) -> None:
+        if self.min_insync_replicas is not None and self.min_insync_replicas > self.replication_factor:
+            raise ValueError("kafka.min_insync_replicas must be between 1 and kafka.replication_factor")
+        if self.security_protocol.startswith("SASL_") and (not self.sasl_mechanism or self.sasl_username is None):
+            raise ValueError(
+                f"kafka.security_protocol {self.security_protocol} needs kafka.sasl_mechanism and kafka.sasl_username"
+            )
 
 
 class RedisConfig(_Section):
@@ -61,8 +86,8 @@ class ExperimentConfig(_Section):
 
 
 class StalenessConfig(_Section):
-    max_head_offpolicyness: int = 0  # eta: versions a token may lag behind the trainer
-    batch_size: int = 8  # prompts (groups) per trainer step
+    max_head_offpolicyness: Count = 0  # eta: versions a token may lag behind the trainer
+    batch_size: AtLeastOne = 8  # prompts (groups) per trainer step
     enabled: bool = True
 
 
@@ -72,25 +97,30 @@ class ProducerConfig(_Section):
     split: str = "train"
     shuffle: bool = False
     seed: int = 0
-    epochs: int = 1
-    group_size: int = 4
+    epochs: AtLeastOne = 1
+    group_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP_SIZE)] = 4
     is_eval: bool = False
     workflow: str | None = None
-    max_prompts: int | None = None
-    producer_id: str = "producer-0"
-    admission_poll_seconds: float = 0.5
-    max_batch_prompts: int = 64  # prompts per Kafka transaction at most
-    batch_linger_ms: int = 50  # commit a partial batch once its first prompt waited this long
-    progress_every: int = 100  # log progress every this many published prompts
+    max_prompts: Count | None = None
+    # the producer's transactional id and the start of every task id (task ids name dump files)
+    producer_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PRODUCER_ID_BYTES)] = "producer-0"
+    admission_poll_seconds: Seconds = 0.5
+    max_batch_prompts: AtLeastOne = 64  # prompts per Kafka transaction at most
+    batch_linger_ms: Count = 50  # commit a partial batch once its first prompt waited this long
+    progress_every: AtLeastOne = 100  # log progress every this many published prompts
+
+    def __post_init__(self) -> None:
+        if not is_plain_name(self.producer_id) or len(self.producer_id.encode()) > MAX_PRODUCER_ID_BYTES:
+            raise ValueError(
+                f"producer.producer_id {self.producer_id!r} must be a plain file name of at most "
+                f"{MAX_PRODUCER_ID_BYTES} bytes (no '/', '%' or control characters, not starting with '.'): "
+                "it begins every task id, and task ids name the trajectory dump files"
+            )
 
 
 class WorkflowSpec(_Section):
     path: str  # import string of a RolloutWorkflow class, instance or agent
     kwargs: dict[str, Any] = {}
-
-
-Seconds = Annotated[float, msgspec.Meta(gt=0)]  # a duration that must be positive
-Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class SGLangConfig(_Section):
@@ -105,7 +135,7 @@ class SGLangConfig(_Section):
     max_retries: Count = 3  # extra attempts of a /generate call after a connection error, timeout or 5xx
     backoff_base_seconds: Seconds = 0.5  # first retry delay, doubled per attempt...
     backoff_max_seconds: Seconds = 10.0  # ...up to this
-    failure_threshold: Annotated[int, msgspec.Meta(ge=1)] = 2  # failures in a row that mark a server down...
+    failure_threshold: AtLeastOne = 2  # failures in a row that mark a server down...
     down_cooldown_seconds: Seconds = 30.0  # ...for this long (its requests fail over)
     health_timeout_seconds: Seconds = 300.0  # at start: wait this long for every server to be up
     health_probe_timeout_seconds: Seconds = 5.0  # one /health probe; no answer in time: ask /model_info
@@ -133,15 +163,15 @@ class RolloutConfig(_Section):
     sglang: SGLangConfig = msgspec.field(default_factory=SGLangConfig)  # see SGLangConfig
     device: str = "cpu"
     seed: int | None = None
-    max_concurrent_rollouts: int = 8
+    max_concurrent_rollouts: AtLeastOne = 8
     workflows: dict[str, WorkflowSpec] = {}
     default_workflow: str = "rlvr"
     gconfig: dict[str, Any] = {}
     worker_id: str = ""
     dump_to_file: bool = False
     fileroot: str = "runs/dumps"
-    shutdown_grace_seconds: float = 30.0  # on stop: wait this long for in-flight samples
-    commit_interval_seconds: float = 1.0  # how often finished prompts' offsets are committed
+    shutdown_grace_seconds: Wait = 30.0  # on stop: wait this long for in-flight samples
+    commit_interval_seconds: Seconds = 1.0  # how often finished prompts' offsets are committed
 
 
 class RewardConfig(_Section):
@@ -151,45 +181,45 @@ class RewardConfig(_Section):
     rescore: bool = False
     allowed_reward_fns: list[str] = []  # extra import strings besides reward_fn
     tokenizer_path: str = ""
-    timeout_seconds: float = 15.0
-    max_retries: int = 3
-    max_workers: int = 2
+    timeout_seconds: Seconds = 15.0
+    max_retries: Count = 3
+    max_workers: AtLeastOne = 2
     on_timeout: Literal["zero", "reject"] = "zero"
-    max_batch: int = 64
+    max_batch: AtLeastOne = 64
     worker_id: str = ""  # names the worker in logs and client ids; default "<hostname>-<pid>"
-    poll_timeout_ms: int = 200
-    session_timeout_ms: int = 10_000  # consumer group session: how fast a dead worker is noticed
-    max_consecutive_failures: int = 10  # failed transactions in a row before the worker gives up
+    poll_timeout_ms: Millis = 200
+    session_timeout_ms: SessionMillis = 10_000  # consumer group session: how fast a dead worker is noticed
+    max_consecutive_failures: AtLeastOne = 10  # failed transactions in a row before the worker gives up
 
 
 class GroupingConfig(_Section):
-    groups_per_batch: int = 1
+    groups_per_batch: AtLeastOne = 1
     pad_value: float = 0.0
     drop_equal_rewards: bool = False
     drop_stale: bool = False
-    group_timeout_seconds: float = 600.0
-    commit_interval_ms: int = 100
-    dedupe_window_seconds: float = 3600.0
-    instance_id: str = "grouping-0"  # names the instance in logs and client ids
-    session_timeout_ms: int = 10_000  # consumer group session: how soon a dead instance's partitions move
-    max_consecutive_failures: int = 10  # failed transactions in a row before the instance gives up
+    group_timeout_seconds: Seconds = 600.0
+    commit_interval_ms: Millis = 100
+    dedupe_window_seconds: Wait = 3600.0
+    instance_id: Name = "grouping-0"  # names the instance in logs and client ids
+    session_timeout_ms: SessionMillis = 10_000  # consumer group session: how soon a dead instance's partitions move
+    max_consecutive_failures: AtLeastOne = 10  # failed transactions in a row before the instance gives up
 
 
 class TrainerConfig(_Section):
     """The trainer side (``rollstream.trainer``, docs/TRAINER.md) and the example GRPO trainer."""
 
-    batch_size: Annotated[int, msgspec.Meta(ge=1)] = 8  # groups per step (all ranks together)
+    batch_size: AtLeastOne = 8  # groups per step (all ranks together)
     group_id: str = "trainer"
     checkpoint_dir: str = "runs/checkpoints"
     # Kafka membership of the trainer's consumer (rank 0's). It polls on a background thread
     # during a step, so steps of any length keep it in its group.
-    poll_timeout_ms: Annotated[int, msgspec.Meta(ge=1)] = 500  # one fetch waits at most this long
-    session_timeout_ms: Annotated[int, msgspec.Meta(ge=1)] = 10_000  # a dead trainer's partitions move after this
-    heartbeat_interval_ms: Annotated[int, msgspec.Meta(ge=1)] = 3_000
-    max_poll_interval_ms: Annotated[int, msgspec.Meta(ge=1)] = 300_000  # Kafka's limit between two polls
-    prefetch_steps: Annotated[int, msgspec.Meta(ge=1)] = 1  # steps read ahead while one trains; fetching pauses beyond
-    remember_steps: Annotated[int, msgspec.Meta(ge=1)] = 64  # task ids of this many steps are never handed out again
-    commit_retries: Annotated[int, msgspec.Meta(ge=1)] = 10  # tries of a step's commit (e.g. across a rebalance)
+    poll_timeout_ms: AtLeastOne = 500  # one fetch waits at most this long
+    session_timeout_ms: AtLeastOne = 10_000  # a dead trainer's partitions move after this
+    heartbeat_interval_ms: AtLeastOne = 3_000
+    max_poll_interval_ms: AtLeastOne = 300_000  # Kafka's limit between two polls
+    prefetch_steps: AtLeastOne = 1  # steps read ahead while one trains; fetching pauses beyond
+    remember_steps: AtLeastOne = 64  # task ids of this many steps are never handed out again
+    commit_retries: AtLeastOne = 10  # tries of a step's commit (e.g. across a rebalance)
     ledger_path: str = ""  # the committed steps, one JSON line each; "": <checkpoint_dir>/ledger.jsonl
     collective_timeout_seconds: Seconds = 3600.0  # torchrun: the longest a rank waits for the others
     # A VLM's directory (or any with its image processor): the trainer side rebuilds the vision
@@ -198,12 +228,12 @@ class TrainerConfig(_Section):
     # The example GRPO trainer (examples/grpo_trainer.py, `rollstream train`):
     model_path: str = ""  # the weights of version 0 (the rollout workers' rollout.model_path)
     device: str = "cpu"
-    learning_rate: float = 1e-6
-    clip: float = 0.2  # PPO ratio clip
-    ppo_epochs: int = 1  # optimizer steps per batch
+    learning_rate: Positive = 1e-6
+    clip: Positive = 0.2  # PPO ratio clip
+    ppo_epochs: AtLeastOne = 1  # optimizer steps per batch
     max_grad_norm: float = 1.0
-    max_steps: int = 0  # 0: train until stopped
-    keep_checkpoints: Annotated[int, msgspec.Meta(ge=1)] = 4  # older v{n} directories and their Redis entries are deleted
+    max_steps: Count = 0  # 0: train until stopped
+    keep_checkpoints: AtLeastOne = 4  # older v{n} directories and their Redis entries are deleted
 
 
 class DumpConfig(_Section):
@@ -217,7 +247,8 @@ class DumpConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    port: int | None = None
+    port: int | None = None  # serves /metrics, /livez and /readyz (rollstream/health.py)
+    liveness_timeout_seconds: Seconds = 60.0  # /livez fails once the event loop is stuck this long
 
 
 class RollstreamConfig(_Section):
@@ -235,7 +266,6 @@ class RollstreamConfig(_Section):
     log_level: str = "INFO"
 
 
-MAX_PRODUCER_ID_BYTES = 128  # leaves room for ":{epoch}:{index}" in a 200-byte file name
 SECRET_FIELDS = ("sasl_password", "ssl_password", "password")
 ENV_PREFIX = "ROLLSTREAM__"
 
@@ -304,42 +334,18 @@ def load_config(
 
 
 def config_from_dict(tree: dict[str, Any]) -> RollstreamConfig:
+    """Validate ``tree`` against the schema; ``ConfigError`` names the offending key."""
     try:
-        config = msgspec.convert(tree, RollstreamConfig, strict=False)
+        return msgspec.convert(tree, RollstreamConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from None
-    _check_ranges(config)
-    return config
 
 
-def raise_first_problem(problems: list[tuple[bool, str]]) -> None:
-    """Raise ``ConfigError`` for the first ``(is_bad, message)`` pair whose ``is_bad`` holds."""
-    for bad, message in problems:
-        if bad:
-            raise ConfigError(f"invalid configuration: {message}")
-
-
-def _check_ranges(config: RollstreamConfig) -> None:
-    checks = [
-        (config.producer.group_size >= 1, "producer.group_size must be >= 1"),
-        (config.producer.epochs >= 1, "producer.epochs must be >= 1"),
-        (config.rollout.max_concurrent_rollouts >= 1, "rollout.max_concurrent_rollouts must be >= 1"),
-        (config.staleness.batch_size >= 1, "staleness.batch_size must be >= 1"),
-        (config.staleness.max_head_offpolicyness >= 0, "staleness.max_head_offpolicyness must be >= 0"),
-        (config.grouping.groups_per_batch >= 1, "grouping.groups_per_batch must be >= 1"),
-        (config.kafka.partitions >= 1, "kafka.partitions must be >= 1"),
-        (config.kafka.linger_ms >= 0, "kafka.linger_ms must be >= 0"),
-        (config.kafka.fetch_min_bytes >= 1, "kafka.fetch_min_bytes must be >= 1"),
-        (config.kafka.fetch_max_wait_ms >= 0, "kafka.fetch_max_wait_ms must be >= 0"),
-        (config.reward.max_retries >= 0, "reward.max_retries must be >= 0"),
-        (
-            is_plain_name(config.producer.producer_id) and len(config.producer.producer_id.encode()) <= MAX_PRODUCER_ID_BYTES,
-            f"producer.producer_id {config.producer.producer_id!r} must be a plain file name of at most "
-            f"{MAX_PRODUCER_ID_BYTES} bytes (no '/', '%' or control characters, not starting with '.'): "
-            "it begins every task id, and task ids name the trajectory dump files",
-        ),
-    ]
-    raise_first_problem([(not ok, message) for ok, message in checks])
+def require(value: object, key: str, why: str) -> None:
+    """``ConfigError`` unless ``value`` is set: for a setting one tier cannot run without
+    (a rule of that tier, not of the setting's type)."""
+    if not value:
+        raise ConfigError(f"invalid configuration: {key} {why}")
 
 
 def redacted(config: RollstreamConfig) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,8 @@ WEIGHT_VERSION = Gauge("rollstream_weight_version", "Weight version in use", ["t
 
 
 def serve_metrics(port: int | None) -> None:
-    """Serve ``/metrics`` on ``port`` (no-op when None)."""
-    if port is None:
-        return
-    start_http_server(port)
-    log.info("serving prometheus metrics on :%d/metrics", port)
+    """Serve ``/metrics`` and the health probes ``/livez`` and ``/readyz`` (``rollstream.health``)
+    on ``port`` (no-op when None)."""
+    from rollstream.health import serve_health  # health serves these metrics: import it lazily
+
+    serve_health(port)

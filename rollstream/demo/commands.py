@@ -2,7 +2,8 @@
 
     rollstream demo [--steps N] [--workers W] [--run-dir D] [--no-live]
     rollstream train --config F [--ranks N]  # the example GRPO trainer (torchrun for N > 1)
-    rollstream topics create --config F  # the trial's topics (partitions, replication) and exit
+    rollstream topics create --config F  # the trial's topics (partitions, replication), grown to
+                                         # kafka.partitions where allowed, checked; then exit
 
 Handlers return the process exit code (0 ok, 1 failed, 2 bad arguments or config, 130
 interrupted).
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollstream.config import ConfigError, load_config
+from rollstream.config import ConfigError, load_config, secret_values
 
 
 
@@ -33,7 +34,10 @@ def register(subparsers: Any) -> None:
     train.set_defaults(func=_train_command)
     topics = subparsers.add_parser("topics", help="manage the trial's Kafka topics")
     actions = topics.add_subparsers(dest="topics_command", metavar="{create}", required=True)
-    create = actions.add_parser("create", help="create the trial's topics with the configured partitions and replication")
+    create = actions.add_parser(
+        "create", help="create the trial's topics with the configured partitions and replication; grow "
+                       "existing ones to kafka.partitions (all data topics together, a drained trial only)",
+    )
     add_config_arguments(create)
     create.set_defaults(func=_topics_create_command)
 
@@ -151,22 +155,23 @@ def _train_command(args: argparse.Namespace) -> int:
 
 
 def _topics_create_command(args: argparse.Namespace) -> int:
-    from rollstream.kafka.admin import ensure_topics
-    from rollstream.kafka.topics import TopicNames
+    from rollstream.logs import setup_logging
+    from rollstream.tools.topic_admin import create_topics
 
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(f"rollstream topics create: {exc}", file=sys.stderr)
         return 2
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    setup_logging("topics", config.log_level, secret_values(config))  # the topic check's warnings, and waits for brokers
     try:
-        asyncio.run(ensure_topics(config.kafka, names))
+        report = asyncio.run(create_topics(config))
     except Exception as exc:  # a CLI answers with a message, not a traceback
         print(f"rollstream topics create: {exc}", file=sys.stderr)
         return 1
-    topics = [*names.data_topics(), *names.compacted_topics()]
+    for topic, (before, after) in report.grown.items():
+        print(f"grew {topic}: {before} -> {after} partitions")
     print(f"topics ready ({config.kafka.partitions} partitions, replication {config.kafka.replication_factor}):")
-    for topic in topics:
+    for topic in report.topics:
         print(f"  {topic}")
     return 0

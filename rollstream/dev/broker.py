@@ -1,7 +1,9 @@
-"""A single-node Apache Kafka broker (KRaft, combined broker+controller) run from Maven jars.
+"""One Apache Kafka node (KRaft, combined broker+controller) run from Maven jars.
 
 Used by the test fixtures and `rollstream dev up`. The broker is real Kafka: transactions,
-consumer groups, compaction and restarts behave as in production, on one node with replication 1.
+consumer groups, compaction and restarts behave as in production. Alone (the default) it is a
+one-node cluster with replication 1; with a `NodeLayout` it is one voter of a replicated
+cluster (see `rollstream.dev.cluster`).
 
 Ports are chosen once, at construction, and kept across `restart()`, so clients built with
 `bootstrap` before a restart reconnect to the same address afterwards. The data directory is kept
@@ -18,6 +20,7 @@ import re
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from rollstream.dev.kafka_jars import LOG4J_CONFIG, classpath, ensure_kafka_jars, java_executable
@@ -42,12 +45,31 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where one node sits in a replicated cluster.
+
+    `voters` is `controller.quorum.voters` ("1@127.0.0.1:PORT,2@..."), the same on every node;
+    `cluster_id` is formatted into every node's storage. `replication` is the replication
+    factor of new topics and of the internal topics (consumer offsets, transaction state),
+    `min_insync` their `min.insync.replicas`.
+    """
+
+    node_id: int
+    voters: str
+    cluster_id: str
+    replication: int
+    min_insync: int
+
+
 class LocalKafkaBroker(LocalServer):
     """One KRaft broker process on 127.0.0.1, its data and log under `workdir`.
 
     `sasl_scram_users` (name -> password) adds a SASL_PLAINTEXT listener with SCRAM-SHA-256 and
     SCRAM-SHA-512 for those users, at `sasl_bootstrap`. `detached=True` lets the broker outlive
-    this Python process (used by `rollstream dev up`).
+    this Python process (used by `rollstream dev up`). Without `layout` it is a cluster of its
+    own (node 1, the only voter, replication 1). Ports are fixed at construction; a cluster
+    passes `controller_port` (the one its `layout.voters` names for this node).
     """
 
     START_TIMEOUT = 120.0
@@ -59,16 +81,25 @@ class LocalKafkaBroker(LocalServer):
         heap: str = "512m",
         sasl_scram_users: dict[str, str] | None = None,
         detached: bool = False,
+        layout: NodeLayout | None = None,
+        controller_port: int | None = None,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.heap = heap
+        self.layout = layout
         self.sasl_scram_users = dict(sasl_scram_users or {})
         _check_scram_users(self.sasl_scram_users)
         self.port = free_port()
-        self.controller_port = free_port()
+        self.controller_port = free_port() if controller_port is None else controller_port
         self.sasl_port: int | None = free_port() if self.sasl_scram_users else None
         self.startup_seconds: float | None = None
-        self._process = ServiceProcess("kafka broker", self.workdir / "broker.log", detached)
+        name = "kafka broker" if layout is None else f"kafka node {layout.node_id}"
+        self._process = ServiceProcess(name, self.workdir / "broker.log", detached)
+
+    @property
+    def node_id(self) -> int:
+        """The node's `node.id` (1 for a broker of its own)."""
+        return 1 if self.layout is None else self.layout.node_id
 
     @property
     def bootstrap(self) -> str:
@@ -88,6 +119,17 @@ class LocalKafkaBroker(LocalServer):
         """
         began = time.monotonic()
         timeout = self.START_TIMEOUT if timeout is None else timeout
+        offset = self.launch()
+        self.wait_ready(offset, began, began + timeout)
+        return self.bootstrap
+
+    def launch(self) -> int:
+        """Format storage on first use and start the process without waiting for it.
+
+        Returns the log offset where this start's output begins, for `wait_ready`. A node of a
+        replicated cluster cannot become ready alone (it needs a quorum of voters), so a
+        cluster launches every node first and then waits for each.
+        """
         libs = ensure_kafka_jars()
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self._write_config()
@@ -101,14 +143,21 @@ class LocalKafkaBroker(LocalServer):
             "-cp", classpath(libs), "kafka.Kafka", str(config),
         ]
         self._process.start(argv, cwd=self.workdir)
+        return offset
+
+    def wait_ready(self, log_offset: int, began: float, deadline: float) -> None:
+        """Block until the started process serves metadata; set `startup_seconds` from `began`.
+
+        Kills the process and raises BrokerStartError (with the log's tail) when it exits or
+        is not ready by `deadline` (both `time.monotonic()` values).
+        """
         try:
-            self._wait_ready(offset, began + timeout)
+            self._wait_ready(log_offset, deadline)
         except BaseException:
             self._process.kill()
             raise
         self.startup_seconds = time.monotonic() - began
-        logger.info("kafka broker ready at %s in %.2fs", self.bootstrap, self.startup_seconds)
-        return self.bootstrap
+        logger.info("kafka node %d ready at %s in %.2fs", self.node_id, self.bootstrap, self.startup_seconds)
 
     @property
     def _data_dir(self) -> Path:
@@ -126,21 +175,16 @@ class LocalKafkaBroker(LocalServer):
         protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@{LOCALHOST}:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self._voters(),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self._data_dir),
             "num.partitions": "1",
-            "default.replication.factor": "1",
             "auto.create.topics.enable": "false",  # each tier creates its own topics
-            "offsets.topic.replication.factor": "1",
             "offsets.topic.num.partitions": "4",  # small: the first group commit is faster
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
             "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            **self._replication_properties(),
             "group.initial.rebalance.delay.ms": "0",
             # after a kill, the restarted broker waits for its old session to expire before it
             # is unfenced (9 s by default); a short session makes crash tests quicker
@@ -172,12 +216,38 @@ class LocalKafkaBroker(LocalServer):
         props["listener.security.protocol.map"] = ",".join(protocols)
         return props
 
+    def _voters(self) -> str:
+        if self.layout is None:
+            return f"1@{LOCALHOST}:{self.controller_port}"
+        return self.layout.voters
+
+    def _replication_properties(self) -> dict[str, str]:
+        """Replication of new and internal topics: 1 alone; the layout's in a cluster."""
+        replication = 1 if self.layout is None else self.layout.replication
+        min_insync = 1 if self.layout is None else self.layout.min_insync
+        props = {
+            "default.replication.factor": str(replication),
+            "min.insync.replicas": str(min_insync),
+            "offsets.topic.replication.factor": str(replication),
+            "transaction.state.log.replication.factor": str(replication),
+            "transaction.state.log.min.isr": str(min_insync),
+            "share.coordinator.state.topic.replication.factor": str(replication),
+            "share.coordinator.state.topic.min.isr": str(min_insync),
+            # never elect a replica that missed acknowledged writes (Kafka's default, stated)
+            "unclean.leader.election.enable": "false",
+        }
+        if self.layout is not None:
+            # a stopped or paused follower leaves the ISR after this long (default 30 s), and
+            # acks=all writes wait for it until then; fenced brokers leave it at once
+            props["replica.lag.time.max.ms"] = "10000"
+        return props
+
     def _format(self, libs: Path, config: Path) -> None:
         argv = [
             java_executable(), "-Xmx256m", "-XX:+UseSerialGC",
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
             "-cp", classpath(libs), "kafka.tools.StorageTool", "format",
-            "-t", new_cluster_id(), "-c", str(config),
+            "-t", new_cluster_id() if self.layout is None else self.layout.cluster_id, "-c", str(config),
         ]
         for name, password in self.sasl_scram_users.items():
             for mechanism in SCRAM_MECHANISMS:

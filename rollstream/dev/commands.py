@@ -1,6 +1,7 @@
 """`rollstream dev up | down | env`: a local Kafka broker and Redis for the demo and for poking at.
 
     eval "$(rollstream dev up)"     # start both (detached), export their addresses
+    eval "$(rollstream dev up --brokers 3)"   # Kafka as a replicated 3-node cluster instead
     rollstream dev env              # print the export lines again
     rollstream dev down             # stop both and delete their data
 
@@ -32,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     dev = subparsers.add_parser("dev", help="run a local Kafka broker and Redis for development")
     actions = dev.add_subparsers(dest="dev_command", metavar="{up,down,env}", required=True)
     up = actions.add_parser("up", parents=[common], help="start both; print export lines")
+    up.add_argument(
+        "--brokers", type=int, default=1,
+        help="Kafka nodes (default 1); 3 gives a replicated cluster: three controller voters, "
+             "replication 3, min.insync.replicas 2 (set kafka.replication_factor: 3 for your topics)",
+    )
     up.set_defaults(func=_up)
     down = actions.add_parser("down", parents=[common], help="stop both and delete their data")
     down.set_defaults(func=_down)
@@ -46,8 +52,11 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 def _up(args: argparse.Namespace) -> int:
     state_dir = _state_dir(args)
+    if args.brokers < 1:
+        print(f"rollstream dev up: --brokers must be at least 1, not {args.brokers}", file=sys.stderr)
+        return 2
     try:
-        services = dev_up(state_dir)
+        services = dev_up(state_dir, brokers=args.brokers)
     except Exception as exc:  # a CLI answers with a message, not a traceback
         print(f"rollstream dev up: {exc}", file=sys.stderr)
         return 1

@@ -7,6 +7,10 @@ Each service is resolved on its own, in this order:
    (set ROLLSTREAM_DEV_NO_DOCKER=1 to skip this step);
 3. local processes: `LocalKafkaBroker` from Maven jars and `LocalRedisServer`.
 
+With `brokers` > 1, Kafka is a local replicated cluster (`LocalKafkaCluster`: every node a
+controller voter, replication min(brokers, 3), `min.insync.replicas` one less) unless
+KAFKA_BOOTSTRAP_SERVERS names one; testcontainers is not used for it.
+
 `dev_stack()` stops exactly what it started. `dev_up()` / `dev_down()` start and stop local
 services that outlive the Python process, recorded in `<state_dir>/state.json`.
 """
@@ -26,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from rollstream.dev.broker import LocalKafkaBroker
-from rollstream.dev.processes import pid_alive, stop_pid
+from rollstream.dev.cluster import LocalKafkaCluster
+from rollstream.dev.processes import pid_alive, stop_pid, terminate_pid
 from rollstream.dev.redis_server import LocalRedisServer
 
 logger = logging.getLogger(__name__)
@@ -34,27 +39,32 @@ logger = logging.getLogger(__name__)
 KAFKA_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 REDIS_ENV = "REDIS_URL"
 NO_DOCKER_ENV = "ROLLSTREAM_DEV_NO_DOCKER"
+REPLICATION_ENV = "ROLLSTREAM__KAFKA__REPLICATION_FACTOR"
 STATE_FILE = "state.json"
 
 
 @dataclass(frozen=True)
 class Services:
     """Where the services are. `source` is "env", "testcontainers" or "local" when both
-    services came from the same place, else e.g. "kafka=env,redis=local"."""
+    services came from the same place, else e.g. "kafka=env,redis=local". `replication` is
+    the replication factor a local cluster gives topics (1 unless a cluster was started here)."""
 
     kafka_bootstrap: str
     redis_url: str
     source: str
+    replication: int = 1
 
 
 @dataclass
 class DevStack:
     """The resolved services plus the local process objects (None when not started locally),
-    so fault tests can stop, kill and restart them."""
+    so fault tests can stop, kill and restart them. `broker` is the one-node broker; a
+    replicated local cluster is `cluster` (and `broker` is None then)."""
 
     services: Services
     broker: LocalKafkaBroker | None = None
     redis: LocalRedisServer | None = None
+    cluster: LocalKafkaCluster | None = None
 
 
 class DevStateError(RuntimeError):
@@ -62,11 +72,15 @@ class DevStateError(RuntimeError):
 
 
 def export_lines(services: Services) -> str:
-    """Shell lines that point clients at `services`, one `export NAME=value` per line."""
-    return (
+    """Shell lines that point clients at `services`, one `export NAME=value` per line (with a
+    replicated cluster, also the replication factor its topics should get)."""
+    lines = (
         f"export {KAFKA_ENV}={shlex.quote(services.kafka_bootstrap)}\n"
         f"export {REDIS_ENV}={shlex.quote(services.redis_url)}\n"
     )
+    if services.replication > 1:
+        lines += f"export {REPLICATION_ENV}={services.replication}\n"
+    return lines
 
 
 def docker_available(timeout: float = 2.0) -> bool:
@@ -88,22 +102,37 @@ def docker_available(timeout: float = 2.0) -> bool:
 
 
 @contextlib.contextmanager
-def dev_stack(workdir: Path | None = None) -> Iterator[DevStack]:
+def dev_stack(workdir: Path | None = None, brokers: int = 1) -> Iterator[DevStack]:
     """Resolve both services (see the module docstring) and stop what was started on exit.
 
     Local processes keep their data and logs under `workdir`; without one, a temporary
-    directory is used and removed afterwards.
+    directory is used and removed afterwards. `brokers` > 1 starts a local replicated cluster.
     """
     with contextlib.ExitStack() as stack:
         kafka_env, redis_env = os.environ.get(KAFKA_ENV), os.environ.get(REDIS_ENV)
         use_docker = not (kafka_env and redis_env) and docker_available()
-        if workdir is None and not (kafka_env and redis_env) and not use_docker:
+        local_cluster = brokers > 1 and not kafka_env
+        if workdir is None and (local_cluster or not (kafka_env and redis_env) and not use_docker):
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rollstream-dev-")))
-        kafka_source, bootstrap, broker = _resolve_kafka(stack, kafka_env, use_docker, workdir)
+        cluster = None
+        if local_cluster:
+            assert workdir is not None
+            cluster = _start_cluster(stack, workdir, brokers)
+            kafka_source, bootstrap, broker = "local", cluster.bootstrap, None
+        else:
+            kafka_source, bootstrap, broker = _resolve_kafka(stack, kafka_env, use_docker, workdir)
         redis_source, url, redis = _resolve_redis(stack, redis_env, use_docker, workdir)
-        services = Services(bootstrap, url, _combined_source(kafka_source, redis_source))
+        replication = cluster.replication if cluster is not None else 1
+        services = Services(bootstrap, url, _combined_source(kafka_source, redis_source), replication)
         logger.info("dev services: %s", services)
-        yield DevStack(services, broker, redis)
+        yield DevStack(services, broker, redis, cluster)
+
+
+def _start_cluster(stack: contextlib.ExitStack, workdir: Path, brokers: int) -> LocalKafkaCluster:
+    cluster = LocalKafkaCluster(workdir / "kafka", brokers)
+    stack.callback(cluster.stop)  # registered first: a failed start still cleans up
+    cluster.start()
+    return cluster
 
 
 @contextlib.contextmanager
@@ -180,28 +209,41 @@ def _start_redis_container(stack: contextlib.ExitStack) -> str:
     return f"redis://{host}:{port}/0"
 
 
-def dev_up(state_dir: Path) -> Services:
-    """Start a local broker and Redis that outlive this process; record them in state.json.
+def dev_up(state_dir: Path, brokers: int = 1) -> Services:
+    """Start local Kafka (one broker, or a cluster of `brokers` nodes) and Redis that outlive
+    this process; record them in state.json.
 
-    Returns the running services unchanged when they are already up.
+    Returns the running services unchanged when they are already up with the same number of
+    brokers; DevStateError when they are up with another number (stop them first).
     """
     state_dir = Path(state_dir).resolve()
     state = _read_state(state_dir)
     if state is not None:
         if _alive(state):
+            running = len(_kafka_nodes(state))
+            if running != brokers:
+                raise DevStateError(
+                    f"dev services in {state_dir} run {running} broker(s), not {brokers}; "
+                    "stop them with `rollstream dev down` first"
+                )
             return Services(**state["services"])
         dev_down(state_dir)  # leftovers of a crash: clear them before starting again
     state_dir.mkdir(parents=True, exist_ok=True)
-    broker = LocalKafkaBroker(state_dir / "kafka", detached=True)
+    kafka = (LocalKafkaCluster(state_dir / "kafka", brokers, detached=True) if brokers > 1
+             else LocalKafkaBroker(state_dir / "kafka", detached=True))
     redis = LocalRedisServer(state_dir / "redis", detached=True)
-    broker.start()
+    kafka.start()
     try:
         redis.start()
     except BaseException:
-        broker.stop()
+        kafka.stop()
         raise
-    services = Services(broker.bootstrap, redis.url, "local")
-    _write_state(state_dir, services, broker, redis)
+    if isinstance(kafka, LocalKafkaCluster):
+        nodes, replication = list(kafka.nodes.values()), kafka.replication
+    else:
+        nodes, replication = [kafka], 1
+    services = Services(kafka.bootstrap, redis.url, "local", replication)
+    _write_state(state_dir, services, nodes, redis)
     return services
 
 
@@ -212,7 +254,11 @@ def dev_down(state_dir: Path) -> bool:
     if state is None:
         return False
     stopped = _alive(state)
-    stop_pid(state["kafka"]["pid"], must_contain=state["kafka"]["cmdline_mark"])
+    nodes = _kafka_nodes(state)
+    for node in nodes:  # all at once: one by one, the last nodes would wait for a lost quorum
+        terminate_pid(node["pid"], must_contain=node["cmdline_mark"])
+    for node in nodes:
+        stop_pid(node["pid"], must_contain=node["cmdline_mark"])
     stop_pid(state["redis"]["pid"], must_contain=state["redis"]["cmdline_mark"])
     for name in ("kafka", "redis"):
         shutil.rmtree(state_dir / name, ignore_errors=True)
@@ -228,8 +274,13 @@ def dev_env(state_dir: Path) -> str:
     return export_lines(Services(**state["services"]))
 
 
+def _kafka_nodes(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The recorded Kafka processes: `kafka` (one broker) or `kafka_nodes` (a cluster)."""
+    return list(state.get("kafka_nodes") or [state["kafka"]])
+
+
 def _alive(state: dict[str, Any]) -> bool:
-    return pid_alive(state["kafka"]["pid"]) and pid_alive(state["redis"]["pid"])
+    return all(pid_alive(node["pid"]) for node in _kafka_nodes(state)) and pid_alive(state["redis"]["pid"])
 
 
 def _read_state(state_dir: Path) -> dict[str, Any] | None:
@@ -238,8 +289,9 @@ def _read_state(state_dir: Path) -> dict[str, Any] | None:
         return None
     try:
         state: dict[str, Any] = json.loads(path.read_text())
-        for key in ("kafka", "redis"):
-            int(state[key]["pid"])  # TypeError when null
+        for node in _kafka_nodes(state):
+            int(node["pid"])  # TypeError when null
+        int(state["redis"]["pid"])
         Services(**state["services"])
     except (ValueError, KeyError, TypeError) as exc:
         raise DevStateError(f"unreadable dev state {path} ({exc!r}); delete it by hand") from exc
@@ -247,18 +299,24 @@ def _read_state(state_dir: Path) -> dict[str, Any] | None:
 
 
 def _write_state(
-    state_dir: Path, services: Services, broker: LocalKafkaBroker, redis: LocalRedisServer
+    state_dir: Path, services: Services, nodes: list[LocalKafkaBroker], redis: LocalRedisServer
 ) -> None:
-    state = {
-        "services": asdict(services),
-        "kafka": {
-            "pid": broker.pid,
-            "port": broker.port,
-            "controller_port": broker.controller_port,
-            "log": str(broker.log_path),
+    records = [
+        {
+            "node_id": node.node_id,
+            "pid": node.pid,
+            "port": node.port,
+            "controller_port": node.controller_port,
+            "log": str(node.log_path),
             # what /proc/<pid>/cmdline must contain before dev_down signals the pid
-            "cmdline_mark": str(broker.workdir / "server.properties"),
-        },
+            "cmdline_mark": str(node.workdir / "server.properties"),
+        }
+        for node in nodes
+    ]
+    state: dict[str, Any] = {
+        "services": asdict(services),
+        "kafka": records[0],
+        "kafka_nodes": records,
         "redis": {
             "pid": redis.pid,
             "port": redis.port,

@@ -127,6 +127,13 @@ def stop_pid(pid: int, must_contain: str, timeout: float = 30.0) -> bool:
     return _wait_gone(pid, 10.0)
 
 
+def terminate_pid(pid: int, must_contain: str) -> None:
+    """SIGTERM a process that is not our child, without waiting; only while its command line
+    contains `must_contain` (see `stop_pid`)."""
+    if pid_alive(pid) and must_contain in pid_cmdline(pid):
+        os.kill(pid, signal.SIGTERM)
+
+
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -188,6 +195,12 @@ class ServiceProcess:
         """The exit status of the last child, or None while it runs or when none was started."""
         return None if self._proc is None else self._proc.poll()
 
+    def terminate(self) -> None:
+        """SIGTERM without waiting (several servers then shut down side by side)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM, wait up to `timeout` seconds, then SIGKILL. No-op when not running."""
         proc = self._proc
@@ -244,6 +257,10 @@ class LocalServer:
     def kill(self) -> None:
         """SIGKILL the server, as a crash would."""
         self._process.kill()
+
+    def terminate(self) -> None:
+        """Ask the server to shut down (SIGTERM) without waiting; `stop()` then waits."""
+        self._process.terminate()
 
     def restart(self, timeout: float | None = None) -> str:
         """Stop (cleanly) and start again on the same ports and data directory."""

@@ -1,21 +1,40 @@
-"""Create the topics of one trial with the right partition counts and settings."""
+"""Create the topics of one trial with the right partition counts and settings, and check the
+ones that exist (``rollstream.kafka.topic_check``) before a tier uses them."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from aiokafka.admin import NewTopic
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from rollstream.config import KafkaConfig
 from rollstream.kafka.clients import authentication_refusal, make_admin
+from rollstream.kafka.topic_check import (
+    CHECKED_CONFIGS,
+    TopicLayoutError,
+    TopicState,
+    check_layout,
+    min_insync_replicas,
+)
 from rollstream.kafka.topics import TopicNames
 from rollstream.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 BROKER_WAIT_SECONDS = 300.0  # how long a starting tier waits for an unreachable broker
+
+
+class NotEnoughBrokers(KafkaError):
+    """Fewer brokers are up than the replication factor of the topics to create (a cluster
+    still starting, or a replication factor too high for it): retriable, so a starting tier
+    waits for the brokers as it waits for an unreachable cluster."""
+
+    retriable = True
 
 
 def transient(exc: BaseException) -> bool:
@@ -26,28 +45,41 @@ def transient(exc: BaseException) -> bool:
 
 
 async def ensure_topics(config: KafkaConfig, names: TopicNames, wait_seconds: float = BROKER_WAIT_SECONDS) -> None:
-    """Create every topic of the trial that does not exist yet (idempotent, race-safe).
+    """Create every topic of the trial that does not exist yet (idempotent, race-safe), then
+    check the ones that existed (``rollstream.kafka.topic_check``).
 
     All data topics share ``config.partitions`` so that keys (task ids) land in the same
     partition number everywhere; the grouping changelog is co-partitioned with ``scored``.
+    New topics get ``config.replication_factor`` replicas and ``min.insync.replicas`` from
+    :func:`~rollstream.kafka.topic_check.min_insync_replicas`. Existing topics that break the
+    pipeline (co-partitioned topics with different partition counts, a changelog that is not
+    compacted, ...) raise :class:`TopicLayoutError` naming what differs and how to fix it, so
+    a tier stops before it consumes anything; what only weakens durability is logged as a
+    warning.
 
     Every tier calls this first, so it also waits for the broker: while the broker cannot be
-    reached (down, restarting) it retries with capped backoff, logging each try, for up to
-    ``wait_seconds``; then the last error is raised. A tier started during a broker restart
+    reached (down, restarting), or topics must be created and fewer brokers are up than their
+    replication factor, it retries with capped backoff, logging each try, for up to
+    ``wait_seconds``; then ``KafkaTimeoutError`` names the last error. A tier started during a broker restart
     therefore comes up with the broker instead of crash-looping. A broker that refuses the
     configured credentials or TLS settings raises ``KafkaAuthenticationError`` at once.
     """
     attempts = 0
+    last: BaseException | None = None
 
     async def once() -> None:
-        nonlocal attempts
+        nonlocal attempts, last
         attempts += 1
         try:
             await _ensure_once(config, names)
         except KafkaConnectionError as exc:
+            last = exc
             refusal = await authentication_refusal(config)
             if refusal is not None:
                 raise refusal from exc
+            raise
+        except KafkaError as exc:
+            last = exc
             raise
 
     policy = RetryPolicy(initial=0.5, maximum=5.0)
@@ -58,7 +90,8 @@ async def ensure_topics(config: KafkaConfig, names: TopicNames, wait_seconds: fl
         )
     except asyncio.TimeoutError:
         raise KafkaTimeoutError(
-            f"kafka at {config.bootstrap_servers} not reachable after {wait_seconds:.0f}s ({attempts} tries)"
+            f"kafka at {config.bootstrap_servers} not ready after {wait_seconds:.0f}s ({attempts} tries); "
+            f"last error: {type(last).__name__}: {last}"
         ) from None
 
 
@@ -66,19 +99,77 @@ async def _ensure_once(config: KafkaConfig, names: TopicNames) -> None:
     admin = make_admin(config)
     try:
         await admin.start()
+        brokers = await broker_count(admin)
         existing = set(await admin.list_topics())
         wanted = [
             _new_topic(config, name, compacted=False) for name in names.data_topics()
         ] + [_new_topic(config, name, compacted=True) for name in names.compacted_topics()]
         missing = [topic for topic in wanted if topic.name not in existing]
         if missing:
+            if brokers < config.replication_factor:
+                raise NotEnoughBrokers(
+                    f"kafka.replication_factor={config.replication_factor} needs {config.replication_factor} "
+                    f"brokers to create {len(missing)} topic(s), {brokers} up; waiting for more "
+                    "(or set kafka.replication_factor to at most the number of brokers)"
+                )
             await _create(admin, missing)
+        # topics created just now are as asked (their metadata may not have spread yet); the
+        # others are described, and all are checked together (co-partitioning spans both)
+        states = await describe_topics(admin, [t.name for t in wanted if t.name in existing])
+        states.update({t.name: _state_of(t) for t in missing})
     finally:
         await admin.close()
+    findings = check_layout(config, names, states, brokers)
+    for warning in findings.warnings:
+        log.warning("topic check: %s", warning)
+    if findings.errors:
+        raise TopicLayoutError("the trial's topics cannot be used:\n- " + "\n- ".join(findings.errors))
+
+
+async def broker_count(admin: AIOKafkaAdminClient) -> int:
+    """How many brokers the cluster's metadata lists (registered and unfenced)."""
+    return len((await admin.describe_cluster())["brokers"])
+
+
+async def describe_topics(admin: AIOKafkaAdminClient, topics: list[str]) -> dict[str, TopicState]:
+    """Partition count, smallest replica count and the checked configs of each existing topic
+    in ``topics`` (a topic that does not exist is left out)."""
+    if not topics:
+        return {}
+    described = await admin.describe_topics(topics)
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name, configs=dict.fromkeys(CHECKED_CONFIGS)) for name in topics]
+    configs = _config_values(await admin.describe_configs(resources))
+    states = {}
+    for entry in described:
+        partitions = entry["partitions"]
+        if entry["error_code"] != 0 or not partitions:
+            continue
+        name = entry["topic"]
+        replication = min(len(p["replicas"]) for p in partitions)
+        states[name] = TopicState(name, len(partitions), replication, configs.get(name, {}))
+    return states
+
+
+def _state_of(topic: NewTopic) -> TopicState:
+    return TopicState(topic.name, topic.num_partitions, topic.replication_factor, dict(topic.topic_configs))
+
+
+def _config_values(responses: list[Any]) -> dict[str, dict[str, str]]:
+    values: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for resource in response.to_object()["resources"]:
+            if resource["error_code"] == 0:
+                values[resource["resource_name"]] = {
+                    e["config_names"]: e["config_value"] for e in resource["config_entries"] if e["config_value"] is not None
+                }
+    return values
 
 
 def _new_topic(config: KafkaConfig, name: str, *, compacted: bool) -> NewTopic:
-    topic_configs = {"max.message.bytes": str(config.max_message_bytes)}
+    topic_configs = {
+        "max.message.bytes": str(config.max_message_bytes),
+        "min.insync.replicas": str(min_insync_replicas(config)),
+    }
     if compacted:
         topic_configs.update({"cleanup.policy": "compact", "segment.ms": "60000"})
     return NewTopic(
@@ -89,7 +180,7 @@ def _new_topic(config: KafkaConfig, name: str, *, compacted: bool) -> NewTopic:
     )
 
 
-async def _create(admin, topics: list[NewTopic]) -> None:  # type: ignore[no-untyped-def]
+async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic]) -> None:
     try:
         response = await admin.create_topics(topics)
     except TopicAlreadyExistsError:

@@ -7,7 +7,6 @@ a dead letter can carry. No other exception type escapes ``decode_*``.
 
 from __future__ import annotations
 
-import math
 from typing import Any, TypeVar
 
 import msgspec
@@ -26,8 +25,6 @@ from rollstream.wire.messages import (
     PromptTask,
     ScoredEpisode,
     ScoredMessage,
-    SampleRejected,
-    TaskFailed,
 )
 from rollstream.vision.images import image_digest
 from rollstream.wire.packed import check_packed, unpack_tensor_dict
@@ -39,7 +36,6 @@ from rollstream.wire.tensor_codec import (
     decode_tensor_dict,
 )
 
-MAX_GROUP_SIZE = 1024
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
 
@@ -99,15 +95,6 @@ def _check_schema_version(message: Any) -> None:
         )
 
 
-def _check_group(task_id: str, group_size: int, sample_idx: int | None = None) -> None:
-    if not task_id:
-        raise WireDecodeError("empty task_id")
-    if not 1 <= group_size <= MAX_GROUP_SIZE:
-        raise WireDecodeError(f"group_size {group_size} outside 1..{MAX_GROUP_SIZE}")
-    if sample_idx is not None and not 0 <= sample_idx < group_size:
-        raise WireDecodeError(f"sample_idx {sample_idx} outside 0..{group_size - 1}")
-
-
 def check_trajectory(trajectory: dict[str, WireTensor]) -> None:
     """Validate a wire trajectory: required keys, dtypes, ``[b, L]`` shapes, finite logprobs."""
     required = {"input_ids": "int32", "attention_mask": "bool"}
@@ -142,19 +129,14 @@ def check_trajectory(trajectory: dict[str, WireTensor]) -> None:
 
 
 def decode_prompt(data: bytes | memoryview | None) -> PromptTask:
-    task: PromptTask = _decode(PromptTask, data)
-    _check_group(task.task_id, task.group_size)
-    return task
-
-
-def _check_episode(episode: Episode) -> None:
-    _check_group(episode.task_id, episode.group_size, episode.sample_idx)
-    check_trajectory(episode.trajectory)
-    if episode.row_images or episode.images:
-        _check_episode_images(episode)
+    return _decode(PromptTask, data)  # ids and group size: the types' rules
 
 
 def _check_episode_images(episode: Episode) -> None:
+    """The vision fields: one ``row_images`` entry per row, and only images some row shows,
+    whose bytes match their digest."""
+    if not (episode.row_images or episode.images):
+        return
     rows = episode.trajectory["input_ids"].shape[0]
     if len(episode.row_images) != rows:
         raise WireDecodeError(f"row_images has {len(episode.row_images)} entries for {rows} trajectory rows")
@@ -167,18 +149,15 @@ def _check_episode_images(episode: Episode) -> None:
 
 
 def _check_episodes_message(message: Any) -> None:
+    """What the types cannot say: the trajectory's tensors (ids, ranges and the finite reward
+    are the message types' own rules, checked while decoding)."""
     match message:
         case Episode():
-            _check_episode(message)
+            check_trajectory(message.trajectory)
+            _check_episode_images(message)
         case ScoredEpisode():
-            _check_episode(message.episode)
-            if not math.isfinite(message.reward):
-                raise WireDecodeError(f"reward {message.reward} is not finite")
-        case SampleRejected():
-            _check_group(message.task_id, message.group_size, message.sample_idx)
-        case TaskFailed():
-            if not message.task_id:
-                raise WireDecodeError("empty task_id")
+            check_trajectory(message.episode.trajectory)
+            _check_episode_images(message.episode)
 
 
 def decode_episode(data: bytes | memoryview | None) -> EpisodesMessage:

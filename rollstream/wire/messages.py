@@ -28,12 +28,22 @@ before the grouping tier when a trial has images.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from rollstream.wire.packed import PackedTensors
 from rollstream.wire.tensor_codec import WireTensor
+
+MAX_GROUP_SIZE = 1024
+
+# Invariants a decoder enforces from the types (msgspec names the field in its error) and
+# from __post_init__ (which also runs when a message is built in code, so a tier cannot write
+# what its readers would refuse).
+TaskId = Annotated[str, msgspec.Meta(min_length=1)]
+GroupSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP_SIZE)]
+SampleIdx = Annotated[int, msgspec.Meta(ge=0, lt=MAX_GROUP_SIZE)]
 
 SCHEMA_VERSION = 2  # the newest version this reader understands (any kind)
 FIRST_VERSION = 1
@@ -54,11 +64,16 @@ class _Message(msgspec.Struct, tag_field="kind", kw_only=True):
     schema_version: int = FIRST_VERSION
 
 
+def _check_sample(sample_idx: int, group_size: int) -> None:
+    if sample_idx >= group_size:
+        raise ValueError(f"sample_idx {sample_idx} outside 0..{group_size - 1}")
+
+
 class PromptTask(_Message, tag="prompt"):
     """One prompt to roll out ``group_size`` times. Key: ``task_id``."""
 
-    task_id: str
-    group_size: int
+    task_id: TaskId
+    group_size: GroupSize
     data: dict[str, Any]
     is_eval: bool = False
     workflow: str | None = None  # a key of the worker's allow-list, never code
@@ -70,9 +85,9 @@ class PromptTask(_Message, tag="prompt"):
 class Episode(_Message, tag="episode"):
     """One sample of a group: its trajectory tensors ``[b, L]`` and how it ended."""
 
-    task_id: str
-    sample_idx: int
-    group_size: int
+    task_id: TaskId
+    sample_idx: SampleIdx
+    group_size: GroupSize
     trajectory: dict[str, WireTensor]
     is_eval: bool = False
     data: dict[str, Any] = {}
@@ -89,23 +104,29 @@ class Episode(_Message, tag="episode"):
     # carried: each image goes out once per group, with the first episode that shows it.
     images: dict[str, bytes] = {}
 
+    def __post_init__(self) -> None:
+        _check_sample(self.sample_idx, self.group_size)
+
 
 class SampleRejected(_Message, tag="rejected"):
     """A sample the workflow rejected (returned None) or failed on; the group can still complete."""
 
-    task_id: str
-    sample_idx: int
-    group_size: int
+    task_id: TaskId
+    sample_idx: SampleIdx
+    group_size: GroupSize
     is_eval: bool = False
     reason: str = "rejected"
     failed: bool = False  # True: an exception, not a rejection; counted apart
+
+    def __post_init__(self) -> None:
+        _check_sample(self.sample_idx, self.group_size)
 
 
 class TaskFailed(_Message, tag="task_failed"):
     """A whole prompt that could not be run; its group ends as a drop."""
 
-    task_id: str
-    group_size: int = 0
+    task_id: TaskId
+    group_size: Annotated[int, msgspec.Meta(ge=0, le=MAX_GROUP_SIZE)] = 0  # 0: unknown
     is_eval: bool = False
     reason: str = ""
 
@@ -122,6 +143,10 @@ class ScoredEpisode(_Message, tag="scored"):
     scored_by: str = ""
     scored_at: float = 0.0
     reward_source: Literal["reward_fn", "workflow"] = "reward_fn"
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.reward):
+            raise ValueError(f"reward {self.reward} is not finite")
 
 
 class Batch(_Message, tag="batch", kw_only=True):

@@ -34,7 +34,8 @@ from rollstream.wire import (
     encode,
     encode_tensor,
 )
-from rollstream.wire.codec import MAX_GROUP_SIZE, MAX_MESSAGE_BYTES
+from rollstream.wire.codec import MAX_MESSAGE_BYTES
+from rollstream.wire.messages import MAX_GROUP_SIZE
 from rollstream.wire.messages import SCHEMA_VERSION
 from tests.fuzz.strategies import BUDGET, FLOATS, INTS, as_dict, float32, broken_bytes, episode, float_tensor, raw, valid_messages
 
@@ -148,7 +149,7 @@ def test_logprobs_length_and_finiteness(values: list[float], tokens: int) -> Non
 @settings(**BUDGET)
 @given(reward=FLOATS)
 def test_scored_reward_must_be_finite(reward: float) -> None:
-    data = encode(ScoredEpisode(episode=episode(), reward=reward))
+    data = raw(as_dict(encode(ScoredEpisode(episode=episode(), reward=0.0))) | {"reward": reward})
     assert isinstance(decode_or_reason(decode_scored, data), WireDecodeError) != math.isfinite(reward)
 
 

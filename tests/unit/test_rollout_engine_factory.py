@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from rollstream.config import ConfigError, RolloutConfig
+from rollstream.config import ConfigError, RolloutConfig, config_from_dict
 from rollstream.engines.hf import HFEngine
 from rollstream.engines.sglang import SGLangEngine
 from rollout_workers.engine_factory import build_engine, load_tokenizer, tokenizer_path
@@ -75,7 +75,5 @@ def test_unloadable_tokenizer_is_a_config_error(tmp_path) -> None:  # type: igno
     [({"commit_interval_seconds": 0}, "commit_interval_seconds"), ({"shutdown_grace_seconds": -1}, "shutdown_grace")],
 )
 def test_loop_settings_are_checked(settings: dict[str, float], setting: str) -> None:
-    from rollout_workers.service import check_settings
-
-    with pytest.raises(ConfigError, match=setting):
-        check_settings(RolloutConfig(**settings))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=rf"\$\.rollout\.{setting}"):  # the schema names the key
+        config_from_dict({"rollout": settings})

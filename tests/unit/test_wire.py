@@ -142,10 +142,11 @@ def bad_messages() -> list[tuple[str, bytes]]:
         "newer schema": msgspec.msgpack.encode({**raw, "schema_version": SCHEMA_VERSION + 1}),
         "unknown kind": msgspec.msgpack.encode({**raw, "kind": "mystery"}),
         "wrong kind for topic": encode(PromptTask(task_id="a", group_size=1, data={})),
-        "negative group size": encode(episode(group_size=-3)),
-        "huge group size": encode(episode(group_size=10**9)),
-        "sample index out of range": encode(episode(sample_idx=5)),
-        "empty task id": encode(episode(task_id="")),
+        # the types refuse to build these, so a tier cannot write them: hostile bytes only
+        "negative group size": msgspec.msgpack.encode({**raw, "group_size": -3}),
+        "huge group size": msgspec.msgpack.encode({**raw, "group_size": 10**9}),
+        "sample index out of range": msgspec.msgpack.encode({**raw, "sample_idx": 5}),
+        "empty task id": msgspec.msgpack.encode({**raw, "task_id": ""}),
     }
     t = trajectory()
     t["logprobs"][0, 3] = float("nan")
@@ -204,3 +205,11 @@ def test_tombstone_is_an_error_not_a_crash() -> None:
 def test_dead_letter_holds_raw_bytes() -> None:
     letter = DeadLetter(tier="reward", source_topic="x", partition=0, offset=3, key=b"k", value=b"\x00\x01", reason="bad")
     assert msgspec.msgpack.decode(encode(letter), type=DeadLetter) == letter
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"group_size": 0}, "sample_idx 0 outside"), ({"sample_idx": 4, "group_size": 4}, "sample_idx 4 outside 0..3"),
+])
+def test_a_message_its_readers_would_refuse_cannot_be_built(fields: dict[str, int], why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        episode(**fields)

@@ -1,0 +1,119 @@
+"""``rollstream topics create``: create the trial's topics, and grow the ones that may grow.
+
+Partitions can only be added, and only to every data topic and the grouping changelog
+together (``plan_growth``), and only while the trial is drained: a task's records are routed
+by ``hash(task id) % partitions``, so records in flight before the growth would no longer meet
+the ones after it. A trial whose tiers still have uncommitted input is refused with the lag
+per tier. Replication and topic configs are not changed here (Kafka moves replicas with
+``kafka-reassign-partitions.sh``); the check at the end names what differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
+
+from rollstream.config import RollstreamConfig
+from rollstream.kafka.admin import describe_topics, ensure_topics
+from rollstream.kafka.clients import make_admin, make_consumer
+from rollstream.kafka.topic_check import TopicLayoutError, growable, plan_growth
+from rollstream.kafka.topics import TopicNames
+from rollstream.tools.status import consumer_groups
+
+log = logging.getLogger(__name__)
+
+TIER_INPUTS = ("rollout-worker", "reward-worker", "grouping")  # whose lag must be 0 to grow
+
+
+@dataclass
+class TopicsReport:
+    """What ``create_topics`` did: the topics, and those grown (name -> (from, to))."""
+
+    topics: list[str]
+    grown: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+async def create_topics(config: RollstreamConfig) -> TopicsReport:
+    """Grow what must grow (refusing what may not), create what is missing, check the rest.
+
+    Raises :class:`TopicLayoutError` with what differs and how to fix it."""
+    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    admin = make_admin(config.kafka, "topics")
+    await admin.start()
+    try:
+        states = await describe_topics(admin, growable(names))
+        growth = plan_growth(config.kafka.partitions, names, states)
+        if growth:
+            await _refuse_unless_drained(config, names, admin)
+            await admin.create_partitions({name: NewPartitions(config.kafka.partitions) for name in growth})
+            log.info("grew %s to %d partitions", ", ".join(growth), config.kafka.partitions)
+    finally:
+        await admin.close()
+    await ensure_topics(config.kafka, names)
+    return TopicsReport(
+        topics=[*names.data_topics(), *names.compacted_topics()],
+        grown={name: (n, config.kafka.partitions) for name, n in growth.items()},
+    )
+
+
+async def _refuse_unless_drained(config: RollstreamConfig, names: TopicNames, admin: AIOKafkaAdminClient) -> None:
+    lags = await input_lags(config, names, admin)
+    busy = {tier: lag for tier, lag in lags.items() if lag}
+    if busy:
+        listed = ", ".join(f"{tier} {lag}" for tier, lag in busy.items())
+        raise TopicLayoutError(
+            f"the trial is not drained (records not yet committed by: {listed}); growing partitions now "
+            "would split the groups in flight. Stop the producer, wait until `rollstream status` shows "
+            "lag 0 for every tier, then run this again (or grow in a new trial)"
+        )
+
+
+async def input_lags(config: RollstreamConfig, names: TopicNames, admin: AIOKafkaAdminClient,
+                     timeout: float = 30.0) -> dict[str, int]:
+    """Per tier of ``TIER_INPUTS``: records of its input topic (as ``read_committed`` readers
+    see them) after the offsets its group committed; all of them when it committed nothing.
+
+    Records are counted by reading them, not by subtracting offsets: transaction markers take
+    offsets too, and a group commits the offset after its last record, before the marker."""
+    groups = [g for g in consumer_groups(config, names) if g.tier in TIER_INPUTS and g.topic is not None]
+    described = await admin.describe_topics([g.topic for g in groups if g.topic])
+    tps = [TopicPartition(e["topic"], p["partition"]) for e in described if e["error_code"] == 0 for p in e["partitions"]]
+    consumer = make_consumer(config.kafka, "topics-lag", group_id=None, read_committed=True)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(tps) if tps else {}
+        lags: dict[str, int] = {}
+        for group in groups:
+            mine = [tp for tp in ends if tp.topic == group.topic]
+            committed = await admin.list_consumer_group_offsets(group.group_id, partitions=mine)
+            done = {tp: meta.offset for tp, meta in committed.items() if meta is not None and meta.offset >= 0}
+            starts = {tp: done.get(tp, 0) for tp in mine if done.get(tp, 0) < ends[tp]}
+            lags[group.tier] = await _count_records(consumer, starts, ends, timeout)
+    finally:
+        await consumer.stop()
+    return lags
+
+
+async def _count_records(consumer: AIOKafkaConsumer, starts: dict[TopicPartition, int],
+                         ends: dict[TopicPartition, int], timeout: float) -> int:
+    """Records in ``[starts[tp], ends[tp])`` of each partition, read with ``consumer``."""
+    if not starts:
+        return 0
+    consumer.assign(list(starts))
+    for tp, offset in starts.items():
+        consumer.seek(tp, offset)
+    count, left = 0, set(starts)
+    deadline = asyncio.get_running_loop().time() + timeout
+    while left:
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"reading {sorted(map(str, left))} to their ends took over {timeout:.0f}s")
+        fetched = await consumer.getmany(*left, timeout_ms=200)
+        count += sum(1 for tp, records in fetched.items() for r in records if r.offset < ends[tp])
+        for tp in list(left):
+            if await consumer.position(tp) >= ends[tp]:
+                left.discard(tp)
+    return count

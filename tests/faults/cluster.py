@@ -1,0 +1,189 @@
+"""Fault tests on a replicated cluster: the 3-node fixture, finding whom to kill, and the watch
+on the staleness bound.
+
+:func:`kafka_cluster` starts three local KRaft nodes (every node a controller voter, topics and
+internal topics at replication 3 with ``min.insync.replicas`` 2; ``rollstream.dev.cluster``).
+:class:`ClusterProbe` answers the questions a fault schedule asks: which node leads a partition,
+which node is the transaction coordinator of a transactional id (FindCoordinator), which node is
+the active controller, and whether every partition (internal ones included) is fully
+replicated again after a node came back. :class:`BudgetWatch` samples the staleness counters in
+Redis and keeps the worst ``admitted - dropped - capacity`` it saw (the bound holds while it is
+at most 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import pytest
+from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
+
+from rollstream.config import KafkaConfig, RollstreamConfig
+from rollstream.dev.cluster import LocalKafkaCluster
+from rollstream.dev.processes import MissingToolError
+from rollstream.kafka.clients import make_admin
+from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+
+log = logging.getLogger(__name__)
+
+TRANSACTION_COORDINATOR = 1  # FindCoordinator key type of a transactional id
+PROBE_TIMEOUT_MS = 3000
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
+    """Three local KRaft nodes for the module's tests (small heaps: 2-core CI)."""
+    cluster = LocalKafkaCluster(tmp_path_factory.mktemp("cluster"), brokers=3, heap="384m")
+    try:
+        cluster.start()
+    except MissingToolError as exc:
+        pytest.skip(f"no local Kafka cluster: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@dataclass
+class FaultRecord:
+    """One fault as it happened: what, on which node, at what progress, how long to recover."""
+
+    kind: str
+    node: int | None
+    progress: float
+    seconds: float = 0.0
+    detail: str = ""
+
+    def line(self) -> str:
+        where = f" node {self.node}" if self.node is not None else ""
+        extra = f" ({self.detail})" if self.detail else ""
+        return f"{self.kind}{where} at {self.progress:.0%}, recovered in {self.seconds:.1f}s{extra}"
+
+
+class ClusterProbe:
+    """Questions about the cluster's current roles, asked with a fresh admin client each time
+    (a client that talked to a killed node carries nothing over)."""
+
+    def __init__(self, cluster: LocalKafkaCluster, kafka: KafkaConfig) -> None:
+        self.cluster = cluster
+        # short requests: a question sent to a paused node must not wait the tiers' 40 s
+        self.kafka = msgspec.structs.replace(kafka, request_timeout_ms=PROBE_TIMEOUT_MS)
+
+    async def _ask(self, what: str, fn, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while True:
+            admin = make_admin(self.kafka, "fault-probe")
+            try:
+                await admin.start()
+                return await fn(admin)
+            except (KafkaError, OSError, asyncio.TimeoutError, LookupError) as exc:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"could not find {what} in {timeout:.0f}s: {exc!r}") from exc
+            finally:
+                await admin.close()
+            await asyncio.sleep(0.5)
+
+    async def leader(self, topic: str, partition: int) -> int:
+        """The node that leads ``topic``/``partition`` now."""
+        async def ask(admin) -> int:  # type: ignore[no-untyped-def]
+            for entry in await admin.describe_topics([topic]):
+                for part in entry["partitions"]:
+                    if part["partition"] == partition and part["leader"] >= 0:
+                        return int(part["leader"])
+            raise LookupError(f"no leader for {topic}[{partition}] yet")
+
+        return int(await self._ask(f"the leader of {topic}[{partition}]", ask))
+
+    async def transaction_coordinator(self, transactional_id: str) -> int:
+        """The node whose transaction coordinator owns ``transactional_id`` (FindCoordinator)."""
+        async def ask(admin) -> int:  # type: ignore[no-untyped-def]
+            return int(await admin.find_coordinator(transactional_id, TRANSACTION_COORDINATOR))
+
+        return int(await self._ask(f"the transaction coordinator of {transactional_id}", ask))
+
+    async def active_controller(self, timeout: float = 30.0) -> int:
+        """The quorum leader, from the nodes' own records of the latest election."""
+        deadline = time.monotonic() + timeout
+        while (node := self.cluster.active_controller()) is None:
+            if time.monotonic() > deadline:
+                raise AssertionError("no node recorded an active controller")
+            await asyncio.sleep(0.5)
+        return node
+
+    async def under_replicated(self) -> list[str]:
+        """Partitions (internal topics too) without a leader or with a replica out of the ISR."""
+        async def ask(admin) -> list[str]:  # type: ignore[no-untyped-def]
+            brokers = len((await admin.describe_cluster())["brokers"])
+            if brokers < len(self.cluster.nodes):
+                return [f"{brokers} of {len(self.cluster.nodes)} brokers registered"]
+            return [
+                f"{entry['topic']}[{part['partition']}] isr {part['isr']} of {part['replicas']}"
+                for entry in await admin.describe_topics()
+                for part in entry["partitions"]
+                if part["leader"] < 0 or len(part["isr"]) < len(part["replicas"])
+            ]
+
+        return list(await self._ask("the replication state", ask))
+
+    async def wait_fully_replicated(self, timeout: float = 120.0) -> float:
+        """Wait until every partition has its full ISR again; returns the seconds waited."""
+        began = time.monotonic()
+        while lagging := await self.under_replicated():
+            if time.monotonic() - began > timeout:
+                raise AssertionError(f"still under-replicated after {timeout:.0f}s: {lagging[:8]}")
+            await asyncio.sleep(0.5)
+        return time.monotonic() - began
+
+
+@dataclass
+class BudgetWatch:
+    """Samples the staleness counters every ``interval`` seconds; ``worst`` is the largest
+    ``admitted - dropped - capacity`` seen (the bound held while it is <= 0)."""
+
+    config: RollstreamConfig
+    interval: float = 0.2
+    samples: int = 0
+    worst: int | None = None
+    worst_sample: dict[str, int] = field(default_factory=dict)
+    unreadable: int = 0
+    _task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> BudgetWatch:
+        self._task = asyncio.create_task(self._watch(), name="budget-watch")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        exp, staleness = self.config.experiment, self.config.staleness
+        redis = connect(self.config.redis)
+        budget = StalenessBudget(redis, RedisKeys(exp.experiment_name, exp.trial_name),
+                                 staleness.max_head_offpolicyness, staleness.batch_size)
+        try:
+            while True:
+                try:
+                    usage = await budget.usage()  # one MGET: a consistent snapshot
+                except (RedisError, OSError):
+                    self.unreadable += 1
+                else:
+                    self.samples += 1
+                    over = usage["admitted"] - usage["dropped"] - usage["capacity"]
+                    if self.worst is None or over > self.worst:
+                        self.worst, self.worst_sample = over, usage
+                await asyncio.sleep(self.interval)
+        finally:
+            await redis.aclose()
+
+
+def node_logs(cluster: LocalKafkaCluster) -> dict[int, Path]:
+    return {i: node.log_path for i, node in cluster.nodes.items()}
