@@ -99,11 +99,16 @@ class SlotReleaser:
     def __init__(self, budget: StalenessBudget) -> None:
         self._budget = budget
         self.unreleased: dict[str, str] = {}  # task -> reason, not yet taken back by Redis
+        self._lock = asyncio.Lock()  # partitions commit concurrently: one release round at a time
 
     async def release(self, drops: list[DroppedGroup]) -> None:
         for drop in drops:
             if not drop.is_eval:
                 self.unreleased[drop.task_id] = drop.reason
+        async with self._lock:
+            await self._release_unreleased()
+
+    async def _release_unreleased(self) -> None:
         released = 0
         for task_id, reason in list(self.unreleased.items()):
             try:
