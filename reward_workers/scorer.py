@@ -21,6 +21,7 @@ test ``test_timeout_then_reject`` guards that hook.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
@@ -30,10 +31,15 @@ import numpy
 
 from rollstream.imports import import_object
 from rollstream.config import ConfigError, RewardConfig
+from rollstream.reward_pool_worker import PackedIds
 from rollstream.reward_wrapper import AsyncRewardWrapper
 from reward_workers.scoring import RewardTimeout
 
 log = logging.getLogger(__name__)
+
+# Prompts whose text a scorer remembers: a reward worker sees the samples of a group close
+# together, and at most ``reward.max_batch`` records of distinct groups in between.
+PROMPT_TEXTS_KEPT = 256
 
 # One list per reward call (each asyncio task has its own context): True = that attempt timed out.
 _attempt_timeouts: ContextVar[list[bool] | None] = ContextVar("reward_attempt_timeouts", default=None)
@@ -119,6 +125,7 @@ class Scorer:
         self.rescore = rescore
         self.reward_fn_name = reward_fn_name
         self.passed_through_count = 0  # episodes whose workflow's rewards were kept
+        self._prompt_text = functools.lru_cache(maxsize=PROMPT_TEXTS_KEPT)(self._decode_bytes)
         if wrapper is None:
             log.info("no reward function (reward.reward_fn is empty): episodes must carry rewards set by their workflow")
         elif tokenizer is None:
@@ -151,8 +158,18 @@ class Scorer:
             return ""
         return self._tokenizer.decode(ids, skip_special_tokens=False)
 
+    def decode_prompt(self, ids: numpy.ndarray) -> str:
+        """``decode(ids)``, remembered for the last ``PROMPT_TEXTS_KEPT`` distinct prompts (the
+        samples of a group share their prompt: one decode per group instead of one per sample)."""
+        if self._tokenizer is None or len(ids) == 0:
+            return ""
+        return self._prompt_text(ids.dtype.str, ids.tobytes())
+
+    def _decode_bytes(self, dtype: str, data: bytes) -> str:
+        return self.decode(numpy.frombuffer(data, dtype=dtype))
+
     async def reward(
-        self, prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int],
+        self, prompt: str, completion: str, prompt_ids: numpy.ndarray, completion_ids: numpy.ndarray,
         data: dict[str, Any],
     ) -> float:
         if self._wrapper is None:
@@ -160,7 +177,8 @@ class Scorer:
                 "the episode carries no rewards and reward.reward_fn is empty: set reward.reward_fn, "
                 "or return 'rewards' from the workflow"
             )
-        return await self._wrapper.call(prompt, completion, prompt_ids, completion_ids, **data)
+        # the ids cross to the pool process as raw bytes and arrive there as lists
+        return await self._wrapper.call(prompt, completion, PackedIds(prompt_ids), PackedIds(completion_ids), **data)
 
     def passed_through(self, episode: Any) -> None:
         self.passed_through_count += 1

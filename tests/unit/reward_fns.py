@@ -85,3 +85,10 @@ def raises_unrebuildable() -> float:
 
 def calls_sys_exit() -> float:
     raise SystemExit(4)
+
+
+def texts_and_ids_arrive(prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int],
+                         expected: str = "", **data: Any) -> float:
+    """1.0 when ``prompt + " | " + completion`` is ``expected`` and the ids are plain lists of ints."""
+    lists = all(type(ids) is list and all(type(i) is int for i in ids) for ids in (prompt_ids, completion_ids))
+    return 1.0 if lists and f"{prompt} | {completion}" == expected else 0.0
