@@ -16,8 +16,8 @@ producing, transactions) is not in it.
 ``--tier`` measures the tier whole instead, without the other tiers: a real broker, the real
 ``rollstream reward-worker`` process (``reward.max_batch`` = ``--cycle``), the same records
 produced to ``episodes`` once it consumes and has scored two warm-up groups (its pool started);
-its CPU (with its pool) from the first record produced to the last ``scored`` record committed. Two modes, alternated: "scoring" as above, and "floor":
-episodes that carry their workflow's rewards and no reward function (decoded, validated,
+its CPU (with its pool) from the first record produced to the last ``scored`` record committed.
+Two modes, alternated: "scoring" as above, and "floor": episodes that carry their workflow's rewards and no reward function (decoded, validated,
 passed through, produced, committed: everything but computing the reward). Their difference
 is what scoring costs; the floor is the loop's and Kafka's.
 
@@ -198,7 +198,8 @@ async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
         tensors = decode_tensor_dict(episode.trajectory)
         prompt_ids, completion_ids = split_prompt_completion(tensors)
         pieces = time_interleaved({
-            "decode_episode + decode_tensor_dict": lambda: decode_tensor_dict(decode_episode(records[0].value).trajectory),
+            "decode_episode + decode_tensor_dict":
+                lambda: decode_tensor_dict(decode_episode(records[0].value).trajectory),
             "split_prompt_completion": lambda: split_prompt_completion(tensors),
             "tokenizer decode, prompt (512 ids)": lambda: scorer.decode(prompt_ids),
             "tokenizer decode, completion (1,536 ids)": lambda: scorer.decode(completion_ids),

@@ -193,6 +193,7 @@ class Scorer:
                 "called (for this and every such episode; set reward.rescore=true to re-score them, "
                 "e.g. when re-scoring a replay)",
                 episode.task_id, episode.sample_idx, self.reward_fn_name,
+                extra={"task_id": episode.task_id, "sample_idx": episode.sample_idx},
             )
 
     async def aclose(self) -> None:
