@@ -90,11 +90,12 @@ class _Worker:
     def send(self, calls: list[_Call]) -> None:
         """Hand ``calls`` to the process (it runs them after the ones it has)."""
         frame = pickle.dumps([call.blob for call in calls], protocol=pickle.HIGHEST_PROTOCOL)
+        header = _HEADER.pack(len(frame))  # raises (nothing sent) for a frame of 2 GiB or more
         if not self.calls:
             calls[0].started = self._loop.time()
         self.calls.extend(calls)
         self._arm_timer()
-        self._write(_HEADER.pack(len(frame)), frame)
+        self._write(header, frame)
 
     def stop(self) -> None:
         """Stop watching the socket, close it, kill the process (no answer is read after this)."""
@@ -157,10 +158,18 @@ class _Worker:
                 break
             start = pos + _HEADER.size
             pos = start + size
-            self._answered(bytes(inbox[start:pos]))
+            if size:
+                self._answered(bytes(inbox[start:pos]))
+            else:
+                self._ready()
             if self.retired:
                 return
         del inbox[:pos]
+
+    def _ready(self) -> None:
+        """The process is up: the first call's clock starts now, not at its (earlier) send."""
+        if self.calls:
+            self.calls[0].started = self._loop.time()
 
     def _answered(self, frame: bytes) -> None:
         call = self.calls.popleft()
@@ -235,10 +244,7 @@ class _LoopWorkers:
             if not self._pending:
                 return
             if not worker.calls:
-                calls = self._take(chunk)
-                if calls:
-                    worker.send(calls)
-                    self.chunks_sent += 1
+                self._send(worker, self._take(chunk))
         while self._pending and len(self._workers) < self.size:
             try:
                 worker = self._start_worker()
@@ -248,10 +254,19 @@ class _LoopWorkers:
                     for call in self._take(len(self._pending)):
                         call.future.set_exception(exc)
                 return
-            calls = self._take(chunk)
-            if calls:
-                worker.send(calls)
-                self.chunks_sent += 1
+            self._send(worker, self._take(chunk))
+
+    def _send(self, worker: _Worker, calls: list[_Call]) -> None:
+        if not calls:
+            return
+        try:
+            worker.send(calls)
+        except Exception as exc:  # noqa: BLE001 - e.g. arguments of 2 GiB: these calls fail, not the loop
+            for call in calls:
+                if not call.future.done():
+                    call.future.set_exception(exc)
+            return
+        self.chunks_sent += 1
 
     def _take(self, n: int) -> list[_Call]:
         """Up to ``n`` calls from the front of the queue; a call that runs alone is taken only

@@ -1,9 +1,9 @@
 """The worker side of the reward pool (``rollstream.reward_pool``): what runs in each process.
 
-A worker reads chunks of calls from its end of a socket pair, runs them one at a time in the
-order given, and answers each call with one frame as soon as it returns, so the parent always
-knows which call is running (the oldest unanswered one). Frames are
-``multiprocessing.connection`` frames (a 4-byte big-endian length, then the bytes).
+A worker says it is ready (an empty frame), then reads chunks of calls from its end of a socket
+pair, runs them one at a time in the order given, and answers each call with one frame as soon
+as it returns, so the parent always knows which call is running (the oldest unanswered one).
+Frames are ``multiprocessing.connection`` frames (a 4-byte big-endian length, then the bytes).
 
 - a chunk: ``pickle.dumps(list_of_call_blobs)``, each blob ``pickle.dumps((fn, args, kwargs))``
   (pickled one by one, so an argument that cannot be unpickled fails only its own call);
@@ -24,22 +24,24 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+READY = b""  # the first frame: the process is up (a call's clock starts when it can run)
 OK = b"\x00"
 ERROR = b"\x01"
 RESULT = struct.Struct("!d")
 
 
 def serve(conn: Connection) -> None:
-    """Run chunks of calls from ``conn`` until the parent closes it."""
+    """Say ``READY``, then run chunks of calls from ``conn`` until the parent closes it (or is
+    gone)."""
     # Ctrl-C in a terminal signals the whole process group: the parent decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:
-        try:
-            chunk = conn.recv_bytes()
-        except (EOFError, OSError):
-            return
-        for blob in pickle.loads(chunk):
-            conn.send_bytes(run_call(blob))
+    try:
+        conn.send_bytes(READY)
+        while True:
+            for blob in pickle.loads(conn.recv_bytes()):
+                conn.send_bytes(run_call(blob))
+    except (EOFError, OSError):
+        return
 
 
 def run_call(blob: bytes) -> bytes:
