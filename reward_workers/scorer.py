@@ -4,8 +4,15 @@ The reward function is named only by configuration (``reward.reward_fn``, an imp
 ``"module:function"`` or ``"module.function"``) and must be on the allow-list
 ``{reward.reward_fn} | reward.allowed_reward_fns``; nothing in a message can choose it.
 It runs through ``rollstream.reward_wrapper.AsyncRewardWrapper`` (process pool, timeout,
-retries). ``reward.reward_fn: ""`` configures none: for pipelines whose workflows all set
-``rewards`` themselves; an episode without rewards then fails with a reason saying so.
+retries); the records of a poll batch reach the pool in one chunk per process, their token ids
+as raw bytes (``PackedIds``; the function still gets lists). ``reward.reward_fn: ""``
+configures none: for pipelines whose workflows all set ``rewards`` themselves; an episode
+without rewards then fails with a reason saying so.
+
+Texts: the samples of a group share their prompt, so prompt texts are remembered
+(``decode_prompt``, the last ``PROMPT_TEXTS_KEPT``); byte-level BPE tokenizers are decoded with
+a table checked against the tokenizer at start (``reward_workers.byte_decode``), others with the
+tokenizer's own decode.
 
 Episodes whose workflow set ``rewards`` are passed through with them (``scoring``) unless
 ``reward.rescore`` is true. The first such episode a worker with a reward function passes
