@@ -87,8 +87,9 @@ class AsyncRewardWrapper:
 
     ``await wrapper(*args, **kwargs)`` returns ``float(reward_fn(*args, **kwargs))``, 0.0 when
     the last attempt timed out, or raises the last error. Arguments must pickle too.
-    Wrappers with the same ``max_workers`` share one pool; call :meth:`aclose` when done (the
-    pool is shut down when its last wrapper closes, or at interpreter exit).
+    Wrappers with the same ``max_workers`` share one pool (``max_workers`` processes for each
+    event loop that calls); call :meth:`aclose` when done (the pool is shut down when its last
+    wrapper closes, or at interpreter exit).
     """
 
     def __init__(
