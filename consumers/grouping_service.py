@@ -160,15 +160,17 @@ class GroupingTransform:
     def _account(self, batches: list[list[CompleteGroup]], drops: list[DroppedGroup]) -> None:
         version, now = self._trainer_version, self._now
         for groups in batches:
+            task_ids = [g.task_id for g in groups]
             log.info("%s: emitted batch of %s (trainer version %d)", self.config.grouping.instance_id,
-                     [g.task_id for g in groups], version)
+                     task_ids, version, extra={"task_ids": task_ids, "trainer_version": version})
             for group in groups:
                 head = group.head_version
                 metrics.GROUPS.labels(TIER, "emitted").inc()
                 metrics.GROUP_LATENCY.labels(TIER).observe(max(0.0, now - group.first_seen))
                 metrics.STALENESS.labels(TIER).observe(version - head if head >= 0 else 0)
         for drop in drops:
-            log.info("dropped group %s: %s (%s)", drop.task_id, drop.reason, drop.detail)
+            log.info("dropped group %s: %s (%s)", drop.task_id, drop.reason, drop.detail,
+                     extra={"task_id": drop.task_id, "drop_reason": drop.reason})
             metrics.GROUPS.labels(TIER, drop.reason).inc()
 
 

@@ -4,8 +4,15 @@ The reward function is named only by configuration (``reward.reward_fn``, an imp
 ``"module:function"`` or ``"module.function"``) and must be on the allow-list
 ``{reward.reward_fn} | reward.allowed_reward_fns``; nothing in a message can choose it.
 It runs through ``rollstream.reward_wrapper.AsyncRewardWrapper`` (process pool, timeout,
-retries). ``reward.reward_fn: ""`` configures none: for pipelines whose workflows all set
-``rewards`` themselves; an episode without rewards then fails with a reason saying so.
+retries); the records of a poll batch reach the pool in one chunk per process, their token ids
+as raw bytes (``PackedIds``; the function still gets lists). ``reward.reward_fn: ""``
+configures none: for pipelines whose workflows all set ``rewards`` themselves; an episode
+without rewards then fails with a reason saying so.
+
+Texts: the samples of a group share their prompt, so prompt texts are remembered
+(``decode_prompt``, the last ``PROMPT_TEXTS_KEPT``); byte-level BPE tokenizers are decoded with
+a table checked against the tokenizer at start (``reward_workers.byte_decode``), others with the
+tokenizer's own decode.
 
 Episodes whose workflow set ``rewards`` are passed through with them (``scoring``) unless
 ``reward.rescore`` is true. The first such episode a worker with a reward function passes
@@ -21,6 +28,7 @@ test ``test_timeout_then_reject`` guards that hook.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
@@ -30,10 +38,16 @@ import numpy
 
 from rollstream.imports import import_object
 from rollstream.config import ConfigError, RewardConfig
+from rollstream.reward_pool_worker import PackedIds
 from rollstream.reward_wrapper import AsyncRewardWrapper
+from reward_workers.byte_decode import ByteLevelDecoder
 from reward_workers.scoring import RewardTimeout
 
 log = logging.getLogger(__name__)
+
+# Prompts whose text a scorer remembers: a reward worker sees the samples of a group close
+# together, and at most ``reward.max_batch`` records of distinct groups in between.
+PROMPT_TEXTS_KEPT = 256
 
 # One list per reward call (each asyncio task has its own context): True = that attempt timed out.
 _attempt_timeouts: ContextVar[list[bool] | None] = ContextVar("reward_attempt_timeouts", default=None)
@@ -114,11 +128,14 @@ class Scorer:
             raise ConfigError("reward.rescore is true but reward.reward_fn names no reward function to re-score with")
         self._wrapper = wrapper
         self._tokenizer = tokenizer
+        # texts are only needed for a reward function; building the table takes a moment
+        self._byte_decoder = None if tokenizer is None or wrapper is None else ByteLevelDecoder.for_tokenizer(tokenizer)
         self.on_timeout = on_timeout
         self.worker_id = worker_id
         self.rescore = rescore
         self.reward_fn_name = reward_fn_name
         self.passed_through_count = 0  # episodes whose workflow's rewards were kept
+        self._prompt_text = functools.lru_cache(maxsize=PROMPT_TEXTS_KEPT)(self._decode_bytes)
         if wrapper is None:
             log.info("no reward function (reward.reward_fn is empty): episodes must carry rewards set by their workflow")
         elif tokenizer is None:
@@ -149,10 +166,22 @@ class Scorer:
     def decode(self, ids: Sequence[int] | numpy.ndarray) -> str:
         if self._tokenizer is None or len(ids) == 0:
             return ""
+        if self._byte_decoder is not None:  # the same text, several times faster
+            return self._byte_decoder.decode(numpy.asarray(ids))
         return self._tokenizer.decode(ids, skip_special_tokens=False)
 
+    def decode_prompt(self, ids: numpy.ndarray) -> str:
+        """``decode(ids)``, remembered for the last ``PROMPT_TEXTS_KEPT`` distinct prompts (the
+        samples of a group share their prompt: one decode per group instead of one per sample)."""
+        if self._tokenizer is None or len(ids) == 0:
+            return ""
+        return self._prompt_text(ids.dtype.str, ids.tobytes())
+
+    def _decode_bytes(self, dtype: str, data: bytes) -> str:
+        return self.decode(numpy.frombuffer(data, dtype=dtype))
+
     async def reward(
-        self, prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int],
+        self, prompt: str, completion: str, prompt_ids: numpy.ndarray, completion_ids: numpy.ndarray,
         data: dict[str, Any],
     ) -> float:
         if self._wrapper is None:
@@ -160,7 +189,8 @@ class Scorer:
                 "the episode carries no rewards and reward.reward_fn is empty: set reward.reward_fn, "
                 "or return 'rewards' from the workflow"
             )
-        return await self._wrapper.call(prompt, completion, prompt_ids, completion_ids, **data)
+        # the ids cross to the pool process as raw bytes and arrive there as lists
+        return await self._wrapper.call(prompt, completion, PackedIds(prompt_ids), PackedIds(completion_ids), **data)
 
     def passed_through(self, episode: Any) -> None:
         self.passed_through_count += 1
@@ -170,6 +200,7 @@ class Scorer:
                 "called (for this and every such episode; set reward.rescore=true to re-score them, "
                 "e.g. when re-scoring a replay)",
                 episode.task_id, episode.sample_idx, self.reward_fn_name,
+                extra={"task_id": episode.task_id, "sample_idx": episode.sample_idx},
             )
 
     async def aclose(self) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -28,7 +27,7 @@ from rollstream.wire import (
     SampleRejected,
     ScoredEpisode,
     TaskFailed,
-    decode_tensor_dict,
+    decode_tensor,
     encode_tensor,
 )
 
@@ -37,6 +36,9 @@ from rollstream.wire import (
 RESERVED_ARGS = frozenset({"prompt", "completion", "prompt_ids", "completion_ids"})
 
 ScoreResult = ScoredEpisode | SampleRejected | TaskFailed
+
+# The trajectory tensors scoring reads.
+SCORING_KEYS = frozenset({"input_ids", "attention_mask", "loss_mask", "rewards"})
 
 
 class RewardTimeout(Exception):
@@ -54,14 +56,19 @@ class RewardScorer(Protocol):
     def passed_through(self, episode: Episode) -> None:
         """Told of each episode whose workflow's rewards were kept (to count and report it)."""
 
-    def decode(self, ids: Sequence[int] | numpy.ndarray) -> str:
+    def decode(self, ids: numpy.ndarray) -> str:
         """Text of ``ids`` (special tokens kept); "" when no tokenizer is configured."""
 
+    def decode_prompt(self, ids: numpy.ndarray) -> str:
+        """``decode(ids)`` for a prompt: the samples of a group share theirs, so the scorer may
+        remember recent ones."""
+
     async def reward(
-        self, prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int],
+        self, prompt: str, completion: str, prompt_ids: numpy.ndarray, completion_ids: numpy.ndarray,
         data: dict[str, Any],
     ) -> float:
-        """The reward; raises ``RewardTimeout`` when every attempt timed out, or the fn's error."""
+        """The reward; the function gets the ids as ``list[int]``. Raises ``RewardTimeout`` when
+        every attempt timed out, or the function's error."""
 
 
 def split_prompt_completion(
@@ -124,7 +131,8 @@ async def score_message(
 
 
 async def _episode_rewards(episode: Episode, scorer: RewardScorer, keep: bool) -> list[float]:
-    tensors = decode_tensor_dict(episode.trajectory)
+    # only the tensors scoring reads are built (each costs µs; a trajectory has 5-7)
+    tensors = {k: decode_tensor(v) for k, v in episode.trajectory.items() if k in SCORING_KEYS}
     rows = int(tensors["input_ids"].shape[0])
     if keep:
         if "rewards" not in tensors:
@@ -132,7 +140,10 @@ async def _episode_rewards(episode: Episode, scorer: RewardScorer, keep: bool) -
         rewards = tensors["rewards"].to(torch.float32).tolist()
     else:
         data = {k: v for k, v in episode.data.items() if k not in RESERVED_ARGS}
-        rewards = list(await asyncio.gather(*(_row_reward(tensors, row, data, scorer) for row in range(rows))))
+        if rows == 1:  # the common case: no task to gather
+            rewards = [await _row_reward(tensors, 0, data, scorer)]
+        else:
+            rewards = list(await asyncio.gather(*(_row_reward(tensors, row, data, scorer) for row in range(rows))))
     bad = [r for r in rewards if not math.isfinite(r)]
     if bad:
         raise ValueError(f"non-finite reward {bad[0]}")
@@ -144,10 +155,8 @@ async def _row_reward(
 ) -> float:
     prompt_ids, completion_ids = split_prompt_completion(tensors, row)
     try:
-        # the tokenizer decodes arrays faster than lists; the reward function gets lists
         return float(await scorer.reward(
-            scorer.decode(prompt_ids), scorer.decode(completion_ids), prompt_ids.tolist(),
-            completion_ids.tolist(), data,
+            scorer.decode_prompt(prompt_ids), scorer.decode(completion_ids), prompt_ids, completion_ids, data,
         ))
     except RewardTimeout:
         if scorer.on_timeout == "reject":

@@ -126,7 +126,7 @@ class RewardTransform:
         log.info(
             "partition %d: committed %s; %d dead letters, offset %s; tasks %s",
             partition, describe_outcomes(self._outcomes.pop(partition, Counter())), len(out.dead_letters),
-            out.offset, shown or "-",
+            out.offset, shown or "-", extra={"task_ids": tasks, "partition": partition},
         )
 
     def _send(self, result: ScoreResult, out: PartitionOutput) -> None:

@@ -105,7 +105,7 @@ class PromptRunner:
             return
         self.inflight_samples += task.group_size
         log.info("task %s: running %d samples with workflow %s (%s)", task.task_id, task.group_size,
-                 task.workflow or self._registry.default_key, where)
+                 task.workflow or self._registry.default_key, where, extra={"task_id": task.task_id})
         self.tasks.spawn(self._run_prompt(tp, record.offset, task, workflow), f"prompt-{task.task_id}")
 
     async def wait_for_room(self, timeout: float) -> None:
@@ -165,7 +165,7 @@ class PromptRunner:
                 is_eval=task.is_eval if task else False, reason=reason[:MAX_REASON_CHARS],
             )
             await self._publish(task_id, failed)
-            log.warning("task %s: failed before running (%s)", task_id, label)
+            log.warning("task %s: failed before running (%s)", task_id, label, extra={"task_id": task_id})
         else:
             log.warning("prompt record %s[%d]@%d has no key: dead-lettered without a TaskFailed",
                         record.topic, record.partition, record.offset)
@@ -187,7 +187,7 @@ class PromptRunner:
             await asyncio.gather(*samples, return_exceptions=True)
             raise
         self._tracker.done(tp, offset)
-        log.info("task %s: all %d samples published", task.task_id, task.group_size)
+        log.info("task %s: all %d samples published", task.task_id, task.group_size, extra={"task_id": task.task_id})
 
     async def _run_sample(
         self, task: PromptTask, workflow: RolloutWorkflow, sample_idx: int, fresh_data: Callable[[], dict[str, Any]],
@@ -214,8 +214,8 @@ class PromptRunner:
             try:
                 result = await workflow.arun_episode(engine, data)
             except Exception as exc:  # a failure, counted apart from rejections
-                log.warning("task %s sample %d: workflow failed: %s", task.task_id, sample_idx,
-                            describe_error(exc), exc_info=True)
+                log.warning("task %s sample %d: workflow failed: %s", task.task_id, sample_idx, describe_error(exc),
+                            exc_info=True, extra={"task_id": task.task_id, "sample_idx": sample_idx})
                 return failed_sample(task, sample_idx, describe_error(exc))
             finally:
                 TOKENS.labels(TIER).inc(engine.output_tokens)
@@ -225,5 +225,6 @@ class PromptRunner:
             engine.image_data,
         )
         if isinstance(message, SampleRejected) and message.failed:
-            log.warning("task %s sample %d: %s", task.task_id, sample_idx, message.reason)
+            log.warning("task %s sample %d: %s", task.task_id, sample_idx, message.reason,
+                        extra={"task_id": task.task_id, "sample_idx": sample_idx})
         return message

@@ -79,7 +79,7 @@ def _run_tier_command(args: argparse.Namespace) -> int:
 
 def run_tier(tier: str, run: TierRun, config: RollstreamConfig) -> int:
     """Run one tier until it finishes or is signalled; returns the process exit code."""
-    setup_logging(tier, config.log_level, secret_values(config))
+    setup_logging(tier, config.log_level, secret_values(config), config.log_format)
     log.info("starting %s with config %s", tier, redacted(config))
     HEALTH.liveness_timeout = config.metrics.liveness_timeout_seconds
     serve_metrics(config.metrics.port)

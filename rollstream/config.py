@@ -264,6 +264,8 @@ class RollstreamConfig(_Section):
     dump: DumpConfig = msgspec.field(default_factory=DumpConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     log_level: str = "INFO"
+    # "text": one readable line per event; "json": one JSON object per line (rollstream/logs.py)
+    log_format: Literal["text", "json"] = "text"
 
 
 SECRET_FIELDS = ("sasl_password", "ssl_password", "password")

@@ -89,7 +89,7 @@ def _load(args: argparse.Namespace, tool: str) -> RollstreamConfig | None:
     except ConfigError as exc:
         print(f"rollstream {tool}: {exc}", file=sys.stderr)
         return None
-    setup_logging(tool, config.log_level, secret_values(config))
+    setup_logging(tool, config.log_level, secret_values(config), config.log_format)
     return config
 
 

@@ -32,7 +32,8 @@ def run_bench(name: str, out: Path, *args: str, env: dict[str, str] | None = Non
     return results
 
 
-@pytest.mark.parametrize("name, args", [("codec", []), ("grouping", []), ("inprocess", []), ("memory", ["--skip-tiers"])])
+@pytest.mark.parametrize("name, args", [("codec", []), ("grouping", []), ("inprocess", []), ("memory", ["--skip-tiers"]),
+                                        ("reward", ["--rounds", "1"])])
 def test_broker_free_benchmarks_run(name: str, args: list[str], tmp_path: Path) -> None:
     # in this process (no interpreter and torch start-up per script); memory's --skip-tiers:
     # the tiers' memory comes from the pipeline run that the pipeline smoke test exercises
@@ -54,6 +55,13 @@ def test_pipeline_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> 
     assert results["extra"]["episodes"] == 4 * 8
     memory = results["tables"]["Tier memory during the pipeline run (bench/memory.py explains the columns)"]
     assert {row["tier"] for row in memory} >= {"grouping", "reward-worker", "rollout-worker"}
+
+
+@pytest.mark.broker
+def test_reward_tier_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> None:
+    results = run_bench("reward", tmp_path, "--tier", "--rounds", "1", env=broker_env)
+    rows = next(iter(results["tables"].values()))
+    assert {row["mode"] for row in rows} == {"scoring", "floor"} and all(row["CPU-ms per group"] > 0 for row in rows)
 
 
 @pytest.mark.broker

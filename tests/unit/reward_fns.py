@@ -64,3 +64,31 @@ def always_killed(counter: str) -> float:
     _mark(counter)
     os.kill(os.getpid(), signal.SIGKILL)
     return 0.0
+
+
+def list_sum(ids: list[int]) -> float:
+    """Sum of ``ids``; refuses anything but a plain list of ints (what reward functions get)."""
+    if type(ids) is not list or not all(type(i) is int for i in ids):
+        raise TypeError(f"expected a list of ints, got {type(ids).__name__}")
+    return float(sum(ids))
+
+
+class NeedsTwoArgs(Exception):
+    def __init__(self, a: str, b: str) -> None:
+        super().__init__(f"{a} and {b}")
+
+
+def raises_unrebuildable() -> float:
+    """Raises an exception that pickles but cannot be rebuilt from its args."""
+    raise NeedsTwoArgs("left", "right")
+
+
+def calls_sys_exit() -> float:
+    raise SystemExit(4)
+
+
+def texts_and_ids_arrive(prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int],
+                         expected: str = "", **data: Any) -> float:
+    """1.0 when ``prompt + " | " + completion`` is ``expected`` and the ids are plain lists of ints."""
+    lists = all(type(ids) is list and all(type(i) is int for i in ids) for ids in (prompt_ids, completion_ids))
+    return 1.0 if lists and f"{prompt} | {completion}" == expected else 0.0

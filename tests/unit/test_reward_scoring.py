@@ -111,12 +111,15 @@ class FakeScorer:
     def passed_through(self, episode: Episode) -> None:
         self.passed.append(episode)
 
-    def decode(self, ids: list[int]) -> str:
-        return " ".join(f"t{i}" for i in ids)
+    def decode(self, ids: numpy.ndarray) -> str:
+        return " ".join(f"t{i}" for i in ids.tolist())
 
-    async def reward(self, prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int],
+    def decode_prompt(self, ids: numpy.ndarray) -> str:
+        return self.decode(ids)
+
+    async def reward(self, prompt: str, completion: str, prompt_ids: numpy.ndarray, completion_ids: numpy.ndarray,
                      data: dict[str, Any]) -> float:
-        self.calls.append((prompt, completion, prompt_ids, completion_ids, data))
+        self.calls.append((prompt, completion, prompt_ids.tolist(), completion_ids.tolist(), data))
         if isinstance(self.outcome, BaseException):
             raise self.outcome
         return self.outcome
@@ -236,6 +239,40 @@ async def test_real_reward_fn_and_error_through_the_process_pool(tmp_path: Path)
     assert isinstance(wrong, ScoredEpisode) and wrong.reward == 0.0  # a genuine 0.0, not a timeout
     assert isinstance(failed, SampleRejected) and failed.failed
     assert failed.reason == "reward_error: ValueError: reward exploded"
+
+
+class CountingTokenizer:
+    """The real tokenizer, counting its decodes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.decodes = 0
+
+    def decode(self, ids: Any, **kw: Any) -> str:
+        self.decodes += 1
+        return self.tokenizer.decode(ids, **kw)
+
+
+@pytest.mark.timeout(120)
+async def test_a_group_decodes_its_prompt_once_and_the_pool_gets_texts_and_lists() -> None:
+    from tests.unit.fakes import ids, make_tokenizer
+    from tests.unit.reward_fns import texts_and_ids_arrive
+
+    tokenizer = CountingTokenizer(make_tokenizer())
+    prompt = ids("what is two plus three")
+    completions = ["five", "the answer is five", "four", "hello world", "five five", "again", "wrong", "try please"]
+    scorer = make_scorer(texts_and_ids_arrive, tokenizer=tokenizer)
+    try:
+        results = [await score_message(episode(
+            trajectory([(prompt + ids(words), [0] * len(prompt) + [1] * len(words.split()))]), sample_idx=i,
+            group_size=8, data={"expected": f"what is two plus three | {words}"}), scorer)
+            for i, words in enumerate(completions)]
+        other = await score_message(episode(trajectory([(ids("hello") + ids("world"), [0, 1])]),
+                                            data={"expected": "hello | world"}), scorer)
+    finally:
+        await scorer.aclose()
+    assert [r.reward for r in results] == [1.0] * 8 and isinstance(other, ScoredEpisode) and other.reward == 1.0
+    assert tokenizer.decodes == 1 + 8 + 2  # the shared prompt once, each completion, the other episode's two
 
 
 async def test_without_a_reward_fn_pre_scored_episodes_pass_and_others_fail_saying_why(

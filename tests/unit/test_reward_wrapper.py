@@ -1,16 +1,21 @@
-"""AsyncRewardWrapper: pooled execution, timeouts, retries, broken-pool rebuild, picklability."""
+"""AsyncRewardWrapper and its process pool: results, timeouts, retries, isolation of a call that kills
+its process, chunks per process, picklability."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy
 import pytest
 
 from rollstream import reward_wrapper
+from rollstream.reward_pool_worker import PackedIds
 from rollstream.reward_wrapper import AsyncRewardWrapper
 from tests.unit import reward_fns
 
@@ -75,21 +80,101 @@ async def test_timeout_on_every_attempt_gives_zero(
     assert time.monotonic() - started < 5.0
 
 
-async def test_call_caught_in_a_rebuild_is_retried(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:
+async def test_a_timeout_kills_only_its_own_process(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:
     hung, slow = tmp_path / "hung", tmp_path / "slow"
     hanging = make(wrappers, reward_fns.sleepy, timeout_seconds=0.5, max_retries=0, max_workers=2)
-    patient = make(wrappers, reward_fns.sleepy, timeout_seconds=10.0, max_retries=2, max_workers=2)
-    results = await asyncio.gather(hanging(str(hung), 30.0), patient(str(slow), 1.0))
+    patient = make(wrappers, reward_fns.sleepy, timeout_seconds=10.0, max_retries=0, max_workers=2)
+    results = await asyncio.gather(hanging(str(hung), 30.0), patient(str(slow), 1.5))
     assert results == [0.0, 1.0]
-    assert lines(slow) == 2  # its first run died with the rebuilt pool, the retry finished
+    assert lines(slow) == 1  # the other process ran its call undisturbed, on its only attempt
+
+
+async def test_calls_queued_behind_a_hang_run_elsewhere_without_using_an_attempt(
+    wrappers: list[AsyncRewardWrapper], tmp_path: Path
+) -> None:
+    hung, quick = tmp_path / "hung", tmp_path / "quick"
+    hanging = make(wrappers, reward_fns.sleepy, timeout_seconds=0.5, max_retries=0)
+    patient = make(wrappers, reward_fns.sleepy, timeout_seconds=10.0, max_retries=0)  # one attempt each
+    # one worker process: the three quick calls are queued in it behind the hanging one
+    results = await asyncio.gather(hanging(str(hung), 30.0), *(patient(str(quick), 0.0) for _ in range(3)))
+    assert results == [0.0, 1.0, 1.0, 1.0]
+    assert lines(hung) == 1 and lines(quick) == 3  # each quick call ran exactly once
+
+
+async def test_timeout_counts_from_the_start_of_the_call(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:
+    counter = tmp_path / "runs"
+    w = make(wrappers, reward_fns.sleepy, timeout_seconds=2.0, max_retries=0)
+    # one process runs them in turn: 3 x 0.8 s > 2 s, but none runs longer than 2 s itself
+    assert await asyncio.gather(*(w(str(counter), 0.8) for _ in range(3))) == [1.0, 1.0, 1.0]
+    assert lines(counter) == 3
+
+
+async def test_a_call_that_kills_its_process_fails_alone(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:
+    from concurrent.futures.process import BrokenProcessPool
+
+    counter = tmp_path / "attempts"
+    poison = make(wrappers, reward_fns.always_killed, max_retries=1)
+    good = make(wrappers, reward_fns.add, max_retries=0)  # no attempt to spare
+    calls = [good(i, 1) for i in range(3)] + [poison(str(counter))] + [good(i, 10) for i in range(3)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert results[:3] == [1.0, 2.0, 3.0] and results[4:] == [10.0, 11.0, 12.0]
+    assert isinstance(results[3], BrokenProcessPool) and "always_killed" in str(results[3])
+    assert lines(counter) == 2  # its own two attempts, each killing a process
+
+
+async def test_concurrent_calls_leave_in_one_chunk_per_process(wrappers: list[AsyncRewardWrapper]) -> None:
+    w = make(wrappers, reward_fns.add, max_workers=2)
+    await asyncio.gather(w(0, 0), w(0, 0))  # both processes started
+    pool = reward_wrapper._pools[2]
+    before = pool.chunks_sent
+    assert await asyncio.gather(*(w(i, 1) for i in range(16))) == [float(i + 1) for i in range(16)]
+    assert pool.chunks_sent - before == 2
+
+
+def test_a_pool_serves_one_event_loop_after_another() -> None:
+    w = AsyncRewardWrapper(reward_fns.worker_pid, max_workers=1)
+    try:
+        first = asyncio.run(w())
+        second = asyncio.run(w())
+    finally:
+        asyncio.run(w.aclose())
+    assert first != second  # the finished loop's process was not reused ...
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(first), 0)  # ... but killed and reaped
+
+
+async def test_an_idle_process_that_died_is_replaced(wrappers: list[AsyncRewardWrapper]) -> None:
+    w = make(wrappers, reward_fns.worker_pid, max_retries=0)
+    pid = int(await w())
+    os.kill(pid, signal.SIGKILL)
+    await asyncio.sleep(0.5)  # its socket closes; the pool notices
+    assert int(await w()) != pid
 
 
 async def test_other_exceptions_are_retried_then_raised(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:
     counter = tmp_path / "attempts"
     w = make(wrappers, reward_fns.always_fails, max_retries=3)
-    with pytest.raises(ValueError, match="reward exploded"):
+    with pytest.raises(ValueError, match="reward exploded") as raised:
         await w(str(counter))
     assert lines(counter) == 4
+    assert "always_fails" in str(raised.value.__cause__)  # the worker's traceback
+
+
+async def test_exceptions_that_cannot_cross_become_runtime_errors(wrappers: list[AsyncRewardWrapper]) -> None:
+    w = make(wrappers, reward_fns.raises_unrebuildable, max_retries=0)
+    with pytest.raises(RuntimeError, match="NeedsTwoArgs: left and right"):
+        await w()
+    exits = make(wrappers, reward_fns.calls_sys_exit, max_retries=0)
+    with pytest.raises(RuntimeError, match="SystemExit"):  # never a SystemExit in this process
+        await exits()
+
+
+@pytest.mark.parametrize("dtype", [numpy.int32, numpy.int64, numpy.uint16, numpy.dtype(">i4")])
+async def test_packed_ids_arrive_as_a_list_of_ints(wrappers: list[AsyncRewardWrapper], dtype: object) -> None:
+    w = make(wrappers, reward_fns.list_sum, max_retries=0)
+    ids = numpy.arange(0, 3000, 3).astype(dtype)
+    assert await w(PackedIds(ids)) == float(sum(range(0, 3000, 3)))
+    assert await w(PackedIds(ids[::2])) == float(sum(range(0, 3000, 6)))  # not contiguous
 
 
 async def test_transient_exception_recovers(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:
