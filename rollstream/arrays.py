@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy
 
-from rollstream.wire.dtypes import cast, fill_value, promote_all, wire_name
+from rollstream.wire.dtypes import NUMPY_DTYPES, cast, fill_value, promote_all, wire_name
 from rollstream.wire.packed import allocate_arrays
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class _Planned:
             else:
                 self.shape = [sum(p.shape[0] for p in parts)]
                 self.shape += [max(p.shape[d] for p in parts) for d in range(1, self.ndim)]
-        self.fill = fill_value(pad_value_for(key, pad_value), self.name)
+        self.pad = pad_value_for(key, pad_value)
 
     def write(self, out: numpy.ndarray) -> None:
         """Fill ``out``: a copy of the one part, the parts (converted to the promoted dtype)
@@ -202,13 +202,27 @@ class _Planned:
             self._write_rows(out, parts)
 
     def _write_rows(self, out: numpy.ndarray, parts: list[numpy.ndarray]) -> None:
-        if any(p.shape[1:] != tuple(self.shape[1:]) for p in parts):
-            out[...] = self.fill
+        full = tuple(self.shape[1:])
+        if any(name != self.name for name in self.names):
+            self._pad_each(out, parts)
+        elif any(p.shape[1:] != full for p in parts):
+            out[...] = fill_value(self.pad, self.name)  # one fill: cheaper than one per part
         row = 0
         for part in parts:
             rows = part.shape[0]
             out[(slice(row, row + rows), *(slice(0, n) for n in part.shape[1:]))] = part
             row += rows
+
+    def _pad_each(self, out: numpy.ndarray, parts: list[numpy.ndarray]) -> None:
+        """Parts of different dtypes: each part's rows get the pad value as its own dtype holds
+        it, then converted (torch pads each part before concatenating: an int32 part pads -2.5
+        as -2, even where the batch is float32)."""
+        row = 0
+        for part, name in zip(parts, self.names):
+            if part.shape[1:] != tuple(self.shape[1:]):
+                own = numpy.asarray(fill_value(self.pad, name)).astype(NUMPY_DTYPES[name])
+                out[row : row + part.shape[0]] = cast(own, name, self.name)
+            row += part.shape[0]
 
 
 def _wire_name(key: str, part: numpy.ndarray) -> str:
