@@ -30,9 +30,9 @@ REQUIRED_KEYS: tuple[str, ...] = ("input_ids", "attention_mask")
 PROMPT_VERSION = -1  # version of prompt positions, and of padding (see pad_value_for)
 
 
-def as_array(values: Any) -> numpy.ndarray:
-    """``values`` as a numpy array: an array as it is, a torch tensor's values (detached, on
-    the CPU) without importing torch here."""
+def _as_array(values: Any) -> numpy.ndarray:
+    """``values`` as a numpy array: an array as it is, a torch tensor's integer or boolean
+    values (detached, on the CPU) without importing torch here."""
     if isinstance(values, numpy.ndarray):
         return values
     return values.detach().cpu().numpy()
@@ -46,7 +46,7 @@ def version_span(versions: Any | None, mask: numpy.ndarray | None = None) -> tup
     # numpy, not torch: torch's boolean indexing runs nonzero on its intra-op thread pool
     # (over a millisecond per group on a busy 2-core machine, bench/grouping.py), and each
     # small torch op costs more in dispatch than its work.
-    values = as_array(versions)
+    values = _as_array(versions)
     if values.size == 0:
         return PROMPT_VERSION, PROMPT_VERSION
     keep = values >= 0
@@ -130,11 +130,11 @@ def _row_span(
 def _bool_rows(mask: Any | None, rows: int, length: int) -> numpy.ndarray:
     if mask is None:
         return numpy.ones((rows, length), dtype=bool)
-    return as_array(mask).astype(bool, copy=False)
+    return _as_array(mask).astype(bool, copy=False)
 
 
 def _int_rows(values: Any | None) -> numpy.ndarray | None:
-    return None if values is None else as_array(values)
+    return None if values is None else _as_array(values)
 
 
 def pad_value_for(key: str, pad_value: float) -> float:

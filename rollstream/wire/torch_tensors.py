@@ -18,9 +18,9 @@ import numpy
 import torch
 
 from rollstream.wire.dtypes import BFLOAT16_WORDS, ITEMSIZES, NUMPY_DTYPES, WIRE_DTYPES
-from rollstream.wire.packed import ArrayArena, ArraySpec, Layout, PackedTensors, pack_copy, unpack_arrays
 from rollstream.wire.codec import batch_arrays
 from rollstream.wire.messages import Batch
+from rollstream.wire.packed import ArrayArena, ArraySpec, PackedTensors, allocate_arrays, pack_copy, unpack_arrays
 from rollstream.wire.tensor_codec import WireTensor, decode_array
 
 # torch warns when wrapping an immutable buffer; sharing the message buffer is the point.
@@ -30,7 +30,7 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in WIRE_DTYPES}
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 TensorSpec = tuple[str, torch.dtype, Sequence[int]]
-_TORCH: dict[numpy.dtype, torch.dtype] = {NUMPY_DTYPES[name]: dtype for name, dtype in DTYPES.items()}
+_TORCH: dict[numpy.dtype, torch.dtype] = {NUMPY_DTYPES[name]: dtype for name, dtype in DTYPES.items()}  # uint16: bfloat16
 
 __all__ = [
     "DTYPES", "DTYPE_NAMES", "TensorSpec", "allocate_packed", "as_array", "as_tensor", "batch_tensors",
@@ -42,7 +42,7 @@ __all__ = [
 def as_tensor(array: numpy.ndarray) -> torch.Tensor:
     """A tensor sharing ``array``'s memory; ``uint16`` arrays are bfloat16 words."""
     if array.size == 0:  # a fresh empty tensor: from_numpy gives empty ones odd strides
-        return torch.empty(array.shape, dtype=torch.bfloat16 if array.dtype == BFLOAT16_WORDS else _TORCH[array.dtype])
+        return torch.empty(array.shape, dtype=_TORCH[array.dtype])
     if array.dtype == BFLOAT16_WORDS:
         return torch.from_numpy(array.view(numpy.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
@@ -130,8 +130,7 @@ def allocate_packed(specs: Sequence[TensorSpec]) -> dict[str, torch.Tensor]:
 
     ``TypeError`` for a dtype the wire does not carry, ``ValueError`` for a repeated key.
     """
-    layout = Layout.of([(key, _wire_name(key, dtype), shape) for key, dtype, shape in specs])
-    return tensor_arena(ArrayArena(layout, layout.buffer()))
+    return tensor_arena(allocate_arrays([(key, _wire_name(key, dtype), shape) for key, dtype, shape in specs]))
 
 
 def tensor_arena(arena: ArrayArena) -> dict[str, torch.Tensor]:
