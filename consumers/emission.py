@@ -99,11 +99,18 @@ class SlotReleaser:
     def __init__(self, budget: StalenessBudget) -> None:
         self._budget = budget
         self.unreleased: dict[str, str] = {}  # task -> reason, not yet taken back by Redis
+        # the commits of several partitions release at once (gathered); one at a time, or two
+        # would release (and delete) the same pending task
+        self._lock = asyncio.Lock()
 
     async def release(self, drops: list[DroppedGroup]) -> None:
         for drop in drops:
             if not drop.is_eval:
                 self.unreleased[drop.task_id] = drop.reason
+        async with self._lock:
+            await self._release_pending()
+
+    async def _release_pending(self) -> None:
         released = 0
         for task_id, reason in list(self.unreleased.items()):
             try:
