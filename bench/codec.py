@@ -2,12 +2,14 @@
 
 Two messages: one episode (prompt 512 + completion 1,536 tokens, every trajectory field) and one
 padded batch (16 x 2,048). For the episode, "rollstream" encodes with ``encode_tensor_dict`` +
-``encode`` and decodes with ``decode_episode`` + ``decode_tensor_dict``. For the batch it does
-what the grouping tier and a trainer do: the batch tensors lie in one arena (built outside the
-timed region, as ``build_batch`` pads into one), encoding is ``pack_tensor_dict`` (no copy) +
+``encode`` and decodes with ``decode_episode`` + ``decode_tensor_dict`` (torch, as the rollout
+worker writes and a trainer reads). For the batch it does what the grouping tier and a trainer
+do: the batch arrays lie in one numpy arena (built outside the timed region, as ``build_batch``
+pads into one with ``concat_padded_arrays``), encoding is ``pack_arrays`` (no copy) +
 ``encode(Batch(tensors={}, packed=...))``, decoding is ``decode_batch`` + ``batch_tensors``
-(tensors usable by the caller). "rollstream, dict not in an arena" packs the plain dict, so
-``pack_tensor_dict`` copies it first: the cost a writer pays that does not use an arena.
+(torch tensors usable by the trainer). "rollstream, dict not in an arena" packs the plain
+torch dict, so ``pack_tensor_dict`` copies it first: the cost a writer pays that does not use
+an arena.
 "pickle-5" pickles the plain torch tensor dict; "json" writes lists. MB/s count the raw tensor
 bytes of the message (the same for every format), so the columns compare directly; the memcpy
 anchor copies that many bytes between two preallocated buffers (``numpy.copyto``).
@@ -29,8 +31,9 @@ from torch import Tensor
 
 from bench.common import Report, base_parser, time_interleaved, time_per_call
 from bench.data import padded_batch, payload_bytes, trajectory
-from rollstream.tensors import concat_padded_arena
+from rollstream.arrays import concat_padded_arrays
 from rollstream.wire import (
+    ArrayArena,
     Batch,
     Episode,
     batch_tensors,
@@ -39,8 +42,10 @@ from rollstream.wire import (
     decode_tensor_dict,
     encode,
     encode_tensor_dict,
+    pack_arrays,
     pack_tensor_dict,
 )
+from rollstream.wire.torch_tensors import as_array
 
 Codec = tuple[Callable[[], bytes], Callable[[bytes], dict[str, Tensor]]]
 
@@ -52,20 +57,24 @@ def rollstream_episode(tensors: dict[str, Tensor]) -> Codec:
     return enc, lambda data: decode_tensor_dict(decode_episode(data).trajectory)
 
 
-def rollstream_batch(tensors: dict[str, Tensor]) -> Codec:
-    """Pack + encode, decode + ``batch_tensors``; zero copy in ``pack`` when ``tensors`` lie in an arena."""
+def rollstream_batch(tensors: dict[str, Tensor] | ArrayArena) -> Codec:
+    """Pack + encode, decode + ``batch_tensors``: an arena of arrays packs with ``pack_arrays``
+    (zero copy, the grouping tier's path), a plain torch dict with ``pack_tensor_dict`` (a copy)."""
     rows = tensors["input_ids"].shape[0]
+    pack = pack_arrays if isinstance(tensors, ArrayArena) else pack_tensor_dict
 
     def enc() -> bytes:
         return encode(Batch(task_ids=["bench:0:0", "bench:0:1"], group_sizes=[rows // 2, rows - rows // 2],
                             row_task=[0] * (rows // 2) + [1] * (rows - rows // 2), sample_idx=list(range(rows)),
-                            tensors={}, packed=pack_tensor_dict(tensors)))
+                            tensors={}, packed=pack(tensors)))
     return enc, lambda data: batch_tensors(decode_batch(data))
 
 
-def in_arena(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The same tensors written into one arena, as the grouping tier's ``build_batch`` leaves them."""
-    return concat_padded_arena([tensors])
+def in_arena(tensors: dict[str, Tensor]) -> ArrayArena:
+    """The same values written into one numpy arena, as the grouping tier's ``build_batch`` leaves them."""
+    arena = concat_padded_arrays([{k: as_array(v) for k, v in tensors.items()}])
+    assert isinstance(arena, ArrayArena)
+    return arena
 
 
 def message_only(case: str, tensors: dict[str, Tensor]) -> Codec:
@@ -190,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     report.note("'msgpack step only' = encode() of a message that already holds its wire tensors (a batch: "
                 "one packed buffer), and decode_batch/decode_episode without building tensors: the rest of "
                 "'rollstream' is the torch/numpy bookkeeping (episode: encode_tensor_dict, decode_tensor_dict; "
-                "batch: pack_tensor_dict, batch_tensors)")
-    report.note("batch 'rollstream' packs tensors that lie in one arena, as build_batch leaves them; "
-                "'dict not in an arena' packs a plain dict, so pack_tensor_dict copies it first")
+                "batch: pack_arrays, batch_tensors)")
+    report.note("batch 'rollstream' packs numpy arrays that lie in one arena, as build_batch leaves them "
+                "(pack_arrays); 'dict not in an arena' packs a plain torch dict, so pack_tensor_dict copies it first")
     if args.profile:
         profile(batch)
     return report.finish(args.out)

@@ -4,10 +4,11 @@ Groups of 8 samples with mixed lengths (prompt 128-512, completion 256-1,536 tok
 ``GroupBuffer.add`` -> ``build_batch`` -> ``encode`` (what the grouping tier does per group,
 minus Kafka), from decoded ``ScoredEpisode`` messages whose tensors view their record buffers.
 The floor pads the same row tensors with ``torch.nn.utils.rnn.pad_sequence`` (one call per key,
-plus the rewards), which is the least any grouping must do. ``build_batch`` pads with
-``concat_padded_arena`` straight into the batch's one packed buffer (so ``encode`` copies the
-tensors once); the padding rows time it, and ``concat_padded_tensors`` (the trainer's and the
-workflows' padding), alone. Episodes/s; no target (the issue asks for the ratio).
+plus the rewards), which is the least any grouping must do. ``build_batch`` pads numpy arrays
+(the grouping tier never imports torch) with ``concat_padded_arrays`` straight into the batch's
+one packed buffer (so ``encode`` copies the bytes once); the padding rows time it alone (on the
+rows decoded as arrays, as the tier has them), and ``concat_padded_tensors`` (the trainer's and
+the workflows' torch padding). Episodes/s; no target (the issue asks for the ratio).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 
+import numpy
 import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
@@ -24,8 +26,9 @@ from bench.common import Report, base_parser
 from bench.data import mixed_lengths, scored_episode, trajectory
 from consumers.batching import build_batch
 from consumers.grouping import CompleteGroup, GroupBuffer
-from rollstream.tensors import concat_padded_arena, concat_padded_tensors
-from rollstream.wire import ScoredEpisode, decode_scored, decode_tensor_dict, encode
+from rollstream.arrays import concat_padded_arrays
+from rollstream.tensors import concat_padded_tensors
+from rollstream.wire import ScoredEpisode, decode_arrays, decode_scored, decode_tensor_dict, encode
 
 GROUP_SIZE = 8
 SEQUENCE_PAD = {"input_ids": 0, "attention_mask": 0, "loss_mask": 0, "logprobs": 0.0, "versions": -1}
@@ -86,11 +89,15 @@ def run_concat_padded(rows: list[list[dict[str, Tensor]]]) -> int:
     return padded
 
 
-def run_concat_padded_arena(rows: list[list[dict[str, Tensor]]]) -> int:
-    """concat_padded_arena alone: the padding inside build_batch, into one packed buffer."""
+def array_rows_of(messages: list[list[ScoredEpisode]]) -> list[list[dict[str, numpy.ndarray]]]:
+    return [[decode_arrays(m.episode.trajectory) for m in group] for group in messages]
+
+
+def run_concat_padded_arrays(rows: list[list[dict[str, numpy.ndarray]]]) -> int:
+    """concat_padded_arrays alone: the padding inside build_batch, into one packed buffer."""
     padded = 0
     for group in rows:
-        padded += concat_padded_arena(group)["input_ids"].numel()
+        padded += concat_padded_arrays(group)["input_ids"].size
     return padded
 
 
@@ -113,12 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     records = make_records(groups)
     messages = [[decode_scored(r) for r in group] for group in records]
     rows = rows_of(messages)
+    array_rows = array_rows_of(messages)
     episodes = groups * GROUP_SIZE
     tokens = sum(r["input_ids"].shape[1] for group in rows for r in group)
     cases = {
         "floor: pad_sequence": lambda: run_pad_sequence(rows),
         "concat_padded_tensors only": lambda: run_concat_padded(rows),
-        "concat_padded_arena only (build_batch's padding)": lambda: run_concat_padded_arena(rows),
+        "concat_padded_arrays only (build_batch's padding)": lambda: run_concat_padded_arrays(array_rows),
         "GroupBuffer+build_batch+encode": lambda: run_grouping(messages),
         "decode_scored+above (tier's per-record work)": lambda: run_decode_and_grouping(records),
     }

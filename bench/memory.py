@@ -2,8 +2,11 @@
 memory as groups pass (bounded by the open groups and the dedupe window, not by history).
 
 Part 1 runs ``bench/pipeline.py``'s pipeline (every tier in its own process, the LOAD
-GENERATOR engine) and reads each tier's RSS once it is ready (idle) and its peak (VmHWM)
-under load; "with children" adds the reward tier's process pool.
+GENERATOR engine), plus a dump tier reading ``scored``, and reads each tier's RSS once it is
+ready (idle) and its peak (VmHWM) under load; "with children" adds the reward tier's process
+pool. Target: the tiers that run no model (producer, grouping, dump; they never import torch)
+peak under 150 MB each. ``--compare before.json`` prints an earlier run's tier figures (say,
+``--out before.json`` on the previous commit) beside this run's.
 
 Part 2 feeds a ``GroupBuffer`` in this process as the grouping tier does (decode each
 ``scored`` record, add, build + encode the batch of each complete group, expire old outcomes
@@ -17,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -35,20 +40,43 @@ from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode, encod
 
 MB = 1e6
 GROUP_SIZE = 8
+MODEL_FREE_TIERS = ("producer", "grouping", "dump")  # no model runs there: no torch, small
+MAX_MODEL_FREE_RSS_MB = 150.0
 
 
-def tier_memory(report: Report, quick: bool) -> None:
+def tier_memory(report: Report, quick: bool, compare: Path | None) -> None:
     settings = PipelineSettings(prompts=4 if quick else 200, prompt_tokens=64 if quick else 512,
                                 completion_tokens=128 if quick else 1536, timeout_s=90 if quick else 150,
-                                confirm_ready=not quick)
+                                confirm_ready=not quick, extra_tiers=("dump",))
     with tempfile.TemporaryDirectory(prefix="rollstream-bench-") as tmp, services(Path(tmp)) as dev:
         result = asyncio.run(run_pipeline(dev.services, Path(tmp) / "pipeline", settings))
     rows = memory_rows(result)
     report.table(f"Tier memory under the pipeline load ({result.groups} groups of {settings.group_size}, "
                  f"{settings.prompt_tokens}+{settings.completion_tokens} tokens)", rows)
     report.extra["tiers"] = rows
+    if compare is not None:
+        report.table(f"Peak RSS / peak private MB per tier: {compare} (before) and this run (now)",
+                     side_by_side(json.loads(compare.read_text())["extra"]["tiers"], rows))
+    for row in rows:
+        if row["tier"] in MODEL_FREE_TIERS:
+            report.target(f"{row['tier']}: peak RSS under the pipeline load", row["peak RSS MB"],
+                          MAX_MODEL_FREE_RSS_MB, higher_is_better=False, unit=" MB")
     report.note(f"`import torch` alone is {import_rss('torch') / MB:.0f} MB of RSS here (mostly shared library "
                 "pages, counted in every process's RSS): 'peak private' is what each tier holds alone")
+
+
+def side_by_side(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per tier of either run: its peak RSS and peak private memory before and now."""
+    old = {row["tier"]: row for row in before}
+    new = {row["tier"]: row for row in now}
+    nan = float("nan")
+    return [{
+        "tier": tier,
+        "peak RSS before": old.get(tier, {}).get("peak RSS MB", nan),
+        "peak RSS now": new.get(tier, {}).get("peak RSS MB", nan),
+        "peak private before": old.get(tier, {}).get("peak private MB", nan),
+        "peak private now": new.get(tier, {}).get("peak private MB", nan),
+    } for tier in [*new, *(t for t in old if t not in new)]]
 
 
 class ScoredStream:
@@ -138,11 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups-per-second", type=float, default=20.0, help="simulated emission rate")
     parser.add_argument("--dedupe-window", type=float, default=30.0, help="grouping.dedupe_window_seconds")
     parser.add_argument("--skip-tiers", action="store_true", help="only the GroupBuffer part (no broker)")
+    parser.add_argument("--compare", type=Path, default=None,
+                        help="an earlier run's results JSON (e.g. --out before.json on the previous commit): "
+                             "its tier figures beside this run's")
     args = parser.parse_args(argv)
     report = Report("memory", args.quick)
     buffer_memory(report, args.quick, args.open_groups, args.groups_per_second, args.dedupe_window)
     if not args.skip_tiers:
-        tier_memory(report, args.quick)
+        tier_memory(report, args.quick, args.compare)
     return report.finish(args.out)
 
 

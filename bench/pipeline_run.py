@@ -50,6 +50,9 @@ class PipelineSettings:
     vocab_size: int = 512  # prompt and load-generator token ids stay below this (tiny tokenizer: 512)
     tokenizer: str | None = None  # tokenizer directory for the tiers (default: the tiny offline model)
     confirm_ready: bool = True  # ask the broker that every tier holds partitions before the producer starts
+    # more tiers started beside TIERS (e.g. "dump", a second reader of scored that the byte
+    # accounting does not count: bench/memory.py uses it for the tier's memory only)
+    extra_tiers: tuple[str, ...] = ()
 
 
 @dataclass
@@ -105,6 +108,7 @@ def config_tree(services: Services, name: str, workdir: Path, s: PipelineSetting
     rollout = {
         **engine, "model_path": tokenizer, "tokenizer_path": tokenizer, "device": "cpu",
         "max_concurrent_rollouts": s.max_concurrent_rollouts, "worker_id": "bench-rollout-0",
+        "fileroot": str(workdir / "dumps"),  # where a dump tier (extra_tiers) writes
         "gconfig": {"max_new_tokens": s.completion_tokens, "max_tokens": s.prompt_tokens + s.completion_tokens + 1},
         **s.rollout,
     }
@@ -158,7 +162,8 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
     config: RollstreamConfig = config_from_dict(tree)
     names = TopicNames(name, "t0")
     env = {ENV_RATE: str(s.tokens_per_second), ENV_MIN_SHARE: str(s.min_length_share), ENV_VOCAB: str(s.vocab_size)}
-    procs = [TierProcess(t, path, workdir / f"{name}.{t}.log", env=env) for t in TIERS]
+    tiers = (*TIERS, *s.extra_tiers)
+    procs = [TierProcess(t, path, workdir / f"{name}.{t}.log", env=env) for t in tiers]
     # counted while the tiers start (a JVM each way, in parallel with other work)
     # (skipped by smoke runs: two JVM starts)
     count_records = s.confirm_ready
@@ -174,8 +179,8 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
                     procs.append(TierProcess("producer", path, workdir / f"{name}.producer.log"))
                 # every tier is in its consumer group before the first prompt: the figures are
                 # the pipeline's, not the start-up of four Python processes
-                groups = [names.group_id(t) for t in TIERS]
-                await _wait_ready(services.kafka_bootstrap, groups, procs[: len(TIERS)], s.timeout_s, s.confirm_ready)
+                groups = [names.group_id(t) for t in tiers]
+                await _wait_ready(services.kafka_bootstrap, groups, procs[: len(tiers)], s.timeout_s, s.confirm_ready)
                 phases["tiers ready"] = time.monotonic() - began
                 cpu_before = {p.tier: p.cpu_seconds for p in procs}
                 ready_rss = {p.tier: rss_bytes(p.pid) for p in procs}

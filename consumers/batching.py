@@ -1,12 +1,13 @@
-"""Turning ended groups into ``batches`` records: pure functions, no I/O.
+"""Turning ended groups into ``batches`` records: pure functions, no I/O, no torch.
 
 :func:`build_batch` pads the trajectories of one or more complete groups into one ``[N, L]``
-tensor dict (``versions`` pad with -1, ``attention_mask`` with 0, the rest with
+array dict (``versions`` pad with -1, ``attention_mask`` with 0, the rest with
 ``pad_value``), adds ``rewards`` ``[N]``, the version bookkeeping the trainer needs and, per
 group, how many samples were rejected and how many failed; for groups with images, each
 group's distinct images once and, per row, which of them it shows. The
-padded tensors are written straight into one buffer (an arena) that the record then carries
-as its ``packed`` tensors, so encoding the batch copies its bytes once.
+padded arrays are written straight into one buffer (an arena) that the record then carries
+as its ``packed`` tensors, so encoding the batch copies its bytes once. Everything here is
+numpy (``rollstream.arrays``): the grouping tier never imports torch.
 """
 
 from __future__ import annotations
@@ -14,28 +15,32 @@ from __future__ import annotations
 import logging
 import time
 
-import torch
-from torch import Tensor
+import numpy
 
 from consumers.grouping import CompleteGroup, DroppedGroup
-from rollstream.tensors import common_keys, concat_padded_arena, version_span
-from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_tensor_dict, pack_tensor_dict
+from rollstream.arrays import common_keys, concat_padded_arrays, version_span
+from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_arrays, pack_arrays
+from rollstream.wire.dtypes import to_float32
 
 log = logging.getLogger(__name__)
 
+__all__ = ["batch_images", "build_batch", "common_keys", "drop_record", "episode_rows"]
 
-def episode_rows(scored: ScoredEpisode) -> dict[str, Tensor]:
-    """The ``[b, L]`` trajectory of one scored episode with ``rewards`` ``[b]`` float32.
 
-    The trajectory's own ``rewards`` are kept when they have the right shape; otherwise every
-    row gets the scalar ``reward``.
+def episode_rows(scored: ScoredEpisode) -> dict[str, numpy.ndarray]:
+    """The ``[b, L]`` trajectory of one scored episode (arrays viewing the record's buffer)
+    with ``rewards`` ``[b]`` float32.
+
+    The trajectory's own ``rewards`` are kept (as float32) when they have the right shape;
+    otherwise every row gets the scalar ``reward``.
     """
-    rows = dict(decode_tensor_dict(scored.episode.trajectory))
+    rows = decode_arrays(scored.episode.trajectory)
     b = rows["input_ids"].shape[0]
     rewards = rows.get("rewards")
-    if rewards is None or tuple(rewards.shape) != (b,):
-        rewards = torch.full((b,), float(scored.reward), dtype=torch.float32)
-    rows["rewards"] = rewards.to(torch.float32)
+    if rewards is None or rewards.shape != (b,):
+        rows["rewards"] = numpy.full((b,), float(scored.reward), dtype=numpy.float32)
+    else:
+        rows["rewards"] = to_float32(rewards)
     return rows
 
 
@@ -45,7 +50,7 @@ def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: fl
         raise ValueError("build_batch needs at least one group")
     if len({g.is_eval for g in groups}) > 1:
         raise ValueError("build_batch: eval and train groups must not share a batch")
-    parts: list[dict[str, Tensor]] = []
+    parts: list[dict[str, numpy.ndarray]] = []
     row_task: list[int] = []
     sample_idx: list[int] = []
     for index, group in enumerate(groups):
@@ -56,15 +61,15 @@ def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: fl
             row_task += [index] * b
             sample_idx += [scored.episode.sample_idx] * b
     group_images, row_images = batch_images(groups)
-    tensors = concat_padded_arena(common_keys(parts), pad_value)
-    head, tail = version_span(tensors.get("versions"))
+    arrays = concat_padded_arrays(common_keys(parts), pad_value)
+    head, tail = version_span(arrays.get("versions"))
     return Batch(
         task_ids=[g.task_id for g in groups],
         group_sizes=[g.group_size for g in groups],
         row_task=row_task,
         sample_idx=sample_idx,
         tensors={},
-        packed=pack_tensor_dict(tensors),  # no copy: the tensors lie in one arena
+        packed=pack_arrays(arrays),  # no copy: the arrays lie in one arena
         is_eval=groups[0].is_eval,
         trainer_version=trainer_version,
         head_version=head,

@@ -71,7 +71,8 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         await producer.start()
         stack.push_async_callback(producer.stop)
         stack.push_async_callback(writer.close)
-        log.info("dumping %s to %s", names.scored, writer.root / writer.experiment / writer.trial)
+        log.info("dump tier consuming %s as group %s, writing to %s", names.scored, names.group_id(TIER),
+                 writer.root / writer.experiment / writer.trial)
         mark_ready()
         while not stop.is_set():
             polled = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)

@@ -42,18 +42,18 @@ from typing import Any, Literal, Protocol
 
 import numpy
 from redis.exceptions import RedisError
-from torch import Tensor
 
 from rollstream.api.engine import WeightUpdate
+from rollstream.arrays import RowSpan, row_spans
 from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.dump_files import TaskFiles, dump_path, file_stem, read_task, scope_dir
-from rollstream.tensors import RowSpan, row_spans
-from rollstream.wire import Batch, Episode, ScoredEpisode, batch_tensors
-from rollstream.wire.tensor_codec import decode_tensor
+from rollstream.dump_tokenizer import Tokenizer, load_tokenizer
+from rollstream.wire import Batch, Episode, ScoredEpisode, batch_arrays, decode_arrays
+from rollstream.wire.dtypes import to_float32
 
 __all__ = [
-    "DUMP_FIELDS", "EXTENDED_FIELDS", "DumpLine", "DumpRow", "DumpWriter", "dump_lines", "dump_path",
-    "dump_record", "file_stem", "message_rows", "read_task", "scope_dir",
+    "DUMP_FIELDS", "EXTENDED_FIELDS", "DumpLine", "DumpRow", "DumpWriter", "Tokenizer", "dump_lines", "dump_path",
+    "dump_record", "file_stem", "load_tokenizer", "message_rows", "read_task", "scope_dir",
 ]
 
 log = logging.getLogger(__name__)
@@ -64,12 +64,6 @@ DUMP_FIELDS = (
 )
 EXTENDED_FIELDS = ("row", "stop_reason", "group_size", "trainer_version", "weight_path")
 DumpFields = Literal["reference", "extended"]
-
-
-class Tokenizer(Protocol):
-    """The one tokenizer method dumps need (a Hugging Face tokenizer has it)."""
-
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
 class VersionLookup(Protocol):
@@ -110,11 +104,16 @@ def message_rows(message: Any) -> list[DumpRow]:
     return []
 
 
+def _rewards(arrays: dict[str, numpy.ndarray]) -> numpy.ndarray | None:
+    rewards = arrays.get("rewards")
+    return None if rewards is None else to_float32(rewards)  # bfloat16 words read as values
+
+
 def _episode_rows(episode: Episode, reward: float | None) -> list[DumpRow]:
-    tensors = {key: decode_tensor(wire) for key, wire in episode.trajectory.items()}
+    tensors = decode_arrays(episode.trajectory)
     spans = row_spans(tensors, fallback_version=episode.tail_version)
     rows = len(spans)
-    row_rewards = tensors.get("rewards")
+    row_rewards = _rewards(tensors)
     out = []
     for row, span in enumerate(spans):
         # A one-row scored episode's reward is the message's; several rows carry their own.
@@ -130,9 +129,9 @@ def _episode_rows(episode: Episode, reward: float | None) -> list[DumpRow]:
 
 
 def _batch_rows(batch: Batch) -> list[DumpRow]:
-    tensors = batch_tensors(batch)
+    tensors = batch_arrays(batch)
     spans = row_spans(tensors, fallback_version=batch.tail_version)
-    rewards = tensors.get("rewards")
+    rewards = _rewards(tensors)
     keys = [(task, batch.sample_idx[row]) for row, task in enumerate(batch.row_task)]
     rows_of: dict[tuple[int, int], int] = defaultdict(int)
     for key in keys:
@@ -150,10 +149,10 @@ def _batch_rows(batch: Batch) -> list[DumpRow]:
     return out
 
 
-def _attended_ids(tensors: dict[str, Tensor], row: int) -> numpy.ndarray:
-    ids = tensors["input_ids"][row].numpy()
+def _attended_ids(tensors: dict[str, numpy.ndarray], row: int) -> numpy.ndarray:
+    ids = tensors["input_ids"][row]
     mask = tensors.get("attention_mask")
-    return ids if mask is None else ids[mask[row].numpy().astype(bool, copy=False)]
+    return ids if mask is None else ids[mask[row].astype(bool, copy=False)]
 
 
 def row_record(row: DumpRow, tokenizer: Tokenizer | None, fields: DumpFields = "reference") -> dict[str, Any]:
@@ -219,13 +218,6 @@ def tokenizer_path_for(config: RollstreamConfig) -> str | None:
     """The tokenizer dumps use: ``rollout.tokenizer_path``, else ``reward.tokenizer_path``,
     else ``rollout.model_path``; None when none is set."""
     return config.rollout.tokenizer_path or config.reward.tokenizer_path or config.rollout.model_path or None
-
-
-def load_tokenizer(path: str) -> Tokenizer:
-    """A Hugging Face tokenizer from a local directory (no hub downloads)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 class DumpWriter:

@@ -1,24 +1,43 @@
-"""Trajectory tensor dicts: padding, concatenation, validation and row building.
+"""Trajectory tensor dicts (torch): padding, concatenation, validation and row building.
 
 A trajectory dict holds ``[B, L]`` sequence tensors (``input_ids``, ``attention_mask``,
 ``loss_mask``, ``logprobs``, ``versions``) and ``[B]`` per-row tensors (``rewards``,
-``is_truncated``); see :data:`trajectory_dtypes`.
+``is_truncated``); see :data:`trajectory_dtypes`. The torch-free half (row spans, versions,
+padding numpy arrays into a packed buffer) is :mod:`rollstream.arrays`, whose names this
+module re-exports.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy
 import torch
 from torch import Tensor
 
-from rollstream.wire.packed import allocate_packed
+from rollstream.arrays import (
+    PROMPT_VERSION,
+    REQUIRED_KEYS,
+    ROW_KEYS,
+    SEQUENCE_KEYS,
+    RowSpan,
+    check_same_keys,
+    common_keys,
+    concat_padded_arrays,
+    pad_value_for,
+    row_spans,
+    span_range,
+    version_span,
+)
+from rollstream.wire.packed import ArrayArena
+from rollstream.wire.torch_tensors import DTYPE_NAMES, as_array, as_tensor, tensor_arena
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "PROMPT_VERSION", "REQUIRED_KEYS", "ROW_KEYS", "SEQUENCE_KEYS", "RowSpan", "TrajectoryBuilder", "common_keys",
+    "concat_padded_arena", "concat_padded_tensors", "row_spans", "span_range", "trajectory_dtypes",
+    "trajectory_row", "validate_trajectory", "version_span",
+]
 
 trajectory_dtypes: dict[str, torch.dtype] = {
     "input_ids": torch.int32,
@@ -29,120 +48,6 @@ trajectory_dtypes: dict[str, torch.dtype] = {
     "rewards": torch.float32,
     "is_truncated": torch.bool,
 }
-SEQUENCE_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
-ROW_KEYS: tuple[str, ...] = ("rewards", "is_truncated")
-REQUIRED_KEYS: tuple[str, ...] = ("input_ids", "attention_mask")
-PROMPT_VERSION = -1  # version of prompt positions, and of padding (see concat_padded_tensors)
-
-
-def version_span(versions: Tensor | None, mask: numpy.ndarray | None = None) -> tuple[int, int]:
-    """``(head, tail)``: min and max of ``versions`` over generated tokens (``>= 0``, and where
-    ``mask`` is true when given); ``(-1, -1)`` when there is none."""
-    if versions is None or versions.numel() == 0:
-        return PROMPT_VERSION, PROMPT_VERSION
-    # numpy, not torch: torch's boolean indexing runs nonzero on its intra-op thread pool
-    # (over a millisecond per group on a busy 2-core machine, bench/grouping.py), and each
-    # small torch op costs more in dispatch than its work.
-    values = versions.detach().cpu().numpy()
-    keep = values >= 0
-    if mask is not None:
-        keep &= mask.astype(bool, copy=False)
-    if not keep.any():
-        return PROMPT_VERSION, PROMPT_VERSION
-    generated = values[keep]
-    return int(generated.min()), int(generated.max())
-
-
-class RowSpan(NamedTuple):
-    """Where a row's answer lies and which policy versions wrote it (see :func:`row_spans`)."""
-
-    seqlen: int  # attended positions (padding excluded)
-    prompt_len: int  # attended positions before the first generated one; seqlen when none
-    head_version: int  # oldest known version over generated positions; -1 when none generated
-    tail_version: int  # newest
-
-
-def row_spans(td: Mapping[str, Tensor], fallback_version: int = PROMPT_VERSION) -> list[RowSpan]:
-    """The :class:`RowSpan` of every row of a ``[B, L]`` trajectory dict: THE computation of
-    ``seqlen``, ``prompt_len`` and head/tail versions, shared by the episode message (its
-    ``head_version``/``tail_version``), the trajectory dumps and the replay filters.
-
-    - Attended positions: ``attention_mask != 0`` (every position without an attention mask);
-      everything below counts attended positions only.
-    - Generated positions: ``loss_mask == 1``; without a loss mask, the positions whose
-      version is ``>= 0`` (prompts carry -1 by contract); without either nothing tells prompt
-      from answer and the whole row counts as prompt.
-    - ``prompt_len``: the index of the first generated position (the reference's
-      ``seqlen - sum(loss_mask)`` is wrong for multi-turn rows).
-    - Versions: min and max of ``versions`` over generated positions, leaving out ``-1`` (a
-      token of unknown version). When generated positions exist (or cannot be told) but no
-      version is known, e.g. without a ``versions`` tensor, both are ``fallback_version``: the
-      reference's fallback, the engine's version when the episode ended. A row with no
-      generated position gets ``(-1, -1)``.
-    """
-    rows, length = td["input_ids"].shape[:2]
-    attended = _bool_rows(td.get("attention_mask"), rows, length)
-    loss = _int_rows(td.get("loss_mask"))
-    versions = _int_rows(td.get("versions"))
-    return [
-        _row_span(
-            attended[r], None if loss is None else loss[r], None if versions is None else versions[r],
-            fallback_version,
-        )
-        for r in range(rows)
-    ]
-
-
-def span_range(spans: Sequence[RowSpan]) -> tuple[int, int]:
-    """``(head, tail)`` of several rows: the oldest head and the newest tail; -1 when none."""
-    heads = [s.head_version for s in spans if s.head_version >= 0]
-    tails = [s.tail_version for s in spans if s.tail_version >= 0]
-    return (min(heads) if heads else PROMPT_VERSION, max(tails) if tails else PROMPT_VERSION)
-
-
-def _row_span(
-    attended: numpy.ndarray, loss: numpy.ndarray | None, versions: numpy.ndarray | None, fallback: int
-) -> RowSpan:
-    seqlen = int(attended.sum())
-    if loss is not None:
-        generated: numpy.ndarray | None = loss[attended] == 1
-    elif versions is not None:
-        generated = versions[attended] >= 0
-    else:
-        generated = None  # nothing tells prompt from answer
-    if generated is None:
-        return RowSpan(seqlen, seqlen, fallback, fallback)
-    where = numpy.flatnonzero(generated)
-    if where.size == 0:
-        return RowSpan(seqlen, seqlen, PROMPT_VERSION, PROMPT_VERSION)
-    known = versions[attended][generated] if versions is not None else where[:0]
-    known = known[known >= 0]
-    if known.size == 0:
-        return RowSpan(seqlen, int(where[0]), fallback, fallback)
-    return RowSpan(seqlen, int(where[0]), int(known.min()), int(known.max()))
-
-
-def _as_array(t: Tensor) -> numpy.ndarray:
-    # numpy, not torch: see version_span
-    return t.detach().cpu().numpy()
-
-
-def _bool_rows(mask: Tensor | None, rows: int, length: int) -> numpy.ndarray:
-    if mask is None:
-        return numpy.ones((rows, length), dtype=bool)
-    return _as_array(mask).astype(bool, copy=False)
-
-
-def _int_rows(t: Tensor | None) -> numpy.ndarray | None:
-    return None if t is None else _as_array(t)
-
-
-def _pad_value_for(key: str, pad_value: float) -> float:
-    if key == "attention_mask":
-        return 0
-    if key == "versions":
-        return PROMPT_VERSION
-    return pad_value
 
 
 def _right_pad(t: Tensor, shape: Sequence[int], value: float) -> Tensor:
@@ -169,30 +74,8 @@ def _concat_key(key: str, values: list[Any], pad_value: float) -> Any:
     if ndims == {1}:
         return torch.cat(values, dim=0)
     shape = [max(v.shape[d] for v in values) for d in range(1, values[0].dim())]
-    fill = _pad_value_for(key, pad_value)
+    fill = pad_value_for(key, pad_value)
     return torch.cat([_right_pad(v, shape, fill) for v in values], dim=0)
-
-
-def _check_same_keys(dicts: list[dict[str, Any]]) -> None:
-    keys = set(dicts[0])
-    for i, d in enumerate(dicts[1:], start=1):
-        if set(d) != keys:
-            missing, extra = sorted(keys - set(d)), sorted(set(d) - keys)
-            raise ValueError(
-                f"cannot concatenate tensor dicts with different keys: dict {i} lacks {missing} "
-                f"and has extra {extra} compared with dict 0"
-            )
-
-
-def common_keys(parts: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
-    """Keep only keys every trajectory has (an optional key missing in one would fail the concat).
-
-    The keys dropped are logged as a warning, never silently."""
-    common = set(parts[0]).intersection(*parts[1:])
-    extra = set().union(*parts) - common
-    if extra:
-        log.warning("dropping trajectory keys %s that not every episode of the batch has", sorted(extra))
-    return [{k: v for k, v in p.items() if k in common} for p in parts]
 
 
 def concat_padded_tensors(dicts: list[dict[str, Tensor]], pad_value: float = 0.0) -> dict[str, Tensor]:
@@ -213,93 +96,33 @@ def concat_padded_tensors(dicts: list[dict[str, Tensor]], pad_value: float = 0.0
         return {}
     if len(dicts) == 1:
         return dict(dicts[0])
-    _check_same_keys(dicts)
+    check_same_keys(dicts)
     return {k: _concat_key(k, [d[k] for d in dicts], pad_value) for k in dicts[0]}
-
-
-class _Planned:
-    """One key's tensor in the arena: its dtype and shape, and how its parts fill it."""
-
-    def __init__(self, key: str, parts: list[Tensor], pad_value: float) -> None:
-        self.parts = parts
-        self.fill = _pad_value_for(key, pad_value)
-        if len(parts) == 1:  # one dict: the tensor as it is, like concat_padded_tensors
-            self.ndim, self.dtype, self.shape = -1, parts[0].dtype, list(parts[0].shape)
-            return
-        dtypes = {p.dtype for p in parts}
-        self.dtype = dtypes.pop() if len(dtypes) == 1 else functools.reduce(torch.promote_types, dtypes)
-        self.ndim = parts[0].dim()
-        if self.ndim == 0:
-            self.shape = [len(parts)]
-            return
-        self.shape = [sum(p.shape[0] for p in parts)]
-        self.shape += [max(p.shape[d] for p in parts) for d in range(1, self.ndim)]
-
-    def write(self, out: Tensor) -> None:
-        """Fill ``out`` (call under ``torch.no_grad()``): a copy of the one part, the parts
-        stacked (0-dim) or concatenated (1-dim), or their rows right-padded (2+ dims)."""
-        if self.ndim == -1:
-            out.copy_(self.parts[0])
-        elif self.ndim == 0:
-            torch.stack(self.parts, out=out)
-        elif self.ndim == 1:
-            torch.cat(self.parts, out=out)
-        else:
-            self._write_rows(out)
-
-    def _write_rows(self, out: Tensor) -> None:
-        target, parts = _as_arrays(out, self.parts)
-        if any(tuple(p.shape[1:]) != tuple(self.shape[1:]) for p in parts):
-            target[...] = self.fill
-        row = 0
-        for part in parts:
-            rows = part.shape[0]
-            target[(slice(row, row + rows), *(slice(0, n) for n in part.shape[1:]))] = part
-            row += rows
-
-
-def _as_arrays(out: Tensor, parts: list[Tensor]) -> tuple[Any, list[Any]]:
-    """numpy views of ``out`` and ``parts`` when all have them (a slice assignment costs a
-    fraction of torch's, and a padded batch takes one per row and key), else the tensors."""
-    try:
-        return out.numpy(), [p.numpy() for p in parts]
-    except (TypeError, RuntimeError):  # bfloat16, GPU, grad, conj/neg views
-        return out, parts
-
-
-def _plan_key(key: str, values: list[Any], pad_value: float) -> _Planned | Any:
-    """How ``key`` is concatenated (same rules and errors as ``concat_padded_tensors``); a
-    non-tensor result (lists, or one dict's value) is returned as it is."""
-    if len(values) == 1 and not isinstance(values[0], Tensor):
-        return values[0]
-    if not all(isinstance(v, Tensor) for v in values):
-        if all(isinstance(v, list) for v in values):
-            return [x for v in values for x in v]
-        raise TypeError(f"cannot concatenate {key!r}: values must all be tensors or all be lists")
-    ndims = {v.dim() for v in values}
-    if len(ndims) != 1:
-        raise ValueError(f"cannot concatenate {key!r}: tensors have different ranks {sorted(ndims)}")
-    return _Planned(key, values, pad_value)
 
 
 def concat_padded_arena(dicts: list[dict[str, Tensor]], pad_value: float = 0.0) -> dict[str, Any]:
     """``concat_padded_tensors``' result (same values, dtypes, shapes, padding and errors) with
-    every tensor written into ONE buffer, in key order (``rollstream.wire.allocate_packed``),
-    so that ``pack_tensor_dict`` sends them without a copy: the grouping tier's batches.
+    every tensor written into ONE buffer, in key order, so that ``pack_tensor_dict`` sends them
+    without a copy: :func:`rollstream.arrays.concat_padded_arrays` on the tensors' values
+    (detached, on the CPU), handed back as tensors that share the buffer.
 
     Non-tensor values (lists) stay outside the buffer; one dict's tensors are copied into it
     as they are. ``TypeError`` for a dtype the wire does not carry.
     """
-    if not dicts:
-        return {}
-    if len(dicts) > 1:
-        _check_same_keys(dicts)
-    plans = {k: _plan_key(k, [d[k] for d in dicts], pad_value) for k in dicts[0]}
-    arena = allocate_packed([(k, p.dtype, p.shape) for k, p in plans.items() if isinstance(p, _Planned)])
-    with torch.no_grad():  # out= and in-place writes refuse inputs that require grad otherwise
-        for key, tensor in arena.items():
-            plans[key].write(tensor)
-    return {k: arena.get(k, plan) for k, plan in plans.items()}
+    arrays = [{k: _as_wire_array(k, v) for k, v in d.items()} for d in dicts]
+    out = concat_padded_arrays(arrays, pad_value)
+    if isinstance(out, ArrayArena):
+        return tensor_arena(out)
+    return {k: as_tensor(v) if isinstance(v, numpy.ndarray) else v for k, v in out.items()}
+
+
+def _as_wire_array(key: str, value: Any) -> Any:
+    """A tensor's values as an array (bfloat16: words); anything else as it is."""
+    if not isinstance(value, Tensor):
+        return value
+    if value.dtype not in DTYPE_NAMES:  # e.g. torch.uint16, which numpy would call bfloat16 words
+        raise TypeError(f"unsupported tensor dtype on the wire: {key!r} is {value.dtype}")
+    return as_array(value)
 
 
 def _check_dtypes(td: dict[str, Tensor]) -> None:

@@ -11,16 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollstream.arrays import span_range
 from rollstream.dump import message_rows
-from rollstream.tensors import span_range
 from rollstream.wire import (
     Batch,
     DeadLetter,
     Episode,
     ScoredEpisode,
-    batch_tensors,
-    decode_tensor,
+    batch_arrays,
+    decode_array,
 )
+from rollstream.wire.dtypes import to_float32
 
 
 def task_ids_of(message: Any) -> list[str]:
@@ -50,10 +51,10 @@ def reward_of(message: Any) -> float | None:
             return message.reward
         case Episode():
             wire = message.trajectory.get("rewards")
-            return float(decode_tensor(wire).float().mean()) if wire is not None else None
+            return float(to_float32(decode_array(wire)).mean()) if wire is not None else None
         case Batch():
-            rewards = batch_tensors(message).get("rewards")
-            return float(rewards.float().mean()) if rewards is not None and rewards.numel() else None
+            rewards = batch_arrays(message).get("rewards")
+            return float(to_float32(rewards).mean()) if rewards is not None and rewards.size else None
     return None
 
 

@@ -1,8 +1,17 @@
-"""Wire schemas and codecs for every topic."""
+"""Wire schemas and codecs for every topic.
+
+Importing this package does not import torch: messages, decoders and the numpy tensor
+functions (``decode_array``, ``batch_arrays``, ``pack_arrays``...) are plain numpy. The torch
+functions (``decode_tensor_dict``, ``batch_tensors``, ``pack_tensor_dict``...) live in
+``rollstream.wire.torch_tensors`` and are importable from here as before; torch is imported
+when one of them is first asked for.
+"""
+
+from typing import Any
 
 from rollstream.wire.codec import (
     WireDecodeError,
-    batch_tensors,
+    batch_arrays,
     decode_batch,
     decode_cursor,
     decode_dead_letter,
@@ -26,22 +35,36 @@ from rollstream.wire.messages import (
     TaskFailed,
 )
 from rollstream.wire.packed import (
+    ArrayArena,
     PackedTensors,
-    allocate_packed,
+    allocate_arrays,
     check_packed,
-    pack_tensor_dict,
-    unpack_tensor_dict,
+    pack_arrays,
+    unpack_arrays,
 )
 from rollstream.wire.tensor_codec import (
     WireTensor,
-    decode_tensor,
-    decode_tensor_dict,
-    encode_tensor,
-    encode_tensor_dict,
+    decode_array,
+    decode_arrays,
+    encode_array,
+    encode_arrays,
+)
+
+# the torch face of the wire (rollstream.wire.torch_tensors), imported on first use
+_TORCH_NAMES = (
+    "allocate_packed",
+    "batch_tensors",
+    "decode_tensor",
+    "decode_tensor_dict",
+    "encode_tensor",
+    "encode_tensor_dict",
+    "pack_tensor_dict",
+    "unpack_tensor_dict",
 )
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ArrayArena",
     "Batch",
     "DeadLetter",
     "Episode",
@@ -55,9 +78,11 @@ __all__ = [
     "TaskFailed",
     "WireDecodeError",
     "WireTensor",
-    "allocate_packed",
-    "batch_tensors",
+    "allocate_arrays",
+    "batch_arrays",
     "check_packed",
+    "decode_array",
+    "decode_arrays",
     "decode_batch",
     "decode_cursor",
     "decode_dead_letter",
@@ -65,11 +90,18 @@ __all__ = [
     "decode_outcome",
     "decode_prompt",
     "decode_scored",
-    "decode_tensor",
-    "decode_tensor_dict",
     "encode",
-    "encode_tensor",
-    "encode_tensor_dict",
-    "pack_tensor_dict",
-    "unpack_tensor_dict",
+    "encode_array",
+    "encode_arrays",
+    "pack_arrays",
+    "unpack_arrays",
+    *_TORCH_NAMES,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_NAMES:
+        from rollstream.wire import torch_tensors
+
+        return getattr(torch_tensors, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

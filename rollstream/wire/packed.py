@@ -10,13 +10,17 @@ tensor ``i - 1`` that is a multiple of its item size (natural alignment, as in a
 tensor 0 at offset 0), and ``data`` ends exactly where the last tensor ends. Offsets are
 implied, never sent. The padding bytes (at most ``itemsize - 1`` before a tensor) carry no
 meaning; the arena writes zeros. Alignment is relative to ``data``: it lets a writer view one
-byte buffer as typed tensors, but a decoded ``data`` may start at any address (msgpack places
-bins anywhere), which torch and numpy read fine.
+byte buffer as typed arrays, but a decoded ``data`` may start at any address (msgpack places
+bins anywhere), which numpy and torch read fine.
 
-Writers: :func:`allocate_packed` hands out writable tensors that already lie in that layout,
-so after filling them :func:`pack_tensor_dict` only describes them (zero copy); any other dict
-is copied into a new arena first. Readers: :func:`unpack_tensor_dict` returns views of
-``data`` (treat them as read-only), after :func:`check_packed`.
+This module is numpy only (bfloat16 as ``uint16`` words, :mod:`rollstream.wire.dtypes`).
+Writers: :func:`allocate_arrays` hands out writable arrays that already lie in that layout
+(an :class:`ArrayArena`), so after filling them :func:`pack_arrays` only describes them (zero
+copy); any other dict is copied into a new arena first. Readers: :func:`unpack_arrays` returns
+views of ``data`` (treat them as read-only), after :func:`check_packed`. The torch versions
+(``allocate_packed``, ``pack_tensor_dict``, ``unpack_tensor_dict``) are in
+``rollstream.wire.torch_tensors``; this module still answers those names, importing torch
+only when one is asked for.
 """
 
 from __future__ import annotations
@@ -24,22 +28,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import numpy
-import torch
 
-from rollstream.wire.tensor_codec import (
-    DTYPES,
-    ITEMSIZES,
-    NUMPY_DTYPES,
-    Shape,
-    TensorDecodeError,
-    check_shape,
-    raw_bytes,
-)
+from rollstream.wire.dtypes import ITEMSIZES, NUMPY_DTYPES, wire_name
+from rollstream.wire.tensor_codec import Shape, TensorDecodeError, array_bytes, check_shape
 
-TensorSpec = tuple[str, torch.dtype, Sequence[int]]
+ArraySpec = tuple[str, str, Sequence[int]]  # key, wire dtype name, shape
 
 
 class PackedTensors(msgspec.Struct, array_like=True, frozen=True):
@@ -87,47 +84,19 @@ def check_packed(packed: PackedTensors) -> tuple[list[int], list[int]]:
     return offsets, counts
 
 
-def _view(data: memoryview, name: str, shape: list[int], offset: int, count: int) -> torch.Tensor:
-    np_dtype = NUMPY_DTYPES.get(name)
-    if count == 0:
-        return torch.empty(shape, dtype=DTYPES[name])
-    if np_dtype is None:  # bfloat16: numpy cannot describe it
-        return torch.frombuffer(data, dtype=DTYPES[name], count=count, offset=offset).view(tuple(shape))
-    # one positional numpy call builds the shaped view: faster than frombuffer + reshape,
-    # and than torch.frombuffer(...).view(...)
-    return torch.from_numpy(numpy.ndarray(shape, np_dtype, data, offset))
-
-
-def unpack_tensor_dict(packed: PackedTensors) -> dict[str, torch.Tensor]:
-    """The tensors of ``packed``, in order, as views of its buffer. Raises ``TensorDecodeError``."""
+def unpack_arrays(packed: PackedTensors) -> dict[str, numpy.ndarray]:
+    """The arrays of ``packed``, in order, as views of its buffer. Raises ``TensorDecodeError``."""
     offsets, counts = check_packed(packed)
     data = packed.data
     return {
-        key: _view(data, name, shape, offset, count)
+        # one positional numpy call builds the shaped view: faster than frombuffer + reshape
+        key: numpy.ndarray(shape, NUMPY_DTYPES[name], data, offset) if count else numpy.empty(shape, NUMPY_DTYPES[name])
         for key, name, shape, offset, count in zip(packed.keys, packed.dtypes, packed.shapes, offsets, counts)
     }
 
 
-# one lookup per tensor on the encode path: dtype -> (wire name, item size)
-_WIRE_DTYPES: dict[torch.dtype, tuple[str, int]] = {dtype: (name, ITEMSIZES[name]) for name, dtype in DTYPES.items()}
-
-
-def _wire_dtype(key: str, dtype: torch.dtype) -> tuple[str, int]:
-    """The wire name and item size of ``dtype``; ``TypeError`` if the wire does not carry it."""
-    wire = _WIRE_DTYPES.get(dtype)
-    if wire is None:
-        raise TypeError(f"unsupported tensor dtype on the wire: {key!r} is {dtype}")
-    return wire
-
-
-def _check_tensors(tensors: dict[str, torch.Tensor]) -> None:
-    for key, value in tensors.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"packed tensors must be tensors, {key!r} is {type(value).__name__}")
-
-
 @dataclass(frozen=True)
-class _Layout:
+class Layout:
     """Where each tensor of a packed buffer goes (writer side; readers use ``check_packed``)."""
 
     keys: list[str]
@@ -138,14 +107,16 @@ class _Layout:
     end: int
 
     @classmethod
-    def of(cls, specs: Sequence[TensorSpec]) -> _Layout:
+    def of(cls, specs: Sequence[ArraySpec]) -> Layout:
         """``ValueError`` for a repeated key, ``TypeError`` for a dtype the wire does not carry."""
         keys = [key for key, _, _ in specs]
         if len(set(keys)) != len(keys):
             raise ValueError(f"packed keys repeat: {sorted({k for k in keys if keys.count(k) > 1})}")
         names, shapes, offsets, sizes, end = [], [], [], [], 0
-        for key, dtype, shape in specs:
-            name, itemsize = _wire_dtype(key, dtype)
+        for key, name, shape in specs:
+            itemsize = ITEMSIZES.get(name)
+            if itemsize is None:
+                raise TypeError(f"unsupported tensor dtype on the wire: {key!r} is {name}")
             shape = [int(n) for n in shape]
             offset = _aligned(end, itemsize)
             size = math.prod(shape) * itemsize
@@ -156,95 +127,108 @@ class _Layout:
             end = offset + size
         return cls(keys, names, shapes, offsets, sizes, end)
 
-    def buffer(self) -> torch.Tensor:
+    def buffer(self) -> numpy.ndarray:
         """An uninitialised byte buffer of this layout, its padding bytes zeroed."""
-        base = torch.empty(self.end, dtype=torch.uint8)
+        base = numpy.empty(self.end, dtype=numpy.uint8)
         previous_end = 0
         for offset, size in zip(self.offsets, self.sizes):
             if offset > previous_end:
-                base[previous_end:offset].zero_()
+                base[previous_end:offset] = 0
             previous_end = offset + size
         return base
 
-    def packed(self, base: torch.Tensor) -> PackedTensors:
-        return PackedTensors(self.keys, self.names, self.shapes, memoryview(base.numpy()))
+    def packed(self, base: numpy.ndarray) -> PackedTensors:
+        return PackedTensors(self.keys, self.names, self.shapes, memoryview(base))
+
+    def views(self, base: numpy.ndarray) -> list[numpy.ndarray]:
+        """Each tensor's writable array in ``base``, in order."""
+        return [
+            numpy.ndarray(shape, NUMPY_DTYPES[name], base, offset)
+            for name, shape, offset in zip(self.names, self.shapes, self.offsets)
+        ]
 
 
-def allocate_packed(specs: Sequence[TensorSpec]) -> dict[str, torch.Tensor]:
-    """Writable, uninitialised tensors ``{key: dtype[shape]}``, in ``specs`` order, that are views
-    of one buffer in the packed layout: fill them, and ``pack_tensor_dict`` does not copy.
+class ArrayArena(dict[str, numpy.ndarray]):
+    """Arrays that are views of one buffer in the packed layout (:func:`allocate_arrays`), and
+    that buffer's ready description: packing them again is a lookup while the dict still holds
+    the arrays it was given (same keys, order, objects and shapes)."""
 
-    ``TypeError`` for a dtype the wire does not carry, ``ValueError`` for a repeated key.
-    """
-    layout = _Layout.of(specs)
-    base = layout.buffer()
-    storage = base.untyped_storage()
-    tensors = {
-        # set_ on the shared storage: one op, half the cost of slice + view + view
-        key: torch.empty(0, dtype=DTYPES[name]).set_(storage, offset // ITEMSIZES[name], shape)
-        for key, name, shape, offset in zip(layout.keys, layout.names, layout.shapes, layout.offsets)
-    }
-    if tensors:
-        first = next(iter(tensors.values()))
-        setattr(first, _ARENA_ATTRIBUTE, _ArenaRecord.of(tensors, layout.packed(base)))
-    return tensors
+    __slots__ = ("layout", "buffer", "packed", "_ids", "_shapes")
 
+    def __init__(self, layout: Layout, base: numpy.ndarray) -> None:
+        arrays = layout.views(base)
+        super().__init__(zip(layout.keys, arrays))
+        self.layout = layout
+        self.buffer = base  # the bytes, padding included
+        self.packed = layout.packed(base)
+        self._ids = tuple(map(id, arrays))
+        self._shapes = tuple(a.shape for a in arrays)
 
-_ARENA_ATTRIBUTE = "_rollstream_packed_arena"
-
-
-@dataclass(frozen=True)
-class _ArenaRecord:
-    """What ``allocate_packed`` handed out, kept on its first tensor so that packing the same
-    tensors again is a lookup: their ids and shapes, and the ready ``PackedTensors``. It holds
-    no reference to the tensors (no reference cycle keeps an arena alive)."""
-
-    ids: tuple[int, ...]
-    shapes: tuple[torch.Size, ...]
-    packed: PackedTensors
-
-    @classmethod
-    def of(cls, tensors: dict[str, torch.Tensor], packed: PackedTensors) -> _ArenaRecord:
-        return cls(tuple(map(id, tensors.values())), tuple(t.shape for t in tensors.values()), packed)
-
-    def describes(self, tensors: dict[str, torch.Tensor]) -> bool:
-        """True when ``tensors`` are the handed-out tensors, same keys, order and shapes (an
-        in-place ``resize_`` changes the shape and falls back to the general path)."""
+    def unchanged(self) -> bool:
+        """True while the dict holds the handed-out arrays, with their keys, order and shapes."""
+        values = self.values()
         return (
-            len(tensors) == len(self.ids)
-            and all(id(t) == i and t.shape == s for t, i, s in zip(tensors.values(), self.ids, self.shapes))
-            and list(tensors) == self.packed.keys
+            len(values) == len(self._ids)
+            and all(id(a) == i and a.shape == s for a, i, s in zip(values, self._ids, self._shapes))
+            and list(self) == self.packed.keys
         )
 
 
-def _pack_recorded(tensors: dict[str, torch.Tensor]) -> PackedTensors | None:
-    """The ready description of an unchanged ``allocate_packed`` dict (2-3 µs); else None.
-    Runs per emitted batch, so it reads no tensor attribute but ids and shapes."""
-    first = next(iter(tensors.values()), None)
-    record = getattr(first, _ARENA_ATTRIBUTE, None)
-    return record.packed if record is not None and record.describes(tensors) else None
+def allocate_arrays(specs: Sequence[ArraySpec]) -> ArrayArena:
+    """Writable, uninitialised arrays ``{key: dtype[shape]}`` (wire dtype names), in ``specs``
+    order, that are views of one buffer in the packed layout: fill them, and ``pack_arrays``
+    does not copy. ``TypeError`` for a dtype the wire does not carry, ``ValueError`` for a
+    repeated key."""
+    layout = Layout.of(specs)
+    return ArrayArena(layout, layout.buffer())
 
 
-def _pack_copy(tensors: dict[str, torch.Tensor]) -> PackedTensors:
-    """``tensors`` copied into a new buffer: each one's raw bytes (``raw_bytes``: a view when it
-    is a contiguous CPU tensor numpy can describe, else one contiguous copy) at its offset."""
-    layout = _Layout.of([(key, value.dtype, value.shape) for key, value in tensors.items()])
+def _check_arrays(arrays: dict[str, Any]) -> None:
+    for key, value in arrays.items():
+        if not isinstance(value, numpy.ndarray):
+            raise TypeError(f"packed tensors must be arrays, {key!r} is {type(value).__name__}")
+
+
+def _array_specs(arrays: dict[str, numpy.ndarray]) -> list[ArraySpec]:
+    specs: list[ArraySpec] = []
+    for key, value in arrays.items():
+        name = wire_name(value.dtype)
+        if name is None:
+            raise TypeError(f"unsupported tensor dtype on the wire: {key!r} is {value.dtype}")
+        specs.append((key, name, value.shape))
+    return specs
+
+
+def pack_copy(specs: Sequence[ArraySpec], raw: list[memoryview]) -> PackedTensors:
+    """A new packed buffer for ``specs`` holding each tensor's raw little-endian bytes ``raw``."""
+    layout = Layout.of(specs)
     base = layout.buffer()
-    target = base.numpy()
-    for value, offset, size in zip(tensors.values(), layout.offsets, layout.sizes):
+    for data, offset, size in zip(raw, layout.offsets, layout.sizes):
         if size:
-            target[offset : offset + size] = raw_bytes(value)
+            base[offset : offset + size] = data
     return layout.packed(base)
 
 
-def pack_tensor_dict(tensors: dict[str, torch.Tensor]) -> PackedTensors:
-    """``tensors`` as one wire buffer, in dict order.
+def pack_arrays(arrays: dict[str, numpy.ndarray]) -> PackedTensors:
+    """``arrays`` as one wire buffer, in dict order.
 
-    Zero copy for the unchanged tensors of an :func:`allocate_packed` dict (same tensors, keys,
-    order and shapes); otherwise one copy of each tensor into a new buffer, which also handles
-    non-contiguous, GPU, grad, negative-view, bfloat16, 0-dim and empty tensors.
-    ``TypeError`` for a value that is not a tensor or a dtype the wire does not carry.
+    Zero copy for an unchanged :class:`ArrayArena`; otherwise one copy of each array into a
+    new buffer (any strides, byte order, 0-dim and empty arrays). ``TypeError`` for a value
+    that is not an array or a dtype the wire does not carry (``uint16`` is bfloat16 words).
     """
-    _check_tensors(tensors)
-    packed = _pack_recorded(tensors)
-    return packed if packed is not None else _pack_copy(tensors)
+    if isinstance(arrays, ArrayArena) and arrays.unchanged():
+        return arrays.packed
+    _check_arrays(arrays)
+    return pack_copy(_array_specs(arrays), [array_bytes(value) for value in arrays.values()])
+
+
+_TORCH_NAMES = ("TensorSpec", "allocate_packed", "pack_tensor_dict", "unpack_tensor_dict")
+
+
+def __getattr__(name: str) -> Any:
+    """The torch-side names, from ``rollstream.wire.torch_tensors`` (imports torch)."""
+    if name in _TORCH_NAMES:
+        from rollstream.wire import torch_tensors
+
+        return getattr(torch_tensors, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

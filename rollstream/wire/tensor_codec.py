@@ -1,43 +1,30 @@
 """Tensors on the wire: (dtype, shape, raw little-endian bytes), decoded without copying.
 
-Encoding hands msgspec a view of the tensor's memory, so the only copy is into the
-message buffer. Decoding returns tensors that share the message's buffer: treat them as
-read-only (clone before writing in place).
+This module is numpy only: the tiers that run no model (producer, grouping, dump) never
+import torch. Encoding hands msgspec a view of the array's memory, so the only copy is into
+the message buffer. Decoding returns arrays that share the message's buffer: treat them as
+read-only (copy before writing in place). bfloat16 arrays are ``uint16`` words
+(:mod:`rollstream.wire.dtypes`).
+
+Torch users call the same functions with tensors through ``rollstream.wire.torch_tensors``
+(``encode_tensor``, ``decode_tensor``, ``encode_tensor_dict``, ``decode_tensor_dict``,
+``DTYPES``); this module still answers those names, importing torch only when one is asked for.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-import warnings
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 import numpy
-import torch
+
+from rollstream.wire.dtypes import ITEMSIZES, NUMPY_DTYPES, wire_name
 
 if sys.byteorder != "little":  # pragma: no cover - the wire format is little-endian
     raise ImportError("rollstream's tensor wire format needs a little-endian host")
 
-# torch warns when wrapping an immutable buffer; sharing the message buffer is the point.
-warnings.filterwarnings("ignore", message="The given buffer is not writable")
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
-DTYPES: dict[str, torch.dtype] = {
-    "bool": torch.bool,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
-DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
-ITEMSIZES: dict[str, int] = {k: torch.empty(0, dtype=v).element_size() for k, v in DTYPES.items()}
-NUMPY_DTYPES: dict[str, numpy.dtype] = {k: numpy.dtype(k) for k in DTYPES if k != "bfloat16"}
 MAX_TENSOR_DIMS = 8
 MAX_TENSOR_DIM = 2**31 - 1  # no real tensor has a larger dimension, empty or not
 MAX_TENSOR_ELEMENTS = 64 * 1024 * 1024  # = the largest message (codec.MAX_MESSAGE_BYTES) in bools
@@ -71,43 +58,11 @@ def check_shape(shape: list[int], what: str = "tensor") -> int:
     return math.prod(shape)
 
 
-def encode_tensor(tensor: torch.Tensor) -> WireTensor:
-    """Describe ``tensor`` for the wire without copying its memory (CPU tensors)."""
-    name = DTYPE_NAMES.get(tensor.dtype)
-    if name is None:
-        raise TypeError(f"unsupported tensor dtype on the wire: {tensor.dtype}")
-    return WireTensor(name, list(tensor.shape), raw_bytes(tensor))
-
-
-def raw_bytes(tensor: torch.Tensor) -> memoryview:
-    """A flat byte view of ``tensor``'s memory in C order (a copy only if not contiguous/CPU).
-
-    The common case (a contiguous CPU tensor without grad, numpy-compatible dtype) takes one
-    try: this runs once per tensor per message, and its fixed cost, not the byte copy (which
-    msgspec does), decides the codec's speed for small trajectories (see bench/codec.py).
-    """
-    try:
-        # numpy() raises for grad/GPU/bfloat16/conj tensors; cast() for non-contiguous or empty ones
-        return memoryview(tensor.numpy()).cast("B")
-    except (TypeError, RuntimeError, ValueError):
-        return _raw_bytes_general(tensor)
-
-
-def _raw_bytes_general(tensor: torch.Tensor) -> memoryview:
-    flat = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous()
-    if flat.numel() == 0:
-        return memoryview(b"")
-    if flat.dtype == torch.bfloat16:  # numpy has no bfloat16: same bytes as int16
-        flat = flat.view(torch.int16)
-    return memoryview(flat.numpy()).cast("B")
-
-
-def check_tensor(wire: WireTensor) -> torch.dtype:
-    """Validate ``wire`` (dtype, shape, byte count) without building a tensor; its dtype.
-
-    Raises ``TensorDecodeError``. ``decode_tensor`` runs the same checks.
-    """
-    dtype = DTYPES.get(wire.dtype)
+def check_tensor(wire: WireTensor) -> numpy.dtype:
+    """Validate ``wire`` (dtype, shape, byte count) without building an array; its numpy
+    dtype (bfloat16: ``uint16`` words). Raises ``TensorDecodeError``; ``decode_array`` runs
+    the same checks."""
+    dtype = NUMPY_DTYPES.get(wire.dtype)
     if dtype is None:
         raise TensorDecodeError(f"unknown tensor dtype {wire.dtype!r}")
     shape = wire.shape
@@ -120,22 +75,51 @@ def check_tensor(wire: WireTensor) -> torch.dtype:
     return dtype
 
 
-def decode_tensor(wire: WireTensor) -> torch.Tensor:
-    """The tensor described by ``wire``, sharing its buffer. Raises ``TensorDecodeError``."""
+def decode_array(wire: WireTensor) -> numpy.ndarray:
+    """The array described by ``wire``, sharing its buffer (read-only when the buffer is).
+    Raises ``TensorDecodeError``."""
     dtype = check_tensor(wire)
-    shape = wire.shape
     if wire.data.nbytes == 0:
-        return torch.empty(shape, dtype=dtype)
-    np_dtype = NUMPY_DTYPES.get(wire.dtype)
-    if np_dtype is None:  # bfloat16: numpy cannot describe it
-        return torch.frombuffer(wire.data, dtype=dtype).view(tuple(shape))
-    # numpy builds the shaped view faster than torch.frombuffer(...).view(...); one tensor results
-    return torch.from_numpy(numpy.frombuffer(wire.data, dtype=np_dtype).reshape(shape))
+        return numpy.empty(wire.shape, dtype)
+    # one positional call builds the shaped view: faster than frombuffer + reshape
+    return numpy.ndarray(wire.shape, dtype, wire.data)
 
 
-def encode_tensor_dict(tensors: dict[str, torch.Tensor]) -> dict[str, WireTensor]:
-    return {key: encode_tensor(value) for key, value in tensors.items()}
+def encode_array(array: numpy.ndarray) -> WireTensor:
+    """Describe ``array`` for the wire; no copy when it is C-contiguous and little-endian.
+    ``TypeError`` for a dtype the wire does not carry (``uint16`` is bfloat16 words)."""
+    name = wire_name(array.dtype)
+    if name is None:
+        raise TypeError(f"unsupported tensor dtype on the wire: {array.dtype}")
+    return WireTensor(name, list(array.shape), array_bytes(array))
 
 
-def decode_tensor_dict(wire: dict[str, WireTensor]) -> dict[str, torch.Tensor]:
-    return {key: decode_tensor(value) for key, value in wire.items()}
+def array_bytes(array: numpy.ndarray) -> memoryview:
+    """A flat little-endian byte view of ``array`` in C order (one copy only if it is not
+    C-contiguous or not little-endian)."""
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    if array.size == 0:
+        return memoryview(b"")
+    return memoryview(numpy.ascontiguousarray(array)).cast("B")
+
+
+def encode_arrays(arrays: dict[str, numpy.ndarray]) -> dict[str, WireTensor]:
+    return {key: encode_array(value) for key, value in arrays.items()}
+
+
+def decode_arrays(wire: dict[str, WireTensor]) -> dict[str, numpy.ndarray]:
+    return {key: decode_array(value) for key, value in wire.items()}
+
+
+_TORCH_NAMES = ("DTYPES", "DTYPE_NAMES", "decode_tensor", "decode_tensor_dict", "encode_tensor",
+                "encode_tensor_dict", "raw_bytes")
+
+
+def __getattr__(name: str) -> Any:
+    """The torch-side names, from ``rollstream.wire.torch_tensors`` (imports torch)."""
+    if name in _TORCH_NAMES:
+        from rollstream.wire import torch_tensors
+
+        return getattr(torch_tensors, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,161 @@
+"""The tiers that run no model never import torch and stay small: the producer, grouping and
+dump tiers, each a real ``rollstream <tier>`` process on the real broker and Redis, do their
+work (prompts with an image published; a group padded into a batch; a scored episode dumped
+as text) under a tripwire that kills the process the moment anything imports torch
+(``tests/integration/torch_tripwire.py``), and their peak resident memory stays under
+:data:`MAX_RSS` (``import torch`` alone is ~550 MB)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench.procstats import peak_rss_bytes
+from rollstream.config import config_from_dict
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.topics import TopicNames
+from rollstream.wire import Batch, decode_batch
+from tests.fakes import free_port
+from tests.integration.test_grouping_service import group_messages, read_all, write_scored
+from tests.integration.test_producer_service import read_prompts
+from tests.integration.test_tier_health import stop, wait_for
+from tests.integration.torch_tripwire import TRIPPED
+from tests.unit.vision_helpers import noise_png
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_RSS = 150 * 1024 * 1024
+WAIT_S = 90.0
+
+
+class Tier:
+    """``rollstream <tier>`` under the torch tripwire, with its health port; logs to a file."""
+
+    def __init__(self, tier: str, tree: dict[str, Any], tmp_path: Path) -> None:
+        self.port = free_port()
+        self.tree = {**tree, "metrics": {"port": self.port}}
+        self.config = config_from_dict(self.tree)
+        path = tmp_path / f"{tier}.yaml"
+        path.write_text(yaml.safe_dump(self.tree))
+        self.log = tmp_path / f"{tier}.log"
+        # the file alone decides (the environment would win over it)
+        env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")
+               and not k.startswith("ROLLSTREAM__")}
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.integration.torch_tripwire", tier, "--config", str(path)],
+                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONPATH": str(REPO)},
+            )
+
+    def check_alive(self) -> None:
+        code = self.proc.poll()
+        assert code is None, (
+            f"the tier exited with {code}{' (torch was imported)' if code == TRIPPED else ''}:\n"
+            f"{self.log.read_text()[-4000:]}"
+        )
+
+    def wait_ready(self) -> None:
+        wait_for(self.port, "/readyz", 200, self.proc, self.log, timeout=WAIT_S)
+
+    def peak_rss(self) -> int:
+        self.check_alive()
+        return peak_rss_bytes(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert stop(self.proc) == 0, self.log.read_text()[-4000:]
+
+
+def base_tree(kafka_bootstrap: str, redis_url: str, name: str) -> dict[str, Any]:
+    return {
+        "kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": 2, "transaction_timeout_ms": 15000},
+        "redis": {"url": redis_url},
+        "experiment": {"experiment_name": name, "trial_name": "t0"},
+        "staleness": {"enabled": False},
+    }
+
+
+def check_small(tier: Tier) -> None:
+    peak = tier.peak_rss()
+    assert peak < MAX_RSS, f"peak RSS {peak / 2**20:.0f} MiB, over {MAX_RSS / 2**20:.0f} MiB"
+
+
+async def test_producer_publishes_image_prompts_without_torch(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path,
+) -> None:
+    png = noise_png(1)
+    rows = [{"messages": "look", "images": base64.b64encode(png).decode()},
+            *({"messages": f"q{i}", "answer": str(i)} for i in range(1, 6))]
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tree = base_tree(kafka_bootstrap, redis_url, unique_name)
+    # a budget of 2 prompts and no trainer: the producer publishes 2, then waits (stays up)
+    tree["staleness"] = {"enabled": True, "batch_size": 2, "max_head_offpolicyness": 0}
+    tree["producer"] = {"dataset": str(dataset), "group_size": 2, "admission_poll_seconds": 0.2}
+    tier = Tier("producer", tree, tmp_path)
+    try:
+        tier.wait_ready()
+        deadline = time.monotonic() + WAIT_S
+        prompts: list = []
+        while len(prompts) < 2:
+            tier.check_alive()
+            assert time.monotonic() < deadline, f"{len(prompts)} prompts after {WAIT_S}s:\n{tier.log.read_text()[-3000:]}"
+            await asyncio.sleep(0.5)
+            prompts = await read_prompts(tier.config)
+        first = {task.index: task for _, task in prompts}[0]
+        assert first.data["images"] == [png]
+        check_small(tier)
+    finally:
+        tier.stop()
+
+
+async def test_grouping_emits_a_batch_without_torch(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path,
+) -> None:
+    tree = base_tree(kafka_bootstrap, redis_url, unique_name)
+    tree["grouping"] = {"instance_id": "g0", "commit_interval_ms": 100, "session_timeout_ms": 6000}
+    tier = Tier("grouping", tree, tmp_path)
+    try:
+        tier.wait_ready()
+        await write_scored(tier.config, [(m, 0) for m in group_messages("t0", size=4, version=1)])
+        records = await read_all(tier.config, TopicNames(unique_name, "t0").batches, until=1)
+        batch = decode_batch(records[0].value)
+        assert isinstance(batch, Batch) and batch.task_ids == ["t0"] and batch.packed is not None
+        check_small(tier)
+    finally:
+        tier.stop()
+
+
+async def test_dump_writes_text_without_torch(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path, tiny_model_dir: Path,
+) -> None:
+    tree = base_tree(kafka_bootstrap, redis_url, unique_name)
+    tree["rollout"] = {"tokenizer_path": str(tiny_model_dir), "fileroot": str(tmp_path / "dumps")}
+    await ensure_topics(config_from_dict(tree).kafka, TopicNames(unique_name, "t0"))
+    tier = Tier("dump", tree, tmp_path)
+    try:
+        tier.wait_ready()
+        await write_scored(tier.config, [(m, 0) for m in group_messages("d0", size=2, version=1)])
+        deadline = time.monotonic() + WAIT_S
+        lines: list[dict] = []
+        while len(lines) < 2:
+            tier.check_alive()
+            assert time.monotonic() < deadline, f"{len(lines)} dump lines after {WAIT_S}s:\n{tier.log.read_text()[-3000:]}"
+            await asyncio.sleep(0.5)
+            lines = [json.loads(line) for f in (tmp_path / "dumps").rglob("*.jsonl") for line in f.read_text().splitlines()]
+        assert sorted(line["sample_idx"] for line in lines) == [0, 1]
+        assert all(isinstance(line["completion"], str) and line["completion"] for line in lines)
+        check_small(tier)
+    finally:
+        tier.stop()

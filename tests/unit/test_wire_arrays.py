@@ -1,0 +1,158 @@
+"""The wire's numpy face, which the producer, grouping and dump tiers use without torch: dtype
+promotion and bfloat16 words as torch has them, array round trips, packing arenas without a
+copy, and ``concat_padded_arrays`` giving what torch's ``concat_padded_tensors`` gives."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollstream.arrays import concat_padded_arrays
+from rollstream.tensors import concat_padded_tensors
+from rollstream.wire import (
+    ArrayArena,
+    Batch,
+    WireTensor,
+    allocate_arrays,
+    batch_arrays,
+    batch_tensors,
+    decode_array,
+    decode_batch,
+    encode,
+    encode_array,
+    pack_arrays,
+)
+from rollstream.wire.dtypes import WIRE_DTYPES, bfloat16_words, cast, promote, to_float32, wire_name
+from rollstream.wire.torch_tensors import DTYPES, as_array, as_tensor
+
+FLOATS = torch.tensor([0.0, -0.0, 1.0, -2.5, 7.0, 1 / 3, 2 / 3, 1.00390625, 1.01171875, 1.0078125 + 2**-9,
+                       3.3895314e38, 3.3961776e38, 1e-40, -1e-45, 65504.0, float("inf"), float("-inf")])
+
+
+def test_promotion_is_torch_promotion_for_every_pair() -> None:
+    for first, second in itertools.product(WIRE_DTYPES, repeat=2):
+        assert DTYPES[promote(first, second)] == torch.promote_types(DTYPES[first], DTYPES[second]), (first, second)
+
+
+def test_bfloat16_words_round_like_torch_and_widen_exactly() -> None:
+    values = torch.cat([FLOATS, torch.randn(10_000) * 1e3])
+    words = bfloat16_words(values.numpy())
+    want = values.to(torch.bfloat16)
+    assert numpy.array_equal(words, want.view(torch.int16).numpy().view(numpy.uint16))
+    assert numpy.array_equal(to_float32(words), want.float().numpy())
+    assert numpy.isnan(to_float32(bfloat16_words(float("nan"))))
+
+
+@pytest.mark.parametrize(("source", "target"), list(itertools.product(WIRE_DTYPES, repeat=2)))
+def test_cast_converts_like_torch(source: str, target: str) -> None:
+    values = torch.tensor([0, 1, 2, 3, 100, -7, 127]) if source != "bool" else torch.tensor([0, 1, 1, 0])
+    tensor = values.to(DTYPES[source])
+    got = cast(as_array(tensor), source, target)
+    want = tensor.to(DTYPES[target])
+    assert wire_name(got.dtype) == target
+    assert torch.equal(as_tensor(numpy.ascontiguousarray(got)), want)
+
+
+@pytest.mark.parametrize("array", [
+    numpy.arange(12, dtype=numpy.int64).reshape(3, 4).T,  # not contiguous
+    numpy.arange(6, dtype=">i4").reshape(2, 3),  # big-endian: sent little-endian
+    numpy.array(True),  # 0-dim
+    numpy.zeros((2, 0, 3), dtype=numpy.float16),  # empty
+    bfloat16_words(numpy.array([[1.5, -2.0]], dtype=numpy.float32)),  # bfloat16 words
+], ids=["transposed", "big-endian", "0-dim", "empty", "bfloat16"])
+def test_arrays_round_trip_and_reach_torch_with_their_values(array: numpy.ndarray) -> None:
+    wire = encode_array(array)
+    decoded = decode_array(WireTensor(wire.dtype, wire.shape, memoryview(bytes(wire.data))))
+    assert decoded.shape == array.shape and numpy.array_equal(decoded, array)
+    assert not decoded.flags.writeable or decoded.size == 0  # a view of the (read-only) message
+    tensor = as_tensor(decoded)
+    if array.dtype == numpy.uint16:
+        assert tensor.dtype == torch.bfloat16 and tensor.tolist() == [[1.5, -2.0]]
+    else:
+        assert numpy.array_equal(tensor.numpy(), array)
+
+
+def test_the_wire_refuses_what_it_does_not_carry() -> None:
+    with pytest.raises(TypeError, match="unsupported tensor dtype on the wire: complex64"):
+        encode_array(numpy.zeros(2, dtype=numpy.complex64))
+    with pytest.raises(TypeError, match="'u' is uint32"):
+        pack_arrays({"u": numpy.zeros(2, dtype=numpy.uint32)})
+    with pytest.raises(TypeError, match="must be arrays, 'ids' is list"):
+        pack_arrays({"ids": [1, 2]})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="'z' is float8"):
+        allocate_arrays([("z", "float8", (2,))])
+
+
+def batch_of(arrays: dict[str, numpy.ndarray]) -> Batch:
+    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], tensors={}, packed=pack_arrays(arrays))
+
+
+def test_an_unchanged_arena_packs_without_a_copy_and_a_changed_one_is_copied() -> None:
+    arena = allocate_arrays([("ids", "int32", (2, 3)), ("mask", "bool", (2, 3)), ("logp", "float32", (2, 3))])
+    arena["ids"][...] = 7
+    arena["mask"][...] = True
+    arena["logp"][...] = -1.5
+    packed = pack_arrays(arena)
+    assert packed is arena.packed and numpy.shares_memory(numpy.asarray(packed.data), arena["logp"])
+    read = batch_arrays(decode_batch(encode(batch_of(arena))))
+    assert read["ids"].tolist() == [[7] * 3] * 2 and read["logp"].tolist() == [[-1.5] * 3] * 2
+    arena["logp"] = numpy.zeros((2, 3), dtype=numpy.float32)  # replaced: packing copies the new values
+    repacked = pack_arrays(arena)
+    assert repacked is not arena.packed
+    assert batch_arrays(decode_batch(encode(batch_of(arena))))["logp"].tolist() == [[0.0] * 3] * 2
+    plain = pack_arrays(dict(arena))  # a plain dict of the same arrays: one copy, same bytes
+    assert bytes(plain.data) == bytes(repacked.data)
+
+
+def test_batch_arrays_and_batch_tensors_read_the_same_values() -> None:
+    arrays = {"ids": numpy.arange(6, dtype=numpy.int32).reshape(2, 3),
+              "h": bfloat16_words(numpy.array([0.5, -3.0], dtype=numpy.float32))}
+    batch = decode_batch(encode(batch_of(arrays)))
+    as_numpy, as_torch = batch_arrays(batch), batch_tensors(batch)
+    assert numpy.array_equal(as_numpy["ids"], as_torch["ids"].numpy())
+    assert as_torch["h"].dtype == torch.bfloat16 and as_torch["h"].tolist() == [0.5, -3.0]
+    assert numpy.array_equal(as_numpy["h"], as_torch["h"].view(torch.int16).numpy().view(numpy.uint16))
+
+
+def read_only_arrays(tensors: dict[str, torch.Tensor]) -> dict[str, numpy.ndarray]:
+    """``tensors`` as the grouping tier has them: decoded from a record (read-only views)."""
+    out = {}
+    for key, tensor in tensors.items():
+        array = as_array(tensor)
+        wire = encode_array(array)
+        out[key] = decode_array(WireTensor(wire.dtype, wire.shape, memoryview(bytes(wire.data))))
+    return out
+
+
+DTYPE_MIXES = [("int32", "int64"), ("int32", "float32"), ("bfloat16", "bfloat16"), ("bfloat16", "float32"),
+               ("float16", "bfloat16"), ("int64", "bfloat16"), ("bool", "int8"), ("uint8", "int8"), ("int64", "float16")]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    mix=st.sampled_from(DTYPE_MIXES),
+    lengths=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 6)), min_size=1, max_size=4),
+    pad_value=st.sampled_from([0.0, 7.0, -2.5, 1 / 3]),
+    key=st.sampled_from(["x", "versions", "attention_mask"]),
+)
+def test_concat_padded_arrays_gives_what_torch_pads(mix: tuple[str, str], lengths: list[tuple[int, int]],
+                                                    pad_value: float, key: str) -> None:
+    dicts = []
+    for i, (rows, length) in enumerate(lengths):
+        dtype = DTYPES[mix[i % 2]]
+        values = (torch.arange(rows * length).reshape(rows, length) % 5 - 1).to(dtype)
+        dicts.append({key: values, "r": torch.full((rows,), i, dtype=dtype), "s": torch.tensor(i, dtype=dtype)})
+    want = concat_padded_tensors(dicts, pad_value)
+    got = concat_padded_arrays([read_only_arrays(d) for d in dicts], pad_value)
+    assert list(got) == list(want)
+    for name, value in want.items():
+        tensor = as_tensor(got[name])
+        assert tensor.dtype == value.dtype and tensor.shape == value.shape, name
+        assert torch.equal(tensor, value), name
+    if len(dicts) > 1:
+        assert isinstance(got, ArrayArena) and pack_arrays(got) is got.packed
