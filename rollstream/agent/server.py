@@ -89,7 +89,7 @@ class AgentEndpoint:
         async with self._lock:
             if self._runner is not None:
                 return
-            app = web.Application(client_max_size=MAX_BODY_BYTES)
+            app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_answer_errors])
             app.add_routes([
                 web.post("/sessions/{session}/v1/chat/completions", self._chat),
                 web.get("/sessions/{session}/v1/models", self._models),
@@ -195,14 +195,30 @@ def _json(value: Any, status: int = 200) -> web.Response:
     return web.Response(body=_encoder.encode(value), status=status, content_type="application/json")
 
 
+class _ErrorAnswer(Exception):
+    """An OpenAI-style error answer, raised in a handler and sent by :func:`_answer_errors`."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(status)
+        self.status = status
+        self.body = body
+
+
+@web.middleware
+async def _answer_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except _ErrorAnswer as answer:
+        return web.Response(body=answer.body, status=answer.status, content_type="application/json")
+
+
 def _error(status: int, message: str, kind: str = "invalid_request_error", *, param: str | None = None,
-           code: str | None = None) -> web.HTTPException:
-    body = _encoder.encode(ErrorBody(ErrorDetail(message=message, type=kind, param=param, code=code)))
-    return _HTTP_ERRORS[status](body=body, content_type="application/json")
+           code: str | None = None) -> _ErrorAnswer:
+    return _ErrorAnswer(status, _encoder.encode(ErrorBody(ErrorDetail(message=message, type=kind, param=param, code=code))))
 
 
 def _failure(session: AgentSession, status: int, message: str, kind: str = "invalid_request_error",
-             param: str | None = None) -> web.HTTPException:
+             param: str | None = None) -> _ErrorAnswer:
     """An error answer that the episode's failure reason will quote if the agent then fails."""
     session.errors.append(f"{status} {message}")
     return _error(status, message, kind, param=param)
@@ -234,9 +250,3 @@ async def _chunks(completion: ChatCompletion, include_usage: bool) -> AsyncItera
         yield chunk(ChunkChoice(index=choice.index, delta=Delta(), finish_reason=choice.finish_reason))
     if include_usage:
         yield chunk(None, completion.usage)
-
-
-_HTTP_ERRORS: dict[int, type[web.HTTPException]] = {
-    400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 404: web.HTTPNotFound, 410: web.HTTPGone,
-    500: web.HTTPInternalServerError,
-}
