@@ -1,9 +1,10 @@
 """An agent as users write them: the plain ``openai`` client, a multi-turn loop, one tool.
 
 The task is the demo's (``{"prompt": "3+4=", "answer": "7"}``). The model may call a
-``calculator`` tool; the agent runs it and sends the result back, until the model answers
-without a tool call (or ``max_turns`` model calls were made). The reward is 1.0 when the
-final answer is the expected one, else 0.0.
+``calculator`` tool (with an expression, or without one to evaluate the question); the agent
+runs it and sends the result back, until the model answers without a tool call (or
+``max_turns`` model calls were made). The reward is 1.0 when the final answer is the
+expected one, else 0.0.
 
 Nothing here knows about rollstream: ``run`` receives ``base_url``, ``api_key`` and
 ``http_client`` (the rollout worker's OpenAI-compatible endpoint, one session per episode)
@@ -31,12 +32,8 @@ CALCULATOR = {
     "type": "function",
     "function": {
         "name": "calculator",
-        "description": "Evaluate an arithmetic expression of integers with + - * and parentheses, e.g. 3+4.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
-        },
+        "description": "Evaluate an integer expression (+ - * and parentheses), e.g. 3+4; without one, the question.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
     },
 }
 
@@ -64,14 +61,15 @@ def _evaluate(node: ast.AST) -> int:
     raise ValueError(f"unsupported: {ast.dump(node)[:40]}")
 
 
-def run_tool(name: str, arguments: str) -> str:
-    """The result of one tool call, as the text the model sees."""
+def run_tool(name: str, arguments: str, question: str = "") -> str:
+    """The result of one tool call, as the text the model sees. Without an ``expression`` the
+    calculator evaluates the question (a tool that knows the task, as many agents' tools do)."""
     if name != "calculator":
         return f"error: unknown tool {name}"
     try:
-        expression = json.loads(arguments)["expression"]
-    except (ValueError, KeyError, TypeError):
-        return "error: arguments must be {\"expression\": \"...\"}"
+        expression = json.loads(arguments or "{}").get("expression") or question.rstrip("= ")
+    except (ValueError, AttributeError):
+        return "error: arguments must be {} or {\"expression\": \"...\"}"
     return calculate(str(expression))
 
 
@@ -100,6 +98,6 @@ class CalculatorAgent:
                 answer = message.content or ""
                 break
             for call in message.tool_calls:
-                result = run_tool(call.function.name, call.function.arguments)
+                result = run_tool(call.function.name, call.function.arguments, data["prompt"])
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
         return 1.0 if answer.strip() == str(data["answer"]).strip() else 0.0

@@ -4,12 +4,17 @@ The rollout workers run ``examples/agent_calculator.py`` (the plain ``openai`` c
 calculator tool) against their agent endpoint instead of the RLVR workflow; the agent scores
 its own answer. What changes beside the config:
 
-* the model: its tokenizer is also trained on the chat texts of these conversations (the
-  tools prompt and tool calls become a few tokens each), and the warm-up teaches the FORMAT
-  of both turns, not the answers: half the time a calculator call on the question, else a
-  random digit; after a tool result, a random digit (never the result). Copy tasks in chat
-  form ("3|4=" -> "4", as in the plain demo) give the model features for reading digits.
-  Learning to call the tool and to answer with its result is left to reinforcement learning.
+* the model: its tokenizer is also trained on the chat texts of these conversations, and the
+  warm-up teaches FORMAT, not answers, in two phases. Reading (short chat texts, cheap): the
+  plain demo's warm-up as chat turns ("3&4=" -> "3", "3|4=" -> "4", "3+4=" -> a random digit),
+  which gives the model features for reading digits a few tokens back. Format (the long
+  prompts with the tools): a calculator call without arguments (the calculator then evaluates
+  the question) or a random digit; after a tool result, a random digit, never the result.
+  Calling the tool and answering with its result is left to reinforcement learning.
+  DECISION: the calls carry no expression because copying the operands ~25 tokens back into
+  one is beyond what the 150k-parameter model learns in minutes on a CPU (tried: no progress
+  in 500 warm-up steps, also at hidden size 128); reading the tool's result 5 tokens back is
+  within reach.
 * the rollout workers import ``examples`` (it is not installed): its checkout is put on their
   ``PYTHONPATH``.
 """
@@ -22,13 +27,12 @@ import logging
 import os
 import random
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from rollstream.demo.model import PreparedModel, WARMUP_BATCH, warm_up
-from rollstream.demo.task import problems, prompt_text, tokenizer_corpus
+from rollstream.demo.task import problems, prompt_text, tokenizer_corpus, warmup_texts
 from rollstream.tiny_model import CHAT_TEMPLATE, build_tiny_model
 
 log = logging.getLogger(__name__)
@@ -36,9 +40,11 @@ log = logging.getLogger(__name__)
 AGENT_MODULE = "examples.agent_calculator"
 AGENT_KEY = "calculator_agent"
 AGENT_MAX_TURNS = 3
-AGENT_MAX_TOKENS = 40  # a calculator call is 30 tokens with the agent tokenizer
+AGENT_MAX_TOKENS = 40  # a calculator call is about 20 tokens with the agent tokenizer
 AGENT_VOCAB = 512  # more than the corpus fills: every merge is learnt
-WARMUP_MIX = (("call", 0.45), ("digit", 0.15), ("after_tool", 0.25), ("copy", 0.15))
+FORMAT_STEPS_SHARE = 4  # format warm-up steps = reading warm-up steps / this
+FORMAT_BATCH = 32
+FORMAT_MIX = (("call", 0.4), ("digit", 0.15), ("after_tool", 0.3), ("read", 0.15))
 
 
 def examples_parent() -> Path:
@@ -94,45 +100,53 @@ def _render(messages: list[dict[str, Any]], tools: list[dict[str, Any]], generat
     return env.from_string(CHAT_TEMPLATE).render(messages=messages, tools=tools, add_generation_prompt=generation_prompt)
 
 
-def _call(a: int, b: int) -> dict[str, Any]:
-    arguments = json.dumps({"expression": f"{a}+{b}"})
+def _call() -> dict[str, Any]:
+    """The assistant turn calling the calculator on the question (no expression)."""
     return {"role": "assistant", "content": None,
-            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "calculator", "arguments": arguments}}]}
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}]}
 
 
 def agent_corpus(tools: list[dict[str, Any]]) -> list[str]:
     """The tokenizer corpus: the plain demo's, plus every conversation of the agent task."""
     texts = []
     for a, b in problems():
-        question = {"role": "user", "content": prompt_text(a, b)}
-        conversation = [question, _call(a, b), {"role": "tool", "content": str(a + b)},
+        conversation = [{"role": "user", "content": prompt_text(a, b)}, _call(), {"role": "tool", "content": str(a + b)},
                         {"role": "assistant", "content": str(a + b)}]
         texts.append(_render(conversation, tools, generation_prompt=False))
     return tokenizer_corpus() + texts
 
 
-def agent_warmup_pairs(tokenizer: Any, tools: list[dict[str, Any]], count: int, seed: int = 0) -> list[tuple[str, str]]:
-    """``(prompt text, completion text)`` pairs of the agent warm-up (see the module doc)."""
+def _chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+
+
+END = "<|im_end|>"
+
+
+def reading_pairs(tokenizer: Any, count: int, seed: int = 0) -> list[tuple[str, str]]:
+    """The plain demo's warm-up pairs (``warmup_texts``) as chat turns without tools."""
+    return [(_chat(tokenizer, [{"role": "user", "content": p}]), f"{c}{END}") for p, c in warmup_texts(count, seed)]
+
+
+def format_pairs(tokenizer: Any, tools: list[dict[str, Any]], count: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``(prompt text, completion text)`` of the format warm-up (see the module docstring)."""
     rng = random.Random(seed)
-    kinds, weights = zip(*WARMUP_MIX)
-    end = "<|im_end|>"
+    kinds, weights = zip(*FORMAT_MIX)
+    call_text = _render([_call()], [], False).split("\n", 1)[1].rstrip("\n")  # after the turn's header
     pairs = []
     for _ in range(count):
         a, b = rng.choice(problems())
         question = [{"role": "user", "content": prompt_text(a, b)}]
         kind = rng.choices(kinds, weights)[0]
-        if kind == "copy":
-            op, answer = rng.choice((("&", a), ("|", b)))
-            copy = [{"role": "user", "content": f"{a}{op}{b}="}]
-            pairs.append((tokenizer.apply_chat_template(copy, tokenize=False, add_generation_prompt=True), f"{answer}{end}"))
-            continue
-        if kind == "after_tool":
-            question = [*question, _call(a, b), {"role": "tool", "content": str(a + b)}]
-        prompt = tokenizer.apply_chat_template(question, tools=tools, tokenize=False, add_generation_prompt=True)
-        completion = _render([_call(a, b)], [], False) if kind == "call" else f"{rng.randrange(10)}{end}"
-        if kind == "call":  # the assistant turn's text after its header, up to and with <|im_end|>
-            completion = completion.split("\n", 1)[1].rstrip("\n")
-        pairs.append((prompt, completion))
+        if kind == "read":
+            pairs.extend(reading_pairs(tokenizer, 1, rng.randrange(1 << 30)))
+        elif kind == "call":
+            pairs.append((_chat(tokenizer, question, tools), call_text))
+        elif kind == "digit":
+            pairs.append((_chat(tokenizer, question, tools), f"{rng.randrange(10)}{END}"))
+        else:
+            after = [*question, _call(), {"role": "tool", "content": str(a + b)}]
+            pairs.append((_chat(tokenizer, after, tools), f"{rng.randrange(10)}{END}"))
     return pairs
 
 
@@ -146,19 +160,17 @@ def prepare_agent_model(out_dir: Path, *, warmup_steps: int, hidden_size: int = 
     base = build_tiny_model(out_dir.parent / "agent-base-model", agent_corpus(tools), vocab_size=AGENT_VOCAB,
                             hidden_size=hidden_size, num_layers=num_layers, seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(base)
+    format_steps = max(1, warmup_steps // FORMAT_STEPS_SHARE) if warmup_steps else 0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_pretrained(base)
-        pairs = agent_warmup_pairs(tokenizer, tools, warmup_steps * WARMUP_BATCH, seed=seed)
-        loss = warm_up(model, tokenizer, pairs, warmup_steps)
+        reading = reading_pairs(tokenizer, warmup_steps * WARMUP_BATCH, seed=seed)
+        warm_up(model, tokenizer, reading, warmup_steps)
+        formats = format_pairs(tokenizer, tools, format_steps * FORMAT_BATCH, seed=seed + 1)
+        loss = warm_up(model, tokenizer, formats, format_steps, batch_size=FORMAT_BATCH)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     log.info("warmed-up agent model (loss %.3f) saved in %s", loss, out_dir)
     return PreparedModel(out_dir, loss, sum(p.numel() for p in model.parameters()))
-
-
-def token_lengths(tokenizer: Any, pairs: Sequence[tuple[str, str]]) -> tuple[int, int]:
-    """Longest prompt and completion of ``pairs`` in tokens (to size the generation budget)."""
-    return (max(len(tokenizer.encode(p)) for p, _ in pairs), max(len(tokenizer.encode(c)) for _, c in pairs))

@@ -47,6 +47,11 @@ async def test_the_example_agent_under_the_workflow_test_kit(engine: ScriptedEng
     assert second.input_tokens[: first.input_len + first.output_len] == first.input_tokens + first.output_tokens
 
 
+async def test_calculator_agent(scripted_engine: ScriptedEngine) -> None:  # as in docs/WORKFLOWS.md
+    check = await check_workflow(CalculatorAgent(), {"prompt": "3+4=", "answer": "7"}, engine=scripted_engine)
+    assert len(check.episodes) == 4
+
+
 class Rewarding:
     """Sets rewards over HTTP while it runs, the way an agent in another process would."""
 
