@@ -31,7 +31,9 @@ from typing import Any
 
 from rollstream.agent.chat_template import ChatRenderer
 from rollstream.agent.conversation import Turn
-from rollstream.agent.messages import RequestError, clean_messages, conversation_key, message_key, settings_key
+from rollstream.agent.messages import (
+    MessageKey, RequestError, clean_messages, conversation_key, message_key, settings_key,
+)
 from rollstream.agent.openai_types import (
     ChatCompletion, ChatCompletionRequest, ChatMessage, Choice, ChoiceLogprobs, FinishReason, FunctionCall,
     TokenLogprob, ToolCall, Usage,
@@ -82,13 +84,13 @@ async def create_completion(session: AgentSession, request: ChatCompletionReques
     messages = clean_messages(request.messages)
     names = tool_names(request.tools)
     settings = settings_key(request.tools, request.chat_template_kwargs)
-    parent, new_prompt = _prompt(session, renderer, messages, request, settings)
+    history = conversation_key(messages)
+    parent, new_prompt = _prompt(session, renderer, messages, history, request, settings)
     prompt = (parent.full_ids if parent is not None else []) + new_prompt
     gconfig = generation_settings(session.settings.defaults, request, renderer.turn_end_ids)
     responses = await _generate(session, prompt, gconfig, renderer.tokenizer, request.n)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     parse = names if request.tools and request.tool_choice != "none" else set()
-    history = conversation_key(messages)
     choices, turns = [], []
     for index, resp in enumerate(responses):
         message, finish = _reply(renderer, resp, gconfig.stop or [], parse)
@@ -107,11 +109,11 @@ async def create_completion(session: AgentSession, request: ChatCompletionReques
 
 
 def _prompt(
-    session: AgentSession, renderer: ChatRenderer, messages: list[dict[str, Any]],
+    session: AgentSession, renderer: ChatRenderer, messages: list[dict[str, Any]], history: list[MessageKey],
     request: ChatCompletionRequest, settings: str,
 ) -> tuple[Turn | None, list[int]]:
     """``(parent, tokens to add after the parent's)``; no parent: the whole prompt."""
-    parent = session.conversation.parent_for(conversation_key(messages), settings)
+    parent = session.conversation.parent_for(history, settings)
     if parent is not None and parent.history is not None:
         at = len(parent.history)
         new = renderer.continuation_ids(

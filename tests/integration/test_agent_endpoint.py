@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,11 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "tool-v2": perturbed_copy(tool, root / "tool-v2", seed=2, scale=0.01)}
 
 
+DEVICE = os.environ.get("ROLLSTREAM_TEST_DEVICE", "cpu")  # e.g. cuda: the same checks on a GPU engine
+
+
 async def started(path: Path) -> HFEngine:
-    engine = HFEngine(str(path), seed=0)
+    engine = HFEngine(str(path), device=DEVICE, seed=0)
     await engine.start()
     return engine
 
