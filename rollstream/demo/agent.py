@@ -4,17 +4,19 @@ The rollout workers run ``examples/agent_calculator.py`` (the plain ``openai`` c
 calculator tool) against their agent endpoint instead of the RLVR workflow; the agent scores
 its own answer. What changes beside the config:
 
-* the model: its tokenizer is also trained on the chat texts of these conversations, and the
-  warm-up teaches FORMAT, not answers, in two phases. Reading (short chat texts, cheap): the
-  plain demo's warm-up as chat turns ("3&4=" -> "3", "3|4=" -> "4", "3+4=" -> a random digit),
-  which gives the model features for reading digits a few tokens back. Format (the long
-  prompts with the tools): a calculator call without arguments (the calculator then evaluates
-  the question) or a random digit; after a tool result, a random digit, never the result.
-  Calling the tool and answering with its result is left to reinforcement learning.
-  DECISION: the calls carry no expression because copying the operands ~25 tokens back into
-  one is beyond what the 150k-parameter model learns in minutes on a CPU (tried: no progress
-  in 500 warm-up steps, also at hidden size 128); reading the tool's result 5 tokens back is
-  within reach.
+* the model: its tokenizer is also trained on the chat texts of these conversations (and
+  has ``<tool_call>`` / ``</tool_call>`` as single tokens, as Qwen's have), and the warm-up
+  teaches FORMAT, not answers, in two phases. Reading (short chat texts, cheap): the plain
+  demo's warm-up as chat turns ("3&4=" -> "3", "3|4=" -> "4", "3+4=" -> a random digit), which
+  gives the model features for reading digits a few tokens back. Format (the long prompts
+  with the tools): a calculator call on the question; after the tool's result, a random digit,
+  never the result. Answering with the tool's result is left to reinforcement learning.
+  DECISION: the call the warm-up teaches carries no expression (the calculator then
+  evaluates the question): copying the operands ~25 tokens back into one is beyond what the
+  150k-parameter model learns in minutes on a CPU (tried: no progress in 500 warm-up steps,
+  also at hidden size 128), while reading the result 5 tokens back is within reach. Direct
+  answers are not taught either: when both routes started near chance, reinforcement
+  learning dropped the tool within a few steps (it pays off only once its result is read).
 * the rollout workers import ``examples`` (it is not installed): its checkout is put on their
   ``PYTHONPATH``.
 """
@@ -44,7 +46,12 @@ AGENT_MAX_TOKENS = 40  # a calculator call is about 20 tokens with the agent tok
 AGENT_VOCAB = 512  # more than the corpus fills: every merge is learnt
 FORMAT_STEPS_SHARE = 4  # format warm-up steps = reading warm-up steps / this
 FORMAT_BATCH = 32
-FORMAT_MIX = (("call", 0.4), ("digit", 0.15), ("after_tool", 0.3), ("read", 0.15))
+TOOL_CALL_TOKENS = ("<tool_call>", "</tool_call>")
+# The call the warm-up teaches: the shortest valid one (no "arguments": the calculator then
+# evaluates the question), so that sampling at temperature 1 rarely breaks it.
+CALL_TEXT = '<tool_call>\n{"name": "calculator"}\n</tool_call>'
+
+FORMAT_MIX = (("call", 0.5), ("after_tool", 0.35), ("read", 0.15))
 
 
 def examples_parent() -> Path:
@@ -132,7 +139,7 @@ def format_pairs(tokenizer: Any, tools: list[dict[str, Any]], count: int, seed: 
     """``(prompt text, completion text)`` of the format warm-up (see the module docstring)."""
     rng = random.Random(seed)
     kinds, weights = zip(*FORMAT_MIX)
-    call_text = _render([_call()], [], False).split("\n", 1)[1].rstrip("\n")  # after the turn's header
+    call_text = CALL_TEXT + END
     pairs = []
     for _ in range(count):
         a, b = rng.choice(problems())
@@ -164,6 +171,9 @@ def prepare_agent_model(out_dir: Path, *, warmup_steps: int, hidden_size: int = 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_pretrained(base)
+        # One token each, as in Qwen's tokenizers (added, not special: decoded text keeps them).
+        tokenizer.add_tokens(list(TOOL_CALL_TOKENS))
+        model.resize_token_embeddings(len(tokenizer))
         reading = reading_pairs(tokenizer, warmup_steps * WARMUP_BATCH, seed=seed)
         warm_up(model, tokenizer, reading, warmup_steps)
         formats = format_pairs(tokenizer, tools, format_steps * FORMAT_BATCH, seed=seed + 1)
