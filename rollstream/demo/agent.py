@@ -44,14 +44,14 @@ AGENT_KEY = "calculator_agent"
 AGENT_MAX_TURNS = 3
 AGENT_MAX_TOKENS = 40  # a calculator call is about 20 tokens with the agent tokenizer
 AGENT_VOCAB = 512  # more than the corpus fills: every merge is learnt
-FORMAT_STEPS_SHARE = 4  # format warm-up steps = reading warm-up steps / this
+FORMAT_STEPS_SHARE = 2  # format warm-up steps = reading warm-up steps / this
 FORMAT_BATCH = 32
 TOOL_CALL_TOKENS = ("<tool_call>", "</tool_call>")
 # The call the warm-up teaches: the shortest valid one (no "arguments": the calculator then
 # evaluates the question), so that sampling at temperature 1 rarely breaks it.
 CALL_TEXT = '<tool_call>\n{"name": "calculator"}\n</tool_call>'
 
-FORMAT_MIX = (("call", 0.5), ("after_tool", 0.35), ("read", 0.15))
+FORMAT_MIX = (("call", 0.4), ("digit", 0.15), ("after_tool", 0.3), ("read", 0.15))
 
 
 def examples_parent() -> Path:
