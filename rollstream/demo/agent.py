@@ -7,16 +7,15 @@ its own answer. What changes beside the config:
 * the model: its tokenizer is also trained on the chat texts of these conversations (and
   has ``<tool_call>`` / ``</tool_call>`` as single tokens, as Qwen's have), and the warm-up
   teaches FORMAT, not answers, in two phases. Reading (short chat texts, cheap): the plain
-  demo's warm-up as chat turns ("3&4=" -> "3", "3|4=" -> "4", "3+4=" -> a random digit), which
-  gives the model features for reading digits a few tokens back. Format (the long prompts
-  with the tools): a calculator call on the question; after the tool's result, a random digit,
-  never the result. Answering with the tool's result is left to reinforcement learning.
+  demo's warm-up as chat turns ("3&4=" -> "3", "3|4=" -> "4", "3+4=" -> a random digit).
+  Format (the long prompts with the tools): a calculator call on the question, or a random
+  digit; after the tool's result, a random digit, never the result; some reading turns.
+  Whether to call the tool, and what to answer after its result, is left to reinforcement
+  learning (what it learnt in the measured runs: docs/WORKFLOWS.md, "Write an agent workflow").
   DECISION: the call the warm-up teaches carries no expression (the calculator then
   evaluates the question): copying the operands ~25 tokens back into one is beyond what the
   150k-parameter model learns in minutes on a CPU (tried: no progress in 500 warm-up steps,
-  also at hidden size 128), while reading the result 5 tokens back is within reach. Direct
-  answers are not taught either: when both routes started near chance, reinforcement
-  learning dropped the tool within a few steps (it pays off only once its result is read).
+  also at hidden size 128).
 * the rollout workers import ``examples`` (it is not installed): its checkout is put on their
   ``PYTHONPATH``.
 """
@@ -44,7 +43,7 @@ AGENT_KEY = "calculator_agent"
 AGENT_MAX_TURNS = 3
 AGENT_MAX_TOKENS = 40  # a calculator call is about 20 tokens with the agent tokenizer
 AGENT_VOCAB = 512  # more than the corpus fills: every merge is learnt
-FORMAT_STEPS_SHARE = 2  # format warm-up steps = reading warm-up steps / this
+FORMAT_STEPS_SHARE = 2  # format warm-up steps = warmup_steps / this
 FORMAT_BATCH = 32
 TOOL_CALL_TOKENS = ("<tool_call>", "</tool_call>")
 # The call the warm-up teaches: the shortest valid one (no "arguments": the calculator then
@@ -174,8 +173,7 @@ def prepare_agent_model(out_dir: Path, *, warmup_steps: int, hidden_size: int = 
         # One token each, as in Qwen's tokenizers (added, not special: decoded text keeps them).
         tokenizer.add_tokens(list(TOOL_CALL_TOKENS))
         model.resize_token_embeddings(len(tokenizer))
-        reading = reading_pairs(tokenizer, warmup_steps * WARMUP_BATCH, seed=seed)
-        warm_up(model, tokenizer, reading, warmup_steps)
+        warm_up(model, tokenizer, reading_pairs(tokenizer, warmup_steps * WARMUP_BATCH, seed=seed), warmup_steps)
         formats = format_pairs(tokenizer, tools, format_steps * FORMAT_BATCH, seed=seed + 1)
         loss = warm_up(model, tokenizer, formats, format_steps, batch_size=FORMAT_BATCH)
     if out_dir.exists():

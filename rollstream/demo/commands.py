@@ -19,10 +19,6 @@ from typing import Any
 
 from rollstream.config import ConfigError, load_config
 
-# The agent's rows train many tokens per answer (the call, then the answer): the plain demo's
-# 1e-3 wrecked the tiny model's tool-call format within two steps (measured, docs/WORKFLOWS.md).
-AGENT_LEARNING_RATE = 3e-4
-
 
 
 def register(subparsers: Any) -> None:
@@ -55,8 +51,7 @@ def _register_demo(subparsers: Any) -> None:
     p.add_argument("--group-size", type=int, default=d.group_size, help=f"samples per prompt (default {d.group_size})")
     p.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step,
                    help=f"groups per trainer step (default {d.prompts_per_step})")
-    p.add_argument("--lr", type=float, default=None,
-                   help=f"learning rate (default {d.learning_rate}; {AGENT_LEARNING_RATE} with --agent)")
+    p.add_argument("--lr", type=float, default=d.learning_rate, help=f"learning rate (default {d.learning_rate})")
     p.add_argument("--eta", type=int, default=d.max_head_offpolicyness,
                    help=f"max_head_offpolicyness (default {d.max_head_offpolicyness})")
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
@@ -82,8 +77,7 @@ def _demo_command(args: argparse.Namespace) -> int:
     from rollstream.demo.settings import DemoSettings
 
     checks = [(args.steps >= 1, "--steps"), (args.workers >= 1, "--workers"), (args.group_size >= 2, "--group-size"),
-              (args.prompts_per_step >= 1, "--prompts-per-step"), (args.lr is None or args.lr > 0, "--lr"),
-              (args.eta >= 0, "--eta"),
+              (args.prompts_per_step >= 1, "--prompts-per-step"), (args.lr > 0, "--lr"), (args.eta >= 0, "--eta"),
               (args.warmup_steps >= 0, "--warmup-steps"), (args.timeout > 0, "--timeout")]
     bad = [name for ok, name in checks if not ok]
     if bad:
@@ -91,8 +85,7 @@ def _demo_command(args: argparse.Namespace) -> int:
         return 2
     settings = replace(
         DemoSettings(), steps=args.steps, workers=args.workers, group_size=args.group_size,
-        prompts_per_step=args.prompts_per_step, learning_rate=_learning_rate(args, DemoSettings().learning_rate),
-        max_head_offpolicyness=args.eta,
+        prompts_per_step=args.prompts_per_step, learning_rate=args.lr, max_head_offpolicyness=args.eta,
         warmup_steps=args.warmup_steps, seed=args.seed, max_operand=args.max_operand,
     )
     console = Console()
@@ -108,12 +101,6 @@ def _demo_command(args: argparse.Namespace) -> int:
     if result.reason == "done":
         return 0
     return 130 if result.reason == "interrupted" else 1
-
-
-def _learning_rate(args: argparse.Namespace, default: float) -> float:
-    if args.lr is not None:
-        return float(args.lr)
-    return AGENT_LEARNING_RATE if args.agent else default
 
 
 def _print_result(result: Any, console: Any) -> None:
