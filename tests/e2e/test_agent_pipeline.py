@@ -72,8 +72,9 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
         "rollout": {
             "model_path": str(model), "seed": 0, "max_concurrent_rollouts": MAX_CONCURRENT, "worker_id": "rw-0",
             "commit_interval_seconds": 0.2, "shutdown_grace_seconds": 20,
+            # Greedy: the model taught one calculator conversation calls the tool on every question.
             "workflows": {"calculator": {"path": "tests.e2e.agent_faults:FaultyCalculator", "kwargs": {
-                "record_to": str(tmp / "peak-agents"), "max_tokens": 40, "temperature": 1.0}}},
+                "record_to": str(tmp / "peak-agents"), "max_tokens": 40, "temperature": 0.0}}},
             "default_workflow": "calculator",
             "agent": {"timeout_seconds": HANG_TIMEOUT},
         },
