@@ -182,3 +182,37 @@ def prepare_agent_model(out_dir: Path, *, warmup_steps: int, hidden_size: int = 
     tokenizer.save_pretrained(out_dir)
     log.info("warmed-up agent model (loss %.3f) saved in %s", loss, out_dir)
     return PreparedModel(out_dir, loss, sum(p.numel() for p in model.parameters()))
+
+
+# ---- what the agent did (``python -m rollstream.demo.agent RUN_DIR``) ----------------------
+
+
+def tool_use(run_dir: Path, window: int = 5) -> list[str]:
+    """For the first and last ``window`` weight versions of a run's dumps: the share of
+    episodes that used the calculator (their completion holds a ``tool`` turn), the mean
+    reward, and the mean reward of those that used it."""
+    episodes: dict[int, list[tuple[bool, float]]] = {}
+    for path in run_dir.glob("dumps/*/*/rollout/*/*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            used = "<|im_start|>tool" in record["completion"]
+            episodes.setdefault(int(path.parent.name), []).append((used, float(record["reward"])))
+    versions = sorted(episodes)
+    if not versions:
+        return [f"no dumps under {run_dir}"]
+    lines = []
+    for chosen in (versions[:window], versions[-window:]):
+        rows = [e for v in chosen for e in episodes[v]]
+        rewards = [r for used, r in rows if used]
+        lines.append(
+            f"versions {chosen[0]}-{chosen[-1]}: {len(rewards) / len(rows):.2f} of {len(rows)} episodes used the "
+            f"calculator; reward {sum(r for _, r in rows) / len(rows):.3f} "
+            f"(after a tool result {sum(rewards) / max(1, len(rewards)):.3f})"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    import sys
+
+    print("\n".join(tool_use(Path(sys.argv[1]))))
