@@ -11,7 +11,7 @@ from examples.agent_calculator import CALCULATOR, calculate, run_tool
 from rollstream.agent.chat_template import ChatRenderer
 from rollstream.agent.tool_calls import parse_tool_calls
 from rollstream.config import config_from_dict
-from rollstream.demo.agent import AGENT_KEY, child_env, format_pairs, reading_pairs, with_agent
+from rollstream.demo.agent import AGENT_KEY, child_env, format_pairs, reading_pairs, tool_use, with_agent
 from rollstream.demo.settings import DemoSettings, demo_config_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,3 +47,18 @@ def test_warm_up_prompts_are_the_endpoints_and_calls_parse(tiny_tokenizer: Any) 
         add_special_tokens=False)
     prompt, completion = reading_pairs(tiny_tokenizer, 1)[0]
     assert prompt.endswith("<|im_start|>assistant\n") and completion.endswith("<|im_end|>")
+
+
+def test_tool_use_summarises_a_runs_dumps(tmp_path: Path) -> None:
+    def dump(version: int, *episodes: tuple[bool, float]) -> None:
+        folder = tmp_path / "dumps" / "e" / "t0" / "rollout" / str(version)
+        folder.mkdir(parents=True)
+        lines = [json.dumps({"completion": "x<|im_start|>tool\n7" if used else "7", "reward": r}) for used, r in episodes]
+        (folder / "task.jsonl").write_text("\n".join(lines) + "\n")
+
+    dump(0, (True, 1.0), (False, 0.0))
+    dump(1, (True, 0.0), (True, 1.0))
+    first, last = tool_use(tmp_path, window=1)
+    assert first == "versions 0-0: 0.50 of 2 episodes used the calculator; reward 0.500 (after a tool result 1.000)"
+    assert last.startswith("versions 1-1: 1.00 of 2 episodes") and last.endswith("(after a tool result 0.500)")
+    assert tool_use(tmp_path / "nothing") == [f"no dumps under {tmp_path / 'nothing'}"]
