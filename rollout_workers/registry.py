@@ -20,6 +20,10 @@ Special values in ``kwargs`` (also inside nested lists and dicts):
 * a ``reward_fn`` given as a string is imported (``pkg.module.fn``), since the built-in
   workflows take a callable.
 
+An entry whose object is an agent (``async def run(data, **extra)``) is served by the worker's
+OpenAI-compatible agent endpoint (``rollout.agent``, ``rollstream.agent``), started with the
+worker; its ``kwargs`` go to the agent's class.
+
 The built-in workflows get ``gconfig="$gconfig"`` and ``tokenizer="$tokenizer"`` (and
 ``vision_rlvr`` ``processor="$processor"``) unless the kwargs set them, so ``multi_turn: {path:
 multi_turn, kwargs: {reward_fn: pkg.mod.fn, max_turns: 2, turn_discount: 0.9}}`` is a complete
@@ -32,6 +36,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from rollstream.agent import AgentEndpoint, AgentWorkflow
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.api.workflow import RolloutWorkflow, resolve_workflow
 from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
@@ -102,7 +107,9 @@ def build_kwargs(
 class WorkflowRegistry:
     """Workflows by allow-list key, built once at start (bad entries fail the start)."""
 
-    def __init__(self, workflows: dict[str, RolloutWorkflow], default_key: str) -> None:
+    def __init__(
+        self, workflows: dict[str, RolloutWorkflow], default_key: str, endpoint: AgentEndpoint | None = None,
+    ) -> None:
         if default_key not in workflows:
             raise ConfigError(
                 f"invalid configuration: rollout.default_workflow {default_key!r} is not a key of "
@@ -110,6 +117,7 @@ class WorkflowRegistry:
             )
         self._workflows = workflows
         self.default_key = default_key
+        self.endpoint = endpoint  # the agent endpoint, when an entry is an agent (start it with the worker)
 
     @classmethod
     def from_config(cls, config: RolloutConfig, tokenizer: Any) -> WorkflowRegistry:
@@ -118,8 +126,9 @@ class WorkflowRegistry:
         specs = {**DEFAULT_WORKFLOWS, **config.workflows}
         processor = _processor_loader(config)
         workflows = {key: _build(key, spec, tokenizer, gconfig, processor) for key, spec in specs.items()}
+        endpoint = _serve_agents(workflows, config, tokenizer, gconfig)
         log.info("workflow allow-list: %s (default %s)", ", ".join(sorted(workflows)), config.default_workflow)
-        return cls(workflows, config.default_workflow)
+        return cls(workflows, config.default_workflow, endpoint)
 
     def keys(self) -> list[str]:
         return sorted(self._workflows)
@@ -142,6 +151,8 @@ class WorkflowRegistry:
                 await close_workflow(workflow)
             except Exception:  # closing must go on for the others
                 log.exception("closing workflow %s failed", key)
+        if self.endpoint is not None:
+            await self.endpoint.close()
 
 
 def _processor_loader(config: RolloutConfig) -> Callable[[], Any]:
@@ -175,3 +186,22 @@ def _build(
             f"invalid configuration: rollout.workflows.{key} (path {spec.path!r}) cannot be built: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _serve_agents(
+    workflows: dict[str, RolloutWorkflow], config: RolloutConfig, tokenizer: Any, gconfig: GenerationHyperparameters,
+) -> AgentEndpoint | None:
+    """One agent endpoint (``rollout.agent``) for every agent entry, which is re-bound to it."""
+    agents = [key for key, workflow in workflows.items() if isinstance(workflow, AgentWorkflow)]
+    if not agents:
+        return None
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            f"invalid configuration: rollout.workflows {agents} are agents, which need a chat template, and the "
+            "tokenizer of rollout.tokenizer_path (or model_path) has none"
+        )
+    model_name = config.model_path.rstrip("/").rsplit("/", 1)[-1] or "rollstream"
+    endpoint = AgentEndpoint(config.agent, tokenizer, gconfig, model_name)
+    for key in agents:
+        workflows[key] = workflows[key].served_by(endpoint, config.agent)  # type: ignore[attr-defined]
+    return endpoint

@@ -72,6 +72,8 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         store = VersionStore(redis, keys)
         await engine.start()
         stack.push_async_callback(engine.close)
+        if registry.endpoint is not None:  # agent workflows: their OpenAI-compatible endpoint
+            await registry.endpoint.start()
         follower = build_follower(rollout, engine, store, redis, keys, worker_id)
         WEIGHT_VERSION.labels(TIER).set(await follower.catch_up())
         producer = make_producer(config.kafka, f"rollout-{worker_id}")

@@ -149,6 +149,19 @@ class SGLangConfig(_Section):
     reconcile_seconds: Seconds = 5.0  # the owner re-checks its idle server (version, not left paused)
 
 
+class AgentConfig(_Section):
+    """The OpenAI-compatible endpoint agent workflows talk to (``rollout.agent.*``; see
+    docs/WORKFLOWS.md, "Write an agent workflow"). Each agent episode gets its own session on it:
+    a ``base_url`` and an ``api_key`` valid for that episode only."""
+
+    host: str = "127.0.0.1"  # where the endpoint listens; localhost unless set otherwise
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0  # 0: a free port chosen at start
+    public_host: str = ""  # the host in each session's base_url; "": host (or this machine's name when host is a wildcard)
+    model_name: str = ""  # the model id /v1/models lists; "": the last part of rollout.model_path
+    timeout_seconds: Seconds = 600.0  # an agent still running after this fails its sample
+    turn_discount: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0  # reward x this per model turn before the last, as multi_turn
+
+
 class RolloutConfig(_Section):
     engine: Literal["hf", "sglang", "custom"] = "hf"
     # engine "custom": import string of a callable taking this RolloutConfig and returning an
@@ -172,6 +185,7 @@ class RolloutConfig(_Section):
     fileroot: str = "runs/dumps"
     shutdown_grace_seconds: Wait = 30.0  # on stop: wait this long for in-flight samples
     commit_interval_seconds: Seconds = 1.0  # how often finished prompts' offsets are committed
+    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)  # see AgentConfig
 
 
 class RewardConfig(_Section):

@@ -136,5 +136,5 @@ def setup_logging(tier: str, level: str = "INFO", secrets: Iterable[str] = (), l
     handler.addFilter(SecretMaskFilter(secrets))
     root.addHandler(handler)
     root.setLevel(level.upper())
-    for noisy in ("aiokafka", "kafka"):
+    for noisy in ("aiokafka", "kafka", "httpx", "httpx2"):  # httpx: one line per agent request
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

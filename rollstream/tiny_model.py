@@ -10,7 +10,8 @@ Callers may rely on:
 * ``build_tiny_model`` is deterministic for the same arguments and idempotent: a directory that
   already holds a complete model built with the same arguments is returned untouched.
 * The tokenizer's eos and pad token are ``<|endoftext|>``; ``<|im_start|>`` and ``<|im_end|>``
-  are special tokens, and ``apply_chat_template`` produces Qwen-style chat text.
+  are special tokens, and ``apply_chat_template`` produces Qwen-style chat text, with tools
+  (``tools=``), assistant tool calls and ``tool`` messages (see :data:`CHAT_TEMPLATE`).
 * ``python -m rollstream.tiny_model OUT_DIR`` builds the default model into ``OUT_DIR``.
 """
 
@@ -33,13 +34,39 @@ IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [EOS_TOKEN, IM_START, IM_END]
 MARKER_FILE = "rollstream_tiny_model.json"
 # Bump when the build recipe changes so that old directories are rebuilt.
-_RECIPE_VERSION = 1
+_RECIPE_VERSION = 2  # 2: the chat template renders tools and tool calls
 
+# Qwen-style chat text. With ``tools`` a system turn lists them (after the caller's own system
+# message, which it absorbs) and says how to call one; an assistant's ``tool_calls`` render as
+# ``<tool_call>`` blocks (``arguments`` a JSON string or a mapping) and a ``tool`` message is a
+# turn of its own. Without tools the text is exactly ``<|im_start|>role\ncontent<|im_end|>\n``
+# per message, as in recipe 1.
 CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\nTo call a tool, answer with <tool_call>\\n{\"name\": <name>, "
+    "\"arguments\": <json object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- if not (tools and loop.first and message['role'] == 'system') %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}{%- endif %}"
+    "{%- if message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set fn = call['function'] if call['function'] is defined else call %}"
+    "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
+    "{%- if fn['arguments'] is string %}{{- fn['arguments'] }}{%- else %}{{- fn['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 

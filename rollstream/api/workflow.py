@@ -24,7 +24,7 @@ from torch import Tensor
 
 from rollstream.api.context import workflow_context
 from rollstream.imports import import_object
-from rollstream.api.engine import DelegatingEngine, InferenceEngine
+from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import ModelRequest, ModelResponse
 from rollstream.tensors import concat_padded_tensors, trajectory_row
 
@@ -131,64 +131,6 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
         return merge_results(list(results))
 
 
-class _RecordingEngine(DelegatingEngine):
-    """Delegates to ``inner`` and records every ``agenerate`` as an :class:`Interaction`."""
-
-    def __init__(self, inner: InferenceEngine) -> None:
-        super().__init__(inner)
-        self.interactions: dict[str, Interaction] = {}
-
-    async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        sent = req.copy()  # the agent may mutate its request for the next turn
-        resp = await self.inner.agenerate(req)
-        key, n = req.rid, 1
-        while key in self.interactions:  # a reused rid must not hide an earlier call
-            key, n = f"{req.rid}#{n}", n + 1
-        self.interactions[key] = Interaction(request=sent, response=resp)
-        return resp
-
-
-
-class AgentWorkflow(RolloutWorkflow):
-    """Adapts an object with ``async def run(data, **extra) -> float | dict[str, float] | None``.
-
-    ``run`` is called as ``run(data, engine=<recording engine>)``. Every ``agenerate`` made
-    through that engine becomes an :class:`Interaction` keyed by the request's ``rid`` (a
-    repeated rid gets ``#1``, ``#2``... appended). A float result is the reward of the
-    interaction that completed last; a dict maps interaction id -> reward (unknown ids raise
-    ``KeyError``); ``None`` leaves rewards unset. Returns ``None`` when no call was made.
-    """
-
-    def __init__(self, agent: Any) -> None:
-        if not inspect.iscoroutinefunction(getattr(agent, "run", None)):
-            raise TypeError(f"{agent!r} has no 'async def run(data, **extra)'")
-        self.agent = agent
-
-    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> dict[str, Interaction] | None:
-        recorder = _RecordingEngine(engine)
-        result = await self.agent.run(data, engine=recorder)
-        interactions = recorder.interactions
-        if not interactions:
-            return None
-        _assign_rewards(interactions, result)
-        return interactions
-
-
-def _assign_rewards(interactions: dict[str, Interaction], result: object) -> None:
-    if result is None:
-        return
-    if isinstance(result, dict):
-        unknown = sorted(set(result) - set(interactions))
-        if unknown:
-            raise KeyError(f"agent returned rewards for unknown interaction ids {unknown}")
-        for key, reward in result.items():
-            interactions[key].reward = float(reward)
-    elif isinstance(result, (int, float)):
-        interactions[next(reversed(interactions))].reward = float(result)
-    else:
-        raise TypeError(f"agent run() must return float, dict[str, float] or None, got {type(result).__name__}")
-
-
 def _import_string(path: str) -> Any:
     """Import a workflow named by ``pkg.module.Name`` or ``pkg.module:Name``."""
     return import_object(path)
@@ -207,9 +149,11 @@ def _resolve_object(workflow: Any, workflow_kwargs: dict[str, Any] | None, label
         if workflow_kwargs is None:
             raise ValueError(f"workflow class {workflow.__qualname__} needs workflow_kwargs to be constructed")
         return workflow(**workflow_kwargs)
-    if isinstance(workflow, type) and _has_async_run(workflow):
-        return AgentWorkflow(workflow(**(workflow_kwargs or {})))
-    if not isinstance(workflow, type) and _has_async_run(workflow):
+    if _has_async_run(workflow):
+        from rollstream.agent.workflow import AgentWorkflow  # the agent runtime builds on this module
+
+        if isinstance(workflow, type):
+            return AgentWorkflow(workflow(**(workflow_kwargs or {})))
         if workflow_kwargs:
             logger.warning("agent %r is an instance; ignoring workflow_kwargs %s", workflow, sorted(workflow_kwargs))
         return AgentWorkflow(workflow)
@@ -228,8 +172,10 @@ def resolve_workflow(
     - a :class:`RolloutWorkflow` subclass: ``cls(**workflow_kwargs)``; ``None`` kwargs -> ``ValueError``;
     - a string ``"pkg.module.Name"`` or ``"pkg.module:Name"``: imported, then these same rules
       (``ImportError`` / ``ValueError`` naming the string when that fails);
-    - any other object or class with ``async def run``: an :class:`AgentWorkflow` (a class is
-      instantiated with ``workflow_kwargs``, or without arguments when they are ``None``);
+    - any other object or class with ``async def run``: a
+      :class:`rollstream.agent.workflow.AgentWorkflow`, which runs it against the OpenAI-compatible
+      agent endpoint (a class is instantiated with ``workflow_kwargs``, or without arguments when
+      they are ``None``);
     - anything else: ``TypeError``.
 
     With ``group_size > 1`` the result is wrapped in :class:`GroupedRolloutWorkflow`.

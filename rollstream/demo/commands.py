@@ -1,6 +1,6 @@
 """``rollstream demo | train | topics create``.
 
-    rollstream demo [--steps N] [--workers W] [--run-dir D] [--no-live]
+    rollstream demo [--steps N] [--workers W] [--run-dir D] [--no-live] [--agent]
     rollstream train --config F [--ranks N]  # the example GRPO trainer (torchrun for N > 1)
     rollstream topics create --config F  # the trial's topics (partitions, replication), grown to
                                          # kafka.partitions where allowed, checked; then exit
@@ -69,6 +69,9 @@ def _register_demo(subparsers: Any) -> None:
                    help=f"questions a+b with a, b <= this (default {d.max_operand}; 9: every sum below 10, harder)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (default 900)")
+    p.add_argument("--agent", action="store_true",
+                   help="answer through the example agent (examples/agent_calculator.py: openai client, calculator "
+                        "tool) on the rollout workers' OpenAI-compatible endpoint, instead of the RLVR workflow")
     p.add_argument("--prepare-only", action="store_true",
                    help="only write the warmed-up model and the dataset into --run-dir (kept if there), then exit")
     p.set_defaults(func=_demo_command)
@@ -99,10 +102,10 @@ def _demo_command(args: argparse.Namespace) -> int:
     if args.prepare_only:
         from rollstream.demo.runner import prepare_only
 
-        prepare_only(settings, (args.run_dir or default_run_dir()).resolve(), console)
+        prepare_only(settings, (args.run_dir or default_run_dir()).resolve(), console, agent=args.agent)
         return 0
     options = DemoOptions(settings, args.run_dir or default_run_dir(), live=args.live and console.is_terminal,
-                          timeout_seconds=args.timeout)
+                          timeout_seconds=args.timeout, agent=args.agent)
     result = run_demo(options, console)
     _print_result(result, console)
     if result.reason == "done":

@@ -36,6 +36,7 @@ from typing import Any
 from rich.console import Console
 
 from rollstream.config import RollstreamConfig, load_config
+from rollstream.demo.agent import child_env as agent_child_env, prepare_agent_model, with_agent
 from rollstream.demo.children import ChildGroup, tier_argv
 from rollstream.demo.example_trainer import TORCHRUN_ENV, trainer_argv
 from rollstream.demo.progress import DemoProgress, LagProbe, ProgressView
@@ -60,6 +61,7 @@ class DemoOptions:
     live: bool = True
     timeout_seconds: float = 900.0  # the whole run, services and model included
     stop_grace_seconds: float = 20.0
+    agent: bool = False  # the example agent (rollstream.demo.agent) instead of the RLVR workflow
 
 
 @dataclass
@@ -156,7 +158,7 @@ def _run(options: DemoOptions, run_dir: Path, result: DemoResult, console: Conso
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo-model")
     try:
         console.print(f"[bold]rollstream demo[/bold]: run directory {run_dir}")
-        model_future = executor.submit(_prepare_model, settings, run_dir / "model")
+        model_future = executor.submit(_prepare_model, settings, run_dir / "model", options.agent)
         console.print("building the tiny model and warming it up; starting Kafka and Redis ...")
         with dev_stack(run_dir / "services") as stack:
             services = stack.services
@@ -168,10 +170,12 @@ def _run(options: DemoOptions, run_dir: Path, result: DemoResult, console: Conso
                 settings, kafka_bootstrap=services.kafka_bootstrap, redis_url=services.redis_url,
                 experiment=experiment_name(run_dir), run_dir=run_dir, model_dir=model.path, dataset=dataset,
             )
+            if options.agent:
+                tree = with_agent(tree)
             result.config_path = write_config(tree, run_dir / "config.yaml")
             config = load_config(result.config_path)
             deadline = started + options.timeout_seconds
-            children = ChildGroup(run_dir / "logs", env=CHILD_ENV)
+            children = ChildGroup(run_dir / "logs", env={**CHILD_ENV, **(agent_child_env() if options.agent else {})})
             try:
                 _start_tiers(children, settings, result.config_path, config)
                 children.start("trainer", trainer_argv(result.config_path, settings.trainer_ranks, run_dir / "steps.jsonl"))
@@ -194,7 +198,7 @@ def write_demo_dataset(settings: DemoSettings, run_dir: Path) -> Path:
     return write_dataset(run_dir / "dataset.jsonl", rows)
 
 
-def prepare_only(settings: DemoSettings, run_dir: Path, console: Console) -> None:
+def prepare_only(settings: DemoSettings, run_dir: Path, console: Console, agent: bool = False) -> None:
     """Write the warmed-up model (``model/``) and the dataset, nothing else (the compose
     deployment's one-shot ``demo-assets`` service). Both are kept when already there."""
     _quiet_transformers()
@@ -202,7 +206,7 @@ def prepare_only(settings: DemoSettings, run_dir: Path, console: Console) -> Non
     if (model_dir / "config.json").is_file() and dataset.is_file():
         console.print(f"demo assets already in {run_dir}")
         return
-    model = _prepare_model(settings, model_dir)
+    model = _prepare_model(settings, model_dir, agent)
     write_demo_dataset(settings, run_dir)
     console.print(f"demo model ({model.parameters:,} parameters) in {model_dir}; dataset in {dataset}")
 
@@ -215,14 +219,15 @@ def _write_processes(path: Path, stack: DevStack, children: ChildGroup) -> None:
     path.write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _prepare_model(settings: DemoSettings, out_dir: Path) -> Any:
+def _prepare_model(settings: DemoSettings, out_dir: Path, agent: bool = False) -> Any:
     import torch
 
     from rollstream.demo.model import prepare_model
 
     torch.set_num_threads(1)  # the broker starts meanwhile; 2 cores are all we have
-    return prepare_model(out_dir, warmup_steps=settings.warmup_steps, hidden_size=settings.hidden_size,
-                         num_layers=settings.num_layers, seed=settings.seed)
+    prepare = prepare_agent_model if agent else prepare_model
+    return prepare(out_dir, warmup_steps=settings.warmup_steps, hidden_size=settings.hidden_size,
+                   num_layers=settings.num_layers, seed=settings.seed)
 
 
 def _start_tiers(children: ChildGroup, settings: DemoSettings, config_path: Path, config: RollstreamConfig) -> None:

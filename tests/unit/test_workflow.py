@@ -9,8 +9,8 @@ import pytest
 
 from rollstream.api.context import workflow_context
 from rollstream.api.io_struct import ModelRequest, ModelResponse
+from rollstream.agent import AgentError, AgentWorkflow
 from rollstream.api.workflow import (
-    AgentWorkflow,
     GroupedRolloutWorkflow,
     Interaction,
     RolloutWorkflow,
@@ -107,28 +107,27 @@ def test_group_size_must_be_positive() -> None:
         GroupedRolloutWorkflow(EchoWorkflow(), 0)
 
 
-async def test_agent_float_reward_goes_to_last_interaction() -> None:
+async def test_agent_engine_calls_are_rows_and_a_float_rewards_the_last() -> None:
     engine = FakeEngine(outputs=[[10, 11], [12]])
-    result = await AgentWorkflow(TwoTurnAgent(0.5)).arun_episode(engine, DATA)
-    assert result is not None and list(result) == ["first", "second"]
-    assert [i.reward for i in result.values()] == [None, 0.5]
-    assert result["first"].request.input_ids == [1, 2, 3]  # recorded before the agent mutated it
-    assert result["second"].request.input_ids == [1, 2, 3, 10, 11]
-    td = interactions_to_tensors(result)
-    assert td["rewards"].tolist() == [0.0, 0.5] and td["input_ids"].shape == (2, 6)
+    td = await AgentWorkflow(TwoTurnAgent(0.5)).arun_episode(engine, DATA)
+    validate_trajectory(td)
+    assert td["input_ids"].tolist() == [[1, 2, 3, 10, 11, 0], [1, 2, 3, 10, 11, 12]]  # recorded as sent
+    assert td["loss_mask"].tolist() == [[0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 1]]
+    assert td["rewards"].tolist() == [0.0, 0.5]
 
 
 async def test_agent_dict_reward_maps_ids() -> None:
-    result = await AgentWorkflow(TwoTurnAgent({"first": 1.0, "second": 2.0})).arun_episode(FakeEngine(), DATA)
-    assert result is not None and [i.reward for i in result.values()] == [1.0, 2.0]
+    td = await AgentWorkflow(TwoTurnAgent({"first": 1.0, "second": 2.0})).arun_episode(FakeEngine(), DATA)
+    assert td["rewards"].tolist() == [1.0, 2.0]
     with pytest.raises(KeyError, match="nope"):
         await AgentWorkflow(TwoTurnAgent({"nope": 1.0})).arun_episode(FakeEngine(), DATA)
-    with pytest.raises(TypeError, match="must return float"):
+    with pytest.raises(TypeError, match="must return a float"):
         await AgentWorkflow(TwoTurnAgent("high")).arun_episode(FakeEngine(), DATA)
 
 
-async def test_agent_without_calls_is_none() -> None:
-    assert await AgentWorkflow(SilentAgent()).arun_episode(FakeEngine(), DATA) is None
+async def test_agent_without_calls_fails() -> None:
+    with pytest.raises(AgentError, match="without calling the model"):
+        await AgentWorkflow(SilentAgent()).arun_episode(FakeEngine(), DATA)
 
 
 # ---- the resolution table -------------------------------------------------------------------
@@ -207,7 +206,7 @@ async def test_resolve_group_size_wraps() -> None:
     td = await wf.arun_episode(FakeEngine(), DATA)
     assert td is not None and td["input_ids"].shape == (3, 6)
     grouped_agent = await resolve_workflow(TwoTurnAgent(), group_size=2).arun_episode(FakeEngine(), DATA)
-    assert grouped_agent is not None  # both members used rids "first" and "second": none is lost
-    assert sorted(grouped_agent) == ["first", "first@1", "second", "second@1"]
+    assert grouped_agent is not None  # both members' two engine calls (same rids): none is lost
+    assert grouped_agent["input_ids"].shape[0] == 4
     with pytest.raises(ValueError):
         resolve_workflow(EchoWorkflow, {}, group_size=0)

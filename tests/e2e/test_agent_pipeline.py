@@ -1,0 +1,172 @@
+"""The example agent through the whole pipeline, as separate processes on the real broker and Redis.
+
+producer -> rollout worker (HFEngine; the calculator agent on the worker's agent endpoint)
+-> reward worker -> grouping consumer -> BatchConsumer (this test plays the trainer: it acks
+each step and publishes a new weight version, so agents' conversations span weight updates).
+22 prompts x 4 samples; the data makes some agents raise or hang (tests/e2e/agent_faults.py).
+Asserts: every admitted prompt is accounted for exactly once (an emitted group, or a drop
+whose reason names the failure: all samples raised, or all timed out); groups with one failed
+sample are emitted with the others and count the failure; rows are multi-turn conversations
+with the calculator (one row per episode) whose logprobs match a fresh forward pass of each
+token's version within 1e-4; agents never exceeded max_concurrent_rollouts; the staleness
+budget was never exceeded; every tier exits 0 on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from consumers.batch_consumer import BatchConsumer, VersionPublisher
+from consumers.training_batch import TrainingBatch
+from rollstream.config import RollstreamConfig, config_from_dict
+from rollstream.kafka.topics import TopicNames
+from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
+from tests.agent_model import agent_base_model, perturbed_copy, tool_model
+from tests.e2e.test_pipeline import Tier, _check_logprobs, _read_all, _tails, _watch_budget
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(420)]
+
+PROMPTS = 22
+GROUP_SIZE = 4
+STEP_GROUPS = 4
+ETA = 1
+MAX_CONCURRENT = 8
+# prompt index -> data["fault"]; the hang comes first so that its timeout overlaps the other prompts' work
+FAULTS = {1: "hang", 2: "raise-one", 5: "hang-one", 9: "raise"}
+DROPPED = {1: "did not finish within", 9: "RuntimeError: injected fault"}
+STEPS = (PROMPTS - len(DROPPED)) // STEP_GROUPS
+HANG_TIMEOUT = 15.0  # rollout.agent.timeout_seconds: generous, a busy 2-core machine is slow
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Version 0 calls the calculator; versions 1.. are perturbed copies (distinct weights)."""
+    root = tmp_path_factory.mktemp("agent-e2e-model")
+    torch.set_num_threads(1)
+    tool = tool_model(agent_base_model(root / "base"), root / "v0")
+    return [tool] + [perturbed_copy(tool, root / f"v{v}", seed=v, scale=0.01) for v in range(1, STEPS + 1)]
+
+
+def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path) -> tuple[Path, RollstreamConfig]:
+    dataset = tmp / "prompts.jsonl"
+    rows = []
+    for i in range(PROMPTS):
+        a, b = i % 5, i % 4
+        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b), "index": i, **({"fault": FAULTS[i]} if i in FAULTS else {})})
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tree: dict[str, Any] = {
+        "kafka": {"bootstrap_servers": kafka, "partitions": 2, "transaction_timeout_ms": 15000},
+        "redis": {"url": redis_url},
+        "experiment": {"experiment_name": name, "trial_name": "agent-e2e"},
+        "staleness": {"max_head_offpolicyness": ETA, "batch_size": STEP_GROUPS},
+        "producer": {"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
+        "rollout": {
+            "model_path": str(model), "seed": 0, "max_concurrent_rollouts": MAX_CONCURRENT, "worker_id": "rw-0",
+            "commit_interval_seconds": 0.2, "shutdown_grace_seconds": 20,
+            # Greedy: the model taught one calculator conversation calls the tool on every question.
+            "workflows": {"calculator": {"path": "tests.e2e.agent_faults:FaultyCalculator", "kwargs": {
+                "record_to": str(tmp / "peak-agents"), "max_tokens": 40, "temperature": 0.0}}},
+            "default_workflow": "calculator",
+            "agent": {"timeout_seconds": HANG_TIMEOUT},
+        },
+        "reward": {"tokenizer_path": str(model), "worker_id": "rew-0", "max_workers": 1, "session_timeout_ms": 6000},
+        "grouping": {"instance_id": "g-0", "commit_interval_ms": 50, "session_timeout_ms": 6000},
+        "trainer": {"batch_size": STEP_GROUPS, "group_id": f"{name}-trainer"},
+    }
+    path = tmp / "rollstream.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path, config_from_dict(tree)
+
+
+def _check_rows(batch: TrainingBatch) -> None:
+    t = batch.tensors
+    assert t["input_ids"].dtype == torch.int32 and t["rewards"].shape == (t["input_ids"].shape[0],)
+    generated = t["loss_mask"].bool()
+    assert not (generated & ~t["attention_mask"]).any() and generated.any(dim=1).all()
+    assert (t["versions"][~generated] == -1).all() and (t["versions"][generated] >= 0).all()
+    assert (t["logprobs"][~generated] == 0).all()
+    assert set(t["rewards"].tolist()) <= {0.0, 1.0}
+    accepted = [size - failed for size, failed in zip(batch.group_sizes, batch.group_failed)]
+    assert t["input_ids"].shape[0] == sum(accepted), "one row per accepted episode: one conversation each"
+
+
+async def test_agent_pipeline_end_to_end(
+    weights: list[Path], kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
+) -> None:
+    config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, weights[0])
+    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    redis = connect(config.redis)
+    budget = StalenessBudget(redis, RedisKeys(names.experiment, names.trial), ETA, STEP_GROUPS)
+    violations: list[dict[str, int]] = []
+    watching = asyncio.Event()
+    watcher = asyncio.create_task(_watch_budget(budget, violations, watching))
+    tiers = {n: Tier(n, config_path, tmp_path) for n in ("grouping", "reward-worker", "rollout-worker", "producer")}
+    batches: list[TrainingBatch] = []
+    try:
+        async with BatchConsumer(config) as consumer, VersionPublisher(config) as publisher:
+            deadline = time.monotonic() + 240
+            # Until every group ended: the steps' batches, and the drops (a hang ends late).
+            while (len(batches) < STEPS or sum(consumer.drops_by_reason.values()) < len(DROPPED)) \
+                    and time.monotonic() < deadline:
+                batch = await consumer.next_batch(timeout=5)
+                if batch is None:
+                    assert all(t.proc.poll() in (None, 0) for t in tiers.values()), _tails(tiers)
+                    continue
+                _check_rows(batch)
+                batches.append(batch)
+                assert await consumer.ack(batch)
+                await publisher.publish(len(batches), str(weights[len(batches)]))
+            drops = dict(consumer.drops_by_reason)
+        assert len(batches) == STEPS, f"only {len(batches)} steps\n{_tails(tiers)}"
+        assert tiers["producer"].proc.wait(30) == 0, tiers["producer"].tail()
+        codes = {name: tier.terminate() for name, tier in tiers.items() if name != "producer"}
+        assert all(code == 0 for code in codes.values()), (codes, _tails(tiers))
+    finally:
+        for tier in tiers.values():
+            if tier.proc.poll() is None:
+                tier.proc.kill()
+        watching.set()
+        await watcher
+        await redis.aclose()
+
+    prompts = {m.task_id: m.data for m in await _read_all(config, names.prompts, decode_prompt)}
+    outcomes = await _read_all(config, names.batches, decode_batch)
+    emitted = [tid for m in outcomes if isinstance(m, Batch) for tid in m.task_ids]
+    dropped = {m.task_id: m for m in outcomes if isinstance(m, GroupDropped)}
+    print(f"\nagent e2e: admitted={len(prompts)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)} "
+          f"drops={drops}")
+    assert len(prompts) == PROMPTS
+    assert len(emitted) == len(set(emitted)) and not set(emitted) & set(dropped), "each group ends once"
+    assert set(emitted) | set(dropped) == set(prompts), "every admitted prompt is accounted for"
+    assert {prompts[tid]["index"]: m.reason for tid, m in dropped.items()} == {i: "all_failed" for i in DROPPED}
+    for tid, drop in dropped.items():
+        assert DROPPED[prompts[tid]["index"]] in drop.detail, drop.detail
+    failed = {prompts[tid]["index"]: f for b in batches for tid, f in zip(b.task_ids, b.group_failed)}
+    assert {i: n for i, n in failed.items() if n} == {2: 1, 5: 1}, "one sample failed, the others were trained on"
+
+    assert not violations, f"staleness budget exceeded: {violations[:3]}"
+    peak = int((tmp_path / "peak-agents").read_text())
+    assert 2 <= peak <= MAX_CONCURRENT, f"agents running at once: {peak}"
+    turns = [int(row.sum()) for b in batches for row in _turn_starts(b)]
+    assert max(turns) >= 2, "some agent talked to the model twice (a tool call, then an answer)"
+    checked = _check_logprobs(batches, weights)
+    versions = [sorted({int(v) for v in row.tolist() if v >= 0}) for b in batches for row in b.tensors["versions"]]
+    print(f"agent e2e: logprobs checked={checked} max turns={max(turns)} peak agents={peak} "
+          f"rows spanning two versions={sum(len(v) > 1 for v in versions)}")
+    assert max(max(v) for v in versions) >= 2, "the rollout worker followed the published versions"
+
+
+def _turn_starts(batch: TrainingBatch) -> torch.Tensor:
+    """Per row, 1 where a run of generated tokens starts (one per model turn)."""
+    mask = batch.tensors["loss_mask"]
+    before = torch.nn.functional.pad(mask[:, :-1], (1, 0))
+    return (mask == 1) & (before == 0)
