@@ -88,5 +88,14 @@ def cast(array: numpy.ndarray, source: str, target: str) -> numpy.ndarray:
 
 def fill_value(value: float, name: str) -> float | numpy.generic:
     """What to assign to an array of wire dtype ``name`` to pad it with ``value``: bfloat16's
-    word for it, else ``value`` itself (numpy converts it on assignment as torch's padding does)."""
-    return bfloat16_words(value)[()] if name == "bfloat16" else value
+    word for it, else ``value`` itself (numpy converts it on assignment as torch's padding does).
+    A value an integer dtype cannot hold is refused, as torch refuses it (numpy would wrap it:
+    -1 into uint8 is 255)."""
+    if name == "bfloat16":
+        return bfloat16_words(value)[()]
+    dtype = NUMPY_DTYPES[name]
+    if dtype.kind in "iu":
+        limits = numpy.iinfo(dtype)
+        if not limits.min <= value <= limits.max:
+            raise ValueError(f"pad value {value} cannot be converted to {name} without overflow")
+    return value
