@@ -24,8 +24,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 from bench.common import Report, base_parser
 from bench.data import mixed_lengths, scored_episode, trajectory
-from consumers.batching import build_batch
-from consumers.grouping import CompleteGroup, GroupBuffer
+from rollstream.consumers.batching import build_batch
+from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
 from rollstream.arrays import concat_padded_arrays
 from rollstream.tensors import concat_padded_tensors
 from rollstream.wire import ScoredEpisode, decode_arrays, decode_scored, decode_tensor_dict, encode

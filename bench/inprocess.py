@@ -27,7 +27,7 @@ from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS
 from bench.load_engine import LoadGeneratorEngine
 from bench.procstats import cpu_seconds, tree_pids
 from bench.stack import tokenizer_path
-from reward_workers.rewards import exact_match_reward
+from rollstream.rewards import exact_match_reward
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.tensors import concat_padded_tensors
 from rollstream.workflows.rlvr import RLVRWorkflow

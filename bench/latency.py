@@ -23,7 +23,7 @@ from bench.common import Report, base_parser, percentiles
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, scored_episode, trajectory
 from bench.kafka_tools import wait_for_groups
 from bench.stack import Sampler, TierProcess, services, unique_name, wait_until_consuming, write_config
-from consumers.batch_consumer import BatchConsumer
+from rollstream.consumers.batch_consumer import BatchConsumer
 from rollstream.config import config_from_dict
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics

@@ -34,8 +34,8 @@ from bench.data import trajectory
 from bench.pipeline_run import PipelineSettings, memory_rows, run_pipeline
 from bench.procstats import rss_bytes
 from bench.stack import services
-from consumers.batching import build_batch
-from consumers.grouping import CompleteGroup, GroupBuffer
+from rollstream.consumers.batching import build_batch
+from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
 from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode, encode_tensor_dict
 
 MB = 1e6
@@ -148,7 +148,7 @@ def outcome_entry_bytes() -> float:
     """Python heap per OutcomeLog entry (a measured average over 20k entries)."""
     import tracemalloc
 
-    from consumers.outcomes import OutcomeLog
+    from rollstream.consumers.outcomes import OutcomeLog
 
     log = OutcomeLog(3600.0)
     tracemalloc.start()

@@ -21,7 +21,7 @@ from bench.kafka_tools import end_offsets, topic_bytes, wait_for_groups
 from bench.procstats import cpu_seconds, rss_bytes
 from bench.stack import (Sampler, TierProcess, stop_all, tokenizer_path, unique_name, wait_until_consuming,
                          write_config)
-from consumers.batch_consumer import BatchConsumer
+from rollstream.consumers.batch_consumer import BatchConsumer
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics

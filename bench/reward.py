@@ -1,6 +1,6 @@
 """The reward tier's own work per group, without the broker: CPU of this process and its pool.
 
-What ``reward_workers.transform.RewardTransform`` does to the records of one cycle inside the
+What ``rollstream.reward_workers.transform.RewardTransform`` does to the records of one cycle inside the
 shared loop (``rollstream.kafka.consume_transform_produce``): every record of the cycle is
 transformed concurrently (decode the episode, split prompt from completion, decode both with
 the tokenizer, one call of the reward function in the process pool, encode the ``scored``
@@ -43,9 +43,9 @@ from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, trajectory
 from bench.kafka_tools import wait_for_groups
 from bench.procstats import cpu_seconds, tree_pids
 from bench.stack import TierProcess, services, tokenizer_path, unique_name, wait_until_consuming, write_config
-from reward_workers.scorer import Scorer
-from reward_workers.scoring import split_prompt_completion
-from reward_workers.transform import RewardTransform
+from rollstream.reward_workers.scorer import Scorer
+from rollstream.reward_workers.scoring import split_prompt_completion
+from rollstream.reward_workers.transform import RewardTransform
 from rollstream.config import RewardConfig, config_from_dict
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics

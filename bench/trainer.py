@@ -29,8 +29,8 @@ from aiokafka import AIOKafkaProducer
 from bench.common import Report, base_parser, percentiles
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, scored_episode, trajectory
 from bench.stack import REPO, services, tail, unique_name, write_config
-from consumers.batching import build_batch
-from consumers.grouping import CompleteGroup
+from rollstream.consumers.batching import build_batch
+from rollstream.consumers.grouping import CompleteGroup
 from rollstream.config import config_from_dict
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics

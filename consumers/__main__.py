@@ -1,4 +1,4 @@
-"""`python -m consumers` runs this tier like `rollstream <tier>`."""
+"""`python -m rollstream.consumers` runs this tier like `rollstream <tier>`."""
 
 import sys
 

@@ -17,7 +17,7 @@ import time
 
 import numpy
 
-from consumers.grouping import CompleteGroup, DroppedGroup
+from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
 from rollstream.arrays import common_keys, concat_padded_arrays, version_span
 from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_arrays, pack_arrays
 from rollstream.wire.dtypes import to_float32

@@ -15,7 +15,7 @@ from collections.abc import Collection
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from consumers.grouping import CompleteGroup, DroppedGroup
+from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
 from rollstream.config import KafkaConfig
 from rollstream.kafka.clients import make_consumer
 from rollstream.wire import GroupOutcome, WireDecodeError, decode_outcome

@@ -24,9 +24,9 @@ import time
 
 from redis.exceptions import RedisError
 
-from consumers.batching import build_batch, drop_record
-from consumers.changelog import outcome_record
-from consumers.grouping import CompleteGroup, DroppedGroup
+from rollstream.consumers.batching import build_batch, drop_record
+from rollstream.consumers.changelog import outcome_record
+from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
 from rollstream import metrics
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames

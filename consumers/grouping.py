@@ -7,7 +7,7 @@ partition (:meth:`GroupBuffer.watermark`): below it, every group has ended.
 
 Rules (what callers may rely on):
 
-- a message of a task whose outcome is known (:class:`~consumers.outcomes.OutcomeLog`) is
+- a message of a task whose outcome is known (:class:`~rollstream.consumers.outcomes.OutcomeLog`) is
   ignored: a late duplicate from a re-run prompt, or input re-read after a crash;
 - a second message for the same ``(task_id, sample_idx)`` is ignored;
 - a message whose ``group_size`` differs from its open group's raises :class:`ConflictError`
@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from consumers.outcomes import OutcomeLog
+from rollstream.consumers.outcomes import OutcomeLog
 from rollstream.wire import SampleRejected, ScoredEpisode, TaskFailed
 from rollstream.wire.messages import DropReason
 

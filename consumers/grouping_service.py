@@ -2,7 +2,7 @@
 
 The tier is the shared consume-transform-produce loop
 (:mod:`rollstream.kafka.consume_transform_produce`) around :class:`GroupingTransform`. Each
-cycle feeds the polled ``scored`` records into a :class:`~consumers.grouping.GroupBuffer`,
+cycle feeds the polled ``scored`` records into a :class:`~rollstream.consumers.grouping.GroupBuffer`,
 then, per input partition, writes what ended (batches, drops, changelog outcomes, tombstones,
 dead letters) and the new input offset in ONE transaction under that partition's own
 transactional id (``<group id>.p<partition>``). The committed input offset of a partition
@@ -31,11 +31,11 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord
 
-from consumers.changelog import read_outcomes
-from consumers.emission import Emission, SlotReleaser
-from consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
-from consumers.pending import PendingBatches
-from consumers.trainer_version import TrainerVersion
+from rollstream.consumers.changelog import read_outcomes
+from rollstream.consumers.emission import Emission, SlotReleaser
+from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
+from rollstream.consumers.pending import PendingBatches
+from rollstream.consumers.trainer_version import TrainerVersion
 from rollstream import metrics
 from rollstream.config import RollstreamConfig
 from rollstream.health import mark_ready

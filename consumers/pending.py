@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from consumers.grouping import CompleteGroup
+from rollstream.consumers.grouping import CompleteGroup
 
 
 @dataclass

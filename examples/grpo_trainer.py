@@ -43,13 +43,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make `examples` and the tiers importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 import torch.distributed as dist
 
-from examples.grpo import Staleness, UpdateStats, group_advantages, policy_update, staleness_stats
+from rollstream.trainer.grpo import Staleness, UpdateStats, group_advantages, policy_update, staleness_stats
 from rollstream.config import ConfigError, RollstreamConfig, require
 from rollstream.metrics import STALENESS, WEIGHT_VERSION
 from rollstream.trainer import Checkpoint, Checkpoints, SyncVersionPublisher, TrainerBatches, TrainingBatch

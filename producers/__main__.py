@@ -1,4 +1,4 @@
-"""`python -m producers` runs this tier like `rollstream <tier>`."""
+"""`python -m rollstream.producers` runs this tier like `rollstream <tier>`."""
 
 import sys
 

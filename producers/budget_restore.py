@@ -25,7 +25,7 @@ import socket
 import time
 import uuid
 
-from producers.cursor import read_all_cursors
+from rollstream.producers.cursor import read_all_cursors
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.scan import scan_topic
 from rollstream.kafka.topics import TopicNames

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
 
-from producers.cursor import cursor_record
+from rollstream.producers.cursor import cursor_record
 from rollstream.kafka.dead_letter import send_dead_letter
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer, TransactionFailed, TransactionFenced

@@ -25,12 +25,12 @@ from typing import Any
 
 import msgspec
 
-from producers.admission import Admission
-from producers.budget_restore import restore_budget
-from producers.cursor import advance, read_cursor
-from producers.dataset import iter_samples, load_rows, next_position, task_id_for
-from producers.prompt_images import image_sizes, with_encoded_images
-from producers.publisher import TIER, PendingBatch, PromptPublisher
+from rollstream.producers.admission import Admission
+from rollstream.producers.budget_restore import restore_budget
+from rollstream.producers.cursor import advance, read_cursor
+from rollstream.producers.dataset import iter_samples, load_rows, next_position, task_id_for
+from rollstream.producers.prompt_images import image_sizes, with_encoded_images
+from rollstream.producers.publisher import TIER, PendingBatch, PromptPublisher
 from rollstream.config import RollstreamConfig, require
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics

@@ -1,4 +1,4 @@
-"""`python -m reward_workers` runs this tier like `rollstream <tier>`."""
+"""`python -m rollstream.reward_workers` runs this tier like `rollstream <tier>`."""
 
 import sys
 

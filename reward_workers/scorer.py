@@ -11,7 +11,7 @@ without rewards then fails with a reason saying so.
 
 Texts: the samples of a group share their prompt, so prompt texts are remembered
 (``decode_prompt``, the last ``PROMPT_TEXTS_KEPT``); byte-level BPE tokenizers are decoded with
-a table checked against the tokenizer at start (``reward_workers.byte_decode``), others with the
+a table checked against the tokenizer at start (``rollstream.reward_workers.byte_decode``), others with the
 tokenizer's own decode.
 
 Episodes whose workflow set ``rewards`` are passed through with them (``scoring``) unless
@@ -40,8 +40,8 @@ from rollstream.imports import import_object
 from rollstream.config import ConfigError, RewardConfig
 from rollstream.reward_pool_worker import PackedIds
 from rollstream.reward_wrapper import AsyncRewardWrapper
-from reward_workers.byte_decode import ByteLevelDecoder
-from reward_workers.scoring import RewardTimeout
+from rollstream.reward_workers.byte_decode import ByteLevelDecoder
+from rollstream.reward_workers.scoring import RewardTimeout
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import logging
 import os
 import socket
 
-from reward_workers.scorer import Scorer
-from reward_workers.transform import TIER, RewardTransform
+from rollstream.reward_workers.scorer import Scorer
+from rollstream.reward_workers.transform import TIER, RewardTransform
 from rollstream.config import RollstreamConfig
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics

@@ -17,7 +17,7 @@ from collections import Counter
 
 from aiokafka.structs import ConsumerRecord
 
-from reward_workers.scoring import RewardScorer, ScoreResult, score_message
+from rollstream.reward_workers.scoring import RewardScorer, ScoreResult, score_message
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import EPISODES, REWARD

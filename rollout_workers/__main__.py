@@ -1,4 +1,4 @@
-"""`python -m rollout_workers` runs this tier like `rollstream <tier>`."""
+"""`python -m rollstream.rollout_workers` runs this tier like `rollstream <tier>`."""
 
 import sys
 

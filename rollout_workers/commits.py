@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import IllegalStateError, KafkaError
 from aiokafka.structs import TopicPartition
 
-from rollout_workers.offsets import OffsetTracker
+from rollstream.rollout_workers.offsets import OffsetTracker
 from rollstream.kafka.ownership import PartitionOwnership
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from rollstream.config import ConfigError, RolloutConfig, require
 from rollstream.imports import import_object
 from rollstream.redis_state import RedisKeys
 from rollstream.tokenizer_compat import ids_from_chat_template
-from rollout_workers.versions import VersionFollower, VersionSource
+from rollstream.rollout_workers.versions import VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def build_follower(
     if not isinstance(engine, SGLangEngine):
         return VersionFollower(engine, store)
     from rollstream.server_lease import ServerLeases, owner_id
-    from rollout_workers.weight_sync import SharedServerFollower, WeightSync
+    from rollstream.rollout_workers.weight_sync import SharedServerFollower, WeightSync
 
     leases = ServerLeases(redis, keys, owner_id(worker_id), config.sglang.lease_ttl_seconds)
     sync = WeightSync([s.url for s in engine.servers], engine.admin, leases, config.sglang)

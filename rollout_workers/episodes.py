@@ -15,7 +15,7 @@ An exception raised by the workflow itself is turned into a failed rejection by
 :func:`failed_sample`; failures and rejections are always counted apart.
 
 Vision: an episode names the images each row showed (``Episode.row_images``, from the images
-its engine calls sent; ``rollout_workers.episode_images``) and holds their bytes in
+its engine calls sent; ``rollstream.rollout_workers.episode_images``) and holds their bytes in
 ``Episode.images`` (the runner keeps only those its prompt's run has not sent yet). Its
 ``data`` leaves out the prompt's ``images`` (``rollstream.vision.IMAGES_KEY``): they travel
 once per group, never once per sample, and the reward tier does not receive them.
@@ -35,7 +35,7 @@ from rollstream.tensors import PROMPT_VERSION, row_spans, span_range
 from rollstream.vision.images import IMAGES_KEY
 from rollstream.wire import Episode, PromptTask, SampleRejected
 from rollstream.wire.tensor_codec import encode_tensor_dict
-from rollout_workers.episode_images import episode_images
+from rollstream.rollout_workers.episode_images import episode_images
 
 MAX_REASON_CHARS = 500
 

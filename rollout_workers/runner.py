@@ -38,13 +38,13 @@ from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT, TOKENS
 from rollstream.wire import Episode, PromptTask, SampleRejected, TaskFailed, WireDecodeError, decode_prompt, encode
-from rollout_workers.data_copies import copier
-from rollout_workers.episode_images import ImageLedger
-from rollout_workers.episodes import MAX_REASON_CHARS, describe_error, failed_sample, to_episode
-from rollout_workers.offsets import OffsetTracker
-from rollout_workers.recording import EpisodeEngine
-from rollout_workers.registry import UnknownWorkflowError, WorkflowRegistry
-from rollout_workers.tasks import TaskSet
+from rollstream.rollout_workers.data_copies import copier
+from rollstream.rollout_workers.episode_images import ImageLedger
+from rollstream.rollout_workers.episodes import MAX_REASON_CHARS, describe_error, failed_sample, to_episode
+from rollstream.rollout_workers.offsets import OffsetTracker
+from rollstream.rollout_workers.recording import EpisodeEngine
+from rollstream.rollout_workers.registry import UnknownWorkflowError, WorkflowRegistry
+from rollstream.rollout_workers.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 

@@ -35,11 +35,11 @@ from rollstream.kafka.ownership import PartitionOwnership
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import WEIGHT_VERSION
 from rollstream.redis_state import RedisKeys, VersionStore, connect, wait_for_redis
-from rollout_workers.commits import OffsetCommitter, prompt_ownership
-from rollout_workers.engine_factory import build_engine, build_follower, load_tokenizer
-from rollout_workers.offsets import OffsetTracker
-from rollout_workers.registry import WorkflowRegistry
-from rollout_workers.runner import TIER, PromptRunner
+from rollstream.rollout_workers.commits import OffsetCommitter, prompt_ownership
+from rollstream.rollout_workers.engine_factory import build_engine, build_follower, load_tokenizer
+from rollstream.rollout_workers.offsets import OffsetTracker
+from rollstream.rollout_workers.registry import WorkflowRegistry
+from rollstream.rollout_workers.runner import TIER, PromptRunner
 
 log = logging.getLogger(__name__)
 

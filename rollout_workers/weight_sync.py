@@ -49,7 +49,7 @@ from rollstream.metrics import WEIGHT_VERSION
 from rollstream.server_lease import Lease, Phase, ServerLeases, ServerSyncState
 from rollstream.retry import RetryPolicy
 from rollstream.together import run_together
-from rollout_workers.versions import TIER, VersionFollower, VersionSource
+from rollstream.rollout_workers.versions import TIER, VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
 

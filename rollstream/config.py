@@ -190,7 +190,7 @@ class RolloutConfig(_Section):
 
 class RewardConfig(_Section):
     # "" = no reward function: every episode must carry rewards its workflow set
-    reward_fn: str = "reward_workers.rewards:exact_match_reward"
+    reward_fn: str = "rollstream.rewards:exact_match_reward"
     # re-score episodes whose workflow set rewards (default: keep them and pass them through)
     rescore: bool = False
     allowed_reward_fns: list[str] = []  # extra import strings besides reward_fn

@@ -12,7 +12,7 @@ the last known value or wait, retry). The budget's counters live under a ``state
 that is written only by :meth:`StalenessBudget.restore`; a Redis that restarted without
 persistence has lost the marker with the counters, so admissions and releases refuse to
 count (``StateMissingError``) until a producer has rebuilt the counters from the topics
-(``producers.budget_restore``), which hold every admission and outcome. That keeps the
+(``rollstream.producers.budget_restore``), which hold every admission and outcome. That keeps the
 staleness bound through a Redis restart.
 """
 

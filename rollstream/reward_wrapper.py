@@ -142,7 +142,7 @@ class AsyncRewardWrapper:
 
     async def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
         """One attempt: the float result, or ``TimeoutError`` / ``BrokenProcessPool`` / the
-        function's exception. (Subclasses may wrap it, as ``reward_workers.scorer`` does.)"""
+        function's exception. (Subclasses may wrap it, as ``rollstream.reward_workers.scorer`` does.)"""
         pool = self._require_pool()
         blob = pickle.dumps((self.reward_fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         return await pool.run(blob, self._name, self.timeout_seconds, alone=_retrying.get())

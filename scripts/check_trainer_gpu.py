@@ -34,8 +34,8 @@ def write_inputs(workdir: Path, ranks: int) -> tuple[Path, Path]:
     """A dump of ``STEPS * ranks`` one-group records and the tiny model."""
     import torch
 
-    from consumers.batching import build_batch
-    from consumers.grouping import CompleteGroup
+    from rollstream.consumers.batching import build_batch
+    from rollstream.consumers.grouping import CompleteGroup
     from rollstream.tiny_model import build_tiny_model, default_corpus
     from rollstream.tools.render import message_json
     from rollstream.wire import Episode, ScoredEpisode, encode_tensor_dict
@@ -70,7 +70,7 @@ def worker(dump: Path, model_path: Path, out: Path, cpu: bool) -> None:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from examples.grpo import group_advantages, policy_update
+    from rollstream.trainer.grpo import group_advantages, policy_update
     from rollstream.config import config_from_dict
     from rollstream.trainer import DumpReplay, TrainerBatches
 

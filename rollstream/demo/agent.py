@@ -23,6 +23,7 @@ its own answer. What changes beside the config:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -67,13 +68,14 @@ def examples_parent() -> Path:
 
 
 def load_example_agent() -> ModuleType:
-    """``examples.agent_calculator``, importable from :func:`examples_parent`."""
-    root = str(examples_parent())
-    import sys
-
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    return importlib.import_module(AGENT_MODULE)
+    """``examples/agent_calculator.py`` of :func:`examples_parent`, loaded from its file (the
+    demo process only reads its tool schema; ``sys.path`` is left as it is)."""
+    path = examples_parent() / "examples" / "agent_calculator.py"
+    spec = importlib.util.spec_from_file_location("rollstream_demo_example_agent", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def child_env() -> dict[str, str]:

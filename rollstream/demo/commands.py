@@ -1,9 +1,7 @@
-"""``rollstream demo | train | topics create``.
+"""``rollstream demo | train``.
 
     rollstream demo [--steps N] [--workers W] [--run-dir D] [--no-live] [--agent]
     rollstream train --config F [--ranks N]  # the example GRPO trainer (torchrun for N > 1)
-    rollstream topics create --config F  # the trial's topics (partitions, replication), grown to
-                                         # kafka.partitions where allowed, checked; then exit
 
 Handlers return the process exit code (0 ok, 1 failed, 2 bad arguments or config, 130
 interrupted).
@@ -12,14 +10,13 @@ interrupted).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from rollstream.config import ConfigError, load_config, secret_values
+from rollstream.config import ConfigError, load_config
 
 
 
@@ -32,14 +29,6 @@ def register(subparsers: Any) -> None:
     train.add_argument("--ranks", type=int, default=1, help="trainer ranks; more than 1 runs it under torchrun (default 1)")
     train.add_argument("--steps-file", type=Path, default=None, help="rank 0 appends one JSON line per step here")
     train.set_defaults(func=_train_command)
-    topics = subparsers.add_parser("topics", help="manage the trial's Kafka topics")
-    actions = topics.add_subparsers(dest="topics_command", metavar="{create}", required=True)
-    create = actions.add_parser(
-        "create", help="create the trial's topics with the configured partitions and replication; grow "
-                       "existing ones to kafka.partitions (all data topics together, a drained trial only)",
-    )
-    add_config_arguments(create)
-    create.set_defaults(func=_topics_create_command)
 
 
 def _register_demo(subparsers: Any) -> None:
@@ -155,26 +144,3 @@ def _train_command(args: argparse.Namespace) -> int:
         os.environ.setdefault(name, value)
     os.execv(argv[0], argv)
     return 1  # not reached
-
-
-def _topics_create_command(args: argparse.Namespace) -> int:
-    from rollstream.logs import setup_logging
-    from rollstream.tools.topic_admin import create_topics
-
-    try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(f"rollstream topics create: {exc}", file=sys.stderr)
-        return 2
-    setup_logging("topics", config.log_level, secret_values(config))  # the topic check's warnings, and waits for brokers
-    try:
-        report = asyncio.run(create_topics(config))
-    except Exception as exc:  # a CLI answers with a message, not a traceback
-        print(f"rollstream topics create: {exc}", file=sys.stderr)
-        return 1
-    for topic, (before, after) in report.grown.items():
-        print(f"grew {topic}: {before} -> {after} partitions")
-    print(f"topics ready ({config.kafka.partitions} partitions, replication {config.kafka.replication_factor}):")
-    for topic in report.topics:
-        print(f"  {topic}")
-    return 0

@@ -1,4 +1,4 @@
-"""``rollstream replay | tail | status``: the debugging tools on the command line.
+"""``rollstream replay | tail | status | topics create``: the operators' tools on the command line.
 
 Each subcommand takes ``--config/-c`` and ``--set`` like the tiers; the topics are those of
 the configured experiment and trial. Handlers return the process exit code (2: bad arguments
@@ -32,6 +32,18 @@ def register(subparsers: Any) -> None:
     _register_replay(subparsers)
     _register_tail(subparsers)
     _register_status(subparsers)
+    _register_topics(subparsers)
+
+
+def _register_topics(subparsers: Any) -> None:
+    topics = subparsers.add_parser("topics", help="manage the trial's Kafka topics")
+    actions = topics.add_subparsers(dest="topics_command", metavar="{create}", required=True)
+    create = actions.add_parser(
+        "create", help="create the trial's topics with the configured partitions and replication; grow "
+                       "existing ones to kafka.partitions (all data topics together, a drained trial only)",
+    )
+    add_config_arguments(create)
+    create.set_defaults(func=_topics_create_command)
 
 
 def _register_replay(subparsers: Any) -> None:
@@ -184,3 +196,25 @@ def _status_command(args: argparse.Namespace) -> int:
         return 0
 
     return _run("status", body)
+
+
+def _topics_create_command(args: argparse.Namespace) -> int:
+    from rollstream.tools.topic_admin import create_topics
+
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"rollstream topics create: {exc}", file=sys.stderr)
+        return 2
+    setup_logging("topics", config.log_level, secret_values(config))  # the topic check's warnings, and waits for brokers
+    try:
+        report = asyncio.run(create_topics(config))
+    except Exception as exc:  # a CLI answers with a message, not a traceback
+        print(f"rollstream topics create: {exc}", file=sys.stderr)
+        return 1
+    for topic, (before, after) in report.grown.items():
+        print(f"grew {topic}: {before} -> {after} partitions")
+    print(f"topics ready ({config.kafka.partitions} partitions, replication {config.kafka.replication_factor}):")
+    for topic in report.topics:
+        print(f"  {topic}")
+    return 0

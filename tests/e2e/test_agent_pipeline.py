@@ -24,8 +24,8 @@ import pytest
 import torch
 import yaml
 
-from consumers.batch_consumer import BatchConsumer, VersionPublisher
-from consumers.training_batch import TrainingBatch
+from rollstream.consumers.batch_consumer import BatchConsumer, VersionPublisher
+from rollstream.consumers.training_batch import TrainingBatch
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, StalenessBudget, connect

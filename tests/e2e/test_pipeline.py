@@ -27,8 +27,8 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from consumers.batch_consumer import BatchConsumer, VersionPublisher
-from consumers.training_batch import TrainingBatch
+from rollstream.consumers.batch_consumer import BatchConsumer, VersionPublisher
+from rollstream.consumers.training_batch import TrainingBatch
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames

@@ -26,8 +26,8 @@ import pytest
 import torch
 import yaml
 
-from consumers.batch_consumer import BatchConsumer
-from consumers.training_batch import TrainingBatch
+from rollstream.consumers.batch_consumer import BatchConsumer
+from rollstream.consumers.training_batch import TrainingBatch
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.batch_consumer import BatchConsumer
+from rollstream.consumers.batch_consumer import BatchConsumer
 from rollstream.config import config_from_dict
 from tests.faults.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from producers.service import run_producer
+from rollstream.producers.service import run_producer
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.dev.redis_server import LocalRedisServer
@@ -26,7 +26,7 @@ from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, StalenessBudget, VersionStore, connect
 from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, encode
-from rollout_workers.service import run as run_rollout_worker
+from rollstream.rollout_workers.service import run as run_rollout_worker
 from tests.faults.ledger import read_topic
 from tests.helpers import make_config
 

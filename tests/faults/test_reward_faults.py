@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reward_workers.service import run
+from rollstream.reward_workers.service import run
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer

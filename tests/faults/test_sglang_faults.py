@@ -20,7 +20,7 @@ import msgspec
 import pytest
 import yaml
 
-from rollout_workers.service import run
+from rollstream.rollout_workers.service import run
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer

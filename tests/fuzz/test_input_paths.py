@@ -24,9 +24,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.grouping_service import run as run_grouping
-from reward_workers.service import run as run_reward_worker
-from rollout_workers.service import run as run_rollout_worker
+from rollstream.consumers.grouping_service import run as run_grouping
+from rollstream.reward_workers.service import run as run_reward_worker
+from rollstream.rollout_workers.service import run as run_rollout_worker
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer

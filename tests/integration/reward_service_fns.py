@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from reward_workers.rewards import exact_match_reward
+from rollstream.rewards import exact_match_reward
 
 
 def slow_exact_match(prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int], **data: Any) -> float:

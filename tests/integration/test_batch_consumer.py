@@ -1,13 +1,13 @@
-"""The BatchConsumer kept for existing imports (consumers.batch_consumer) against a real broker."""
+"""The BatchConsumer kept for existing imports (rollstream.consumers.batch_consumer) against a real broker."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from consumers.batch_consumer import BatchConsumer
-from consumers.batching import build_batch
-from consumers.grouping import CompleteGroup
+from rollstream.consumers.batch_consumer import BatchConsumer
+from rollstream.consumers.batching import build_batch
+from rollstream.consumers.grouping import CompleteGroup
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer

@@ -19,7 +19,7 @@ import pytest
 import torch
 from aiokafka import TopicPartition
 
-from consumers import dump_service
+from rollstream.consumers import dump_service
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.dump import dump_record, read_task
@@ -394,7 +394,7 @@ async def assert_metrics_served() -> None:
 async def test_replayed_episodes_rescored_in_another_experiment(
     config: RollstreamConfig, unique_name: str, tokenizer_dir: str, tmp_path: Path
 ) -> None:
-    from reward_workers import service as reward_service
+    from rollstream.reward_workers import service as reward_service
 
     originals = [
         episode_of(single_turn("what is two plus two", "four <eos>", [1, 1]), "r1", 0),
@@ -446,7 +446,7 @@ def episode_of(tensors: dict[str, Any], task_id: str, sample_idx: int) -> Episod
 
 
 async def test_replayed_batches_read_by_batch_consumer_bit_for_bit(config: RollstreamConfig, unique_name: str) -> None:
-    from consumers.batch_consumer import BatchConsumer
+    from rollstream.consumers.batch_consumer import BatchConsumer
 
     records = [
         recorded_batch(["b1", "b2"], [single_turn("hello", "world <eos>", [3, 4], 1.0), multi_turn()] * 2),

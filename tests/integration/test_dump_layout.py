@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from consumers import dump_service
-from rollout_workers.episodes import to_episode
+from rollstream.consumers import dump_service
+from rollstream.rollout_workers.episodes import to_episode
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.dump import DUMP_FIELDS, EXTENDED_FIELDS, read_task

@@ -19,7 +19,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from consumers.grouping_service import run
+from rollstream.consumers.grouping_service import run
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
@@ -306,7 +306,7 @@ async def wait_for_log(caplog: pytest.LogCaptureFixture, text: str) -> None:
 async def test_rebalance_between_two_instances_is_exactly_once(
     kafka_bootstrap: str, redis_url: str, unique_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="consumers.grouping_service")
+    caplog.set_level(logging.INFO, logger="rollstream.consumers.grouping_service")
     configs = [
         make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": {**GROUPING, "instance_id": name}})
         for name in ("g-a", "g-b")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.service import run_producer
+from rollstream.producers.service import run_producer
 from rollstream.kafka.clients import make_consumer
 from tests.integration.test_producer_service import names_of, producer_config, read_prompts
 from tests.unit.vision_helpers import noise_png

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from producers.cursor import read_cursor
-from producers.dataset import iter_samples, task_id_for
-from producers.service import RunSummary, run, run_producer
+from rollstream.producers.cursor import read_cursor
+from rollstream.producers.dataset import iter_samples, task_id_for
+from rollstream.producers.service import RunSummary, run, run_producer
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_consumer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from producers.budget_restore import restore_budget
+from rollstream.producers.budget_restore import restore_budget
 from rollstream.api.engine import WeightUpdate
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer

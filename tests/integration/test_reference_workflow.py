@@ -22,12 +22,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from consumers import grouping_service
-from consumers.batch_consumer import BatchConsumer
-from consumers.training_batch import TrainingBatch
-from producers import service as producer_service
-from reward_workers import service as reward_service
-from rollout_workers import service as rollout_service
+from rollstream.consumers import grouping_service
+from rollstream.consumers.batch_consumer import BatchConsumer
+from rollstream.consumers.training_batch import TrainingBatch
+from rollstream.producers import service as producer_service
+from rollstream.reward_workers import service as reward_service
+from rollstream.rollout_workers import service as rollout_service
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames

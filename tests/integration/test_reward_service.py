@@ -16,7 +16,7 @@ import pytest
 import torch
 from aiokafka import TopicPartition
 
-from reward_workers.service import run
+from rollstream.reward_workers.service import run
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer

@@ -15,7 +15,7 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.vision.images import image_digest, open_image
 from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode
 from rollstream.workflows.vision_rlvr import VisionRLVRWorkflow
-from rollout_workers.service import run
+from rollstream.rollout_workers.service import run
 from tests.helpers import make_config
 from tests.integration.test_rollout_service import TopicReader, _names, _publish, _stop_service
 from tests.unit.vision_helpers import noise_png

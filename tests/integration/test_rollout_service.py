@@ -32,7 +32,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, VersionStore, connect
 from rollstream.tiny_model import build_tiny_model, default_corpus
 from rollstream.wire import Episode, PromptTask, TaskFailed, decode_dead_letter, decode_episode, decode_tensor_dict, encode
-from rollout_workers.service import run
+from rollstream.rollout_workers.service import run
 from tests.helpers import make_config
 
 pytestmark = pytest.mark.broker

@@ -24,7 +24,7 @@ from aiokafka.errors import KafkaConnectionError
 from redis.asyncio.connection import SSLConnection
 from redis.exceptions import AuthenticationError, ResponseError
 
-from producers.service import run_producer
+from rollstream.producers.service import run_producer
 from rollstream.config import RedisConfig, RollstreamConfig, config_from_dict
 from rollstream.dev.broker import LocalKafkaBroker
 from rollstream.dev.launcher import DevStack

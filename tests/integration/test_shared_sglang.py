@@ -1,6 +1,6 @@
 """Three rollout workers share two SGLang stand-ins while a trainer publishes a version a second.
 
-The workers are the production tier (``rollout_workers.service.run``, in-process, the real
+The workers are the production tier (``rollstream.rollout_workers.service.run``, in-process, the real
 broker and Redis); their engine factory returns the production ``SGLangEngine`` and keeps a
 reference so the test can see which servers each worker used. For 30 s a trainer-like task
 publishes a new version every second; the stand-ins record which weights produced every token.
@@ -20,7 +20,7 @@ import pytest
 
 from rollstream.kafka.admin import ensure_topics
 from rollstream.wire import Episode
-from rollout_workers.service import run
+from rollstream.rollout_workers.service import run
 from tests.fakes import FakeSGLangServer
 from tests.fakes.tag_audit import audit
 from tests.shared_sglang import (

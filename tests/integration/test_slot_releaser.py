@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from consumers.emission import SlotReleaser
-from consumers.grouping import DroppedGroup
+from rollstream.consumers.emission import SlotReleaser
+from rollstream.consumers.grouping import DroppedGroup
 from rollstream.redis_state import RedisKeys, StalenessBudget
 
 pytestmark = pytest.mark.broker

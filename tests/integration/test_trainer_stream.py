@@ -20,8 +20,8 @@ from aiokafka import ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 from torch.utils.data import DataLoader
 
-from consumers.batching import build_batch
-from consumers.grouping import CompleteGroup
+from rollstream.consumers.batching import build_batch
+from rollstream.consumers.grouping import CompleteGroup
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer

@@ -17,8 +17,8 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
-from consumers.batching import build_batch
-from consumers.grouping import CompleteGroup
+from rollstream.consumers.batching import build_batch
+from rollstream.consumers.grouping import CompleteGroup
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames

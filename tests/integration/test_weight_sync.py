@@ -24,7 +24,7 @@ from rollstream.engines.sglang_admin import SGLangAdmin
 from rollstream.engines.sglang_http import SGLangHttp
 from rollstream.redis_state import RedisKeys
 from rollstream.server_lease import ServerLeases, ServerSyncState
-from rollout_workers.weight_sync import ServerOwner
+from rollstream.rollout_workers.weight_sync import ServerOwner
 from tests.fakes import FakeSGLangServer
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(90)]

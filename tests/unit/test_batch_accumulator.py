@@ -6,9 +6,9 @@ import pytest
 import torch
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from consumers.batching import build_batch
-from consumers.grouping import CompleteGroup
-from consumers.training_batch import BatchAccumulator, assemble, split_groups
+from rollstream.consumers.batching import build_batch
+from rollstream.consumers.grouping import CompleteGroup
+from rollstream.consumers.training_batch import BatchAccumulator, assemble, split_groups
 from rollstream.wire import GroupDropped, encode
 from tests.unit.test_grouping_support import scored
 
@@ -110,8 +110,8 @@ def test_the_memory_of_trained_groups_is_bounded() -> None:
 
 
 def test_training_batch_has_rejected_and_failed_per_group() -> None:
-    from consumers.batching import build_batch
-    from consumers.training_batch import assemble, split_groups
+    from rollstream.consumers.batching import build_batch
+    from rollstream.consumers.training_batch import assemble, split_groups
     from tests.unit.test_grouping_support import scored
 
     groups = [CompleteGroup("a", 3, False, (scored("a", 0, group_size=3),), 1, 0, 0, 2, 0.0, 1),

@@ -7,9 +7,9 @@ import numpy
 import pytest
 import torch
 
-from consumers.batching import build_batch, common_keys, drop_record, episode_rows
+from rollstream.consumers.batching import build_batch, common_keys, drop_record, episode_rows
 from rollstream.tensors import concat_padded_tensors, version_span
-from consumers.grouping import CompleteGroup, DroppedGroup
+from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
 from rollstream.wire import batch_tensors, decode_batch, encode
 from tests.unit.test_grouping_support import scored
 

@@ -9,7 +9,7 @@ import numpy
 import pytest
 from transformers import AutoTokenizer
 
-from reward_workers.byte_decode import ByteLevelDecoder
+from rollstream.reward_workers.byte_decode import ByteLevelDecoder
 from tests.unit.fakes import make_tokenizer
 
 TEXT = "héllo wörld, 日本語 🙂 answer: 42<|im_end|>\n\tdone"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollout_workers.data_copies import copier
+from rollstream.rollout_workers.data_copies import copier
 from rollstream.wire import PromptTask, decode_prompt, encode
 
 

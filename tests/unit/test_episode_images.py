@@ -12,8 +12,8 @@ from rollstream.api.workflow import Interaction
 from rollstream.tensors import trajectory_row
 from rollstream.vision.images import image_digest, to_base64
 from rollstream.wire import Episode, PromptTask, SampleRejected, WireDecodeError, decode_episode, encode
-from rollout_workers.episode_images import ImageLedger, episode_images
-from rollout_workers.episodes import to_episode
+from rollstream.rollout_workers.episode_images import ImageLedger, episode_images
+from rollstream.rollout_workers.episodes import to_episode
 from tests.unit.vision_helpers import noise_png
 
 CAT, DOG = noise_png(21), noise_png(22, 20, 30)

@@ -10,9 +10,9 @@ import msgspec
 import pytest
 import torch
 
-from consumers.batching import build_batch
-from consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer
-from consumers.training_batch import assemble, split_groups
+from rollstream.consumers.batching import build_batch
+from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer
+from rollstream.consumers.training_batch import assemble, split_groups
 from rollstream.vision.images import image_digest
 from rollstream.vision.inputs import build_vision_inputs
 from rollstream.vision.processor import load_image_processor

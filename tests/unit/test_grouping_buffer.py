@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from consumers.grouping import CompleteGroup, ConflictError, DroppedGroup, GroupBuffer, GroupFilters
+from rollstream.consumers.grouping import CompleteGroup, ConflictError, DroppedGroup, GroupBuffer, GroupFilters
 from tests.unit.test_grouping_support import failed, rejected, sample_failed, scored
 
 

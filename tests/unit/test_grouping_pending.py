@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from consumers.grouping import CompleteGroup
-from consumers.pending import PendingBatches
+from rollstream.consumers.grouping import CompleteGroup
+from rollstream.consumers.pending import PendingBatches
 
 
 def group(task: str, partition: int = 0, offset: int = 0, is_eval: bool = False) -> CompleteGroup:

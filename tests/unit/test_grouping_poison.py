@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.emission import Emission
-from consumers.grouping import CompleteGroup
+from rollstream.consumers.emission import Emission
+from rollstream.consumers.grouping import CompleteGroup
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupResult, ScoredInput
+from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupResult, ScoredInput
 from rollstream.wire import GroupOutcome
 from tests.unit.test_grouping_support import failed, rejected, sample_failed, scored
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from consumers.trainer_version import TrainerVersion
+from rollstream.consumers.trainer_version import TrainerVersion
 
 
 class FlakyStore:

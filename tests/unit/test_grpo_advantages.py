@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from examples.grpo import group_advantages, staleness_stats
+from rollstream.trainer.grpo import group_advantages, staleness_stats
 
 
 def test_each_group_is_normalised_on_its_own() -> None:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from examples.grpo import clipped_policy_loss, policy_update, token_logprobs
+from rollstream.trainer.grpo import clipped_policy_loss, policy_update, token_logprobs
 
 
 def _inputs(new: list[float], old: list[float], mask: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

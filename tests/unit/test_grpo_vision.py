@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from examples.grpo import group_advantages
-from examples.grpo_vision import vision_policy_update, vision_token_logprobs
+from rollstream.trainer.grpo import group_advantages
+from rollstream.trainer.grpo_vision import vision_policy_update, vision_token_logprobs
 from rollstream.tensors import concat_padded_tensors, trajectory_row
 from rollstream.vision.inputs import build_vision_inputs
 from rollstream.vision.processor import load_image_processor, load_processor

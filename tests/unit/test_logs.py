@@ -135,7 +135,7 @@ def test_a_tier_started_with_log_format_json_logs_json(capfd: pytest.CaptureFixt
 
 
 async def test_the_reward_tiers_commit_log_names_its_tasks_as_a_field(caplog: pytest.LogCaptureFixture) -> None:
-    from reward_workers.transform import RewardTransform
+    from rollstream.reward_workers.transform import RewardTransform
     from rollstream.kafka.consume_transform_produce import PartitionOutput
     from rollstream.kafka.topics import TopicNames
 
@@ -144,7 +144,7 @@ async def test_the_reward_tiers_commit_log_names_its_tasks_as_a_field(caplog: py
     for task in ("t-2", "t-1", "t-2"):
         out.send("scored", b"x", key=task.encode())
     out.offset = 3
-    with caplog.at_level(logging.INFO, logger="reward_workers.transform"):
+    with caplog.at_level(logging.INFO, logger="rollstream.reward_workers.transform"):
         await transform.committed(1, out)
     (record,) = [r for r in caplog.records if "committed" in r.getMessage()]
     assert record.task_ids == ["t-1", "t-2"] and record.partition == 1  # type: ignore[attr-defined]

@@ -8,9 +8,9 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from producers.admission import Admission
-from producers.publisher import PendingBatch
-from producers.service import check_config
+from rollstream.producers.admission import Admission
+from rollstream.producers.publisher import PendingBatch
+from rollstream.producers.service import check_config
 from rollstream.config import ConfigError, config_from_dict
 from rollstream.wire import ProducerCursor, PromptTask
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.dataset import (
+from rollstream.producers.dataset import (
     DatasetError,
     detect_format,
     epoch_order,

@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
-from reward_workers.rewards import exact_match_reward, math_verify_reward
-from reward_workers.scorer import resolve_reward_fn
+from rollstream.rewards import exact_match_reward, math_verify_reward
+from rollstream.reward_workers.scorer import resolve_reward_fn
 from rollstream.config import ConfigError
 
 
@@ -65,23 +65,23 @@ def test_reward_functions_pickle_by_reference() -> None:
 
 
 def test_resolve_both_import_string_forms() -> None:
-    colon = "reward_workers.rewards:exact_match_reward"
-    dotted = "reward_workers.rewards.math_verify_reward"
+    colon = "rollstream.rewards:exact_match_reward"
+    dotted = "rollstream.rewards.math_verify_reward"
     assert resolve_reward_fn(colon, [colon]) is exact_match_reward
     assert resolve_reward_fn(dotted, {dotted}) is math_verify_reward
 
 
 def test_resolve_refuses_what_is_not_allow_listed() -> None:
     with pytest.raises(ConfigError, match="not allow-listed"):
-        resolve_reward_fn("os:system", ["reward_workers.rewards:exact_match_reward"])
+        resolve_reward_fn("os:system", ["rollstream.rewards:exact_match_reward"])
 
 
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
         ("no_such_module_xyz:fn", "cannot be imported"),
-        ("reward_workers.rewards:nope", "cannot be imported"),
-        ("reward_workers.rewards:log", "not callable"),
+        ("rollstream.rewards:nope", "cannot be imported"),
+        ("rollstream.rewards:log", "not callable"),
         ("justaname", "must look like"),
     ],
 )

@@ -13,8 +13,8 @@ import numpy
 import pytest
 import torch
 
-from reward_workers.scorer import Scorer, TimeoutAwareRewardWrapper, load_tokenizer
-from reward_workers.scoring import (
+from rollstream.reward_workers.scorer import Scorer, TimeoutAwareRewardWrapper, load_tokenizer
+from rollstream.reward_workers.scoring import (
     RewardTimeout,
     score_message,
     split_prompt_completion,
@@ -218,7 +218,7 @@ async def test_timeout_then_reject_through_the_process_pool() -> None:
 
 @pytest.mark.timeout(120)
 async def test_real_reward_fn_and_error_through_the_process_pool(tmp_path: Path) -> None:
-    from reward_workers.rewards import exact_match_reward
+    from rollstream.rewards import exact_match_reward
     from tests.unit.fakes import ids, make_tokenizer
 
     make_tokenizer().save_pretrained(tmp_path / "tok")

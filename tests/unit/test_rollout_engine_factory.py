@@ -9,7 +9,7 @@ import pytest
 from rollstream.config import ConfigError, RolloutConfig, config_from_dict
 from rollstream.engines.hf import HFEngine
 from rollstream.engines.sglang import SGLangEngine
-from rollout_workers.engine_factory import build_engine, load_tokenizer, tokenizer_path
+from rollstream.rollout_workers.engine_factory import build_engine, load_tokenizer, tokenizer_path
 from tests.unit.fakes import FakeEngine
 
 

@@ -8,7 +8,7 @@ from aiokafka.structs import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_workers.offsets import OffsetTracker
+from rollstream.rollout_workers.offsets import OffsetTracker
 
 P0 = TopicPartition("prompts", 0)
 P1 = TopicPartition("prompts", 1)

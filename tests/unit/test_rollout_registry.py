@@ -7,7 +7,7 @@ import pytest
 from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
 from rollstream.workflows.multi_turn import MultiTurnWorkflow
 from rollstream.workflows.rlvr import RLVRWorkflow
-from rollout_workers.registry import UnknownWorkflowError, WorkflowRegistry
+from rollstream.rollout_workers.registry import UnknownWorkflowError, WorkflowRegistry
 from tests.unit.fakes import EchoWorkflow, make_tokenizer
 
 

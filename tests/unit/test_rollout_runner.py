@@ -13,13 +13,13 @@ from rollstream.api.io_struct import ModelRequest
 from rollstream.api.workflow import RolloutWorkflow
 from rollstream.config import RolloutConfig, WorkflowSpec
 from rollstream.kafka.topics import TopicNames
-from rollout_workers.data_copies import copier
+from rollstream.rollout_workers.data_copies import copier
 from rollstream.wire import Episode, PromptTask, SampleRejected
-from rollout_workers.offsets import OffsetTracker
-from rollout_workers.recording import EpisodeEngine
-from rollout_workers.registry import WorkflowRegistry
-from rollout_workers.runner import PromptRunner, outcome_of
-from rollout_workers.tasks import TaskSet
+from rollstream.rollout_workers.offsets import OffsetTracker
+from rollstream.rollout_workers.recording import EpisodeEngine
+from rollstream.rollout_workers.registry import WorkflowRegistry
+from rollstream.rollout_workers.runner import PromptRunner, outcome_of
+from rollstream.rollout_workers.tasks import TaskSet
 from tests.unit.fakes import EchoWorkflow, FakeEngine, make_tokenizer
 
 seen: list[tuple[str, int, bool, str]] = []

@@ -13,8 +13,8 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from rollstream.api.engine import WeightUpdate
-from rollout_workers.engine_factory import load_current_version
-from rollout_workers.versions import VersionFollower
+from rollstream.rollout_workers.engine_factory import load_current_version
+from rollstream.rollout_workers.versions import VersionFollower
 from tests.unit.fakes import FakeEngine
 
 

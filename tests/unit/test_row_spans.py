@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollout_workers.episodes import to_episode
+from rollstream.rollout_workers.episodes import to_episode
 from rollstream.dump import dump_lines
 from rollstream.tensors import RowSpan, TrajectoryBuilder, concat_padded_tensors, row_spans
 from rollstream.tools.filters import RecordFilter, tail_version_of

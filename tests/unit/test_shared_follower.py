@@ -12,9 +12,9 @@ from rollstream.config import RolloutConfig, SGLangConfig
 from rollstream.engines.sglang import SGLangEngine
 from rollstream.redis_state import RedisKeys
 from rollstream.server_lease import ServerLeases
-from rollout_workers.engine_factory import build_follower
-from rollout_workers.versions import VersionFollower
-from rollout_workers.weight_sync import SharedServerFollower, WeightSync
+from rollstream.rollout_workers.engine_factory import build_follower
+from rollstream.rollout_workers.versions import VersionFollower
+from rollstream.rollout_workers.weight_sync import SharedServerFollower, WeightSync
 from tests.unit.test_rollout_versions import FakeSource, RecordingEngine, _until
 
 URLS = ["http://gpu0:30000", "http://gpu1:30000/"]

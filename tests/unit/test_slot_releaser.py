@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from consumers.emission import SlotReleaser
-from consumers.grouping import DroppedGroup
+from rollstream.consumers.emission import SlotReleaser
+from rollstream.consumers.grouping import DroppedGroup
 
 
 class SlowBudget:

@@ -17,7 +17,7 @@ from rollstream.api.request_check import InvalidRequestError
 from rollstream.api.workflow import RolloutWorkflow
 from rollstream.config import RolloutConfig, WorkflowSpec
 from rollstream.testing import Scripted, ScriptedEngine, check_workflow
-from rollout_workers.registry import WorkflowRegistry
+from rollstream.rollout_workers.registry import WorkflowRegistry
 from tests.workflow_pkg.variants import ScriptedTemplate
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """The example trainer's GRPO step for a vision-language model: the same math as
-``examples.grpo.policy_update``, with the images each row showed in the forward pass.
+``rollstream.trainer.grpo.policy_update``, with the images each row showed in the forward pass.
 
     batches = BatchConsumer(config)                  # trainer.processor_path: the VLM's directory
     batch = await batches.next_batch()
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from examples.grpo import DEFAULT_CLIP, UpdateStats, clipped_policy_loss, token_logprobs
+from rollstream.trainer.grpo import DEFAULT_CLIP, UpdateStats, clipped_policy_loss, token_logprobs
 from rollstream.vision.forward import trajectory_logits
 from rollstream.vision.inputs import VisionInputs
 
@@ -43,7 +43,7 @@ def vision_policy_update(
     max_grad_norm: float | None = 1.0,
 ) -> UpdateStats:
     """``epochs`` optimizer steps of the PPO-clip loss on one batch with images (see
-    ``examples.grpo.policy_update``; ``vision`` is ``TrainingBatch.vision``). The model is
+    ``rollstream.trainer.grpo.policy_update``; ``vision`` is ``TrainingBatch.vision``). The model is
     left in eval mode."""
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")

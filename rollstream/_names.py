@@ -1,0 +1,128 @@
+"""Where the tier packages live, and their old top-level names.
+
+The tiers' code sits in the repository's top-level folders (``producers/``, ``consumers/``,
+``rollout_workers/``, ``reward_workers/``) and is installed as ``rollstream.<tier>`` (the package
+mapping in ``pyproject.toml``). Two import hooks, installed when ``rollstream`` is imported:
+
+* ``TierFolders`` (last on ``sys.meta_path``): in a source checkout that is not installed
+  (``PYTHONPATH=<checkout>``), ``rollstream.producers`` is found in ``<checkout>/producers``. An
+  installed package (wheel or editable) is found before it and it never answers.
+* ``OldNames`` (first on ``sys.meta_path``): ``import producers.service`` and the other
+  pre-0.2 names still work for one release: they warn (``DeprecationWarning``) and give the SAME
+  module object as the new name, never a second copy (two copies would hold two sets of state).
+  ``reward_workers.rewards`` is now ``rollstream.rewards``.
+
+A tier package imported under its old name before ``rollstream`` was (a checkout's root on
+``sys.path``) calls :func:`adopt` from its ``__init__`` and becomes the new one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Sequence
+
+TIERS = ("producers", "consumers", "rollout_workers", "reward_workers")
+MOVED = {"reward_workers.rewards": "rollstream.rewards"}  # modules that left their tier
+REMOVAL = "a release after 0.2"
+
+
+def new_name(old: str) -> str | None:
+    """The current name of the pre-0.2 module ``old``, or None when ``old`` is not one."""
+    if old in MOVED:
+        return MOVED[old]
+    if old.split(".", 1)[0] in TIERS:
+        return f"rollstream.{old}"
+    return None
+
+
+def _importer_level() -> int:
+    """The ``stacklevel`` of the code that wrote the import (past this module and importlib's
+    frames), so that the warning names the user's line and Python's default filters show it
+    when that line is in ``__main__``."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and (frame.f_code.co_filename == __file__ or "importlib" in frame.f_code.co_filename):
+        if not _bootstrap(frame.f_code.co_filename):  # warnings itself never counts those
+            level += 1
+        frame = frame.f_back
+    return level
+
+
+def _bootstrap(filename: str) -> bool:
+    return "importlib" in filename and "_bootstrap" in filename
+
+
+def _warn(old: str, new: str) -> None:
+    warnings.warn(
+        f"'{old}' is deprecated and will be removed in {REMOVAL}: import '{new}'",
+        DeprecationWarning,
+        stacklevel=_importer_level(),
+    )
+
+
+class _Existing(importlib.abc.Loader):
+    """Loads nothing: hands the import system a module that is already loaded."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self._module = module
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return self._module
+
+    def exec_module(self, module: ModuleType) -> None:
+        return None
+
+
+class OldNames(importlib.abc.MetaPathFinder):
+    """``producers.x`` -> the module ``rollstream.producers.x``, with a DeprecationWarning."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None):
+        new = new_name(fullname)
+        if new is None:
+            return None
+        module = importlib.import_module(new)
+        _warn(fullname, new)
+        spec = importlib.machinery.ModuleSpec(fullname, _Existing(module), is_package=hasattr(module, "__path__"))
+        if hasattr(module, "__path__"):
+            spec.submodule_search_locations = list(module.__path__)
+        return spec
+
+
+class TierFolders(importlib.abc.MetaPathFinder):
+    """``rollstream.<tier>`` from the checkout's ``<tier>/`` when nothing installed it."""
+
+    def __init__(self, checkout: Path) -> None:
+        self._checkout = checkout
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None):
+        prefix, _, tier = fullname.partition(".")
+        if prefix != "rollstream" or tier not in TIERS:
+            return None
+        init = self._checkout / tier / "__init__.py"
+        if not init.is_file():
+            return None
+        return importlib.util.spec_from_file_location(fullname, init, submodule_search_locations=[str(init.parent)])
+
+
+def adopt(name: str) -> None:
+    """Called by each tier's ``__init__``: under an old top-level name, warn and become the new
+    module (the import then returns it); under the new name, nothing."""
+    new = new_name(name)
+    if new is None or new == name:
+        return
+    _warn(name, new)
+    sys.modules[name] = importlib.import_module(new)
+
+
+def install() -> None:
+    """Put both hooks in place once per process."""
+    if any(isinstance(f, OldNames) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, OldNames())
+    sys.meta_path.append(TierFolders(Path(__file__).resolve().parents[1]))

@@ -1,0 +1,66 @@
+"""``pip install .`` into a fresh virtual environment puts one package in site-packages:
+``rollstream`` (the tiers inside it), and the old top-level names still import, with a warning.
+
+The wheel is built from this checkout and installed without dependencies (no network needed):
+what is checked is what the package installs, and the tier packages import nothing heavy.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(argv: list[str], cwd: Path) -> str:
+    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{argv}: {result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def fresh_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, set[str]]:
+    """(the venv's python, its site-packages, what the install added there) with this
+    checkout's wheel installed."""
+    root = tmp_path_factory.mktemp("namespace")
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"),
+         str(REPO)], cwd=root)
+    venv.create(root / "venv", with_pip=True)  # ensurepip: offline
+    python = root / "venv" / "bin" / "python"
+    wheel = next((root / "dist").glob("rollstream-*.whl"))
+    site = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root).strip())
+    before = {p.name for p in site.iterdir()}
+    # the venv's own pip: the outer one would uninstall this environment's rollstream first
+    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--disable-pip-version-check",
+         str(wheel)], cwd=root)
+    return python, site, {p.name for p in site.iterdir()} - before
+
+
+def test_only_rollstream_is_installed(fresh_install: tuple[Path, Path, set[str]]) -> None:
+    _, site, added = fresh_install
+    assert added == {"rollstream", "rollstream-0.2.0.dist-info", "rollstream-old-names.pth"}, added
+    for tier in ("producers", "consumers", "rollout_workers", "reward_workers"):
+        assert (site / "rollstream" / tier / "__init__.py").is_file(), tier
+
+
+def test_old_names_warn_and_work_in_the_fresh_install(fresh_install: tuple[Path, Path, set[str]],
+                                                      tmp_path: Path) -> None:
+    python, site, _ = fresh_install
+    code = (
+        "import warnings; warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    import producers\n"
+        "    from reward_workers.rewards import exact_match_reward\n"
+        "import rollstream.producers, rollstream.rewards\n"
+        "assert producers is rollstream.producers and exact_match_reward is rollstream.rewards.exact_match_reward\n"
+        "print(rollstream.producers.__file__)\n"
+        "print(sorted({str(w.message) for w in caught}))\n"
+    )
+    out = run([str(python), "-c", code], cwd=tmp_path).splitlines()
+    assert Path(out[0]).is_relative_to(site), out[0]  # the installed copy, not the checkout
+    assert "'producers' is deprecated" in out[1] and "import 'rollstream.rewards'" in out[1]
