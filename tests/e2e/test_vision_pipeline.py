@@ -15,7 +15,6 @@ distinct images once (reported, beside what per-sample copies would have cost).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import time
