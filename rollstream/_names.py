@@ -67,16 +67,18 @@ def _warn(old: str, new: str) -> None:
 
 
 class _Existing(importlib.abc.Loader):
-    """Loads nothing: hands the import system a module that is already loaded."""
+    """Loads nothing: hands the import system a module that is already loaded, and puts back
+    its own ``__spec__`` (which the import system sets to the old name's on the way)."""
 
     def __init__(self, module: ModuleType) -> None:
         self._module = module
+        self._spec = module.__spec__
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         return self._module
 
     def exec_module(self, module: ModuleType) -> None:
-        return None
+        module.__spec__ = self._spec
 
 
 class OldNames(importlib.abc.MetaPathFinder):

@@ -34,6 +34,8 @@ assert exact_match_reward is rollstream.rewards.exact_match_reward
 assert old_registry is rollstream.rollout_workers.registry
 import sys
 assert sys.modules["producers"] is sys.modules["rollstream.producers"]
+for name in ("rollstream.producers", "rollstream.producers.service", "rollstream.rewards"):
+    assert sys.modules[name].__spec__.name == name, sys.modules[name].__spec__  # the old import left it alone
 messages = sorted({str(w.message) for w in caught if w.category is DeprecationWarning})
 print("\\n".join(messages))
 """
