@@ -58,9 +58,9 @@ def _bootstrap(filename: str) -> bool:
     return "importlib" in filename and "_bootstrap" in filename
 
 
-def _warn(old: str, new: str) -> None:
+def _warn(old: str, new: str, use: str = "import") -> None:
     warnings.warn(
-        f"'{old}' is deprecated and will be removed in {REMOVAL}: import '{new}'",
+        f"'{old}' is deprecated and will be removed in {REMOVAL}: {use} '{new}'",
         DeprecationWarning,
         stacklevel=_importer_level(),
     )
@@ -86,7 +86,9 @@ class OldNames(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None):
         new = new_name(fullname)
-        if new is None:
+        if new is None or fullname.endswith(".__main__"):
+            # `python -m consumers`: runpy must run the tier's __main__.py itself, as __main__
+            # (the old package already warned); the path finder finds it through the package
             return None
         module = importlib.import_module(new)
         _warn(fullname, new)
@@ -120,6 +122,15 @@ def adopt(name: str) -> None:
         return
     _warn(name, new)
     sys.modules[name] = importlib.import_module(new)
+
+
+def warn_if_run_by_old_name(spec: importlib.machinery.ModuleSpec | None) -> None:
+    """Called by each tier's ``__main__``: ``python -m consumers`` warns in the running script
+    (the package's own warning went to runpy, which Python's default filters hide)."""
+    name = spec.name if spec is not None else ""
+    new = new_name(name)
+    if new is not None and new != name:
+        _warn(name.removesuffix(".__main__"), new.removesuffix(".__main__"), use="run python -m")
 
 
 def install() -> None:

@@ -48,7 +48,7 @@ async def until(predicate: Callable[[], Any], timeout: float, what: str) -> None
 async def test_producer_waits_for_redis_and_never_over_admits(
     kafka_bootstrap: str, unique_name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="producers")
+    caplog.set_level(logging.WARNING, logger="rollstream.producers")
     dataset = tmp_path / "rows.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(20)))
     with LocalRedisServer(tmp_path / "redis", appendonly=True) as redis:
@@ -100,7 +100,7 @@ async def test_rollout_worker_keeps_its_version_while_redis_is_down(
     """Version 1 is loaded; Redis dies, then comes back EMPTY (no persistence): the worker goes
     on generating with version 1, ignores the store's version going back to 0, and follows
     version 2 once the trainer publishes it."""
-    caplog.set_level(logging.INFO, logger="rollout_workers")
+    caplog.set_level(logging.INFO, logger="rollstream.rollout_workers")
     with LocalRedisServer(tmp_path / "redis") as redis:
         config = make_config(kafka_bootstrap, redis.url, unique_name, {"rollout": {
             "model_path": str(tiny_model), "seed": 0, "worker_id": "w-redis", "max_concurrent_rollouts": 4,

@@ -199,7 +199,7 @@ def start_subprocess(config_file: Path, log_path: Path) -> subprocess.Popen[byte
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     with log_path.open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "consumers", "--config", str(config_file), "--set", "grouping.instance_id=g-crash"],
+            [sys.executable, "-m", "rollstream.consumers", "--config", str(config_file), "--set", "grouping.instance_id=g-crash"],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )
 

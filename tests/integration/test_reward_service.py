@@ -231,7 +231,7 @@ def start_worker_process(config: RollstreamConfig, tokenizer: str, log_path: Pat
         "reward.worker_id": "w-stable",
         "reward.session_timeout_ms": 6000,
     }
-    argv = [sys.executable, "-m", "reward_workers"]
+    argv = [sys.executable, "-m", "rollstream.reward_workers"]
     for key, value in settings.items():
         argv += ["--set", f"{key}={value}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLSTREAM__", "KAFKA_", "REDIS_"))}

@@ -250,7 +250,7 @@ async def test_worker_follows_published_weight_versions(
 async def test_rebalance_between_two_workers_loses_nothing(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="rollout_workers")
+    caplog.set_level(logging.INFO, logger="rollstream.rollout_workers")
     slow = {"max_new_tokens": 128, "min_new_tokens": 128}
     config_a = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=slow,
                        max_concurrent_rollouts=2, worker_id="w-a")
@@ -291,7 +291,7 @@ async def _until_committed_to_end(config: RollstreamConfig, timeout: float) -> N
 
 def _start_worker(config_file: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "rollout_workers", "--config", str(config_file)],
+        return subprocess.Popen([sys.executable, "-m", "rollstream.rollout_workers", "--config", str(config_file)],
                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
 
 

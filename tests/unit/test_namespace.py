@@ -93,3 +93,11 @@ def test_new_name_maps_only_the_old_tier_names() -> None:
     assert new_name("reward_workers") == "rollstream.reward_workers"
     assert new_name("rollstream.consumers") is None
     assert new_name("consumer") is None and new_name("producersx") is None
+
+
+def test_python_dash_m_with_an_old_name_still_runs_the_tier(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "consumers", "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "--config" in result.stdout, "the grouping tier's command line did not run"
+    assert "'consumers' is deprecated and will be removed in a release after 0.2: run python -m 'rollstream.consumers'" in result.stderr
