@@ -81,9 +81,13 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
         "staleness": {"max_head_offpolicyness": ETA, "batch_size": STEP_GROUPS},
         "producer": {"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         "rollout": {
-            "model_path": str(model), "seed": 0, "max_concurrent_rollouts": 8, "worker_id": "rw-0",
+            # two samples at a time: a step's samples take several waves, so a published version
+            # lands while some sample is mid-generation (rows spanning two versions, checked
+            # below) rather than only between waves. (No min_new_tokens: it masks EOS, and the
+            # logprobs recorded are then not those of the plain forward pass checked below.)
+            "model_path": str(model), "seed": 0, "max_concurrent_rollouts": 2, "worker_id": "rw-0",
             "commit_interval_seconds": 0.2, "shutdown_grace_seconds": 20,
-            "gconfig": {"max_new_tokens": 24, "temperature": 1.0},
+            "gconfig": {"max_new_tokens": 32, "temperature": 1.0},
         },
         "reward": {"tokenizer_path": str(model), "worker_id": "rew-0", "max_workers": 1, "session_timeout_ms": 6000},
         "grouping": {"instance_id": "g-0", "commit_interval_ms": 50, "session_timeout_ms": 6000},
