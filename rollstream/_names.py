@@ -7,13 +7,13 @@ mapping in ``pyproject.toml``). Two import hooks, installed when ``rollstream`` 
 * ``TierFolders`` (last on ``sys.meta_path``): in a source checkout that is not installed
   (``PYTHONPATH=<checkout>``), ``rollstream.producers`` is found in ``<checkout>/producers``. An
   installed package (wheel or editable) is found before it and it never answers.
-* ``OldNames`` (first on ``sys.meta_path``): ``import producers.service`` and the other
-  pre-0.2 names still work for one release: they warn (``DeprecationWarning``) and give the SAME
-  module object as the new name, never a second copy (two copies would hold two sets of state).
-  ``reward_workers.rewards`` is now ``rollstream.rewards``.
+* ``OldNames``: ``import producers.service`` and the other pre-0.2 names still work for one
+  release: they warn (``DeprecationWarning``) and give the SAME module object as the new name,
+  never a second copy (two copies would hold two sets of state). ``reward_workers.rewards`` is
+  now ``rollstream.rewards``. A top-level ``consumers`` of another distribution wins over it.
 
-A tier package imported under its old name before ``rollstream`` was (a checkout's root on
-``sys.path``) calls :func:`adopt` from its ``__init__`` and becomes the new one.
+Where a checkout's root is on ``sys.path``, Python finds ``producers/`` itself under its old
+name: the package's ``__init__`` calls :func:`adopt` and becomes the new one.
 """
 
 from __future__ import annotations
@@ -82,7 +82,16 @@ class _Existing(importlib.abc.Loader):
 
 
 class OldNames(importlib.abc.MetaPathFinder):
-    """``producers.x`` -> the module ``rollstream.producers.x``, with a DeprecationWarning."""
+    """``producers.x`` -> the module ``rollstream.producers.x``, with a DeprecationWarning.
+
+    Installed twice. Last on ``sys.meta_path`` (``top=True``) it answers the top-level names
+    only when no other finder has them, so another distribution's own ``consumers`` package
+    is never taken over. First (``top=False``) it answers ``consumers.x`` only when the
+    ``consumers`` already imported is ours, so that a submodule is never loaded a second
+    time under its old name."""
+
+    def __init__(self, top: bool) -> None:
+        self._top = top
 
     def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None):
         new = new_name(fullname)
@@ -90,12 +99,21 @@ class OldNames(importlib.abc.MetaPathFinder):
             # `python -m consumers`: runpy must run the tier's __main__.py itself, as __main__
             # (the old package already warned); the path finder finds it through the package
             return None
+        parent = fullname.rpartition(".")[0]
+        if self._top != (parent == ""):
+            return None
+        if parent and not _ours(sys.modules.get(parent)):
+            return None
         module = importlib.import_module(new)
         _warn(fullname, new)
         spec = importlib.machinery.ModuleSpec(fullname, _Existing(module), is_package=hasattr(module, "__path__"))
         if hasattr(module, "__path__"):
             spec.submodule_search_locations = list(module.__path__)
         return spec
+
+
+def _ours(module: ModuleType | None) -> bool:
+    return module is not None and getattr(module, "__name__", "").startswith("rollstream.")
 
 
 class TierFolders(importlib.abc.MetaPathFinder):
@@ -137,5 +155,6 @@ def install() -> None:
     """Put both hooks in place once per process."""
     if any(isinstance(f, OldNames) for f in sys.meta_path):
         return
-    sys.meta_path.insert(0, OldNames())
+    sys.meta_path.insert(0, OldNames(top=False))
+    sys.meta_path.append(OldNames(top=True))
     sys.meta_path.append(TierFolders(Path(__file__).resolve().parents[1]))

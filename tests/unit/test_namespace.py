@@ -7,6 +7,7 @@ the tier folders themselves are on ``sys.path``).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -101,3 +102,19 @@ def test_python_dash_m_with_an_old_name_still_runs_the_tier(tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr
     assert "--config" in result.stdout, "the grouping tier's command line did not run"
     assert "'consumers' is deprecated and will be removed in a release after 0.2: run python -m 'rollstream.consumers'" in result.stderr
+
+
+def test_another_distributions_consumers_package_is_left_alone(tmp_path: Path) -> None:
+    """``consumers`` is a name other distributions use: theirs wins over our old name."""
+    theirs = tmp_path / "site" / "consumers"
+    theirs.mkdir(parents=True)
+    (theirs / "__init__.py").write_text("OWNER = 'another distribution'\n")
+    (theirs / "queue.py").write_text("VALUE = 7\n")
+    code = ("import warnings; warnings.simplefilter('error')\n"
+            "import rollstream, consumers, consumers.queue\n"
+            "assert consumers.OWNER == 'another distribution' and consumers.queue.VALUE == 7\n"
+            "assert 'rollstream.consumers' not in __import__('sys').modules\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")]))})
+    assert result.returncode == 0, result.stderr
