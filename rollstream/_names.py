@@ -22,9 +22,9 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os.path
 import sys
 import warnings
-from pathlib import Path
 from types import ModuleType
 from typing import Sequence
 
@@ -119,17 +119,17 @@ def _ours(module: ModuleType | None) -> bool:
 class TierFolders(importlib.abc.MetaPathFinder):
     """``rollstream.<tier>`` from the checkout's ``<tier>/`` when nothing installed it."""
 
-    def __init__(self, checkout: Path) -> None:
+    def __init__(self, checkout: str) -> None:
         self._checkout = checkout
 
     def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None):
         prefix, _, tier = fullname.partition(".")
         if prefix != "rollstream" or tier not in TIERS:
             return None
-        init = self._checkout / tier / "__init__.py"
-        if not init.is_file():
+        init = os.path.join(self._checkout, tier, "__init__.py")
+        if not os.path.isfile(init):
             return None
-        return importlib.util.spec_from_file_location(fullname, init, submodule_search_locations=[str(init.parent)])
+        return importlib.util.spec_from_file_location(fullname, init, submodule_search_locations=[os.path.dirname(init)])
 
 
 def adopt(name: str) -> None:
@@ -157,4 +157,5 @@ def install() -> None:
         return
     sys.meta_path.insert(0, OldNames(top=False))
     sys.meta_path.append(OldNames(top=True))
-    sys.meta_path.append(TierFolders(Path(__file__).resolve().parents[1]))
+    # os.path, not pathlib: an installed .pth imports this module in every interpreter start
+    sys.meta_path.append(TierFolders(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -118,3 +118,13 @@ def test_another_distributions_consumers_package_is_left_alone(tmp_path: Path) -
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                 filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")]))})
     assert result.returncode == 0, result.stderr
+
+
+def test_a_checkout_that_is_not_installed_finds_the_tiers(tmp_path: Path) -> None:
+    """``PYTHONPATH=<checkout>`` without any install (``-S``: no site-packages, no editable
+    finder): ``rollstream.producers`` comes from ``<checkout>/producers``."""
+    code = "import rollstream.producers as p, rollstream.consumers as c; print(p.__file__); print(c.__file__)"
+    result = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(REPO / "producers" / "__init__.py"), str(REPO / "consumers" / "__init__.py")]
