@@ -16,20 +16,21 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
 import msgspec
 import numpy
-import torch
 
 from rollstream.wire import (
     Episode,
     SampleRejected,
     ScoredEpisode,
     TaskFailed,
-    decode_tensor,
-    encode_tensor,
+    decode_array,
+    encode_array,
 )
+from rollstream.wire.dtypes import cast
 
 # Names the reward function receives positionally; dataset keys with these names are not
 # passed again as keyword arguments (that would be a TypeError in every call).
@@ -72,10 +73,10 @@ class RewardScorer(Protocol):
 
 
 def split_prompt_completion(
-    trajectory: dict[str, torch.Tensor], row: int = 0
+    trajectory: Mapping[str, Any], row: int = 0
 ) -> tuple[numpy.ndarray, numpy.ndarray]:
-    """``(prompt_ids, completion_ids)`` of one row of a ``[b, L]`` trajectory (CPU tensors), as
-    numpy arrays.
+    """``(prompt_ids, completion_ids)`` of one row of a ``[b, L]`` trajectory (numpy arrays, or
+    CPU tensors), as numpy arrays.
 
     Only attended tokens (``attention_mask == 1``) count, so padding is never included.
     The prompt is every token before the first generated token (``loss_mask == 1``); the
@@ -88,12 +89,12 @@ def split_prompt_completion(
     which bench/pipeline.py found costing milliseconds per row on a busy machine; and the
     tokenizer decodes arrays faster than lists.
     """
-    ids = trajectory["input_ids"][row].numpy()
-    attended = trajectory["attention_mask"][row].numpy().astype(bool, copy=False)
+    ids = numpy.asarray(trajectory["input_ids"][row])
+    attended = numpy.asarray(trajectory["attention_mask"][row]).astype(bool, copy=False)
     loss_mask = trajectory.get("loss_mask")
     if loss_mask is None:
         return ids[attended], ids[:0]
-    generated = loss_mask[row].numpy().astype(bool, copy=False) & attended
+    generated = numpy.asarray(loss_mask[row]).astype(bool, copy=False) & attended
     positions = numpy.flatnonzero(generated)
     if positions.size == 0:
         return ids[attended], ids[:0]
@@ -131,13 +132,15 @@ async def score_message(
 
 
 async def _episode_rewards(episode: Episode, scorer: RewardScorer, keep: bool) -> list[float]:
-    # only the tensors scoring reads are built (each costs µs; a trajectory has 5-7)
-    tensors = {k: decode_tensor(v) for k, v in episode.trajectory.items() if k in SCORING_KEYS}
+    # only the arrays scoring reads are built (each costs µs; a trajectory has 5-7); numpy
+    # views of the record, no torch (its per-tensor overhead was a tenth of the tier's work)
+    wire = {k: v for k, v in episode.trajectory.items() if k in SCORING_KEYS}
+    tensors = {k: decode_array(v) for k, v in wire.items()}
     rows = int(tensors["input_ids"].shape[0])
     if keep:
         if "rewards" not in tensors:
             raise ValueError("has_reward is set but the trajectory has no 'rewards'")
-        rewards = tensors["rewards"].to(torch.float32).tolist()
+        rewards = cast(tensors["rewards"], wire["rewards"].dtype, "float32").tolist()
     else:
         data = {k: v for k, v in episode.data.items() if k not in RESERVED_ARGS}
         if rows == 1:  # the common case: no task to gather
@@ -151,7 +154,7 @@ async def _episode_rewards(episode: Episode, scorer: RewardScorer, keep: bool) -
 
 
 async def _row_reward(
-    tensors: dict[str, torch.Tensor], row: int, data: dict[str, Any], scorer: RewardScorer
+    tensors: dict[str, numpy.ndarray], row: int, data: dict[str, Any], scorer: RewardScorer
 ) -> float:
     prompt_ids, completion_ids = split_prompt_completion(tensors, row)
     try:
@@ -169,7 +172,7 @@ def _scored(
 ) -> ScoredEpisode:
     # A new dict: the decoded message's tensors are read-only views of its buffer.
     trajectory = dict(episode.trajectory)
-    trajectory["rewards"] = encode_tensor(torch.tensor(rewards, dtype=torch.float32))
+    trajectory["rewards"] = encode_array(numpy.asarray(rewards, dtype=numpy.float32))
     reward = rewards[0] if len(rewards) == 1 else sum(rewards) / len(rewards)
     return ScoredEpisode(
         episode=msgspec.structs.replace(episode, trajectory=trajectory),

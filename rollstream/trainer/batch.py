@@ -126,8 +126,7 @@ def split_groups(batch: Batch) -> list[GroupRows]:
     groups = []
     for index, task_id in enumerate(batch.task_ids):
         rows = [r for r, t in enumerate(batch.row_task) if t == index]
-        picked = torch.tensor(rows, dtype=torch.long)
-        group_tensors = {k: v.index_select(0, picked) if v.dim() else v for k, v in tensors.items()}
+        group_tensors = _rows_of(tensors, rows)
         groups.append(GroupRows(
             task_id, batch.group_sizes[index], batch.is_eval, batch.trainer_version,
             group_tensors, [batch.sample_idx[r] for r in rows],
@@ -136,6 +135,16 @@ def split_groups(batch: Batch) -> list[GroupRows]:
             row_images=[list(batch.row_images[r]) for r in rows] if batch.row_images else [],
         ))
     return groups
+
+
+def _rows_of(tensors: dict[str, Tensor], rows: list[int]) -> dict[str, Tensor]:
+    """``rows`` of every batch tensor: views when they are one run of rows (the grouping tier
+    writes a group's rows together; ``assemble`` copies them once), else a gather."""
+    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+        start, stop = rows[0], rows[0] + len(rows)
+        return {k: v[start:stop] if v.dim() else v for k, v in tensors.items()}
+    picked = torch.tensor(rows, dtype=torch.long)
+    return {k: v.index_select(0, picked) if v.dim() else v for k, v in tensors.items()}
 
 
 def _per_group(counts: list[int], index: int) -> int:

@@ -32,6 +32,41 @@ def test_split_groups_recovers_each_groups_rows() -> None:
     assert b.tensors["rewards"].tolist() == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("interleave", [False, True])
+def test_split_groups_takes_each_groups_rows_wherever_they_are(interleave: bool) -> None:
+    """Rows written group by group are sliced (views); rows of groups interleaved are gathered."""
+    batch = build_batch([group("a", [1, 4]), group("b", [2, 2, 2])], trainer_version=3)
+    if interleave:  # rows a0 b0 a1 b1 b2: a batch laid out by another writer
+        order = [0, 2, 1, 3, 4]
+        tensors = {k: v[order] if v.dim() else v for k, v in split_and_join(batch).items()}
+        batch = with_rows(batch, tensors, [batch.row_task[r] for r in order], [batch.sample_idx[r] for r in order])
+    full = split_and_join(batch)
+    for index, got in enumerate(split_groups(batch)):
+        rows = [r for r, t in enumerate(batch.row_task) if t == index]
+        assert got.sample_idx == [batch.sample_idx[r] for r in rows]
+        for key, value in got.tensors.items():
+            assert torch.equal(value, full[key][rows]), key
+    whole = assemble(split_groups(batch))
+    assert whole.sample_idx == sorted(whole.sample_idx[:2]) + sorted(whole.sample_idx[2:])
+    assert whole.tensors["input_ids"].shape == (5, 6)
+
+
+def split_and_join(batch) -> dict[str, torch.Tensor]:
+    from rollstream.wire.torch_tensors import batch_tensors
+
+    return {k: v.clone() for k, v in batch_tensors(batch).items()}
+
+
+def with_rows(batch, tensors: dict[str, torch.Tensor], row_task: list[int], sample_idx: list[int]):
+    """``batch`` with its rows in another order (tensors written unpacked, as batches before v2)."""
+    import msgspec
+
+    from rollstream.wire import encode_tensor
+
+    return msgspec.structs.replace(batch, tensors={k: encode_tensor(v) for k, v in tensors.items()}, packed=None,
+                                   row_task=row_task, sample_idx=sample_idx)
+
+
 def test_assemble_pads_across_records_and_tracks_versions() -> None:
     g1 = split_groups(build_batch([group("a", [1, 1], version=2)], trainer_version=5))
     g2 = split_groups(build_batch([group("b", [4], version=4)], trainer_version=6))
