@@ -8,7 +8,7 @@ token ``t`` (-1 on prompt and padding); ``rewards`` is ``[N]``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -143,20 +143,42 @@ def policy_update(
     behaviour policy's, which the ratio is taken against in every epoch). The model is left in
     eval mode.
     """
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
     device = next(model.parameters()).device
     input_ids = tensors["input_ids"].to(device=device, dtype=torch.long)
     attention = tensors["attention_mask"].to(device=device, dtype=torch.long)
+
+    def new_logprobs() -> Tensor:
+        return token_logprobs(model(input_ids=input_ids, attention_mask=attention).logits, input_ids, temperature)
+
+    return ppo_epochs(model, optimizer, new_logprobs, tensors, advantages,
+                      clip=clip, epochs=epochs, max_grad_norm=max_grad_norm)
+
+
+def ppo_epochs(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    new_logprobs: Callable[[], Tensor],
+    tensors: dict[str, Tensor],
+    advantages: Tensor,
+    *,
+    clip: float,
+    epochs: int,
+    max_grad_norm: float | None,
+) -> UpdateStats:
+    """``epochs`` optimizer steps of :func:`clipped_policy_loss`, ``new_logprobs()`` giving the
+    ``[N, L]`` logprobs of the current weights each epoch (a text or a vision forward); the
+    ratio is taken against ``tensors["logprobs"]`` over ``tensors["loss_mask"]``. The model is
+    left in eval mode."""
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    device = next(model.parameters()).device
     loss_mask = tensors["loss_mask"].to(device)
     old = tensors["logprobs"].to(device=device, dtype=torch.float32)
     advantages = advantages.to(device)
     model.train()
     try:
         for _ in range(epochs):
-            logits = model(input_ids=input_ids, attention_mask=attention).logits
-            new = token_logprobs(logits, input_ids, temperature)
-            loss, stats = clipped_policy_loss(new, old, advantages, loss_mask, clip)
+            loss, stats = clipped_policy_loss(new_logprobs(), old, advantages, loss_mask, clip)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rollstream.trainer.grpo import DEFAULT_CLIP, UpdateStats, clipped_policy_loss, token_logprobs
+from rollstream.trainer.grpo import DEFAULT_CLIP, UpdateStats, ppo_epochs, token_logprobs
 from rollstream.vision.forward import trajectory_logits
 from rollstream.vision.inputs import VisionInputs
 
@@ -45,21 +45,5 @@ def vision_policy_update(
     """``epochs`` optimizer steps of the PPO-clip loss on one batch with images (see
     ``rollstream.trainer.grpo.policy_update``; ``vision`` is ``TrainingBatch.vision``). The model is
     left in eval mode."""
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
-    device = next(model.parameters()).device
-    loss_mask = tensors["loss_mask"].to(device)
-    old = tensors["logprobs"].to(device=device, dtype=torch.float32)
-    advantages = advantages.to(device)
-    model.train()
-    try:
-        for _ in range(epochs):
-            new = vision_token_logprobs(model, tensors, vision, temperature)
-            loss, stats = clipped_policy_loss(new, old, advantages, loss_mask, clip)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
-            optimizer.step()
-    finally:
-        model.eval()
-    return UpdateStats(stats, float(norm))
+    return ppo_epochs(model, optimizer, lambda: vision_token_logprobs(model, tensors, vision, temperature), tensors,
+                      advantages, clip=clip, epochs=epochs, max_grad_norm=max_grad_norm)
