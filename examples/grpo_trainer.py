@@ -26,7 +26,7 @@ publish. No group is lost and none is trained twice (docs/TRAINER.md). The optim
 starts afresh.
 
 ``--steps-file F``: rank 0 appends one JSON line per step (the figures of
-:class:`StepReport`), which ``rollstream demo`` follows.
+:class:`StepRecord`), which ``rollstream demo`` follows.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -48,34 +48,13 @@ import torch.distributed as dist
 
 from rollstream.trainer.grpo import Staleness, UpdateStats, group_advantages, policy_update, staleness_stats
 from rollstream.config import ConfigError, RollstreamConfig, require
+from rollstream.demo.report import StepRecord  # one step's figures: the --steps-file line the demo reads
 from rollstream.metrics import STALENESS, WEIGHT_VERSION
 from rollstream.trainer import Checkpoint, Checkpoints, SyncVersionPublisher, TrainerBatches, TrainingBatch
 
 log = logging.getLogger(__name__)
 
 TIER = "trainer"
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """One finished step, all ranks together; ``version`` is the version published after it."""
-
-    step: int
-    version: int
-    reward_mean: float
-    episodes: int
-    groups: int
-    ranks: int
-    loss: float  # rank 0's last epoch
-    clip_fraction: float
-    approx_kl: float
-    grad_norm: float
-    staleness_mean: float
-    staleness_max: int
-    head_version: int
-    tail_version: int
-    seconds: float  # wall time of the step, waiting for the batch included
-    finished_at: float  # time.time()
 
 
 def check_config(config: RollstreamConfig) -> None:
@@ -195,9 +174,9 @@ class GRPOTrainer:
         reward, n, stale_sum, stale_n, stale_max = local.tolist()
         return reward / max(n, 1.0), int(n), stale_sum / stale_n if stale_n else 0.0, int(stale_max)
 
-    def run(self) -> list[StepReport]:
+    def run(self) -> list[StepRecord]:
         """Train until stopped (SIGTERM / Ctrl-C) or ``trainer.max_steps`` steps are committed."""
-        reports: list[StepReport] = []
+        reports: list[StepRecord] = []
         max_steps = self.config.trainer.max_steps
         versions = SyncVersionPublisher(self.config, self.checkpoints) if self.leader else None
         try:
@@ -221,7 +200,7 @@ class GRPOTrainer:
         return reports
 
     def _step(self, batch: TrainingBatch, batches: TrainerBatches, versions: SyncVersionPublisher | None,
-              started: float) -> StepReport:
+              started: float) -> StepRecord:
         update, staleness, reward_sum = self.train_on(batch)
         reward, episodes, stale_mean, stale_max = self._totals(batch, reward_sum, staleness)
         checkpoint = self.save(batch.step) if self.leader else None
@@ -231,7 +210,7 @@ class GRPOTrainer:
             versions.publish(batch.step, checkpoint)
         WEIGHT_VERSION.labels(TIER).set(self.version)
         STALENESS.labels(TIER).observe(batch.max_staleness)
-        report = StepReport(
+        report = StepRecord(
             step=batch.step, version=self.version, reward_mean=reward, episodes=episodes, groups=batch.step_groups,
             ranks=self.world, loss=update.loss.loss, clip_fraction=update.loss.clip_fraction,
             approx_kl=update.loss.approx_kl, grad_norm=update.grad_norm, staleness_mean=stale_mean,

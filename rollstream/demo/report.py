@@ -1,8 +1,8 @@
 """The end of a demo run: per-step records, the reward plot, the summary table.
 
 The example trainer (a child process, one rank or several) writes one JSON line per step
-(``--steps-file``, its ``StepReport``); :class:`StepRecord` reads them, so the core never
-imports the example.
+(``--steps-file``), a :class:`StepRecord`, which the demo reads back; the example imports it
+from here (the core never imports the example).
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ def reward_trend(rewards: Sequence[float], window: int = WINDOW) -> RewardTrend:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One line of the trainer's steps file (the figures the demo shows)."""
+    """One finished step, all ranks together (one line of the trainer's steps file, the figures the
+    demo shows); ``version`` is the version published after it, ``loss`` rank 0's last epoch,
+    ``seconds`` the step's wall time, waiting for the batch included."""
 
     step: int
     version: int
