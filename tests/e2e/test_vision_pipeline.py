@@ -28,13 +28,12 @@ import yaml
 from rollstream.consumers.batch_consumer import BatchConsumer
 from rollstream.consumers.training_batch import TrainingBatch
 from rollstream.config import RollstreamConfig, config_from_dict
-from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.vision.forward import trajectory_logits
 from rollstream.wire import (
     Batch, Episode, GroupDropped, ScoredEpisode, decode_batch, decode_dead_letter, decode_episode, decode_prompt, decode_scored,
 )
-from tests.e2e.test_pipeline import Tier
+from tests.e2e.test_pipeline import Tier, _read_all, _tails
 from tests.unit.vision_helpers import noise_png
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -86,18 +85,6 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
     path = tmp / "rollstream.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path, config_from_dict(tree)
-
-
-async def _read_all(config: RollstreamConfig, topic: str, decode: Any) -> list[Any]:
-    consumer = make_consumer(config.kafka, "e2e-vision-reader", topic, group_id=None)
-    await consumer.start()
-    try:
-        messages: list[Any] = []
-        while fetched := await consumer.getmany(timeout_ms=1500):
-            messages.extend(decode(r.value) for records in fetched.values() for r in records)
-        return messages
-    finally:
-        await consumer.stop()
 
 
 async def _train_side(config: RollstreamConfig, tiers: dict[str, Tier]) -> list[TrainingBatch]:
@@ -182,7 +169,3 @@ async def test_vision_pipeline_end_to_end(
     print(f"e2e vision: image bytes on the broker {on_broker}; each prompt's images once = {once}; "
           f"per-sample copies would be {GROUP_SIZE * once} per topic")
     assert on_broker == {"prompts": once, "episodes": once, "scored": once, "batches": once}
-
-
-def _tails(tiers: dict[str, Tier]) -> str:
-    return "\n".join(f"--- {name}\n{tier.tail()}" for name, tier in tiers.items())
