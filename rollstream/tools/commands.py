@@ -201,12 +201,9 @@ def _status_command(args: argparse.Namespace) -> int:
 def _topics_create_command(args: argparse.Namespace) -> int:
     from rollstream.tools.topic_admin import create_topics
 
-    try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(f"rollstream topics create: {exc}", file=sys.stderr)
+    config = _load(args, "topics create")  # logs: the topic check's warnings, and waits for brokers
+    if config is None:
         return 2
-    setup_logging("topics", config.log_level, secret_values(config))  # the topic check's warnings, and waits for brokers
     try:
         report = asyncio.run(create_topics(config))
     except Exception as exc:  # a CLI answers with a message, not a traceback
