@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from rollstream.config import load_config
-from rollstream.health import Health, serve_health
-from tests.fakes import free_port
+from rollstream.health import Health
 from tests.unit.test_compose import ROOT, load_compose, rollstream_services
+from tests.unit.test_health import serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -111,14 +111,8 @@ def test_a_node_outside_the_voters_refuses_to_start_and_says_how(tmp_path: Path)
 @pytest.fixture
 def health_server() -> Iterator[tuple[Health, int]]:
     health = Health()
-    port = free_port()
-    server = serve_health(port, health, host="127.0.0.1")
-    assert server is not None
-    try:
+    with serving(health) as port:
         yield health, port
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def run_check(service: dict, port: int) -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.error
 import urllib.request
@@ -26,17 +27,24 @@ def get(port: int, path: str) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[Health, int]]:
-    health = Health(liveness_timeout=1.0)
+@contextlib.contextmanager
+def serving(health: Health) -> Iterator[int]:
+    """``health`` served on a free local port (the port), shut down after."""
     port = free_port()
     server = serve_health(port, health, host="127.0.0.1")
     assert server is not None
     try:
-        yield health, port
+        yield port
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Health, int]]:
+    health = Health(liveness_timeout=1.0)
+    with serving(health) as port:
+        yield health, port
 
 
 def test_readiness_is_what_the_tier_says(served: tuple[Health, int]) -> None:
