@@ -9,12 +9,13 @@ from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
 PTH = "rollstream-old-names.pth"
+PTH_LINE = "import rollstream\n"  # rollstream/__init__ installs the import hooks
 
 
 class BuildWithOldNames(build_py):
     def run(self) -> None:
         super().run()
-        (Path(self.build_lib) / PTH).write_text("import rollstream\n")
+        (Path(self.build_lib) / PTH).write_text(PTH_LINE)
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / PTH)]
@@ -35,7 +36,7 @@ class _AlsoOldNames:
 
     def __call__(self, wheel, *args, **kwargs) -> None:
         self._strategy(wheel, *args, **kwargs)
-        wheel.writestr(PTH, "import rollstream\n")
+        wheel.writestr(PTH, PTH_LINE)
 
 
 class EditableWithOldNames(editable_wheel):
