@@ -332,3 +332,49 @@ async def test_a_rebalance_while_a_batch_is_in_hand_skips_no_record_and_stalls_n
             stop.set()
         await asyncio.wait_for(a, 60)
     assert sorted(m.episode.task_id for m in scored) == sorted(f"p:0:{i}" for i in range(n))
+
+
+WORKFLOW_REWARDS = [  # (dtype, value): rewards a workflow set itself, in the dtypes the wire carries
+    (torch.bfloat16, 0.75), (torch.float16, -1.5), (torch.bool, True), (torch.int8, 3), (torch.float64, 0.1),
+]
+
+
+def scored_by_workflow(i: int, value: torch.Tensor) -> Episode:
+    return Episode(task_id=f"p:0:{i}", sample_idx=0, group_size=1, has_reward=True, data={"answer": "five"},
+                   trajectory=encode_tensor_dict({**trajectory(i), "rewards": value.reshape(1)}))
+
+
+async def test_workflow_rewards_of_every_wire_dtype_pass_through_and_a_nan_one_fails_alone(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tokenizer_dir: str
+) -> None:
+    """Rewards the workflow set are read as float32 whatever their wire dtype (as torch's
+    ``.to(torch.float32)`` reads them); a NaN one fails its sample; the records behind it on the
+    same partition are scored."""
+    config = reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir)
+    config.kafka.partitions = 1
+    values = [scored_by_workflow(i, torch.tensor(v, dtype=dtype)) for i, (dtype, v) in enumerate(WORKFLOW_REWARDS)]
+    nan = scored_by_workflow(len(values), torch.tensor(float("nan"), dtype=torch.float16))
+    behind = episode(len(values) + 1)
+    records = [(m.task_id.encode(), encode(m)) for m in [*values, nan, behind]]
+    await produce_episodes(config, records)
+
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run(config, stop))
+    try:
+        scored = await wait_for_scored(config, len(records))
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 30)
+
+    by_task = {(m.episode.task_id if isinstance(m, ScoredEpisode) else m.task_id): m for m in scored}
+    assert len(scored) == len(records) == len(by_task)
+    for i, (dtype, v) in enumerate(WORKFLOW_REWARDS):
+        message = by_task[f"p:0:{i}"]
+        want = torch.tensor(v, dtype=dtype).to(torch.float32).item()
+        assert isinstance(message, ScoredEpisode) and message.reward_source == "workflow", dtype
+        assert message.reward == want, (dtype, message.reward, want)
+        assert decode_tensor_dict(message.episode.trajectory)["rewards"].tolist() == [want]
+    failed = by_task[nan.task_id]
+    assert isinstance(failed, SampleRejected) and failed.failed and "non-finite" in failed.reason
+    last = by_task[behind.task_id]
+    assert isinstance(last, ScoredEpisode) and last.reward == expected_reward(len(values) + 1)
