@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import UnknownTopicOrPartitionError
 
 from rollstream.config import KafkaConfig
 from rollstream.kafka.clients import make_consumer
@@ -122,12 +123,24 @@ class BatchesWatcher:
 
     def __init__(self, config: KafkaConfig, topic: str) -> None:
         self.ledger = Ledger()
+        self._config, self._topic = config, topic
         self._consumer = _consumer(config, topic)
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
 
     async def __aenter__(self) -> BatchesWatcher:
-        await self._consumer.start()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                await self._consumer.start()
+                break
+            except UnknownTopicOrPartitionError:
+                # just created: on a cluster the broker asked may not know the topic yet
+                await self._consumer.stop()
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+                self._consumer = _consumer(self._config, self._topic)
         partitions = await _assigned(self._consumer)
         await self._consumer.seek_to_beginning(*partitions)
         self._task = asyncio.create_task(self._follow(), name="batches-watcher")

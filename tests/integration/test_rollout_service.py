@@ -265,17 +265,24 @@ async def test_rebalance_between_two_workers_loses_nothing(
     async with TopicReader(config_a, names.episodes, decode_episode) as reader:
         await reader.until(lambda m: len(episodes(m)) >= 1, timeout=120, what="a first episode")
         worker_b = asyncio.create_task(run(config_b, stop_b))  # joining revokes worker a's partitions
+        # the move itself, before the rest of the run: on a loaded machine worker b may take
+        # longer to join than worker a takes to finish, and then nothing would move
+        await reader.until(lambda _: revoked(caplog), timeout=120, what="worker a's partitions revoked")
         msgs = await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
         # Prompts that were running when their partition moved publish from the old owner
         # but are committed only once the new owner has re-run them.
         await _until_committed_to_end(config_a, timeout=120)
         await _stop_service(worker_a, stop_a)
         await _stop_service(worker_b, stop_b)
-    assert any("partitions revoked" in r.getMessage() for r in caplog.records)
+    assert revoked(caplog)
     for ep in episodes(msgs):
         _check_episode(ep)
     committed, ends = await _committed_vs_end(config_a)
     assert committed == ends and sum(ends.values()) == 12
+
+
+def revoked(caplog: pytest.LogCaptureFixture) -> bool:
+    return any("partitions revoked" in r.getMessage() for r in caplog.records)
 
 
 async def _until_committed_to_end(config: RollstreamConfig, timeout: float) -> None:
