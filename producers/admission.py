@@ -3,9 +3,15 @@
 A training prompt is published only after ``StalenessBudget.try_admit`` said yes; admission
 is idempotent per task id, so a producer that crashed between admitting and publishing
 re-admits the same (deterministic) task id without counting it twice. Eval prompts are never
-counted. After each commit the producer ``confirm``s its train prompts, which counts only
-those the counters do not know (prompts admitted before Redis lost its state and committed
-after the rebuild read the topics).
+counted.
+
+Every admission names the budget *generation* the producer read before it (re)started its
+transactional producer (:meth:`Admission.begin`). A rebuild of the counters (Redis lost them)
+writes a new generation and fences every producer's transactional id first, so prompts
+admitted in the old generation and not committed yet can never be committed: the producer
+learns it (:class:`BudgetRebuilt`, from an admission, from :meth:`Admission.check` inside
+each transaction, or from a fenced commit) and starts again from its committed cursor,
+re-admitting those prompts in the new generation (docs/GUARANTEES.md, section 13).
 
 Redis faults are waited out, never crashes, and never an unadmitted training prompt:
 unreachable -> wait for Redis; state missing -> rebuild it from the topics (``restore``);
@@ -21,12 +27,25 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 
-from rollstream.redis_state import RedisStateError, StalenessBudget, StateMissingError, wait_for_redis
+from rollstream.redis_state import (
+    GenerationChanged,
+    RedisStateError,
+    StalenessBudget,
+    StateMissingError,
+    wait_for_redis,
+)
 
 log = logging.getLogger(__name__)
 
 REDIS_ERRORS = (aioredis.RedisError, OSError)
 T = TypeVar("T")
+NO_GENERATION = "none"  # matches no generation: the first admission learns the current one
+
+
+class BudgetRebuilt(RuntimeError):
+    """The staleness budget was rebuilt since this producer (re)started: what it admitted and
+    has not committed may be unknown to the new counters, and its transactional producer was
+    fenced by the rebuild. Start again from the committed cursor (:meth:`Admission.begin`)."""
 
 
 class Admission:
@@ -50,44 +69,73 @@ class Admission:
         self._stop = stop
         self._enabled = enabled
         self._restore = restore
+        self.generation = NO_GENERATION  # the budget generation this run admits in
         self.waits = 0  # how many times the producer waited for room (a counter for logs)
+
+    async def begin(self) -> None:
+        """Read the budget's generation (rebuilding a missing state first); call it BEFORE
+        starting the transactional producer: a rebuild after this read fences that producer
+        and changes the generation."""
+        if not self._enabled:
+            return
+        generation = await self._with_redis(self._budget.generation, "reading its generation")
+        if generation is None and self._restore is not None and not self._stop.is_set():
+            await self._restore()
+            generation = await self._with_redis(self._budget.generation, "reading its generation")
+        self.generation = generation or NO_GENERATION
 
     async def try_admit(self, task_id: str, is_eval: bool) -> bool:
         """True when ``task_id`` is admitted now (always for eval prompts or a disabled budget).
 
         False when the budget is full right now, or when ``stop`` was set while Redis could
-        not answer. Redis faults are waited out here.
+        not answer. Redis faults are waited out here. Raises :class:`BudgetRebuilt`.
         """
         if is_eval or not self._enabled:
             return True
-        admitted = await self._with_redis(lambda: self._budget.try_admit(task_id), f"admitting {task_id}")
+        try:
+            admitted = await self._with_redis(
+                lambda: self._budget.try_admit(task_id, self.generation), f"admitting {task_id}"
+            )
+        except GenerationChanged as exc:
+            raise BudgetRebuilt(f"{exc} since this producer started") from exc
         return bool(admitted)
 
-    async def confirm(self, task_ids: list[str]) -> None:
-        """Count committed train prompts the counters may not know (see the module docstring)."""
-        if not self._enabled or not task_ids:
+    async def check(self) -> None:
+        """Raise :class:`BudgetRebuilt` unless the generation is still the one this run admits
+        in; call it inside each transaction, before sending (after the producer started)."""
+        if not self._enabled:
             return
-        counted = await self._with_redis(lambda: self._budget.confirm(task_ids), "confirming published prompts")
-        if counted:
-            log.warning("counted %d published prompts that the rebuilt staleness budget did not know", counted)
+        current = await self._with_redis(self._budget.generation, "checking its generation")
+        if current != self.generation:
+            raise BudgetRebuilt(f"the staleness budget's generation is {current or 'unknown'}, not {self.generation}")
+
+    async def rebuilt(self) -> bool:
+        """Whether the budget was rebuilt since :meth:`begin` (a fenced commit asks: a rebuild
+        fences every producer; anything else that fences one is a second process with its id)."""
+        if not self._enabled:
+            return False
+        return await self._with_redis(self._budget.generation, "checking its generation") != self.generation
 
     async def _with_redis(self, call: Callable[[], Awaitable[T]], what: str) -> T | None:
-        """``await call()`` through every Redis fault; None when ``stop`` was set first."""
-        while not self._stop.is_set():
+        """``await call()`` through every Redis fault; None when a fault meets ``stop`` set."""
+        while True:
             try:
                 return await call()
             except StateMissingError:
                 if self._restore is None:
                     raise
+                if self._stop.is_set():
+                    return None
                 await self._restore()
             except RedisStateError as exc:
                 log.error("staleness budget unusable while %s: %s; retrying in %.1fs", what, exc, self._poll_seconds)
+                if self._stop.is_set():
+                    return None
                 await self._sleep(self._poll_seconds)
             except REDIS_ERRORS as exc:
                 log.warning("staleness budget unreachable while %s: %s", what, exc)
                 if not await self._wait_for_redis():
                     return None
-        return None
 
     async def wait_for_room(self) -> bool:
         """Sleep until the budget may have grown (new version, a release) or ``poll_seconds``.

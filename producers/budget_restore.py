@@ -12,9 +12,15 @@ producers (a lock in Redis), before anything is admitted again:
   keeps every producer's total);
 - dropped: the ``dropped`` records on ``batches`` of those train tasks, by reason.
 
-Prompts admitted before the loss and committed after this scan are counted by the producers'
-``confirm`` after each commit (idempotent per task), so the counters end exact. The same
-rebuild initialises the counters of a new trial (empty topics: zero).
+Before it reads anything it FENCES every train producer of the trial (registers each one's
+transactional id, found on the cursor topic: a producer commits a cursor before its first
+admission). That aborts the transactions they have open and makes every producer they hold
+unable to commit, so no prompt admitted before the loss can be committed after the scan:
+the producers find the budget's generation changed and start again from their committed
+cursors, admitting those prompts anew (producers/admission.py). The scans therefore see
+every prompt that will ever be committed from an old admission, and the counters are exact
+when they are written (docs/GUARANTEES.md, section 13). The same rebuild initialises the
+counters of a new trial (empty topics: zero).
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ import time
 import uuid
 
 from rollstream.producers.cursor import read_all_cursors
+from rollstream.producers.publisher import transactional_id
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.scan import scan_topic
 from rollstream.kafka.topics import TopicNames
+from rollstream.kafka.transactions import TransactionalProducer
 from rollstream.redis_state import StalenessBudget
 from rollstream.wire import GroupDropped, WireDecodeError, decode_batch, decode_prompt
 
@@ -54,6 +62,8 @@ async def restore_budget(config: RollstreamConfig, names: TopicNames, budget: St
 async def _rebuild(config: RollstreamConfig, names: TopicNames, budget: StalenessBudget) -> None:
     started = time.monotonic()
     log.warning("the staleness budget has no state in Redis: rebuilding it from %s and %s", names.prompts, names.batches)
+    train = sorted(pid for pid, c in (await read_all_cursors(config, names)).items() if not c.is_eval)
+    await fence_producers(config, names, train)
     admitted = await admitted_tasks(config, names)
     drops = await dropped_tasks(config, names, set(admitted))
     cursors = await read_all_cursors(config, names)
@@ -64,6 +74,17 @@ async def _rebuild(config: RollstreamConfig, names: TopicNames, budget: Stalenes
             "staleness budget rebuilt in %.1fs: admitted %d (%d prompts on the topic, %d by the cursors), dropped %d",
             time.monotonic() - started, count, len(admitted), from_cursors, len(drops),
         )
+
+
+async def fence_producers(config: RollstreamConfig, names: TopicNames, producer_ids: list[str]) -> None:
+    """Register each producer's transactional id: its open transaction is aborted (Kafka
+    completes that before answering) and it can never commit with its current producer."""
+    for producer_id in producer_ids:
+        fence = TransactionalProducer(config.kafka, f"budget-fence-{producer_id}", transactional_id(names, producer_id))
+        await fence.start()
+        await fence.stop()
+    if producer_ids:
+        log.warning("fenced the train producers %s: they start again from their committed cursors", producer_ids)
 
 
 async def admitted_tasks(config: RollstreamConfig, names: TopicNames) -> list[str]:

@@ -3,8 +3,12 @@
 Prompts and the cursor that covers them commit or abort together, so after any crash the
 committed cursor names exactly the first sample whose prompt was not committed. A failed
 transaction (broker restarting, coordinator moved) is retried with the shared retry policy on
-a new producer (the transactional core closes the failed one); a fenced producer (another
-process started with the same ``producer.producer_id``) stops the tier.
+a new producer (the transactional core closes the failed one). Inside every transaction,
+before anything is sent, the staleness budget's generation is checked (``Admission.check``):
+a budget rebuilt since the producer started raises :class:`BudgetRebuilt` and nothing of the
+batch is sent. A fenced producer is either the work of such a rebuild (``BudgetRebuilt``
+again) or of another process started with the same ``producer.producer_id``, which stops
+the tier.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
 
+from rollstream.producers.admission import Admission, BudgetRebuilt
 from rollstream.producers.cursor import cursor_record
 from rollstream.kafka.dead_letter import send_dead_letter
 from rollstream.kafka.topics import TopicNames
@@ -68,6 +73,11 @@ class PendingBatch:
         return size >= max_prompts or time.monotonic() - self.first_added >= linger_seconds
 
 
+def transactional_id(names: TopicNames, producer_id: str) -> str:
+    """A producer's transactional id: one per ``producer.producer_id`` (its cursor's key)."""
+    return f"{names.group_id('producer')}.{producer_id}"
+
+
 class ProducerFencedError(RuntimeError):
     """Another producer process with the same ``producer.producer_id`` took over."""
 
@@ -75,16 +85,19 @@ class ProducerFencedError(RuntimeError):
 class PromptPublisher:
     """Commits pending batches through a transactional producer, retrying failed transactions."""
 
-    def __init__(self, txn: TransactionalProducer, names: TopicNames, retry: RetryPolicy) -> None:
+    def __init__(self, txn: TransactionalProducer, names: TopicNames, retry: RetryPolicy, admission: Admission) -> None:
         self._txn = txn
         self._names = names
         self._retry = retry
+        self._admission = admission
 
     async def commit(self, batch: PendingBatch) -> None:
         """Send every prompt, dead letter and the cursor in one transaction.
 
         A failed transaction is invisible and is retried (same content, new producer) per the
-        retry policy, whose last failure propagates; ``ProducerFencedError`` when fenced.
+        retry policy, whose last failure propagates; :class:`BudgetRebuilt` when the budget
+        was rebuilt since the producer started (nothing sent); ``ProducerFencedError`` when
+        another process with the same id fenced this one.
         """
         cursor = batch.cursor
         if batch.is_empty() or cursor is None:
@@ -95,6 +108,8 @@ class PromptPublisher:
                 retry_on=(TransactionFailed,), what=f"publishing {len(batch.prompts)} prompts",
             )
         except TransactionFenced as exc:
+            if await self._admission.rebuilt():
+                raise BudgetRebuilt(f"fenced by the staleness budget's rebuild: {exc}") from exc
             raise ProducerFencedError(
                 f"another producer with producer.producer_id={cursor.producer_id!r} started and "
                 "fenced this one; each producer needs its own producer_id"
@@ -107,6 +122,8 @@ class PromptPublisher:
     async def _send_all(
         self, producer: AIOKafkaProducer, batch: PendingBatch, cursor: ProducerCursor
     ) -> list[asyncio.Future[object]]:
+        if batch.train_task_ids:
+            await self._admission.check()  # after the producer started: see the module docstring
         futures = [await producer.send(self._names.prompts, value, key=key) for key, value in batch.prompts]
         for letter in batch.dead_letters:
             await send_dead_letter(producer, self._names.dead_letter, letter)

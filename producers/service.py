@@ -25,12 +25,12 @@ from typing import Any
 
 import msgspec
 
-from rollstream.producers.admission import Admission
+from rollstream.producers.admission import Admission, BudgetRebuilt
 from rollstream.producers.budget_restore import restore_budget
 from rollstream.producers.cursor import advance, read_cursor
 from rollstream.producers.dataset import iter_samples, load_rows, next_position, task_id_for
 from rollstream.producers.prompt_images import image_sizes, with_encoded_images
-from rollstream.producers.publisher import TIER, PendingBatch, PromptPublisher
+from rollstream.producers.publisher import TIER, PendingBatch, PromptPublisher, transactional_id
 from rollstream.config import RollstreamConfig, require
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
@@ -57,16 +57,13 @@ class RunSummary:
     transactions: int = 0
     admission_waits: int = 0
     total_published: int = 0  # including earlier runs (from the cursor)
+    restarts: int = 0  # starts from the committed cursor after a budget rebuild
     reason: str = "stopped"
 
 
 def check_config(config: RollstreamConfig) -> None:
     """What the producer needs beyond the schema's rules (which the types carry)."""
     require(config.producer.dataset, "producer.dataset", "must name a JSONL, Parquet or HF dataset path")
-
-
-def transactional_id(names: TopicNames, producer_id: str) -> str:
-    return f"{names.group_id('producer')}.{producer_id}"
 
 
 async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
@@ -83,39 +80,64 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
     await ensure_topics(config.kafka, names)
     async with contextlib.AsyncExitStack() as stack:
         txn = TransactionalProducer(config.kafka, f"producer-{pc.producer_id}", transactional_id(names, pc.producer_id))
-        # Starting fences a crashed predecessor and aborts its open transaction, so the
-        # cursor read below sees the final committed state.
-        await txn.start()
         stack.push_async_callback(txn.stop)
         redis = connect(config.redis)
         stack.push_async_callback(redis.aclose)
-        cursor = await read_cursor(config, names, pc.producer_id)
-        if cursor is None:
-            cursor = ProducerCursor(producer_id=pc.producer_id, epoch=0, index=0, published=0)
-        cursor = msgspec.structs.replace(cursor, is_eval=pc.is_eval)
-        log.info(
-            "producer %s starts at epoch %d index %d (%d published before) over %d rows",
-            pc.producer_id, cursor.epoch, cursor.index, cursor.published, len(rows),
-        )
         budget = StalenessBudget(
             redis, RedisKeys(config.experiment.experiment_name, config.experiment.trial_name),
             config.staleness.max_head_offpolicyness, config.staleness.batch_size,
         )
         admission = Admission(
-            budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled,
+            budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled and not pc.is_eval,
             restore=lambda: restore_budget(config, names, budget),
         )
-        publisher = PromptPublisher(txn, names, RetryPolicy(initial=0.25, maximum=5.0, max_attempts=PUBLISH_ATTEMPTS))
-        loop = _ProduceLoop(config, rows, cursor, admission, publisher, stop)
+        publisher = PromptPublisher(
+            txn, names, RetryPolicy(initial=0.25, maximum=5.0, max_attempts=PUBLISH_ATTEMPTS), admission,
+        )
+        summary = RunSummary()
         mark_ready()
-        summary = await loop.run()
+        while True:
+            cursor = await _start(config, names, txn, admission, publisher)
+            summary.total_published = cursor.published
+            try:
+                await _ProduceLoop(config, rows, cursor, admission, publisher, stop, summary).run()
+                break
+            except BudgetRebuilt as exc:
+                summary.restarts += 1
+                log.warning("producer %s starts again from its committed cursor: %s", pc.producer_id, exc)
+                await txn.stop()  # fenced by the rebuild: a new producer registers the id again
     log.info(
         "producer %s finished (%s): %d prompts published (%d eval, %d total), %d rows dead-lettered, "
-        "%d transactions, %d admission waits",
-        pc.producer_id, summary.reason, summary.published, summary.eval_prompts,
-        summary.total_published, summary.dead_lettered, summary.transactions, summary.admission_waits,
+        "%d transactions, %d admission waits, %d restarts after a budget rebuild",
+        pc.producer_id, summary.reason, summary.published, summary.eval_prompts, summary.total_published,
+        summary.dead_lettered, summary.transactions, summary.admission_waits, summary.restarts,
     )
     return summary
+
+
+async def _start(
+    config: RollstreamConfig, names: TopicNames, txn: TransactionalProducer, admission: Admission,
+    publisher: PromptPublisher,
+) -> ProducerCursor:
+    """(Re)start: the budget's generation, then the transactional producer, then the cursor.
+
+    Starting the producer fences a crashed predecessor and aborts its open transaction, so the
+    cursor read sees the final committed state. A producer without a cursor commits one before
+    its first admission, so a budget rebuild knows (and fences) every producer that admits.
+    """
+    pc = config.producer
+    await admission.begin()  # before the producer starts: see producers/admission.py
+    await txn.start()
+    cursor = await read_cursor(config, names, pc.producer_id)
+    if cursor is None:
+        cursor = ProducerCursor(producer_id=pc.producer_id, epoch=0, index=0, published=0, is_eval=pc.is_eval)
+        await publisher.commit(PendingBatch(cursor=cursor))
+    cursor = msgspec.structs.replace(cursor, is_eval=pc.is_eval)
+    log.info(
+        "producer %s starts at epoch %d index %d (%d published before)",
+        pc.producer_id, cursor.epoch, cursor.index, cursor.published,
+    )
+    return cursor
 
 
 class _ProduceLoop:
@@ -129,6 +151,7 @@ class _ProduceLoop:
         admission: Admission,
         publisher: PromptPublisher,
         stop: asyncio.Event,
+        summary: RunSummary,
     ) -> None:
         self._pc = config.producer
         self._max_message_bytes = config.kafka.max_message_bytes
@@ -138,7 +161,7 @@ class _ProduceLoop:
         self._publisher = publisher
         self._stop = stop
         self._batch = PendingBatch()
-        self._summary = RunSummary(total_published=cursor.published)
+        self._summary = summary
 
     async def run(self) -> RunSummary:
         pc, summary = self._pc, self._summary
@@ -223,7 +246,6 @@ class _ProduceLoop:
         if batch.is_empty():
             return
         await self._publisher.commit(batch)
-        await self._admission.confirm(batch.train_task_ids)
         summary = self._summary
         before = summary.published
         summary.published += len(batch.prompts)

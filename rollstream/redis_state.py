@@ -9,11 +9,13 @@ Redis faults are never crashes: a key holding something that is not a number rai
 :class:`RedisStateError` and a budget whose state is gone raises :class:`StateMissingError`,
 both ``RedisError`` subclasses that every tier handles like an unreachable Redis (log, keep
 the last known value or wait, retry). The budget's counters live under a ``state`` marker
-that is written only by :meth:`StalenessBudget.restore`; a Redis that restarted without
-persistence has lost the marker with the counters, so admissions and releases refuse to
-count (``StateMissingError``) until a producer has rebuilt the counters from the topics
-(``rollstream.producers.budget_restore``), which hold every admission and outcome. That keeps the
-staleness bound through a Redis restart.
+that is written only by :meth:`StalenessBudget.restore` and holds the budget's *generation*
+(a new random id per rebuild); a Redis that restarted without persistence has lost the marker
+with the counters, so admissions and releases refuse to count (``StateMissingError``) until a
+producer has rebuilt the counters from the topics (``rollstream.producers.budget_restore``).
+An admission names the generation its producer's uncommitted admissions were counted in, and
+is refused with :class:`GenerationChanged` when that generation is gone, so no producer
+commits a prompt that the current counters never counted (docs/GUARANTEES.md, section 13).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -38,12 +41,16 @@ MARKER_TTL_SECONDS = 7 * 24 * 3600
 REDIS_RETRY = RetryPolicy(initial=0.2, maximum=5.0)
 STATE_MISSING = -2
 MALFORMED = -3
+GENERATION_CHANGED = -4
 
-# KEYS: admitted, dropped, version, admit marker, state. 1 admitted, 0 no room,
-# STATE_MISSING, or {MALFORMED, key, value}.
+# KEYS: admitted, dropped, version, admit marker, state. ARGV: eta, batch size, marker TTL,
+# the caller's generation ('' = any). 1 admitted, 0 no room, STATE_MISSING,
+# {GENERATION_CHANGED, current}, or {MALFORMED, key, value}.
 _ADMIT = """
+local generation = redis.call('GET', KEYS[5])
+if not generation then return -2 end
+if ARGV[4] ~= '' and generation ~= ARGV[4] then return {-4, generation} end
 if redis.call('EXISTS', KEYS[4]) == 1 then return 1 end
-if redis.call('EXISTS', KEYS[5]) == 0 then return -2 end
 local values = {}
 for i = 1, 3 do
   local raw = redis.call('GET', KEYS[i])
@@ -70,26 +77,16 @@ end
 return 0
 """
 
-# KEYS: admitted, state, admit markers... Counts each task not counted yet (published prompts
-# that a rebuild did not see). Returns how many were counted, or STATE_MISSING.
-_CONFIRM = """
-if redis.call('EXISTS', KEYS[2]) == 0 then return -2 end
-local added = 0
-for i = 3, #KEYS do
-  if redis.call('SET', KEYS[i], '1', 'NX', 'EX', ARGV[1]) then added = added + 1 end
-end
-if added > 0 then redis.call('INCRBY', KEYS[1], added) end
-return added
-"""
-
-# KEYS: admitted, dropped, drops_by_reason, state. ARGV: admitted, dropped, state value,
-# then reason/count pairs. Writes the rebuilt counters unless the state exists already.
+# KEYS: admitted, dropped, drops_by_reason, state, state info. ARGV: admitted, dropped,
+# generation, info, then reason/count pairs. Writes the rebuilt counters unless the state
+# exists already.
 _RESTORE = """
 if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('DEL', KEYS[3])
-for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+redis.call('SET', KEYS[5], ARGV[4])
 redis.call('SET', KEYS[4], ARGV[3])
 return 1
 """
@@ -118,6 +115,15 @@ class RedisStateError(RedisError):
 class StateMissingError(RedisError):
     """The staleness budget's state is gone (Redis restarted without persistence, or a new
     trial): it must be rebuilt from the topics before anything is admitted or released."""
+
+
+class GenerationChanged(Exception):
+    """The budget was rebuilt since the generation an admission named: admissions counted in
+    the old generation may be unknown to the new counters (``current``: the new generation)."""
+
+    def __init__(self, current: str) -> None:
+        super().__init__(f"the staleness budget was rebuilt (generation {current})")
+        self.current = current
 
 
 def parse_int(key: str, raw: bytes | str | None, default: int = 0) -> int:
@@ -239,29 +245,25 @@ class StalenessBudget:
         self._batch_size = batch_size
         self._admit = client.register_script(_ADMIT)
         self._release = client.register_script(_RELEASE)
-        self._confirm = client.register_script(_CONFIRM)
         self._restore = client.register_script(_RESTORE)
 
     def _admit_keys(self, task_id: str) -> list[str]:
         k = self._keys.key
         return [k("admitted"), k("dropped"), k("version"), k(f"admit:{task_id}"), k("state")]
 
-    async def try_admit(self, task_id: str) -> bool:
+    async def try_admit(self, task_id: str, generation: str | None = None) -> bool:
         """Admit ``task_id`` if the budget allows (idempotent: a re-admission returns True).
 
-        Raises :class:`StateMissingError` (rebuild first) or :class:`RedisStateError`."""
-        args = [self._eta, self._batch_size, MARKER_TTL_SECONDS]
+        ``generation``: the budget generation the caller's uncommitted admissions were counted
+        in (None: any). Raises :class:`StateMissingError` (rebuild first),
+        :class:`GenerationChanged` or :class:`RedisStateError`."""
+        args = [self._eta, self._batch_size, MARKER_TTL_SECONDS, generation or ""]
         return _answer(await self._admit(keys=self._admit_keys(task_id), args=args)) == 1
 
-    async def confirm(self, task_ids: list[str]) -> int:
-        """Count published train prompts that the counters do not know yet (idempotent per
-        task): the prompts a producer admitted before Redis lost its state and committed after
-        the rebuild read the topics. Returns how many were counted."""
-        if not task_ids:
-            return 0
-        k = self._keys.key
-        keys = [k("admitted"), k("state"), *(k(f"admit:{t}") for t in task_ids)]
-        return _answer(await self._confirm(keys=keys, args=[MARKER_TTL_SECONDS]))
+    async def generation(self) -> str | None:
+        """The budget's current generation; None while its state is missing."""
+        raw = await self._redis.get(self._keys.key("state"))
+        return raw.decode() if isinstance(raw, bytes) else raw
 
     async def release(self, task_id: str, reason: str) -> bool:
         """Return a dropped group's slot and count the drop by reason; idempotent per task."""
@@ -277,7 +279,8 @@ class StalenessBudget:
     ) -> bool:
         """Write counters rebuilt from the topics: ``admitted`` train task ids (counted as
         ``admitted_count`` when larger, e.g. from producer cursors) and the reasons of the
-        ``drops`` among them. False (nothing written) when the state exists already.
+        ``drops`` among them, under a new generation. False (nothing written) when the state
+        exists already.
 
         Markers first, the counters and the ``state`` marker last in one script, so no
         admission or release can count between the two (they refuse while the state is gone).
@@ -300,9 +303,11 @@ class StalenessBudget:
             by_reason[reason] = by_reason.get(reason, 0) + 1
         pairs = [x for reason, n in sorted(by_reason.items()) for x in (reason, n)]
         count = max(len(admitted), admitted_count or 0)
-        state = json.dumps({"restored_at": time.time(), "admitted": count, "dropped": len(drops), "note": note})
-        keys = [k("admitted"), k("dropped"), k("drops_by_reason"), k("state")]
-        return bool(await self._restore(keys=keys, args=[count, len(drops), state, *pairs]))
+        generation = uuid.uuid4().hex
+        info = json.dumps({"restored_at": time.time(), "generation": generation, "admitted": count,
+                           "dropped": len(drops), "note": note})
+        keys = [k("admitted"), k("dropped"), k("drops_by_reason"), k("state"), k("state-info")]
+        return bool(await self._restore(keys=keys, args=[count, len(drops), generation, info, *pairs]))
 
     async def try_lock(self, owner: str, ttl_seconds: int) -> bool:
         """Take the rebuild lock (one rebuilder at a time); expires after ``ttl_seconds``."""
@@ -345,6 +350,9 @@ class StalenessBudget:
 
 def _answer(result: object) -> int:
     """A budget script's answer as an int; raises for the error answers."""
+    if isinstance(result, list) and result and result[0] == GENERATION_CHANGED:
+        current = result[1]
+        raise GenerationChanged(current.decode() if isinstance(current, bytes) else str(current))
     if isinstance(result, list):  # [MALFORMED, key, value]
         key = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
         parse_int(key, result[2] if len(result) > 2 else b"?")

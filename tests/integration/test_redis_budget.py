@@ -10,7 +10,7 @@ from rollstream.api.engine import WeightUpdate
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, RedisStateError, StalenessBudget, StateMissingError, VersionStore
+from rollstream.redis_state import RedisKeys, GenerationChanged, RedisStateError, StalenessBudget, StateMissingError, VersionStore
 from rollstream.wire import GroupDropped, ProducerCursor, PromptTask, encode
 from tests.helpers import make_config
 
@@ -42,17 +42,32 @@ async def test_without_its_state_the_budget_counts_nothing_until_restored(redis_
         await budget.try_admit("p:0:0")
     with pytest.raises(StateMissingError):
         await budget.release("p:0:0", "timeout")
-    with pytest.raises(StateMissingError):
-        await budget.confirm(["p:0:0"])
+    assert await budget.generation() is None
     assert await budget.restore(["p:0:0"], {}, admitted_count=1)
+    generation = await budget.generation()
+    assert generation is not None
     assert not await budget.restore([], {})  # a second rebuilder writes nothing
-    assert await budget.try_admit("p:0:0")  # known from the rebuild: not counted again
-    assert await budget.try_admit("p:0:1") and not await budget.try_admit("p:0:2")  # capacity 2
-    assert await budget.confirm(["p:0:1", "p:0:5"]) == 1  # p:0:5 was published unseen
-    assert (await budget.usage())["admitted"] == 3
-    assert await budget.release("p:0:5", "all_rejected")
-    assert not await budget.release("p:0:5", "all_rejected")  # idempotent per task
+    assert await budget.generation() == generation
+    assert await budget.try_admit("p:0:0", generation)  # known from the rebuild: not counted again
+    assert await budget.try_admit("p:0:1", generation) and not await budget.try_admit("p:0:2", generation)  # capacity 2
+    assert (await budget.usage())["admitted"] == 2
+    assert await budget.release("p:0:1", "all_rejected")
+    assert not await budget.release("p:0:1", "all_rejected")  # idempotent per task
     assert (await budget.usage())["dropped"] == 1
+
+
+async def test_an_admission_in_a_generation_that_is_gone_is_refused(redis_client, unique_name: str) -> None:
+    budget = budget_of(redis_client, unique_name, eta=0, batch_size=2)
+    assert await budget.restore([], {})
+    old = await budget.generation()
+    assert await budget.try_admit("p:0:0", old)
+    for key in await redis_client.keys(RedisKeys(unique_name, "t0").key("*")):
+        await redis_client.delete(key)  # what a Redis restart without persistence does
+    assert await budget.restore([], {})
+    with pytest.raises(GenerationChanged) as refused:
+        await budget.try_admit("p:0:1", old)
+    assert refused.value.current == await budget.generation() != old
+    assert (await budget.usage())["admitted"] == 0  # nothing counted by the refused admission
 
 
 async def test_restore_rebuilds_the_counters_from_the_topics(

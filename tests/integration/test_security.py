@@ -164,8 +164,9 @@ async def test_redis_acl_user(auth_redis: LocalRedisServer, acl_user: str, uniqu
     try:  # the Lua scripts of the staleness budget run as the ACL user
         budget = StalenessBudget(client, RedisKeys(unique_name, "t0"), 0, 2)
         assert await budget.restore([], {})  # what a producer does first (rebuilt from the topics)
-        assert await budget.try_admit("task-1") and (await budget.usage())["admitted"] == 1
-        assert await budget.confirm(["task-1", "task-2"]) == 1 and await budget.release("task-2", "timeout")
+        generation = await budget.generation()
+        assert await budget.try_admit("task-1", generation) and (await budget.usage())["admitted"] == 1
+        assert await budget.release("task-1", "timeout") and (await budget.usage())["dropped"] == 1
     finally:
         await client.aclose()
     with pytest.raises(AuthenticationError):

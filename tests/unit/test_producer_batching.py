@@ -25,7 +25,10 @@ class FakeBudget:
         self.poked = asyncio.Event()
         self.wait_calls = 0
 
-    async def try_admit(self, task_id: str) -> bool:
+    async def generation(self) -> str:
+        return "g1"
+
+    async def try_admit(self, task_id: str, generation: str | None = None) -> bool:
         if self.failures:
             self.failures -= 1
             raise aioredis.ConnectionError("redis down")

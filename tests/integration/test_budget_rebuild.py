@@ -1,0 +1,181 @@
+"""The staleness bound through a Redis that forgets, with the bad interleavings forced.
+
+A rebuild of the budget's counters (``restore_budget``) races with producers that admitted
+prompts before the loss and have not committed them. Each test below stops a producer at one
+point of its admit -> transaction -> commit path, makes Redis lose the trial's state there,
+rebuilds, lets the producer go on, and checks the invariant the bound rests on: no prompt is
+committed that the counters in force do not count (committed train prompts <= admitted), and
+the counters are exact once everything is committed (docs/GUARANTEES.md, section 13).
+
+"Redis loses the state" is the deletion of the trial's keys (what a restart without
+persistence does to them), so the session's Redis stays shared with other tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+
+from rollstream.config import RollstreamConfig
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.transactions import TransactionalProducer, TransactionFenced
+from rollstream.producers.admission import Admission, BudgetRebuilt
+from rollstream.producers.budget_restore import restore_budget
+from rollstream.producers.cursor import advance
+from rollstream.producers.publisher import PendingBatch, PromptPublisher, transactional_id
+from rollstream.producers.service import run_producer
+from rollstream.redis_state import RedisKeys, StalenessBudget
+from rollstream.retry import RetryPolicy
+from rollstream.wire import ProducerCursor, PromptTask, encode
+from tests.integration.test_producer_service import names_of, producer_config, read_prompts, write_dataset
+
+pytestmark = pytest.mark.broker
+
+BATCH = 4  # staleness.batch_size; eta 0: capacity 4 at version 0
+
+
+class Producer:
+    """One producer's real pieces (admission, transactional producer, publisher), driven by hand."""
+
+    def __init__(self, config: RollstreamConfig, redis: aioredis.Redis) -> None:
+        self.config = config
+        self.names = names_of(config)
+        self.budget = budget_of(config, redis)
+        self.stop = asyncio.Event()
+        self.admission = Admission(
+            self.budget, redis, 0.2, self.stop, restore=lambda: restore_budget(config, self.names, self.budget)
+        )
+        pid = config.producer.producer_id
+        self.txn = TransactionalProducer(config.kafka, f"test-{pid}", transactional_id(self.names, pid))
+        self.publisher = PromptPublisher(self.txn, self.names, RetryPolicy(initial=0.1, max_attempts=3), self.admission)
+        self.cursor = ProducerCursor(producer_id=pid, epoch=0, index=0, published=0)
+
+    async def start(self) -> None:
+        """What run_producer does first: topics, generation, producer, the initial cursor."""
+        await ensure_topics(self.config.kafka, self.names)
+        await self.admission.begin()
+        await self.txn.start()
+        await self.publisher.commit(PendingBatch(cursor=self.cursor))
+
+    async def admit(self, n: int) -> PendingBatch:
+        """Admit ``n`` train prompts into a pending batch (not committed)."""
+        batch = PendingBatch()
+        pid = self.config.producer.producer_id
+        for index in range(n):
+            task = PromptTask(task_id=f"{pid}:0:{index}", group_size=2, data={"q": index})
+            assert await self.admission.try_admit(task.task_id, is_eval=False)
+            batch.add_prompt(task, encode(task), advance(self.cursor, 0, index + 1, index + 1))
+        return batch
+
+
+def budget_of(config: RollstreamConfig, redis: aioredis.Redis) -> StalenessBudget:
+    keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
+    return StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.batch_size)
+
+
+async def lose_state(redis: aioredis.Redis, config: RollstreamConfig) -> None:
+    keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
+    doomed = await redis.keys(keys.key("*"))
+    if doomed:
+        await redis.delete(*doomed)
+
+
+async def committed_train_prompts(config: RollstreamConfig) -> int:
+    return sum(not task.is_eval for _, task in await read_prompts(config))
+
+
+@pytest.fixture
+def configs(kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path) -> dict[str, RollstreamConfig]:
+    dataset = write_dataset(tmp_path / "d.jsonl", 6)
+    staleness = {"batch_size": BATCH, "max_head_offpolicyness": 0}
+    return {
+        pid: producer_config(kafka_bootstrap, redis_url, unique_name, dataset, producer_id=pid, staleness=dict(staleness))
+        for pid in ("a", "b")
+    }
+
+
+@pytest.fixture
+def redis(redis_client: aioredis.Redis) -> aioredis.Redis:
+    return redis_client
+
+
+async def test_a_batch_admitted_before_the_loss_is_never_committed(configs, redis) -> None:  # type: ignore[no-untyped-def]
+    a = Producer(configs["a"], redis)
+    await a.start()
+    pending = await a.admit(3)  # counted in the old generation, not committed
+    await lose_state(redis, a.config)
+    await restore_budget(a.config, a.names, a.budget)  # another producer found the state missing
+    assert (await a.budget.usage())["admitted"] == 0  # nothing is committed: the rebuild counts nothing
+    with pytest.raises(BudgetRebuilt):
+        await a.publisher.commit(pending)  # the rebuild fenced it: this can never commit
+    assert await committed_train_prompts(a.config) == 0
+    await a.txn.stop()
+    # the producer starts again from its committed cursor and admits the same prompts anew
+    again = msgspec.structs.replace(a.config, producer=msgspec.structs.replace(a.config.producer, max_prompts=BATCH))
+    summary = await asyncio.wait_for(run_producer(again, asyncio.Event()), 60)
+    assert summary.published == BATCH  # the bound (4 at version 0), every one counted
+    assert await committed_train_prompts(a.config) == (await a.budget.usage())["admitted"] == BATCH
+
+
+async def test_a_transaction_open_at_the_loss_is_aborted_by_the_rebuild(configs, redis) -> None:  # type: ignore[no-untyped-def]
+    a = Producer(configs["a"], redis)
+    await a.start()
+    pending = await a.admit(2)
+    sent, go_on = asyncio.Event(), asyncio.Event()
+
+    async def write(producer):  # type: ignore[no-untyped-def]
+        futures = [await producer.send(a.names.prompts, value, key=key) for key, value in pending.prompts]
+        sent.set()
+        await go_on.wait()  # the records are on the broker, the transaction is open
+        return futures
+
+    commit = asyncio.create_task(a.txn.commit(write))
+    await sent.wait()
+    await lose_state(redis, a.config)
+    await restore_budget(a.config, a.names, a.budget)  # fences a: its open transaction is aborted
+    go_on.set()
+    with pytest.raises(TransactionFenced):
+        await commit
+    assert await a.admission.rebuilt()  # so the publisher answers BudgetRebuilt, not "duplicate id"
+    assert await committed_train_prompts(a.config) == 0 == (await a.budget.usage())["admitted"]
+
+
+async def test_a_producer_restarted_after_the_fence_checks_the_generation_before_it_sends(configs, redis) -> None:  # type: ignore[no-untyped-def]
+    a = Producer(configs["a"], redis)
+    await a.start()
+    pending = await a.admit(2)
+    await lose_state(redis, a.config)
+    await restore_budget(a.config, a.names, a.budget)
+    await a.txn.stop()
+    await a.txn.start()  # a retry on a new producer after the fence: not fenced itself
+    with pytest.raises(BudgetRebuilt):
+        await a.publisher.commit(pending)  # the generation check inside the transaction stops it
+    assert await committed_train_prompts(a.config) == 0
+
+
+async def test_an_admission_after_the_rebuild_is_refused_to_a_producer_of_the_old_generation(configs, redis) -> None:  # type: ignore[no-untyped-def]
+    a, b = Producer(configs["a"], redis), Producer(configs["b"], redis)
+    await a.start()
+    await b.start()
+    await a.admit(2)  # pending in a: 2 of the 4 slots
+    await lose_state(redis, a.config)
+    b_batch = PendingBatch()
+    for index in range(BATCH):  # b finds the state missing, rebuilds, and takes the whole bound
+        task = PromptTask(task_id=f"b:0:{index}", group_size=2, data={})
+        try:
+            assert await b.admission.try_admit(task.task_id, is_eval=False)
+        except BudgetRebuilt:  # b's own uncommitted start is also of the old generation
+            await b.txn.stop()
+            await b.admission.begin()
+            await b.txn.start()
+            assert await b.admission.try_admit(task.task_id, is_eval=False)
+        b_batch.add_prompt(task, encode(task), advance(b.cursor, 0, index + 1, index + 1))
+    await b.publisher.commit(b_batch)
+    with pytest.raises(BudgetRebuilt):
+        await a.admission.try_admit("a:0:2", is_eval=False)  # a must start over, not add a third
+    committed = await committed_train_prompts(a.config)
+    assert committed == BATCH == (await a.budget.usage())["admitted"]  # never beyond the bound
