@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import IllegalStateError, KafkaError
@@ -72,13 +72,16 @@ class OffsetCommitter:
 
 
 def prompt_ownership(consumer: AIOKafkaConsumer, topic: str, committer: OffsetCommitter,
-                     tracker: OffsetTracker, name: str) -> PartitionOwnership:
+                     tracker: OffsetTracker, forget: Callable[[set[TopicPartition]], None],
+                     name: str) -> PartitionOwnership:
     """The rebalance guard of the prompts consumer (the shared one, see
     :mod:`rollstream.kafka.ownership`): nothing to fence on taking a partition; before a
-    partition moves to another worker, what is done is committed and the rest forgotten.
+    partition moves, what is done is committed and the rest forgotten (``forget``: the
+    runner's prompts held by other workers).
 
-    Prompts of revoked partitions that are still running go on and publish their samples;
-    the new owner re-runs them from the committed offset (duplicates are removed downstream).
+    Prompts of revoked partitions that are still running here go on and publish their
+    samples; their claims tell the partition's next owner (maybe this worker again) not to run
+    them again but to wait for them (``rollout_workers/claims.py``).
     """
 
     async def acquire(partitions: set[int]) -> set[int]:
@@ -90,8 +93,9 @@ def prompt_ownership(consumer: AIOKafkaConsumer, topic: str, committer: OffsetCo
         unfinished = sum(tracker.in_flight(tp) for tp in revoked)
         tracker.forget(revoked)
         committer.forget(revoked)
+        forget(revoked)
         log.info(
-            "partitions revoked: %s (committed %s; %d prompts still running will be re-run by the new owner)",
+            "partitions revoked: %s (committed %s; %d prompts not finished: the next owner waits for their claims)",
             _names(revoked), {f"{tp.topic}[{tp.partition}]": o for tp, o in committed.items()}, unfinished,
         )
 

@@ -1,11 +1,15 @@
 """Run the samples of each prompt record and publish them as they finish.
 
 :meth:`PromptRunner.take` is called for every prompt record, in offset order. It records the
-offset in the :class:`OffsetTracker` and starts the prompt in the background. Each of the
-prompt's ``group_size`` samples runs the workflow under the rollout semaphore (so at most
+offset in the :class:`OffsetTracker` and claims the record (``rollout_workers/claims.py``):
+a record another live worker runs, or this process runs already, is not run again; a
+finished one is marked done at once. A record claimed here starts in the background. Each of
+the prompt's ``group_size`` samples runs the workflow under the rollout semaphore (so at most
 ``max_concurrent_rollouts`` episodes generate at once) and publishes its ``Episode`` or
 ``SampleRejected`` keyed by task id as soon as it ends. Only when every sample's send has been
-acknowledged is the offset marked done, so it can never be committed early.
+acknowledged is the claim marked done and then the offset, so it can never be committed early.
+Records held by another worker are asked again (:meth:`PromptRunner.recheck_held`) until they
+are done or their worker is gone.
 
 A record that cannot be run (undecodable, or naming a workflow outside the allow-list) is
 dead-lettered and answered with a ``TaskFailed`` on ``episodes`` (when its task id is known),
@@ -36,8 +40,9 @@ from rollstream.dump import DumpWriter
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.topics import TopicNames
-from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT, TOKENS
+from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT, PROMPT_CLAIMS, TOKENS
 from rollstream.wire import Episode, PromptTask, SampleRejected, TaskFailed, WireDecodeError, decode_prompt, encode
+from rollstream.rollout_workers.claims import Claim, Outcome, PromptClaims
 from rollstream.rollout_workers.data_copies import copier
 from rollstream.rollout_workers.episode_images import ImageLedger
 from rollstream.rollout_workers.episodes import MAX_REASON_CHARS, describe_error, failed_sample, to_episode
@@ -69,6 +74,7 @@ class PromptRunner:
         registry: WorkflowRegistry,
         engine: InferenceEngine,
         tracker: OffsetTracker,
+        claims: PromptClaims,
         worker_id: str,
         max_concurrent_rollouts: int,
         dump: DumpWriter | None = None,
@@ -79,20 +85,79 @@ class PromptRunner:
         self._registry = registry
         self._engine = engine
         self._tracker = tracker
+        self._claims = claims
         self._worker_id = worker_id
         self._dump = dump  # rollout.dump_to_file: the reference system's in-worker dumps
         self._max_message_bytes = max_message_bytes  # kafka.max_message_bytes (None: unchecked)
         self._rollouts = asyncio.Semaphore(max_concurrent_rollouts)
         self.tasks = TaskSet()
         self.inflight_samples = 0  # samples started (or waiting to start) and not yet published
+        self.claiming = 0  # records taken whose claim is not answered yet
+        self.running: set[tuple[TopicPartition, int]] = set()  # records claimed and running here
+        self.held: dict[tuple[TopicPartition, int], tuple[ConsumerRecord, str]] = {}  # run by another live worker
         self._room = asyncio.Event()  # set whenever a sample ends
 
     def take(self, record: ConsumerRecord) -> None:
-        """Start work on one prompt record (synchronously records its offset first)."""
+        """Take one prompt record: its offset is recorded at once, then it is claimed and,
+        when the claim says so, run (see the module docstring)."""
         tp = TopicPartition(record.topic, record.partition)
         self._tracker.add(tp, record.offset)
         MESSAGES_IN.labels(TIER, record.topic).inc()
+        self.claiming += 1
+        self.tasks.spawn(self._claim(tp, record), f"claim-{record.topic}[{record.partition}]@{record.offset}")
+
+    async def _claim(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        try:
+            claim = await self._claims.claim(tp.partition, record.offset)
+        finally:
+            self.claiming -= 1
+        self._follow(tp, record, claim)
+
+    def _follow(self, tp: TopicPartition, record: ConsumerRecord, claim: Claim) -> None:
+        """Do what ``claim`` says for ``record`` (run it, wait for it, or count it done)."""
+        PROMPT_CLAIMS.labels(TIER, claim.outcome.value).inc()
         where = f"{record.topic}[{record.partition}]@{record.offset}"
+        self.held.pop((tp, record.offset), None)
+        if claim.outcome is Outcome.DONE:
+            self._tracker.done(tp, record.offset)
+        elif claim.outcome is Outcome.HELD:
+            self.held[(tp, record.offset)] = (record, claim.holder)
+            log.info("prompt %s runs on worker %s: waiting for it to end", where, claim.holder)
+        elif claim.run_here:
+            if claim.outcome is Outcome.TAKEN:
+                log.warning("prompt %s: worker %s that ran it is gone; running it again", where, claim.holder)
+            self._start(tp, record)
+        # Outcome.MINE: running here already; its end marks the offset done
+
+    async def recheck_held(self, owned: set[TopicPartition]) -> None:
+        """Ask again about the records other workers hold: done, still running, or gone.
+        Records of partitions no longer ``owned`` are forgotten (their new owner asks)."""
+        for (tp, offset), (record, _) in list(self.held.items()):
+            if tp not in owned:
+                self.held.pop((tp, offset), None)
+                continue
+            claim = await self._claims.claim(tp.partition, offset)
+            if (tp, offset) in self.held and claim.outcome is not Outcome.HELD:
+                self._follow(tp, record, claim)
+
+    def forget(self, tps: set[TopicPartition]) -> None:
+        """Partitions revoked: stop waiting for their held records (what runs here goes on)."""
+        for key in [key for key in self.held if key[0] in tps]:
+            del self.held[key]
+
+    async def release_unfinished(self) -> None:
+        """After cancelling: give up the claims of records that did not finish, so their
+        partition's owner runs them at once instead of after this worker's liveness expired."""
+        for tp, offset in sorted(self.running):
+            await self._claims.release(tp.partition, offset)
+        if self.running:
+            log.info("released the claims of %d unfinished prompts", len(self.running))
+        self.running.clear()
+
+    def _start(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        """Run a record claimed here (or refuse it: undecodable, unknown workflow)."""
+        where = f"{record.topic}[{record.partition}]@{record.offset}"
+        self.running.add((tp, record.offset))
         try:
             task = decode_prompt(record.value)
         except WireDecodeError as exc:
@@ -170,7 +235,7 @@ class PromptRunner:
             log.warning("prompt record %s[%d]@%d has no key: dead-lettered without a TaskFailed",
                         record.topic, record.partition, record.offset)
         await self._producer.flush()  # the dead letter too must be stored before the commit
-        self._tracker.done(tp, record.offset)
+        await self._finished(tp, record.offset)
 
     async def _run_prompt(self, tp: TopicPartition, offset: int, task: PromptTask, workflow: RolloutWorkflow) -> None:
         fresh_data = copier(task.data)  # a workflow may mutate its data: each sample gets a copy
@@ -186,8 +251,15 @@ class PromptRunner:
                 sample.cancel()
             await asyncio.gather(*samples, return_exceptions=True)
             raise
-        self._tracker.done(tp, offset)
+        await self._finished(tp, offset)
         log.info("task %s: all %d samples published", task.task_id, task.group_size, extra={"task_id": task.task_id})
+
+    async def _finished(self, tp: TopicPartition, offset: int) -> None:
+        """Everything of the record is published: its claim says so first, then the offset may
+        be committed (a later reader that finds the claim done commits past it too)."""
+        await self._claims.done(tp.partition, offset)
+        self.running.discard((tp, offset))
+        self._tracker.done(tp, offset)
 
     async def _run_sample(
         self, task: PromptTask, workflow: RolloutWorkflow, sample_idx: int, fresh_data: Callable[[], dict[str, Any]],

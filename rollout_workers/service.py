@@ -1,17 +1,23 @@
 """The rollout worker tier: prompts in, one message per sample out on ``episodes``.
 
 ``run(config, stop)`` wires the pieces: the prompt consumer (group ``rollout-worker``,
-read_committed, manual commits), an idempotent producer, the engine, the workflow allow-list
-and the :class:`VersionFollower`. The loop takes prompt records while fewer than
+read_committed, manual commits, sticky assignment), the prompt claims in Redis
+(``rollout_workers/claims.py``: whoever reads a prompt again never re-runs one a live worker
+runs), an idempotent producer, the engine, the workflow allow-list and the
+:class:`VersionFollower`. The loop takes prompt records while fewer than
 ``rollout.max_concurrent_rollouts`` samples are in flight (partitions are paused, not left
-unpolled, when full, so the worker stays in its group during long generations), commits
-finished prompts every ``rollout.commit_interval_seconds``, and re-raises the first failure of
-any background task.
+unpolled, when full, so the worker stays in its group during long generations), asks again
+about prompts other workers hold, commits finished prompts every
+``rollout.commit_interval_seconds``, and re-raises the first failure of any background task.
+A dead worker is noticed after ``rollout.failure_detection_seconds`` (the consumer session and
+the claims' liveness): only then are its running prompts run again.
 
-When ``stop`` is set it stops taking prompts, waits up to ``rollout.shutdown_grace_seconds``
-for in-flight samples, cancels the rest (their prompts are re-run by the next owner), commits,
-and closes every client. An offset is never committed before all samples of its prompt (and
-of every prompt before it on the partition) are acknowledged by the broker.
+When ``stop`` is set it stops taking prompts, commits what is done and LEAVES the group at
+once (its partitions move to the other workers, who wait for its claims), then lets its
+in-flight prompts finish for up to ``rollout.shutdown_grace_seconds``; what is still running
+then is cancelled and its claims released, so the partitions' new owners run it at once.
+An offset is never committed before all samples of its prompt (and of every prompt before it
+on the partition) are acknowledged by the broker.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import socket
 import time
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from redis.asyncio import Redis
 
 from rollstream.config import RollstreamConfig
@@ -35,6 +43,7 @@ from rollstream.kafka.ownership import PartitionOwnership
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import WEIGHT_VERSION
 from rollstream.redis_state import RedisKeys, VersionStore, connect, wait_for_redis
+from rollstream.rollout_workers.claims import PromptClaims
 from rollstream.rollout_workers.commits import OffsetCommitter, prompt_ownership
 from rollstream.rollout_workers.engine_factory import build_engine, build_follower, load_tokenizer
 from rollstream.rollout_workers.offsets import OffsetTracker
@@ -45,6 +54,10 @@ log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 200
 FETCH_MAX_RECORDS = 4  # few at a time: prompts are long-running work, not a stream to drain
+RECHECK_SECONDS = 1.0  # how often prompts held by other workers are asked about again
+# sticky first: a rebalance leaves partitions where they are when it can; round robin for
+# members of an older version during a rolling upgrade
+ASSIGNORS = (StickyPartitionAssignor, RoundRobinPartitionAssignor)
 
 
 def worker_id_of(config: RollstreamConfig) -> str:
@@ -76,33 +89,46 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
             await registry.endpoint.start()
         follower = build_follower(rollout, engine, store, redis, keys, worker_id)
         WEIGHT_VERSION.labels(TIER).set(await follower.catch_up())
+
         producer = make_producer(config.kafka, f"rollout-{worker_id}")
         await producer.start()
         stack.push_async_callback(producer.stop)
-        consumer = make_consumer(config.kafka, f"rollout-{worker_id}", group_id=names.group_id(TIER))
-        committer = OffsetCommitter(consumer, tracker)
-        ownership = prompt_ownership(consumer, names.prompts, committer, tracker, f"rollout worker {worker_id}")
-        consumer.subscribe([names.prompts], listener=ownership)
-        await consumer.start()
-        stack.push_async_callback(consumer.stop)
+        claims = PromptClaims(redis, keys, worker_id, rollout.failure_detection_seconds)
+        await claims.heartbeat()
+        stack.push_async_callback(claims.retire)
+        alive = asyncio.create_task(claims.keep_alive(), name="claims-liveness")
+        stack.push_async_callback(_cancel, alive)
         dump = DumpWriter.from_config(config, tokenizer, versions=store) if rollout.dump_to_file else None
         if dump is not None:
             stack.push_async_callback(dump.close)  # flushes the last lines
         runner = PromptRunner(
-            producer=producer, names=names, registry=registry, engine=engine, tracker=tracker,
+            producer=producer, names=names, registry=registry, engine=engine, tracker=tracker, claims=claims,
             worker_id=worker_id, max_concurrent_rollouts=rollout.max_concurrent_rollouts, dump=dump,
             max_message_bytes=config.kafka.max_message_bytes,
         )
+        session_ms = int(rollout.failure_detection_seconds * 1000)
+        consumer = make_consumer(
+            config.kafka, f"rollout-{worker_id}", group_id=names.group_id(TIER), session_timeout_ms=session_ms,
+            heartbeat_interval_ms=max(100, session_ms // 3), partition_assignment_strategy=ASSIGNORS,
+        )
+        committer = OffsetCommitter(consumer, tracker)
+        ownership = prompt_ownership(consumer, names.prompts, committer, tracker, runner.forget,
+                                     f"rollout worker {worker_id}")
+        consumer.subscribe([names.prompts], listener=ownership)
+        await consumer.start()
+        stack.push_async_callback(consumer.stop)
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)
-        log.info("rollout worker %s consuming %s as group %s", worker_id, names.prompts, names.group_id(TIER))
+        log.info("rollout worker %s (incarnation %s) consuming %s as group %s", worker_id, claims.incarnation,
+                 names.prompts, names.group_id(TIER))
         mark_ready()
         try:
             await _consume(consumer, ownership, runner, committer, follower_task, stop, config)
         except BaseException:
             await runner.tasks.cancel_all()  # a crash commits nothing more
             raise
-        await _drain(runner, committer, rollout.shutdown_grace_seconds)
+        await _leave(consumer, committer)
+        await _drain(runner, rollout.shutdown_grace_seconds)
     log.info("rollout worker %s stopped", worker_id)
 
 
@@ -131,11 +157,12 @@ async def _consume(
     limit = config.rollout.max_concurrent_rollouts
     interval = config.rollout.commit_interval_seconds
     next_commit = time.monotonic() + interval
+    next_recheck = time.monotonic() + RECHECK_SECONDS
     while not stop.is_set():
         runner.tasks.raise_if_failed()
         ownership.raise_error()
         _check_follower(follower_task)
-        room = limit - runner.inflight_samples
+        room = limit - runner.inflight_samples - runner.claiming
         async with ownership.lock:
             _pause_when_full(consumer, ownership, full=room <= 0)
         timeout_ms = FETCH_TIMEOUT_MS
@@ -151,6 +178,9 @@ async def _consume(
             for records in ownership.accept(fetched, snapshot).values():
                 for record in records:
                     runner.take(record)
+        if runner.held and time.monotonic() >= next_recheck:
+            await runner.recheck_held({tp for tp in consumer.assignment() if tp.partition in ownership.owned})
+            next_recheck = time.monotonic() + RECHECK_SECONDS
         if time.monotonic() >= next_commit:
             await committer.advance_positions()
             await committer.commit()
@@ -177,20 +207,28 @@ def _pause_when_full(consumer: AIOKafkaConsumer, ownership: PartitionOwnership, 
             consumer.resume(*owned)
 
 
-async def _drain(runner: PromptRunner, committer: OffsetCommitter, grace_seconds: float) -> None:
-    """Graceful stop: let in-flight samples finish (bounded), then commit what is done."""
+async def _leave(consumer: AIOKafkaConsumer, committer: OffsetCommitter) -> None:
+    """Commit what is done, then leave the group: the partitions move to the other workers
+    now, and they wait for this worker's claims instead of re-running its prompts."""
+    await committer.advance_positions()
+    committed = await committer.commit()
+    await consumer.stop()
+    log.info("left the group (committed %s); other workers take the partitions",
+             {f"{tp.topic}[{tp.partition}]": o for tp, o in committed.items()} or "nothing new")
+
+
+async def _drain(runner: PromptRunner, grace_seconds: float) -> None:
+    """Graceful stop: let in-flight prompts finish (bounded); give the rest back."""
     if len(runner.tasks):
         log.info("waiting up to %.0fs for %d in-flight samples", grace_seconds, runner.inflight_samples)
         deadline = time.monotonic() + grace_seconds
         while len(runner.tasks) and time.monotonic() < deadline and runner.tasks.error is None:
             await runner.tasks.wait(min(1.0, max(0.0, deadline - time.monotonic())))
     if len(runner.tasks):
-        log.warning("%d prompts still running after the grace period: cancelled, the next owner re-runs them",
-                    len(runner.tasks))
+        log.warning("%d prompts still running after the grace period: cancelled; the partitions' owners run "
+                    "them again", len(runner.tasks))
         await runner.tasks.cancel_all()
-    await committer.advance_positions()
-    committed = await committer.commit()
-    log.info("final commit: %s", {f"{tp.topic}[{tp.partition}]": o for tp, o in committed.items()} or "nothing new")
+    await runner.release_unfinished()
     runner.tasks.raise_if_failed()
 
 

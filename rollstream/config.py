@@ -183,8 +183,14 @@ class RolloutConfig(_Section):
     worker_id: str = ""
     dump_to_file: bool = False
     fileroot: str = "runs/dumps"
-    shutdown_grace_seconds: Wait = 30.0  # on stop: wait this long for in-flight samples
+    # on stop: after leaving the group, let in-flight prompts finish for this long (longer than
+    # a generation, so that a graceful stop re-runs nothing); the rest run again elsewhere
+    shutdown_grace_seconds: Wait = 300.0
     commit_interval_seconds: Seconds = 1.0  # how often finished prompts' offsets are committed
+    # how soon a dead worker is noticed: the prompts consumer's session and the liveness of its
+    # prompt claims; only then are its running prompts run again. At least the broker's
+    # group.min.session.timeout.ms (6 s by default).
+    failure_detection_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 10.0
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)  # see AgentConfig
 
 

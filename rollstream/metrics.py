@@ -32,6 +32,12 @@ ENGINE_LATENCY = Histogram(
 )
 OPEN_GROUPS = Gauge("rollstream_open_groups", "Groups waiting for samples", ["tier"])
 WEIGHT_VERSION = Gauge("rollstream_weight_version", "Weight version in use", ["tier"])
+PROMPT_CLAIMS = Counter(
+    "rollstream_prompt_claims_total",
+    "Prompt records read by a rollout worker, by what their claim said (run, taken: run again "
+    "after its worker was gone, mine, done, held: running on another live worker)",
+    ["tier", "outcome"],
+)
 
 
 def serve_metrics(port: int | None) -> None:

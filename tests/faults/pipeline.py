@@ -106,7 +106,7 @@ class Pipeline:
         self.watcher = BatchesWatcher(self.config.kafka, self.names.batches)
         self.version = 0
         self.hold_versions = False  # True: the trainer publishes nothing (the pipeline drains)
-        self.published_at: list[tuple[float, int]] = [(0.0, 0)]  # (wall time, version) per publish
+        self.published_at: list[tuple[float, int]] = [(0.0, 0)]  # (wall time just before, version) per publish
         self.started = time.monotonic()
         self._trainer: asyncio.Task[None] | None = None
         self._redis = connect(self.config.redis)
@@ -148,9 +148,12 @@ class Pipeline:
             target = len(self.ledger.emitted) // batch_size
             if target > self.version and not self.hold_versions:
                 try:
+                    # the time BEFORE the publish, in whole ms as Kafka stamps records: producers
+                    # may see the version from any moment after it
+                    started = int(time.time() * 1000) / 1000
                     await self._store.publish(WeightUpdate(self.version + 1, str(self.model)))
                     self.version += 1
-                    self.published_at.append((time.time(), self.version))
+                    self.published_at.append((started, self.version))
                     await asyncio.sleep(self.step_seconds)
                     continue
                 except (RedisError, OSError) as exc:

@@ -269,14 +269,17 @@ async def test_rebalance_between_two_workers_loses_nothing(
         # longer to join than worker a takes to finish, and then nothing would move
         await reader.until(lambda _: revoked(caplog), timeout=120, what="worker a's partitions revoked")
         msgs = await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
-        # Prompts that were running when their partition moved publish from the old owner
-        # but are committed only once the new owner has re-run them.
+        # Prompts that were running when their partition moved publish from the old owner;
+        # the new owner finds their claims, waits for them and then commits past them.
         await _until_committed_to_end(config_a, timeout=120)
         await _stop_service(worker_a, stop_a)
         await _stop_service(worker_b, stop_b)
+        await reader.drain()
     assert revoked(caplog)
-    for ep in episodes(msgs):
+    for ep in episodes(reader.messages):
         _check_episode(ep)
+    published = [(ep.task_id, ep.sample_idx) for ep in episodes(reader.messages)]
+    assert len(published) == len(set(published)) == 24, "a prompt ran twice although its worker lived"
     committed, ends = await _committed_vs_end(config_a)
     assert committed == ends and sum(ends.values()) == 12
 

@@ -45,7 +45,7 @@ def _runner(engine: InferenceEngine) -> PromptRunner:
     )
     return PromptRunner(
         producer=None, names=TopicNames("e", "t"), registry=registry, engine=engine,  # type: ignore[arg-type]
-        tracker=OffsetTracker(), worker_id="w7", max_concurrent_rollouts=2,
+        tracker=OffsetTracker(), claims=None, worker_id="w7", max_concurrent_rollouts=2,  # type: ignore[arg-type]
     )
 
 
