@@ -52,6 +52,10 @@ class KafkaConfig(_Section):
     ssl_password: str | None = None
     client_id_prefix: str = "rollstream"
     partitions: AtLeastOne = 4  # partitions for topics this project creates
+    # partitions of the prompts topic (None: ``partitions``): the most rollout workers that get
+    # work. It is not co-partitioned with anything, so `rollstream topics create` grows it
+    # while the pipeline runs (docs/DEPLOYMENT.md, "Scaling rollout workers").
+    prompt_partitions: AtLeastOne | None = None
     replication_factor: AtLeastOne = 1  # 3 on a production cluster (docs/DEPLOYMENT.md)
     # min.insync.replicas of the topics this project creates; None: replication_factor - 1
     # (at least 1), i.e. 2 for replication 3
@@ -64,6 +68,10 @@ class KafkaConfig(_Section):
     linger_ms: Count = 5  # producers wait this long to fill a batch before sending
     fetch_min_bytes: AtLeastOne = 1  # the broker holds a fetch until this much data is ready...
     fetch_max_wait_ms: Count = 500  # ...or this long has passed
+
+    def partitions_of(self, role: str) -> int:
+        """The partition count this project gives a new topic of ``role`` (a TopicNames role)."""
+        return self.prompt_partitions or self.partitions if role == "prompts" else self.partitions
 
     def __post_init__(self) -> None:
         if self.min_insync_replicas is not None and self.min_insync_replicas > self.replication_factor:

@@ -48,8 +48,9 @@ async def ensure_topics(config: KafkaConfig, names: TopicNames, wait_seconds: fl
     """Create every topic of the trial that does not exist yet (idempotent, race-safe), then
     check the ones that existed (``rollstream.kafka.topic_check``).
 
-    All data topics share ``config.partitions`` so that keys (task ids) land in the same
-    partition number everywhere; the grouping changelog is co-partitioned with ``scored``.
+    All data topics but ``prompts`` share ``config.partitions`` so that keys (task ids) land in
+    the same partition number everywhere; the grouping changelog is co-partitioned with
+    ``scored``; ``prompts`` gets ``config.prompt_partitions`` (default the same).
     New topics get ``config.replication_factor`` replicas and ``min.insync.replicas`` from
     :func:`~rollstream.kafka.topic_check.min_insync_replicas`. Existing topics that break the
     pipeline (co-partitioned topics with different partition counts, a changelog that is not
@@ -102,8 +103,8 @@ async def _ensure_once(config: KafkaConfig, names: TopicNames) -> None:
         brokers = await broker_count(admin)
         existing = set(await admin.list_topics())
         wanted = [
-            _new_topic(config, name, compacted=False) for name in names.data_topics()
-        ] + [_new_topic(config, name, compacted=True) for name in names.compacted_topics()]
+            _new_topic(config, name, names, compacted=False) for name in names.data_topics()
+        ] + [_new_topic(config, name, names, compacted=True) for name in names.compacted_topics()]
         missing = [topic for topic in wanted if topic.name not in existing]
         if missing:
             if brokers < config.replication_factor:
@@ -165,7 +166,7 @@ def _config_values(responses: list[Any]) -> dict[str, dict[str, str]]:
     return values
 
 
-def _new_topic(config: KafkaConfig, name: str, *, compacted: bool) -> NewTopic:
+def _new_topic(config: KafkaConfig, name: str, names: TopicNames, *, compacted: bool) -> NewTopic:
     topic_configs = {
         "max.message.bytes": str(config.max_message_bytes),
         "min.insync.replicas": str(min_insync_replicas(config)),
@@ -174,7 +175,7 @@ def _new_topic(config: KafkaConfig, name: str, *, compacted: bool) -> NewTopic:
         topic_configs.update({"cleanup.policy": "compact", "segment.ms": "60000"})
     return NewTopic(
         name=name,
-        num_partitions=config.partitions,
+        num_partitions=config.partitions_of(names.role_of(name) or ""),
         replication_factor=config.replication_factor,
         topic_configs=topic_configs,
     )

@@ -63,9 +63,26 @@ def copartitioned(names: TopicNames) -> list[str]:
 
 
 def growable(names: TopicNames) -> list[str]:
-    """Topics grown together by ``rollstream topics create`` (every data topic and the
-    changelog). The producer cursor is not: it is keyed by producer id and read whole."""
-    return [*names.data_topics(), names.grouping_changelog]
+    """Topics grown together by ``rollstream topics create`` on a drained trial (every data
+    topic but ``prompts``, and the changelog). Not the producer cursor (keyed by producer id
+    and read whole), nor ``prompts``, which grows on its own while the pipeline runs
+    (:func:`prompts_growth`): nothing downstream depends on where a prompt record lies."""
+    return [name for name in names.data_topics() if name != names.prompts] + [names.grouping_changelog]
+
+
+def prompts_growth(config: KafkaConfig, names: TopicNames, topics: dict[str, TopicState]) -> int | None:
+    """The partition count from which ``prompts`` grows to ``kafka.prompt_partitions`` (None:
+    nothing to grow). Raises :class:`TopicLayoutError` when it has more already."""
+    state = topics.get(names.prompts)
+    wanted = config.partitions_of("prompts")
+    if state is None or state.partitions == wanted:
+        return None
+    if state.partitions > wanted:
+        raise TopicLayoutError(
+            f"{names.prompts} has {state.partitions} partitions, more than kafka.prompt_partitions={wanted}; "
+            f"partitions can only grow. Set kafka.prompt_partitions to {state.partitions} or more"
+        )
+    return state.partitions
 
 
 def check_layout(config: KafkaConfig, names: TopicNames, topics: dict[str, TopicState], brokers: int) -> Findings:
@@ -111,6 +128,13 @@ def _check_partition_counts(config: KafkaConfig, names: TopicNames, topics: dict
             f"{len(short)} topic(s) have fewer partitions than kafka.partitions={config.partitions} "
             f"({', '.join(f'{k} {v}' for k, v in short.items())}); tiers use what the topics have. "
             "`rollstream topics create` grows them (drain the trial first)"
+        )
+    prompts = topics.get(names.prompts)
+    if prompts is not None and prompts.partitions < config.partitions_of("prompts"):
+        found.warnings.append(
+            f"{names.prompts} has {prompts.partitions} partitions, fewer than {config.partitions_of('prompts')} "
+            "(kafka.prompt_partitions): at most that many rollout workers get prompts. `rollstream topics "
+            "create` grows it, also while the pipeline runs"
         )
 
 

@@ -1,10 +1,12 @@
 """``rollstream topics create``: create the trial's topics, and grow the ones that may grow.
 
-Partitions can only be added, and only to every data topic and the grouping changelog
-together (``plan_growth``), and only while the trial is drained: a task's records are routed
-by ``hash(task id) % partitions``, so records in flight before the growth would no longer meet
-the ones after it. A trial whose tiers still have uncommitted input is refused with the lag
-per tier. Replication and topic configs are not changed here (Kafka moves replicas with
+Partitions can only be added. ``prompts`` grows to ``kafka.prompt_partitions`` at any time,
+also while the pipeline runs: nothing downstream depends on where a prompt lies, and the
+rollout workers' rebalance re-runs nothing (their prompt claims). Every other data topic and
+the grouping changelog grow together (``plan_growth``), and only while the trial is drained:
+a task's records are routed by ``hash(task id) % partitions``, so records in flight before the
+growth would no longer meet the ones after it. A trial whose tiers still have uncommitted
+input is refused with the lag per tier. Replication and topic configs are not changed here (Kafka moves replicas with
 ``kafka-reassign-partitions.sh``); the check at the end names what differs.
 """
 
@@ -20,7 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import describe_topics, ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer
-from rollstream.kafka.topic_check import TopicLayoutError, growable, plan_growth
+from rollstream.kafka.topic_check import TopicLayoutError, growable, plan_growth, prompts_growth
 from rollstream.kafka.topics import TopicNames
 from rollstream.tools.status import consumer_groups
 
@@ -45,19 +47,26 @@ async def create_topics(config: RollstreamConfig) -> TopicsReport:
     admin = make_admin(config.kafka, "topics")
     await admin.start()
     try:
-        states = await describe_topics(admin, growable(names))
+        states = await describe_topics(admin, [names.prompts, *growable(names)])
         growth = plan_growth(config.kafka.partitions, names, states)
-        if growth:
+        prompts_from = prompts_growth(config.kafka, names, states)
+        if growth:  # refused as a whole: nothing grows unless everything asked for may
             await _refuse_unless_drained(config, names, admin)
+        if prompts_from is not None:
+            wanted = config.kafka.partitions_of("prompts")
+            await admin.create_partitions({names.prompts: NewPartitions(wanted)})
+            log.info("grew %s to %d partitions (live: the rollout workers rebalance, re-running nothing)",
+                     names.prompts, wanted)
+        if growth:
             await admin.create_partitions({name: NewPartitions(config.kafka.partitions) for name in growth})
             log.info("grew %s to %d partitions", ", ".join(growth), config.kafka.partitions)
     finally:
         await admin.close()
     await ensure_topics(config.kafka, names)
-    return TopicsReport(
-        topics=[*names.data_topics(), *names.compacted_topics()],
-        grown={name: (n, config.kafka.partitions) for name, n in growth.items()},
-    )
+    grown = {name: (n, config.kafka.partitions) for name, n in growth.items()}
+    if prompts_from is not None:
+        grown[names.prompts] = (prompts_from, config.kafka.partitions_of("prompts"))
+    return TopicsReport(topics=[*names.data_topics(), *names.compacted_topics()], grown=grown)
 
 
 async def _refuse_unless_drained(config: RollstreamConfig, names: TopicNames, admin: AIOKafkaAdminClient) -> None:

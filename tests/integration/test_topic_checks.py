@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 import yaml
 from aiokafka import TopicPartition
@@ -57,7 +58,10 @@ def cli(config_file: Path, *args: str, timeout: float = 120) -> subprocess.Compl
 
 
 def write_config(tmp_path: Path, config: RollstreamConfig, partitions: int) -> Path:
-    tree = {"kafka": {"bootstrap_servers": config.kafka.bootstrap_servers, "partitions": partitions},
+    kafka = {"bootstrap_servers": config.kafka.bootstrap_servers, "partitions": partitions}
+    if config.kafka.prompt_partitions is not None:
+        kafka["prompt_partitions"] = config.kafka.prompt_partitions
+    tree = {"kafka": kafka,
             "redis": {"url": config.redis.url},
             "experiment": {"experiment_name": config.experiment.experiment_name, "trial_name": "t0"},
             "grouping": {"instance_id": "g0", "session_timeout_ms": 6000}}
@@ -139,6 +143,13 @@ async def test_topics_create_refuses_to_grow_a_trial_with_records_in_flight(
     assert done.returncode == 1
     assert "not drained" in done.stderr and "rollout-worker 2" in done.stderr
     assert (await partition_counts(config))["prompts"] == 2
+    # the prompts topic alone grows while records are in flight (kafka.prompt_partitions)
+    more_prompts = msgspec.structs.replace(config, kafka=msgspec.structs.replace(config.kafka, prompt_partitions=5))
+    done = cli(write_config(tmp_path, more_prompts, 2), "topics", "create")
+    assert done.returncode == 0, done.stderr
+    assert f"grew {names.prompts}: 2 -> 5 partitions" in done.stdout
+    counts = await partition_counts(config)
+    assert counts["prompts"] == 5 and counts["episodes"] == 2, counts
 
 
 async def test_creating_topics_waits_for_enough_brokers_and_says_why(

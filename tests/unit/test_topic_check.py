@@ -12,6 +12,7 @@ from rollstream.kafka.topic_check import (
     check_layout,
     min_insync_replicas,
     plan_growth,
+    prompts_growth,
 )
 from rollstream.kafka.topics import TopicNames
 
@@ -52,11 +53,20 @@ def test_scored_with_other_partitions_is_an_error_naming_both_counts_and_the_fix
     assert "rollstream topics create --set kafka.partitions=6" in error and "trial_name" in error
 
 
-def test_prompts_with_other_partitions_is_only_a_warning() -> None:
+def test_prompts_with_fewer_partitions_than_asked_is_a_warning_that_names_the_live_fix() -> None:
     found = check_layout(CLUSTER, NAMES, replace(healthy(), NAMES.prompts, partitions=2), brokers=3)
     assert found.errors == []
-    assert any("differ in partition count" in w and "prompts 2" in w for w in found.warnings)
-    assert any("fewer partitions than kafka.partitions=4" in w for w in found.warnings)
+    assert [w for w in found.warnings if "prompts has 2 partitions, fewer than 4" in w and "while the pipeline runs" in w]
+    more = KafkaConfig(replication_factor=3, prompt_partitions=16)
+    assert check_layout(more, NAMES, replace(healthy(), NAMES.prompts, partitions=16), brokers=3).warnings == []
+
+
+def test_prompts_grow_on_their_own_to_prompt_partitions() -> None:
+    topics = healthy(partitions=4)
+    assert prompts_growth(KafkaConfig(prompt_partitions=12), NAMES, topics) == 4
+    assert prompts_growth(KafkaConfig(), NAMES, topics) is None  # default: kafka.partitions
+    with pytest.raises(TopicLayoutError, match="partitions can only grow"):
+        prompts_growth(KafkaConfig(prompt_partitions=2), NAMES, topics)
 
 
 @pytest.mark.parametrize("topic", ["grouping_changelog", "producer_cursor"])
@@ -104,9 +114,10 @@ def test_min_insync_replicas_defaults_to_one_less_than_replication() -> None:
         config_from_dict({"kafka": {"replication_factor": 3, "min_insync_replicas": 4}})
 
 
-def test_growth_takes_every_data_topic_and_the_changelog_but_not_the_cursor() -> None:
+def test_growth_takes_every_data_topic_but_prompts_and_the_changelog_but_not_the_cursor() -> None:
     grow = plan_growth(8, NAMES, healthy(partitions=4))
-    assert set(grow) == {*NAMES.data_topics(), NAMES.grouping_changelog} and set(grow.values()) == {4}
+    assert set(grow) == {*NAMES.data_topics(), NAMES.grouping_changelog} - {NAMES.prompts}
+    assert set(grow.values()) == {4}
     assert plan_growth(4, NAMES, healthy(partitions=4)) == {}
 
 
