@@ -1,6 +1,6 @@
 """An elastic rollout fleet under weight updates: workers join, leave, restart and crash.
 
-Three rollout workers (their own processes, the HF engine on the tiny model, 24 new tokens a
+Three rollout workers (their own processes, the HF engine on the tiny model, 32 new tokens a
 sample so that every change lands mid-generation), a stand-in trainer publishing a version
 every ``staleness.batch_size`` groups, and each fleet change made right after a publish, while
 the workers reload weights: a worker joins, one leaves (SIGTERM), one restarts with the same
@@ -39,10 +39,11 @@ def in_flight(process: TierProcess) -> set[str]:
 
 
 async def after_a_publish(pipeline: Pipeline, progress: float) -> None:
-    """Wait until ``progress`` of the groups ended, then for the next version publish."""
+    """Wait until ``progress`` of the groups ended, then for the next version publish (the
+    workers are loading it)."""
     await pipeline.wait_for(lambda: pipeline.progress() >= progress, 240, f"{progress:.0%} ended")
     version = pipeline.version
-    await pipeline.wait_for(lambda: pipeline.version > version, 120, "a version publish")
+    await pipeline.wait_for(lambda: pipeline.version > version, 60, "a version publish")
 
 
 @pytest.mark.timeout(480)
@@ -50,13 +51,15 @@ async def test_workers_join_leave_restart_and_crash_during_weight_updates(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    prompts = 72
+    prompts = 96
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts)
     tree = pipeline_config(kafka_bootstrap, redis_url, unique_name, tiny_model, dataset, prompts)
     tree["kafka"]["partitions"] = 4  # three workers, each with a partition
-    tree["rollout"].update({"gconfig": {"max_new_tokens": 24}, "max_concurrent_rollouts": 8,
+    # long samples, few at a time, and a trainer that takes 3 s a step: the run lasts about a
+    # minute and a half, so every fleet change lands while prompts are being generated
+    tree["rollout"].update({"gconfig": {"max_new_tokens": 32, "min_new_tokens": 32}, "max_concurrent_rollouts": 8,
                             "failure_detection_seconds": 6, "shutdown_grace_seconds": 120})
-    async with Pipeline(tree, tmp_path, tiny_model, step_seconds=1.0) as pipeline:
+    async with Pipeline(tree, tmp_path, tiny_model, step_seconds=3.0) as pipeline:
         for name, tier in (("reward", "reward-worker"), ("grouping", "grouping"), ("producer", "producer")):
             pipeline.add(name, tier).start()
         workers = [pipeline.add(f"rollout-{i}", "rollout-worker", f"rollout.worker_id=rollout-{i}") for i in range(3)]
