@@ -40,7 +40,7 @@ from rollstream import metrics
 from rollstream.config import RollstreamConfig
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.clients import make_consumer, start_client
 from rollstream.kafka.consume_transform_produce import PartitionOutput, TransactionalLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import PartitionProducers
@@ -194,11 +194,11 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
             consumer=consumer, topic=names.scored, group_id=group_id, producers=producers,
             transform=GroupingTransform(config, names, redis), dead_letter_topic=names.dead_letter,
             max_record_bytes=config.kafka.max_message_bytes, poll_timeout_ms=g.commit_interval_ms,
-            retry=transaction_retry(g.max_consecutive_failures), name=f"grouping {g.instance_id}",
+            retry=transaction_retry(g.max_consecutive_failures, config.kafka.outage_patience_seconds), name=f"grouping {g.instance_id}",
             lost_partition_hold_seconds=2 * g.session_timeout_ms / 1000,
         )
         consumer.subscribe([names.scored], listener=loop.ownership)
-        await consumer.start()
+        await start_client(consumer, config.kafka, f"the consumer of grouping instance {g.instance_id}")
         stack.push_async_callback(consumer.stop)
         log.info("grouping instance %s consuming %s", g.instance_id, names.scored)
         mark_ready()

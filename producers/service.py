@@ -34,6 +34,7 @@ from rollstream.producers.publisher import TIER, PendingBatch, PromptPublisher
 from rollstream.config import RollstreamConfig, require
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import start_client
 from rollstream.kafka.consume_transform_produce import RecordTooLargeError
 from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.topics import TopicNames
@@ -44,7 +45,9 @@ from rollstream.wire import DeadLetter, ProducerCursor, PromptTask, encode
 
 log = logging.getLogger(__name__)
 
-PUBLISH_ATTEMPTS = 20  # failed transactions in a row before the producer gives up (about 90 s)
+# failed transactions in a row before the producer gives up, once they went on for
+# kafka.outage_patience_seconds
+PUBLISH_ATTEMPTS = 20
 
 
 @dataclass
@@ -85,7 +88,7 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
         txn = TransactionalProducer(config.kafka, f"producer-{pc.producer_id}", transactional_id(names, pc.producer_id))
         # Starting fences a crashed predecessor and aborts its open transaction, so the
         # cursor read below sees the final committed state.
-        await txn.start()
+        await start_client(txn, config.kafka, f"the transactional producer of producer {pc.producer_id}")
         stack.push_async_callback(txn.stop)
         redis = connect(config.redis)
         stack.push_async_callback(redis.aclose)
@@ -105,7 +108,9 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
             budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled,
             restore=lambda: restore_budget(config, names, budget),
         )
-        publisher = PromptPublisher(txn, names, RetryPolicy(initial=0.25, maximum=5.0, max_attempts=PUBLISH_ATTEMPTS))
+        retry = RetryPolicy(initial=0.25, maximum=5.0, max_attempts=PUBLISH_ATTEMPTS,
+                            patience=config.kafka.outage_patience_seconds)
+        publisher = PromptPublisher(txn, names, retry)
         loop = _ProduceLoop(config, rows, cursor, admission, publisher, stop)
         mark_ready()
         summary = await loop.run()

@@ -30,7 +30,7 @@ from rollstream.config import RollstreamConfig
 from rollstream.dump import DumpWriter
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer, make_producer
+from rollstream.kafka.clients import make_consumer, make_producer, start_client
 from rollstream.kafka.ownership import PartitionOwnership
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import WEIGHT_VERSION
@@ -77,13 +77,13 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         follower = build_follower(rollout, engine, store, redis, keys, worker_id)
         WEIGHT_VERSION.labels(TIER).set(await follower.catch_up())
         producer = make_producer(config.kafka, f"rollout-{worker_id}")
-        await producer.start()
+        await start_client(producer, config.kafka, f"the producer of rollout worker {worker_id}")
         stack.push_async_callback(producer.stop)
         consumer = make_consumer(config.kafka, f"rollout-{worker_id}", group_id=names.group_id(TIER))
         committer = OffsetCommitter(consumer, tracker)
         ownership = prompt_ownership(consumer, names.prompts, committer, tracker, f"rollout worker {worker_id}")
         consumer.subscribe([names.prompts], listener=ownership)
-        await consumer.start()
+        await start_client(consumer, config.kafka, f"the consumer of rollout worker {worker_id}")
         stack.push_async_callback(consumer.stop)
         dump = DumpWriter.from_config(config, tokenizer, versions=store) if rollout.dump_to_file else None
         if dump is not None:
