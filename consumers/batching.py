@@ -44,8 +44,18 @@ def episode_rows(scored: ScoredEpisode) -> dict[str, numpy.ndarray]:
     return rows
 
 
-def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: float = 0.0) -> Batch:
-    """One ``Batch`` record for ``groups`` (all train or all eval; at least one group)."""
+def build_batch(
+    groups: list[CompleteGroup], trainer_version: int, pad_value: float = 0.0, version_known: bool = True,
+) -> Batch:
+    """One ``Batch`` record for ``groups`` (all train or all eval; at least one group).
+
+    ``trainer_version`` (``version_known``: read from Redis just now) is what the grouping tier
+    knows of the trainer. The batch is never tagged older than its newest token: a version
+    was published before any token of it was generated, so a tail above ``trainer_version``
+    proves the trainer was at least there (Redis failed, lagged or lost the version); the batch
+    then carries the tail with ``trainer_version_known`` False, and its staleness is never
+    negative.
+    """
     if not groups:
         raise ValueError("build_batch needs at least one group")
     if len({g.is_eval for g in groups}) > 1:
@@ -63,6 +73,8 @@ def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: fl
     group_images, row_images = batch_images(groups)
     arrays = concat_padded_arrays(common_keys(parts), pad_value)
     head, tail = version_span(arrays.get("versions"))
+    if tail > trainer_version:
+        trainer_version, version_known = tail, False
     return Batch(
         task_ids=[g.task_id for g in groups],
         group_sizes=[g.group_size for g in groups],
@@ -72,6 +84,7 @@ def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: fl
         packed=pack_arrays(arrays),  # no copy: the arrays lie in one arena
         is_eval=groups[0].is_eval,
         trainer_version=trainer_version,
+        trainer_version_known=version_known,
         head_version=head,
         tail_version=tail,
         staleness=trainer_version - head if head >= 0 else 0,
