@@ -18,13 +18,13 @@ import time
 import numpy
 
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
-from rollstream.arrays import common_keys, concat_padded_arrays, version_span
+from rollstream.arrays import align_keys, concat_padded_arrays, version_span
 from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_arrays, pack_arrays
 from rollstream.wire.dtypes import to_float32
 
 log = logging.getLogger(__name__)
 
-__all__ = ["batch_images", "build_batch", "common_keys", "drop_record", "episode_rows"]
+__all__ = ["align_keys", "batch_images", "build_batch", "drop_record", "episode_rows"]
 
 
 def episode_rows(scored: ScoredEpisode) -> dict[str, numpy.ndarray]:
@@ -71,7 +71,7 @@ def build_batch(
             row_task += [index] * b
             sample_idx += [scored.episode.sample_idx] * b
     group_images, row_images = batch_images(groups)
-    arrays = concat_padded_arrays(common_keys(parts), pad_value)
+    arrays = concat_padded_arrays(align_keys(parts, pad_value), pad_value)
     head, tail = version_span(arrays.get("versions"))
     if tail > trainer_version:
         trainer_version, version_known = tail, False

@@ -20,7 +20,7 @@ import torch
 from aiokafka.structs import TopicPartition
 from torch import Tensor
 
-from rollstream.tensors import common_keys, concat_padded_tensors, version_span
+from rollstream.tensors import align_keys, concat_padded_tensors, version_span
 from rollstream.config import RollstreamConfig
 from rollstream.vision.inputs import VisionInputs, build_vision_inputs
 from rollstream.wire import Batch, batch_tensors
@@ -162,7 +162,7 @@ def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: A
     the caller); with an ``image_processor``, also rebuild the rows' vision inputs."""
     if not groups:
         raise ValueError("assemble needs at least one group")
-    parts = common_keys([g.tensors for g in groups])
+    parts = align_keys([g.tensors for g in groups], pad_value)
     tensors = concat_padded_tensors(parts, pad_value) if len(parts) > 1 else {k: v.clone() for k, v in parts[0].items()}
     row_task = [i for i, g in enumerate(groups) for _ in g.sample_idx]
     head, tail = version_span(tensors.get("versions"))
