@@ -196,10 +196,11 @@ async def wait_out_outage(
     patience = config.outage_patience_seconds if patience is None else patience
     policy = dataclasses.replace(OUTAGE_RETRY, patience=patience)
     tries = 0
+    announced = False
     began = time.monotonic()
 
     async def once() -> T:
-        nonlocal tries
+        nonlocal tries, announced
         tries += 1
         try:
             return await fn()
@@ -207,7 +208,8 @@ async def wait_out_outage(
             refusal = await authentication_refusal(config)
             if refusal is not None:
                 raise refusal from exc
-            if tries == 1:
+            if not announced:
+                announced = True
                 log.warning("kafka at %s cannot be reached while %s; waiting up to %.0fs for it "
                             "(kafka.outage_patience_seconds)", config.bootstrap_servers, what, patience)
             raise

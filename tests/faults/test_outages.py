@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import KafkaTimeoutError
 from aiokafka.structs import TopicPartition
 
 from rollstream.dev.broker import LocalKafkaBroker
 from rollstream.dev.launcher import DevStack
+from rollstream.dev.processes import free_port
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer, start_client
@@ -102,6 +104,24 @@ async def test_every_kind_of_client_starts_once_the_broker_is_back(
     retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
     assert len(retries) >= 4 * 2, retries  # each client tried more than once, each try logged
     assert down_for < PATIENCE
+
+
+async def test_an_outage_longer_than_the_patience_ends_the_start_naming_the_setting(
+    unique_name: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing listens at the bootstrap address: the start gives up once the failures went on
+    for the patience (not before), with an error that names the setting and the last error."""
+    caplog.set_level(logging.WARNING, logger="rollstream")
+    config = make_config(f"127.0.0.1:{free_port()}", "redis://127.0.0.1:1/0", unique_name,
+                         {"kafka": {"outage_patience_seconds": 2.0}})
+    consumer = make_consumer(config.kafka, "outage-consumer", group_id=f"{unique_name}-group")
+    began = time.monotonic()
+    with pytest.raises(KafkaTimeoutError, match=r"not ready after 2s .* while starting a consumer "
+                                                 r"\(kafka.outage_patience_seconds\); last error: KafkaConnectionError"):
+        await start_client(consumer, config.kafka, "a consumer")
+    assert time.monotonic() - began >= 2.0
+    assert _logged(caplog, "waiting up to 2s for it (kafka.outage_patience_seconds)")
+    assert len([r for r in caplog.records if "retrying in" in r.getMessage()]) >= 2
 
 
 async def _send_one(producer: object, topic: str) -> list[asyncio.Future[object]]:
