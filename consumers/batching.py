@@ -18,13 +18,13 @@ import time
 import numpy
 
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
-from rollstream.arrays import common_keys, concat_padded_arrays, version_span
+from rollstream.arrays import align_keys, concat_padded_arrays, version_span
 from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_arrays, pack_arrays
 from rollstream.wire.dtypes import to_float32
 
 log = logging.getLogger(__name__)
 
-__all__ = ["batch_images", "build_batch", "common_keys", "drop_record", "episode_rows"]
+__all__ = ["align_keys", "batch_images", "build_batch", "drop_record", "episode_rows"]
 
 
 def episode_rows(scored: ScoredEpisode) -> dict[str, numpy.ndarray]:
@@ -44,8 +44,18 @@ def episode_rows(scored: ScoredEpisode) -> dict[str, numpy.ndarray]:
     return rows
 
 
-def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: float = 0.0) -> Batch:
-    """One ``Batch`` record for ``groups`` (all train or all eval; at least one group)."""
+def build_batch(
+    groups: list[CompleteGroup], trainer_version: int, pad_value: float = 0.0, version_known: bool = True,
+) -> Batch:
+    """One ``Batch`` record for ``groups`` (all train or all eval; at least one group).
+
+    ``trainer_version`` (``version_known``: read from Redis just now) is what the grouping tier
+    knows of the trainer. The batch is never tagged older than its newest token: a version
+    was published before any token of it was generated, so a tail above ``trainer_version``
+    proves the trainer was at least there (Redis failed, lagged or lost the version); the batch
+    then carries the tail with ``trainer_version_known`` False, and its staleness is never
+    negative.
+    """
     if not groups:
         raise ValueError("build_batch needs at least one group")
     if len({g.is_eval for g in groups}) > 1:
@@ -61,8 +71,10 @@ def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: fl
             row_task += [index] * b
             sample_idx += [scored.episode.sample_idx] * b
     group_images, row_images = batch_images(groups)
-    arrays = concat_padded_arrays(common_keys(parts), pad_value)
+    arrays = concat_padded_arrays(align_keys(parts, pad_value), pad_value)
     head, tail = version_span(arrays.get("versions"))
+    if tail > trainer_version:
+        trainer_version, version_known = tail, False
     return Batch(
         task_ids=[g.task_id for g in groups],
         group_sizes=[g.group_size for g in groups],
@@ -72,6 +84,7 @@ def build_batch(groups: list[CompleteGroup], trainer_version: int, pad_value: fl
         packed=pack_arrays(arrays),  # no copy: the arrays lie in one arena
         is_eval=groups[0].is_eval,
         trainer_version=trainer_version,
+        trainer_version_known=version_known,
         head_version=head,
         tail_version=tail,
         staleness=trainer_version - head if head >= 0 else 0,

@@ -25,7 +25,7 @@ from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.dump import DumpWriter
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer, make_producer
+from rollstream.kafka.clients import make_consumer, make_producer, start_client
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT
@@ -65,10 +65,10 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         consumer = make_consumer(
             config.kafka, TIER, names.scored, group_id=names.group_id(TIER), read_committed=True
         )
-        await consumer.start()
+        await start_client(consumer, config.kafka, "the dump tier's consumer")
         stack.push_async_callback(consumer.stop)
         producer = make_producer(config.kafka, TIER)
-        await producer.start()
+        await start_client(producer, config.kafka, "the dump tier's dead-letter producer")
         stack.push_async_callback(producer.stop)
         stack.push_async_callback(writer.close)
         log.info("dump tier consuming %s as group %s, writing to %s", names.scored, names.group_id(TIER),

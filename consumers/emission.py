@@ -1,7 +1,8 @@
 """What a grouping cycle writes for one input partition, and the slots it returns afterwards.
 
 :class:`Emission` turns ended groups into records of the partition's transaction output
-(:class:`~rollstream.kafka.consume_transform_produce.PartitionOutput`): the ``batch`` or
+(:class:`~rollstream.kafka.consume_transform_produce.PartitionOutput`): the ``batch`` (tagged
+with the trainer version read at emission, never older than its tokens: ``build_batch``) or
 ``dropped`` record on ``batches``, an ``outcome`` per ended group and tombstones for forgotten
 outcomes on ``grouping-changelog`` (in the source partition). A group that cannot become a
 batch (its samples do not concatenate, a tensor is unusable, the record would exceed
@@ -21,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
 from rollstream.consumers.batching import build_batch, drop_record
 from rollstream.consumers.changelog import outcome_record
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
+from rollstream.consumers.trainer_version import VersionReading
 from rollstream import metrics
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
@@ -40,6 +43,15 @@ RELEASE_TIMEOUT_SECONDS = 2.0
 MAX_DETAIL_CHARS = 500
 
 
+@dataclass(frozen=True)
+class EmittedBatch:
+    """Groups queued as one ``batch`` record, with the trainer version it is tagged with."""
+
+    groups: list[CompleteGroup]
+    trainer_version: int
+    version_known: bool
+
+
 class Emission:
     """Writes ended groups into a partition's output (pure: no I/O)."""
 
@@ -47,19 +59,24 @@ class Emission:
         self._names = names
         self._pad_value = pad_value
 
-    def batches(self, batches: list[list[CompleteGroup]], version: int, out: PartitionOutput) -> list[DroppedGroup]:
-        """Queue each batch; returns the groups that could not be batched (already queued as
-        dead letters and ``dead_lettered`` drops)."""
+    def batches(
+        self, batches: list[list[CompleteGroup]], reading: VersionReading, out: PartitionOutput,
+    ) -> tuple[list[EmittedBatch], list[DroppedGroup]]:
+        """Queue each batch; returns the batches queued and the groups that could not be
+        batched (already queued as dead letters and ``dead_lettered`` drops)."""
+        emitted: list[EmittedBatch] = []
         refused: list[DroppedGroup] = []
         for groups in batches:
             try:
-                self._batch(groups, version, out)
+                emitted.append(self._batch(groups, reading, out))
             except Exception as exc:  # noqa: BLE001 - find the group(s) at fault, emit the others
                 if len(groups) == 1:
-                    refused.append(self._refuse(groups[0], exc, version, out))
+                    refused.append(self._refuse(groups[0], exc, reading.version, out))
                     continue
-                refused += self.batches([[g] for g in groups], version, out)
-        return refused
+                more, bad = self.batches([[g] for g in groups], reading, out)
+                emitted += more
+                refused += bad
+        return emitted, refused
 
     def drop(self, drop: DroppedGroup, version: int, out: PartitionOutput) -> None:
         out.send(self._names.batches, encode(drop_record(drop, version)), key=drop.task_id.encode())
@@ -68,11 +85,13 @@ class Emission:
     def tombstone(self, task_id: str, partition: int, out: PartitionOutput) -> None:
         out.send(self._names.grouping_changelog, None, key=task_id.encode(), partition=partition)
 
-    def _batch(self, groups: list[CompleteGroup], version: int, out: PartitionOutput) -> None:
-        value = encode(build_batch(groups, version, self._pad_value))  # may raise: nothing queued yet
+    def _batch(self, groups: list[CompleteGroup], reading: VersionReading, out: PartitionOutput) -> EmittedBatch:
+        batch = build_batch(groups, reading.version, self._pad_value, version_known=reading.known)
+        value = encode(batch)  # may raise: nothing queued yet
         out.send(self._names.batches, value, key=groups[0].task_id.encode())
         for group in groups:
             self._outcome(group, out)
+        return EmittedBatch(groups, batch.trainer_version, batch.trainer_version_known)
 
     def _outcome(self, group: CompleteGroup | DroppedGroup, out: PartitionOutput) -> None:
         value = encode(outcome_record(group))

@@ -32,15 +32,15 @@ from typing import Any
 from aiokafka.structs import ConsumerRecord
 
 from rollstream.consumers.changelog import read_outcomes
-from rollstream.consumers.emission import Emission, SlotReleaser
+from rollstream.consumers.emission import EmittedBatch, Emission, SlotReleaser
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
 from rollstream.consumers.pending import PendingBatches
-from rollstream.consumers.trainer_version import TrainerVersion
+from rollstream.consumers.trainer_version import TrainerVersion, VersionReading
 from rollstream import metrics
 from rollstream.config import RollstreamConfig
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.clients import make_consumer, start_client
 from rollstream.kafka.consume_transform_produce import PartitionOutput, TransactionalLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import PartitionProducers
@@ -74,9 +74,9 @@ class GroupingTransform:
         self.emission = Emission(names, g.pad_value)
         self.committed_offsets: dict[int, int] = {}  # partition -> input offset committed by this instance
         self._now = 0.0
-        self._trainer_version = 0
+        self._reading = VersionReading(0, known=False)  # the trainer version of this cycle
         self._dropped: dict[int, list[DroppedGroup]] = {}  # ended this cycle, per partition
-        self._emitted: dict[int, tuple[list[list[CompleteGroup]], list[DroppedGroup]]] = {}
+        self._emitted: dict[int, tuple[list[EmittedBatch], list[DroppedGroup]]] = {}
 
     # -- partitions --
 
@@ -98,14 +98,14 @@ class GroupingTransform:
     async def begin(self, records: dict[int, list[ConsumerRecord]]) -> None:
         self._now = time.monotonic()
         if records or self.buffer.open_count() or len(self.pending):
-            self._trainer_version = await self.version.get()
+            self._reading = await self.version.get()
         for drop in self.buffer.expire(self._now):
             self._dropped.setdefault(drop.partition, []).append(drop)
 
     async def transform(self, record: ConsumerRecord, out: PartitionOutput) -> None:
         self.buffer.mark_seen(record.partition, record.offset)  # the watermark passes it, whatever happens
         message = decode_scored(record.value)
-        self._route(self.buffer.add(message, record.partition, record.offset, self._now, self._trainer_version))
+        self._route(self.buffer.add(message, record.partition, record.offset, self._now, self._reading.version))
 
     def on_error(self, record: ConsumerRecord, error: Exception, out: PartitionOutput) -> None:
         """An undecodable record with a key ends its task's group at once (``task_failed``)
@@ -114,24 +114,22 @@ class GroupingTransform:
         if not isinstance(error, WireDecodeError) or record.key is None:
             return
         failure = TaskFailed(task_id=record.key.decode("utf-8", "replace"), reason=f"undecodable scored record: {error}")
-        self._route(self.buffer.add(failure, record.partition, record.offset, self._now, self._trainer_version))
+        self._route(self.buffer.add(failure, record.partition, record.offset, self._now, self._reading.version))
 
     async def finish(self, partition: int, out: PartitionOutput, final: bool) -> None:
-        version = self._trainer_version
-        batches = self.pending.take_ready(partition, self._now, final)
+        reading = self._reading
+        ready = self.pending.take_ready(partition, self._now, final)
         drops = self._dropped.pop(partition, [])
-        drops += self.emission.batches(batches, version, out)
-        refused = {d.task_id for d in drops}
-        batches = [[g for g in groups if g.task_id not in refused] for groups in batches]
+        emitted, refused = self.emission.batches(ready, reading, out)  # refused: queued as drops already
         for drop in drops:
-            if drop.reason != "dead_lettered":  # those are queued by emission.batches
-                self.emission.drop(drop, version, out)
+            self.emission.drop(drop, reading.version, out)
+        drops += refused
         committed = self.committed_offsets.get(partition)
         if committed is not None:
             for task_id, p in self.buffer.outcomes.expired(self._now, {partition: committed}):
                 self.emission.tombstone(task_id, p, out)
         out.offset = self._next_offset(partition)
-        self._emitted[partition] = ([b for b in batches if b], drops)
+        self._emitted[partition] = (emitted, drops)
         metrics.OPEN_GROUPS.labels(TIER).set(self.buffer.open_count() + len(self.pending))
 
     async def committed(self, partition: int, out: PartitionOutput) -> None:
@@ -157,13 +155,15 @@ class GroupingTransform:
             return min(marks)
         return None
 
-    def _account(self, batches: list[list[CompleteGroup]], drops: list[DroppedGroup]) -> None:
-        version, now = self._trainer_version, self._now
-        for groups in batches:
-            task_ids = [g.task_id for g in groups]
-            log.info("%s: emitted batch of %s (trainer version %d)", self.config.grouping.instance_id,
-                     task_ids, version, extra={"task_ids": task_ids, "trainer_version": version})
-            for group in groups:
+    def _account(self, batches: list[EmittedBatch], drops: list[DroppedGroup]) -> None:
+        now = self._now
+        for batch in batches:
+            task_ids = [g.task_id for g in batch.groups]
+            version = batch.trainer_version
+            known = "" if batch.version_known else ", not read from Redis at emission"
+            log.info("%s: emitted batch of %s (trainer version %d%s)", self.config.grouping.instance_id,
+                     task_ids, version, known, extra={"task_ids": task_ids, "trainer_version": version})
+            for group in batch.groups:
                 head = group.head_version
                 metrics.GROUPS.labels(TIER, "emitted").inc()
                 metrics.GROUP_LATENCY.labels(TIER).observe(max(0.0, now - group.first_seen))
@@ -194,11 +194,11 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
             consumer=consumer, topic=names.scored, group_id=group_id, producers=producers,
             transform=GroupingTransform(config, names, redis), dead_letter_topic=names.dead_letter,
             max_record_bytes=config.kafka.max_message_bytes, poll_timeout_ms=g.commit_interval_ms,
-            retry=transaction_retry(g.max_consecutive_failures), name=f"grouping {g.instance_id}",
+            retry=transaction_retry(g.max_consecutive_failures, config.kafka.outage_patience_seconds), name=f"grouping {g.instance_id}",
             lost_partition_hold_seconds=2 * g.session_timeout_ms / 1000,
         )
         consumer.subscribe([names.scored], listener=loop.ownership)
-        await consumer.start()
+        await start_client(consumer, config.kafka, f"the consumer of grouping instance {g.instance_id}")
         stack.push_async_callback(consumer.stop)
         log.info("grouping instance %s consuming %s", g.instance_id, names.scored)
         mark_ready()

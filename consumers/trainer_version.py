@@ -2,9 +2,16 @@
 
 Emission never waits for Redis: when it is unreachable (or its version key is malformed) the
 last version read is used (0 before the first successful read), a warning is logged, and Redis
-is asked again after a back-off. Versions only go up: a lower value (a Redis that restarted
-without persistence reads 0 until the trainer publishes again) is logged and ignored, so
-batches are never tagged with a version older than one already seen.
+is asked again after the pause of the one retry policy (``REDIS_RETRY``). Versions only go up:
+a lower value (a Redis that restarted without persistence reads 0 until the trainer publishes
+again) is logged and ignored.
+
+Each answer says whether it is *known*: Redis answered this time, with a version no older
+than any answer before. Otherwise the version is only the newest one this instance knows to
+have been published, which may be older than the trainer's. :func:`rollstream.consumers.batching.build_batch`
+raises a batch's version to its newest token's (a token's version was published before it was
+generated) and marks it unknown then, so a batch is never tagged older than its tokens
+(docs/GUARANTEES.md, "A batch's trainer version").
 """
 
 from __future__ import annotations
@@ -12,44 +19,58 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
 from rollstream.metrics import WEIGHT_VERSION
-from rollstream.redis_state import VersionStore
+from rollstream.redis_state import REDIS_RETRY, VersionStore
+from rollstream.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 
-class TrainerVersion:
-    """``await get()`` -> the current version; never raises for an unreachable Redis."""
+@dataclass(frozen=True)
+class VersionReading:
+    """``version``: the newest trainer version known to be published. ``known``: Redis gave it
+    just now and it is no older than any earlier answer (False: the last known value, because
+    Redis failed, was not asked again yet, or went back)."""
 
-    def __init__(self, store: VersionStore, timeout_seconds: float = 2.0, retry_seconds: float = 5.0) -> None:
+    version: int
+    known: bool
+
+
+class TrainerVersion:
+    """``await get()`` -> the current :class:`VersionReading`; never raises for an unreachable Redis."""
+
+    def __init__(self, store: VersionStore, timeout_seconds: float = 2.0, retry: RetryPolicy = REDIS_RETRY) -> None:
         self._store = store
         self._timeout = timeout_seconds
-        self._retry = retry_seconds
+        self._backoff = retry.backoff()
         self._retry_at = 0.0
         self.last = 0
 
-    async def get(self) -> int:
+    async def get(self) -> VersionReading:
         now = time.monotonic()
         if now < self._retry_at:
-            return self.last
+            return VersionReading(self.last, known=False)
         try:
             version = await asyncio.wait_for(self._store.get_version(), self._timeout)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            self._retry_at = now + self._retry
+            pause = self._backoff.failed(exc)
+            self._retry_at = now + pause
             log.warning(
-                "cannot read the trainer version from Redis (%s: %s); using the last known version %d",
-                type(exc).__name__, exc, self.last,
+                "cannot read the trainer version from Redis (%s: %s); using the last known version %d, "
+                "asking again in %.1fs", type(exc).__name__, exc, self.last, pause,
             )
-            return self.last
+            return VersionReading(self.last, known=False)
+        self._backoff.succeeded()
         if version < self.last:
             log.warning("trainer version in Redis went back to %d (last seen %d); keeping %d",
                         version, self.last, self.last)
-            return self.last
+            return VersionReading(self.last, known=False)
         if version != self.last:
             log.info("trainer version is now %d", version)
         self.last = version
         WEIGHT_VERSION.labels("grouping").set(version)
-        return version
+        return VersionReading(version, known=True)

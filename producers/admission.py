@@ -126,7 +126,12 @@ class Admission:
                     raise
                 if self._stop.is_set():
                     return None
-                await self._restore()
+                try:
+                    await self._restore()
+                except REDIS_ERRORS as exc:  # Redis went away again during the rebuild
+                    log.warning("rebuilding the staleness budget failed: %s", exc)
+                    if not await self._wait_for_redis():
+                        return None
             except RedisStateError as exc:
                 log.error("staleness budget unusable while %s: %s; retrying in %.1fs", what, exc, self._poll_seconds)
                 if self._stop.is_set():

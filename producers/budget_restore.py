@@ -34,6 +34,7 @@ import uuid
 from rollstream.producers.cursor import read_all_cursors
 from rollstream.producers.publisher import transactional_id
 from rollstream.config import RollstreamConfig
+from rollstream.kafka.clients import start_client
 from rollstream.kafka.scan import scan_topic
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer
@@ -81,7 +82,7 @@ async def fence_producers(config: RollstreamConfig, names: TopicNames, producer_
     completes that before answering) and it can never commit with its current producer."""
     for producer_id in producer_ids:
         fence = TransactionalProducer(config.kafka, f"budget-fence-{producer_id}", transactional_id(names, producer_id))
-        await fence.start()
+        await start_client(fence, config.kafka, f"fencing producer {producer_id}")
         await fence.stop()
     if producer_ids:
         log.warning("fenced the train producers %s: they start again from their committed cursors", producer_ids)

@@ -46,7 +46,8 @@ async def read_cursor(
     """The last committed cursor of ``producer_id``, or None when it has none (a fresh start).
 
     Reads the whole topic up to its last stable offset with a group-less ``read_committed``
-    consumer. Raises ``CursorError`` when the topic cannot be read within 60 s or when the
+    consumer. Raises ``CursorError`` when the topic cannot be read within 60 s (or
+    ``kafka.outage_patience_seconds`` when longer: a broker outage is waited out) or when the
     latest record for this producer does not decode.
     """
     key = producer_id.encode()
@@ -58,12 +59,11 @@ async def read_cursor(
             if record.key == key:
                 latest = (record.partition, record.offset, record.value)
 
+    timeout = max(READ_TIMEOUT_SECONDS, config.kafka.outage_patience_seconds)
     try:
-        await asyncio.wait_for(scan(), READ_TIMEOUT_SECONDS)
+        await asyncio.wait_for(scan(), timeout)
     except TimeoutError:
-        raise CursorError(
-            f"could not read {names.producer_cursor} to its end within {READ_TIMEOUT_SECONDS:.0f}s"
-        ) from None
+        raise CursorError(f"could not read {names.producer_cursor} to its end within {timeout:.0f}s") from None
     return _decode_latest(names.producer_cursor, producer_id, latest)
 
 

@@ -34,6 +34,7 @@ from rollstream.producers.publisher import TIER, PendingBatch, PromptPublisher, 
 from rollstream.config import RollstreamConfig, require
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import start_client
 from rollstream.kafka.consume_transform_produce import RecordTooLargeError
 from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.topics import TopicNames
@@ -44,7 +45,9 @@ from rollstream.wire import DeadLetter, ProducerCursor, PromptTask, encode
 
 log = logging.getLogger(__name__)
 
-PUBLISH_ATTEMPTS = 20  # failed transactions in a row before the producer gives up (about 90 s)
+# failed transactions in a row before the producer gives up, once they went on for
+# kafka.outage_patience_seconds
+PUBLISH_ATTEMPTS = 20
 
 
 @dataclass
@@ -91,9 +94,9 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
             budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled and not pc.is_eval,
             restore=lambda: restore_budget(config, names, budget),
         )
-        publisher = PromptPublisher(
-            txn, names, RetryPolicy(initial=0.25, maximum=5.0, max_attempts=PUBLISH_ATTEMPTS), admission,
-        )
+        retry = RetryPolicy(initial=0.25, maximum=5.0, max_attempts=PUBLISH_ATTEMPTS,
+                            patience=config.kafka.outage_patience_seconds)
+        publisher = PromptPublisher(txn, names, retry, admission)
         summary = RunSummary()
         mark_ready()
         while True:
@@ -127,7 +130,7 @@ async def _start(
     """
     pc = config.producer
     await admission.begin()  # before the producer starts: see producers/admission.py
-    await txn.start()
+    await start_client(txn, config.kafka, f"the transactional producer of producer {pc.producer_id}")
     cursor = await read_cursor(config, names, pc.producer_id)
     if cursor is None:
         cursor = ProducerCursor(producer_id=pc.producer_id, epoch=0, index=0, published=0, is_eval=pc.is_eval)

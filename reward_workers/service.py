@@ -27,7 +27,7 @@ from rollstream.reward_workers.transform import TIER, RewardTransform
 from rollstream.config import RollstreamConfig
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.clients import make_consumer, start_client
 from rollstream.kafka.consume_transform_produce import TransactionalLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import PartitionProducers
@@ -62,11 +62,11 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
             consumer=consumer, topic=names.episodes, group_id=group_id, producers=producers,
             transform=transform, dead_letter_topic=names.dead_letter,
             max_record_bytes=config.kafka.max_message_bytes, poll_timeout_ms=rc.poll_timeout_ms,
-            max_records=rc.max_batch, retry=transaction_retry(rc.max_consecutive_failures),
+            max_records=rc.max_batch, retry=transaction_retry(rc.max_consecutive_failures, config.kafka.outage_patience_seconds),
             name=f"reward worker {worker_id}", lost_partition_hold_seconds=2 * rc.session_timeout_ms / 1000,
         )
         consumer.subscribe([names.episodes], listener=loop.ownership)
-        await consumer.start()
+        await start_client(consumer, config.kafka, f"the consumer of reward worker {worker_id}")
         stack.push_async_callback(consumer.stop)
         log.info("reward worker %s consuming %s as group %s", worker_id, names.episodes, group_id)
         mark_ready()

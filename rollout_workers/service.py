@@ -38,7 +38,7 @@ from rollstream.config import RollstreamConfig
 from rollstream.dump import DumpWriter
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer, make_producer
+from rollstream.kafka.clients import make_consumer, make_producer, start_client
 from rollstream.kafka.ownership import PartitionOwnership
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import WEIGHT_VERSION
@@ -91,7 +91,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         WEIGHT_VERSION.labels(TIER).set(await follower.catch_up())
 
         producer = make_producer(config.kafka, f"rollout-{worker_id}")
-        await producer.start()
+        await start_client(producer, config.kafka, f"the producer of rollout worker {worker_id}")
         stack.push_async_callback(producer.stop)
         claims = PromptClaims(redis, keys, worker_id, rollout.failure_detection_seconds)
         await claims.heartbeat()
@@ -115,7 +115,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         ownership = prompt_ownership(consumer, names.prompts, committer, tracker, runner.forget,
                                      f"rollout worker {worker_id}")
         consumer.subscribe([names.prompts], listener=ownership)
-        await consumer.start()
+        await start_client(consumer, config.kafka, f"the consumer of rollout worker {worker_id}")
         stack.push_async_callback(consumer.stop)
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)

@@ -159,15 +159,65 @@ def check_same_keys(dicts: Sequence[Mapping[str, Any]]) -> None:
             )
 
 
-def common_keys(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Keep only keys every trajectory has (an optional key missing in one would fail the concat).
+PRESENT_SUFFIX = "_present"  # ``<key>_present``: [B] bool, True on the rows that had ``<key>``
 
-    The keys dropped are logged as a warning, never silently."""
-    common = set(parts[0]).intersection(*parts[1:])
-    extra = set().union(*parts) - common
-    if extra:
-        log.warning("dropping trajectory keys %s that not every episode of the batch has", sorted(extra))
-    return [{k: v for k, v in p.items() if k in common} for p in parts]
+
+def align_keys(parts: list[dict[str, Any]], pad_value: float = 0.0) -> list[dict[str, Any]]:
+    """Give every trajectory the keys of all of them, so that none is lost when trajectories
+    of different workflows meet in one batch (or one trainer step).
+
+    A key some parts lack is kept: those parts get it filled with the value padding gets
+    (:func:`pad_value_for`: ``versions`` -1, ``attention_mask`` 0, the rest ``pad_value``;
+    ``is_truncated`` reads False), shaped as the first part that has it with their own row
+    count, and every part gets ``<key>_present`` (:data:`PRESENT_SUFFIX`): ``[B]`` bool, True on
+    the rows whose episode had the key. A part that already carries ``<key>_present`` (a batch
+    aligned before) keeps its own, so aligning batches of aligned batches says the same.
+    Parts that agree on their keys are returned unchanged (no mask is added). Works on numpy
+    arrays and torch tensors alike; the result has every key in the same order in each part.
+    """
+    order = list(dict.fromkeys(k for part in parts for k in part))
+    masks = {k + PRESENT_SUFFIX for k in order} & set(order)
+    data = [k for k in order if k not in masks]
+    ragged = [k for k in data if any(k not in part or k + PRESENT_SUFFIX in part for part in parts)]
+    if not ragged:
+        return parts
+    aligned = [dict(part) for part in parts]
+    for key in ragged:
+        donor = next(part[key] for part in parts if key in part)
+        for part, out in zip(parts, aligned):
+            rows = _rows(part)
+            present = part.get(key + PRESENT_SUFFIX)
+            if key not in part:
+                out[key] = _filled(donor, rows, pad_value_for(key, pad_value))
+                present = _mask(donor, rows, False)
+            elif present is None:
+                present = _mask(donor, rows, True)
+            out[key + PRESENT_SUFFIX] = present
+    final = data + [k + PRESENT_SUFFIX for k in data if k in ragged or k + PRESENT_SUFFIX in masks]
+    final += [k for k in order if k in masks and k not in final]
+    return [{k: out[k] for k in final if k in out} for out in aligned]
+
+
+def _rows(part: Mapping[str, Any]) -> int:
+    ids = part.get("input_ids")
+    if ids is None:
+        ids = next(v for v in part.values() if getattr(v, "ndim", 0) > 0)
+    return int(ids.shape[0])
+
+
+def _filled(donor: Any, rows: int, value: float) -> Any:
+    """``rows`` rows shaped as ``donor``'s rows (a 0-dim donor: one value), all ``value``."""
+    shape = tuple(donor.shape[1:]) if donor.ndim else ()
+    shape = (rows, *shape) if donor.ndim else shape
+    if isinstance(donor, numpy.ndarray):
+        return numpy.full(shape, fill_value(value, _wire_name("fill", donor)), dtype=donor.dtype)
+    return donor.new_full(shape, value)  # a torch tensor: its dtype and device
+
+
+def _mask(donor: Any, rows: int, value: bool) -> Any:
+    if isinstance(donor, numpy.ndarray):
+        return numpy.full((rows,), value, dtype=bool)
+    return (donor.new_ones((rows,)) if value else donor.new_zeros((rows,))).bool()
 
 
 class _Planned:

@@ -63,6 +63,11 @@ class KafkaConfig(_Section):
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024
     transaction_timeout_ms: SessionMillis = 60_000
     request_timeout_ms: Millis = 40_000
+    # How long a tier waits out a broker it cannot reach, at start (topics, every client's
+    # start) and at run time (failed transactions in a row), with the one retry policy, each
+    # try logged, before it exits. (A Redis outage is waited out without limit: exiting would
+    # not bring Redis back.) docs/GUARANTEES.md, section 6.
+    outage_patience_seconds: Seconds = 300.0
     # Request batching (aiokafka's meaning). Larger batches did not lower the broker's CPU on
     # the benchmark machine (bench/README.md), so the defaults favour latency.
     linger_ms: Count = 5  # producers wait this long to fill a batch before sending

@@ -11,12 +11,18 @@ math. Two shapes of use:
   :class:`Backoff` from ``policy.backoff()``; ``failed()`` returns the pause and raises
   :class:`RetriesExhausted` once ``max_attempts`` failures came in a row, ``succeeded()``
   resets it.
+
+``patience`` is how long an outage is waited out (``kafka.outage_patience_seconds`` for the
+tiers): with it, the policy never gives up before the failures in a row have gone on for
+that many seconds, however many tries that is; with ``max_attempts`` as well, both must be
+reached (a fault that answers at once cannot end a tier sooner than an outage would).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -29,26 +35,33 @@ T = TypeVar("T")
 
 
 class RetriesExhausted(RuntimeError):
-    """``max_attempts`` tries in a row failed; ``__cause__`` is the last error."""
+    """The policy gave up (tries and patience spent); ``__cause__`` is the last error."""
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """Pauses of ``initial * 2**(n-1)`` seconds (plus up to ``jitter``), at most ``maximum``.
 
-    ``max_attempts`` None: never give up (a service waiting for a dependency).
+    Giving up: after ``max_attempts`` tries in a row AND ``patience`` seconds of failing in a
+    row, each limit counting only when set; neither set: never (a service waiting for a
+    dependency).
     """
 
     initial: float = 0.25
     maximum: float = 5.0
     jitter: float = 0.25
     max_attempts: int | None = None
+    patience: float | None = None
+
+    @property
+    def gives_up(self) -> bool:
+        return self.max_attempts is not None or self.patience is not None
 
     def wait_strategy(self) -> tenacity.wait.wait_base:
         return tenacity.wait_exponential_jitter(multiplier=self.initial, max=self.maximum, jitter=self.jitter)
 
-    def backoff(self) -> Backoff:
-        return Backoff(self)
+    def backoff(self, clock: Callable[[], float] = time.monotonic) -> Backoff:
+        return Backoff(self, clock)
 
     def pause(self, failures: int) -> float:
         """The pause after the ``failures``-th failure in a row (1 = the first)."""
@@ -67,9 +80,15 @@ class RetryPolicy:
         """``await fn()``, retried on ``retry_on`` (exception types, or a predicate) with this
         policy's pauses (each logged, naming ``what``).
 
-        Raises the last error once ``max_attempts`` tries failed, or at once when ``stop`` is set.
+        Raises the last error once the policy gives up (``max_attempts`` tries and ``patience``
+        seconds, each when set), or at once when ``stop`` is set.
         """
-        stops = [tenacity.stop_after_attempt(self.max_attempts)] if self.max_attempts else []
+        limits: list[tenacity.stop.stop_base] = []
+        if self.max_attempts is not None:
+            limits.append(tenacity.stop_after_attempt(self.max_attempts))
+        if self.patience is not None:
+            limits.append(tenacity.stop_after_delay(self.patience))
+        stops: list[tenacity.stop.stop_base] = [tenacity.stop_all(*limits)] if limits else []
         if stop is not None:
             stops.append(_StopWhenSet(stop))
         retrying = tenacity.AsyncRetrying(
@@ -91,21 +110,34 @@ class RetryPolicy:
 class Backoff:
     """Failures in a row -> the pause before the next try (see the module docstring)."""
 
-    def __init__(self, policy: RetryPolicy) -> None:
+    def __init__(self, policy: RetryPolicy, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self.failures = 0
+        self._clock = clock
+        self._since = 0.0  # when the first failure of the current run came
 
     @property
     def next_pause(self) -> float:
         """About how long the next failure will pause (for log lines)."""
         return self.policy.pause(self.failures + 1)
 
+    @property
+    def failing_for(self) -> float:
+        """Seconds since the first failure in a row (0 when the last try succeeded)."""
+        return self._clock() - self._since if self.failures else 0.0
+
     def failed(self, error: BaseException | None = None) -> float:
         """Count one more failure; the seconds to pause, or RetriesExhausted past the limit."""
         self.failures += 1
-        limit = self.policy.max_attempts
-        if limit is not None and self.failures >= limit:
-            raise RetriesExhausted(f"{self.failures} tries in a row failed, last: {error!r}") from error
+        if self.failures == 1:
+            self._since = self._clock()
+        policy = self.policy
+        tries_spent = policy.max_attempts is None or self.failures >= policy.max_attempts
+        patience_spent = policy.patience is None or self.failing_for >= policy.patience
+        if policy.gives_up and tries_spent and patience_spent:
+            raise RetriesExhausted(
+                f"{self.failures} tries in a row failed, last: {error!r} (failing for {self.failing_for:.0f}s)"
+            ) from error
         return self.policy.pause(self.failures)
 
     async def sleep(self, error: BaseException | None = None) -> None:
@@ -136,6 +168,7 @@ def _log_retry(what: str) -> Callable[[tenacity.RetryCallState], None]:
     return before_sleep
 
 
-def transaction_retry(max_attempts: int) -> RetryPolicy:
-    """The policy of the transactional loops: 0.25 s doubling up to 5 s, ``max_attempts`` in a row."""
-    return RetryPolicy(initial=0.25, maximum=5.0, jitter=0.25, max_attempts=max_attempts)
+def transaction_retry(max_attempts: int, patience: float | None = None) -> RetryPolicy:
+    """The policy of the transactional loops: 0.25 s doubling up to 5 s; gives up after
+    ``max_attempts`` failures in a row that went on for ``patience`` seconds."""
+    return RetryPolicy(initial=0.25, maximum=5.0, jitter=0.25, max_attempts=max_attempts, patience=patience)

@@ -22,8 +22,9 @@ from rollstream.arrays import (
     ROW_KEYS,
     SEQUENCE_KEYS,
     RowSpan,
+    PRESENT_SUFFIX,
+    align_keys,
     check_same_keys,
-    common_keys,
     concat_padded_arrays,
     pad_value_for,
     row_spans,
@@ -34,7 +35,8 @@ from rollstream.wire.packed import ArrayArena
 from rollstream.wire.torch_tensors import DTYPE_NAMES, as_array, as_tensor, tensor_arena
 
 __all__ = [
-    "PROMPT_VERSION", "REQUIRED_KEYS", "ROW_KEYS", "SEQUENCE_KEYS", "RowSpan", "TrajectoryBuilder", "common_keys",
+    "PRESENT_SUFFIX", "PROMPT_VERSION", "REQUIRED_KEYS", "ROW_KEYS", "SEQUENCE_KEYS", "RowSpan", "TrajectoryBuilder",
+    "align_keys",
     "concat_padded_arena", "concat_padded_tensors", "row_spans", "span_range", "trajectory_dtypes",
     "trajectory_row", "validate_trajectory", "version_span",
 ]

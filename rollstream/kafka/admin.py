@@ -3,17 +3,15 @@ ones that exist (``rollstream.kafka.topic_check``) before a tier uses them."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from rollstream.config import KafkaConfig
-from rollstream.kafka.clients import authentication_refusal, make_admin
+from rollstream.kafka.clients import make_admin, wait_out_outage
 from rollstream.kafka.topic_check import (
     CHECKED_CONFIGS,
     TopicLayoutError,
@@ -22,11 +20,8 @@ from rollstream.kafka.topic_check import (
     min_insync_replicas,
 )
 from rollstream.kafka.topics import TopicNames
-from rollstream.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
-
-BROKER_WAIT_SECONDS = 300.0  # how long a starting tier waits for an unreachable broker
 
 
 class NotEnoughBrokers(KafkaError):
@@ -37,14 +32,7 @@ class NotEnoughBrokers(KafkaError):
     retriable = True
 
 
-def transient(exc: BaseException) -> bool:
-    """A broker that is down, restarting or electing a controller: worth waiting for."""
-    if isinstance(exc, (KafkaTimeoutError, asyncio.TimeoutError)):
-        return True
-    return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
-
-
-async def ensure_topics(config: KafkaConfig, names: TopicNames, wait_seconds: float = BROKER_WAIT_SECONDS) -> None:
+async def ensure_topics(config: KafkaConfig, names: TopicNames, wait_seconds: float | None = None) -> None:
     """Create every topic of the trial that does not exist yet (idempotent, race-safe), then
     check the ones that existed (``rollstream.kafka.topic_check``).
 
@@ -60,40 +48,13 @@ async def ensure_topics(config: KafkaConfig, names: TopicNames, wait_seconds: fl
 
     Every tier calls this first, so it also waits for the broker: while the broker cannot be
     reached (down, restarting), or topics must be created and fewer brokers are up than their
-    replication factor, it retries with capped backoff, logging each try, for up to
-    ``wait_seconds``; then ``KafkaTimeoutError`` names the last error. A tier started during a broker restart
+    replication factor, it retries as :func:`~rollstream.kafka.clients.wait_out_outage` does,
+    for ``wait_seconds`` (default ``config.outage_patience_seconds``); then
+    ``KafkaTimeoutError`` names the last error. A tier started during a broker restart
     therefore comes up with the broker instead of crash-looping. A broker that refuses the
     configured credentials or TLS settings raises ``KafkaAuthenticationError`` at once.
     """
-    attempts = 0
-    last: BaseException | None = None
-
-    async def once() -> None:
-        nonlocal attempts, last
-        attempts += 1
-        try:
-            await _ensure_once(config, names)
-        except KafkaConnectionError as exc:
-            last = exc
-            refusal = await authentication_refusal(config)
-            if refusal is not None:
-                raise refusal from exc
-            raise
-        except KafkaError as exc:
-            last = exc
-            raise
-
-    policy = RetryPolicy(initial=0.5, maximum=5.0)
-    try:
-        await asyncio.wait_for(
-            policy.call(once, retry_on=transient, what=f"reaching kafka at {config.bootstrap_servers}"),
-            wait_seconds,
-        )
-    except asyncio.TimeoutError:
-        raise KafkaTimeoutError(
-            f"kafka at {config.bootstrap_servers} not ready after {wait_seconds:.0f}s ({attempts} tries); "
-            f"last error: {type(last).__name__}: {last}"
-        ) from None
+    await wait_out_outage(config, lambda: _ensure_once(config, names), "creating the trial's topics", wait_seconds)
 
 
 async def _ensure_once(config: KafkaConfig, names: TopicNames) -> None:

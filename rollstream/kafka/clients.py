@@ -1,10 +1,16 @@
-"""Kafka client factories: every client gets the configured security and size settings."""
+"""Kafka client factories and starts: every client gets the configured security and size
+settings, and every client starts through :func:`start_client`, which waits out a broker that
+cannot be reached (down, restarting) for ``kafka.outage_patience_seconds``."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import ssl
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -13,12 +19,24 @@ from aiokafka.errors import (
     AuthenticationFailedError,
     AuthenticationMethodNotSupported,
     IllegalSaslStateError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
     SaslAuthenticationFailed,
     UnsupportedSaslMechanismError,
 )
 from aiokafka.helpers import create_ssl_context
 
 from rollstream.config import KafkaConfig
+from rollstream.retry import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# The pauses between tries while the broker is unreachable (the one policy's shape); how long
+# it is waited out is kafka.outage_patience_seconds.
+OUTAGE_RETRY = RetryPolicy(initial=0.5, maximum=5.0)
 
 
 # A broker that answers these will answer them again: wrong credentials or TLS settings.
@@ -154,3 +172,72 @@ async def authentication_refusal(config: KafkaConfig) -> KafkaAuthenticationErro
             continue
         conn.close()
     return None
+
+
+def transient(exc: BaseException) -> bool:
+    """A broker that is down, restarting or electing a controller: worth waiting for."""
+    if isinstance(exc, (KafkaTimeoutError, asyncio.TimeoutError)):
+        return True
+    return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
+
+
+async def wait_out_outage(
+    config: KafkaConfig, fn: Callable[[], Awaitable[T]], what: str, patience: float | None = None
+) -> T:
+    """``await fn()``, retried with the one retry policy while the broker cannot be reached
+    (:func:`transient` errors), each try logged, until the failures have gone on for
+    ``patience`` seconds (default ``config.outage_patience_seconds``); then
+    ``KafkaTimeoutError`` naming ``what``, the setting and the last error. A try that is slow
+    but not failing (a consumer waiting for its group's assignment) is never cut short. A
+    broker that refuses the configured credentials or TLS settings raises
+    :class:`KafkaAuthenticationError` at once (aiokafka reports it as the same "Unable to
+    bootstrap" as a broker that is down). Other errors propagate at once.
+    """
+    patience = config.outage_patience_seconds if patience is None else patience
+    policy = dataclasses.replace(OUTAGE_RETRY, patience=patience)
+    tries = 0
+    announced = False
+    began = time.monotonic()
+
+    async def once() -> T:
+        nonlocal tries, announced
+        tries += 1
+        try:
+            return await fn()
+        except KafkaConnectionError as exc:
+            refusal = await authentication_refusal(config)
+            if refusal is not None:
+                raise refusal from exc
+            if not announced:
+                announced = True
+                log.warning("kafka at %s cannot be reached while %s; waiting up to %.0fs for it "
+                            "(kafka.outage_patience_seconds)", config.bootstrap_servers, what, patience)
+            raise
+
+    try:
+        return await policy.call(once, retry_on=transient, what=f"{what} (kafka at {config.bootstrap_servers})")
+    except Exception as exc:
+        if not transient(exc):
+            raise
+        raise KafkaTimeoutError(
+            f"kafka at {config.bootstrap_servers} not ready after {patience:.0f}s ({tries} tries in "
+            f"{time.monotonic() - began:.0f}s) while {what} (kafka.outage_patience_seconds); "
+            f"last error: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+class Startable(Protocol):
+    async def start(self) -> Any: ...
+
+
+async def start_client(client: Startable, config: KafkaConfig, what: str) -> None:
+    """``await client.start()`` (a consumer, a producer, an admin client, a
+    :class:`~rollstream.kafka.transactions.TransactionalProducer`), waiting out an
+    unreachable broker as :func:`wait_out_outage` says. Every tier starts its clients here.
+
+    Trying ``start()`` again on the same client is what aiokafka allows after a failed
+    bootstrap: the client holds no connection or task until bootstrap succeeded (a consumer
+    creates its fetcher after it). A TransactionalProducer builds a new producer per try.
+    """
+    await wait_out_outage(config, client.start, f"starting {what}")
+    log.debug("started %s", what)

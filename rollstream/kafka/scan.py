@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from rollstream.config import KafkaConfig
-from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.clients import make_consumer, start_client
 
 FETCH_TIMEOUT_MS = 200
 
@@ -23,7 +23,7 @@ async def scan_topic(config: KafkaConfig, topic: str, client_id: str) -> AsyncIt
     offset order (partitions interleaved)."""
     # Subscribed without a group, aiokafka assigns every partition of the topic to this consumer.
     consumer = make_consumer(config, client_id, topic, group_id=None, read_committed=True)
-    await consumer.start()
+    await start_client(consumer, config, f"a reader of {topic}")
     try:
         partitions = await _partitions(consumer)
         await consumer.seek_to_beginning(*partitions)

@@ -20,7 +20,7 @@ import torch
 from aiokafka.structs import TopicPartition
 from torch import Tensor
 
-from rollstream.tensors import common_keys, concat_padded_tensors, version_span
+from rollstream.tensors import align_keys, concat_padded_tensors, version_span
 from rollstream.config import RollstreamConfig
 from rollstream.vision.inputs import VisionInputs, build_vision_inputs
 from rollstream.wire import Batch, batch_tensors
@@ -45,6 +45,8 @@ class GroupRows:
     failed: int = 0  # samples of the group that failed
     images: list[bytes] = field(default_factory=list)  # the group's distinct encoded images
     row_images: list[list[int]] = field(default_factory=list)  # per row: indexes into images ([] for text)
+    # False: trainer_version is not what Redis answered at emission (Batch.trainer_version_known)
+    trainer_version_known: bool = True
 
     @property
     def tokens(self) -> int:
@@ -62,7 +64,9 @@ class TrainingBatch:
     ``tensors`` are ``[N, L]`` (``rewards`` ``[N]``), padded across the groups: ``versions``
     with -1, ``attention_mask`` with 0, the rest with ``grouping.pad_value``; they are fresh,
     writable tensors. ``row_task[r]`` indexes ``task_ids`` for row r. ``trainer_versions`` and
-    ``group_is_eval`` are per group, and so are ``group_rejected`` / ``group_failed``: how many
+    ``group_is_eval`` are per group (a group's trainer version is never older than its tokens;
+    ``trainer_versions_known[g]`` False: it was not what Redis answered at emission, but the
+    last version the grouping tier knew or the group's newest token's), and so are ``group_rejected`` / ``group_failed``: how many
     samples of the group the workflow rejected / failed (0 for batches written before the
     grouping tier counted them). ``head_version``/``tail_version`` span every generated
     token (-1: none); ``max_staleness`` is the largest ``trainer_version - head`` of a group.
@@ -99,6 +103,7 @@ class TrainingBatch:
     group_images: list[list[bytes]] = field(default_factory=list)
     row_images: list[list[int]] = field(default_factory=list)
     vision: VisionInputs | None = None
+    trainer_versions_known: list[bool] = field(default_factory=list)
 
     @property
     def num_groups(self) -> int:
@@ -133,6 +138,7 @@ def split_groups(batch: Batch) -> list[GroupRows]:
             rejected=_per_group(batch.rejected, index), failed=_per_group(batch.failed, index),
             images=list(batch.group_images[index]) if batch.group_images else [],
             row_images=[list(batch.row_images[r]) for r in rows] if batch.row_images else [],
+            trainer_version_known=batch.trainer_version_known,
         ))
     return groups
 
@@ -156,7 +162,7 @@ def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: A
     the caller); with an ``image_processor``, also rebuild the rows' vision inputs."""
     if not groups:
         raise ValueError("assemble needs at least one group")
-    parts = common_keys([g.tensors for g in groups])
+    parts = align_keys([g.tensors for g in groups], pad_value)
     tensors = concat_padded_tensors(parts, pad_value) if len(parts) > 1 else {k: v.clone() for k, v in parts[0].items()}
     row_task = [i for i, g in enumerate(groups) for _ in g.sample_idx]
     head, tail = version_span(tensors.get("versions"))
@@ -168,6 +174,7 @@ def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: A
         row_task=row_task,
         sample_idx=[s for g in groups for s in g.sample_idx],
         trainer_versions=[g.trainer_version for g in groups],
+        trainer_versions_known=[g.trainer_version_known for g in groups],
         group_is_eval=[g.is_eval for g in groups],
         head_version=head,
         tail_version=tail,

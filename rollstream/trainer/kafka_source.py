@@ -31,7 +31,7 @@ from aiokafka.structs import TopicPartition
 
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.clients import make_consumer, start_client
 from rollstream.kafka.ownership import PartitionOwnership
 from rollstream.kafka.topics import TopicNames
 from rollstream.retry import RetryPolicy
@@ -110,7 +110,7 @@ class KafkaStepSource:
         # a topic that does not exist yet.
         await ensure_topics(self._kafka, self._names)
         self._arrived = asyncio.Event()
-        await self._consumer.start()
+        await start_client(self._consumer, self._kafka, f"the trainer's consumer (group {self.group_id})")
         try:
             self._last_step = await self._reconcile()
             self._consumer.subscribe([self.topic], listener=self.ownership)

@@ -153,7 +153,10 @@ class Batch(_Message, tag="batch", kw_only=True):
     """One or more complete groups, padded to one ``[N, L]`` tensor dict.
 
     ``row_task`` maps each row to its index in ``task_ids``. ``trainer_version`` is the
-    version read from Redis at emission; ``staleness = trainer_version - head_version``.
+    trainer's version at emission as the grouping tier knew it, never older than
+    ``tail_version``; ``trainer_version_known`` False says it is not what Redis answered at
+    emission (Redis failed or lagged: the last version seen, or the tail's); ``staleness =
+    trainer_version - head_version``.
     The tensors are in ``packed`` (written since schema version 2, with ``tensors={}``) or,
     in batches written before, in ``tensors``; read them with ``batch_tensors``.
     ``rejected[i]`` / ``failed[i]``: how many samples of group ``i`` the workflow rejected /
@@ -181,6 +184,7 @@ class Batch(_Message, tag="batch", kw_only=True):
     failed: list[int] = []
     group_images: list[list[bytes]] = []
     row_images: list[list[int]] = []
+    trainer_version_known: bool = True
 
 
 class GroupDropped(_Message, tag="dropped"):

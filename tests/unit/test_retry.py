@@ -59,3 +59,62 @@ async def test_call_ends_when_stop_is_set() -> None:
 
     with pytest.raises(ConnectionError):
         await RetryPolicy(initial=5.0).call(down, retry_on=(ConnectionError,), what="down", stop=stop)
+
+
+class FakeClock:
+    """Monotonic seconds the test moves by hand (the backoff's clock)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_patience_keeps_trying_past_max_attempts_until_the_failures_went_on_that_long() -> None:
+    clock = FakeClock()
+    backoff = RetryPolicy(initial=1.0, maximum=5.0, jitter=0.0, max_attempts=3, patience=30.0).backoff(clock)
+    for _ in range(10):  # many quick failures: an outage shorter than the patience
+        backoff.failed(OSError("down"))
+        clock.now += 2.9
+    assert backoff.failures == 10 and backoff.failing_for < 30
+    clock.now = 100.0 + 30.0
+    with pytest.raises(RetriesExhausted, match=r"11 tries in a row failed, last: OSError\('down'\) \(failing for 30s\)"):
+        backoff.failed(OSError("down"))
+
+
+def test_patience_counts_from_the_first_failure_of_the_current_run() -> None:
+    clock = FakeClock()
+    backoff = RetryPolicy(initial=1.0, maximum=5.0, jitter=0.0, max_attempts=1, patience=10.0).backoff(clock)
+    backoff.failed()
+    clock.now += 9.0
+    backoff.succeeded()  # the outage ended before the patience ran out
+    clock.now += 20.0
+    assert backoff.failed() == 1.0  # a new run starts its own clock
+    clock.now += 10.0
+    with pytest.raises(RetriesExhausted):
+        backoff.failed()
+
+
+def test_max_attempts_still_applies_when_the_failures_are_slow() -> None:
+    clock = FakeClock()
+    backoff = RetryPolicy(initial=1.0, maximum=5.0, jitter=0.0, max_attempts=3, patience=30.0).backoff(clock)
+    backoff.failed()
+    clock.now += 60.0  # each try took long (a request timing out)
+    backoff.failed()
+    with pytest.raises(RetriesExhausted):
+        backoff.failed()
+
+
+async def test_call_with_patience_retries_until_it_is_spent() -> None:
+    tries = 0
+
+    async def down() -> None:
+        nonlocal tries
+        tries += 1
+        raise ConnectionError("down")
+
+    policy = RetryPolicy(initial=0.05, maximum=0.05, jitter=0.0, max_attempts=2, patience=0.4)
+    with pytest.raises(ConnectionError):
+        await policy.call(down, retry_on=(ConnectionError,), what="down")
+    assert tries >= 5  # far more than max_attempts: the patience decided

@@ -1,0 +1,161 @@
+"""Trajectories with different keys meet in one batch or one trainer step: no key is dropped.
+
+A typed result (RLVR's row, with ``is_truncated``) and a literal one (``input_ids`` +
+``output_ids`` + ``reward``: no ``is_truncated``; no ``logprobs``/``versions`` when no engine
+response matches its tokens) become episodes; the grouping tier batches them together, the
+trainer side assembles a step across batches. Every key survives, filled where an episode
+lacked it with the value padding gets, and ``<key>_present`` says which rows are real.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollstream.api.io_struct import ModelResponse
+from rollstream.arrays import PRESENT_SUFFIX, align_keys, concat_padded_arrays
+from rollstream.consumers.batching import build_batch
+from rollstream.consumers.grouping import CompleteGroup
+from rollstream.normalize import episode_tensors
+from rollstream.tensors import concat_padded_tensors, trajectory_row
+from rollstream.trainer.batch import assemble, split_groups
+from rollstream.wire import Episode, ScoredEpisode, batch_tensors, decode_batch, encode, encode_tensor_dict
+
+PROMPT = [5, 6, 7]
+
+
+def typed_result(output: list[int], truncated: bool) -> dict[str, torch.Tensor]:
+    """What RLVR returns: a [1, L] row with is_truncated and rewards."""
+    return episode_tensors(trajectory_row(PROMPT, output, [-0.5] * len(output), [3] * len(output),
+                                          reward=1.0, is_truncated=truncated))
+
+
+def literal_result(output: list[int], engine_saw_it: bool) -> dict[str, torch.Tensor]:
+    """The reference guide's form; logprobs/versions only when an engine response matches."""
+    responses = [ModelResponse(PROMPT, output, [-0.25] * len(output), [4] * len(output))] if engine_saw_it else []
+    result = {"input_ids": torch.tensor(PROMPT), "output_ids": torch.tensor(output), "reward": torch.tensor(0.5)}
+    return episode_tensors(result, responses)
+
+
+def group(task_id: str, results: list[dict[str, torch.Tensor]]) -> CompleteGroup:
+    episodes = []
+    for idx, tensors in enumerate(results):
+        rows = tensors["input_ids"].shape[0]
+        episode = Episode(task_id=task_id, sample_idx=idx, group_size=len(results),
+                          trajectory=encode_tensor_dict(tensors), head_version=-1, tail_version=-1,
+                          has_reward=True)
+        episodes.append(ScoredEpisode(episode=episode, reward=float(tensors["rewards"][0])))
+        assert rows == 1
+    return CompleteGroup(task_id, len(results), False, tuple(episodes), 0, 0, 0, len(results), 0.0)
+
+
+def test_a_batch_of_typed_and_literal_results_keeps_every_key_and_says_where_it_is_real(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    typed = group("typed", [typed_result([8, 9], truncated=True), typed_result([8], truncated=False)])
+    literal = group("literal", [literal_result([8, 9, 10], engine_saw_it=True),
+                                literal_result([9], engine_saw_it=False)])
+    batch = decode_batch(encode(build_batch([typed, literal], trainer_version=4)))
+    tensors = batch_tensors(batch)
+    assert tensors["is_truncated"].tolist() == [True, False, False, False]
+    assert tensors["is_truncated_present"].tolist() == [True, True, False, False]
+    # the literal sample no engine response matched has no logprobs/versions: kept, marked
+    assert tensors["logprobs_present"].tolist() == [True, True, True, False]
+    assert tensors["versions_present"].tolist() == [True, True, True, False]
+    assert tensors["versions"][3].tolist() == [-1] * 6  # unknown version, like padding
+    assert tensors["logprobs"][2, 3:].tolist() == [-0.25] * 3 and tensors["logprobs"][3].tolist() == [0.0] * 6
+    assert (batch.head_version, batch.tail_version) == (3, 4)  # from the real tokens only
+    assert tensors["is_truncated_present"].dtype == torch.bool and tensors["is_truncated"].dtype == torch.bool
+    assert "dropping" not in caplog.text
+
+
+def test_a_trainer_step_across_batches_keeps_the_key_and_the_mask() -> None:
+    """One batch whose episodes all have is_truncated (no mask on it), one whose episodes have
+    none, one that is mixed (its own mask): the step has every row's truth."""
+    all_typed = build_batch([group("a", [typed_result([8], truncated=True)])], trainer_version=1)
+    all_literal = build_batch([group("b", [literal_result([8, 9], engine_saw_it=True)])], trainer_version=1)
+    mixed = build_batch([group("c", [typed_result([9], truncated=True)]),
+                         group("d", [literal_result([9], engine_saw_it=True)])], trainer_version=1)
+    assert "is_truncated_present" not in batch_tensors(all_typed)
+    groups = [g for b in (all_typed, all_literal, mixed) for g in split_groups(decode_batch(encode(b)))]
+    step = assemble(groups)
+    assert step.task_ids == ["a", "b", "c", "d"]
+    assert step.tensors["is_truncated"].tolist() == [True, False, True, False]
+    assert step.tensors["is_truncated_present"].tolist() == [True, False, True, False]
+    # the same rows batched at once give the same tensors
+    at_once = batch_tensors(build_batch([g for b in (all_typed, all_literal, mixed)
+                                         for g in _groups_of(b)], trainer_version=1))
+    assert list(step.tensors) == list(at_once)
+    for key, value in at_once.items():
+        assert torch.equal(step.tensors[key], value), key
+
+
+def _groups_of(batch: object) -> list[CompleteGroup]:
+    return [g for g in GROUPS if g.task_id in batch.task_ids]  # type: ignore[attr-defined]
+
+
+GROUPS = [
+    group("a", [typed_result([8], truncated=True)]),
+    group("b", [literal_result([8, 9], engine_saw_it=True)]),
+    group("c", [typed_result([9], truncated=True)]),
+    group("d", [literal_result([9], engine_saw_it=True)]),
+]
+
+
+def test_parts_that_agree_are_left_as_they_are() -> None:
+    parts = [{"input_ids": numpy.zeros((1, 2), numpy.int32), "x": numpy.ones(1, bool)} for _ in range(2)]
+    assert align_keys(parts) is parts
+
+
+DTYPES = ["int32", "int64", "float32", "bool", "uint16"]  # uint16: bfloat16 words
+
+
+@st.composite
+def trajectories(draw: st.DrawFn) -> list[dict[str, numpy.ndarray]]:
+    keys = {"x": draw(st.sampled_from(DTYPES)), "y": draw(st.sampled_from(DTYPES))}
+    ranks = {"x": draw(st.integers(1, 3)), "y": draw(st.integers(1, 2))}
+    parts = []
+    for _ in range(draw(st.integers(1, 4))):
+        rows, length = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+        part = {"input_ids": numpy.arange(rows * length, dtype=numpy.int32).reshape(rows, length)}
+        for key, dtype in keys.items():
+            if draw(st.booleans()):
+                shape = (rows, *[draw(st.integers(1, 3)) for _ in range(ranks[key] - 1)])
+                part[key] = numpy.ones(shape, dtype=dtype)
+        parts.append(part)
+    return parts
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(parts=trajectories(), pad_value=st.sampled_from([0.0, 7.0]))
+def test_numpy_and_torch_align_alike_and_nothing_is_lost(parts: list[dict[str, numpy.ndarray]], pad_value: float) -> None:
+    aligned = align_keys(parts, pad_value)
+    union = {k for p in parts for k in p}
+    assert union <= set(aligned[0]) and all(list(a) == list(aligned[0]) for a in aligned)
+    for key in union:
+        if any(key not in p for p in parts):
+            present = numpy.concatenate([a[key + PRESENT_SUFFIX] for a in aligned])
+            assert present.tolist() == [key in p for p in parts for _ in range(p["input_ids"].shape[0])]
+    words = {k for p in parts for k, v in p.items() if v.dtype == numpy.uint16}  # bfloat16: numpy-only form
+    torch_parts = [{k: torch.from_numpy(v) for k, v in p.items() if k not in words} for p in parts]
+    torch_aligned = align_keys(torch_parts, pad_value)
+    numpy_aligned = [{k: v for k, v in p.items() if k not in words and k[: -len(PRESENT_SUFFIX)] not in words}
+                     for p in align_keys([{k: v for k, v in p.items() if k not in words} for p in parts], pad_value)]
+    assert [list(p) for p in torch_aligned] == [list(p) for p in numpy_aligned]
+    for mine, theirs in zip(numpy_aligned, torch_aligned):
+        for key, value in mine.items():
+            assert numpy.array_equal(value, theirs[key].numpy()) and value.dtype == theirs[key].numpy().dtype, key
+    try:
+        want = concat_padded_tensors(torch_aligned, pad_value)
+    except ValueError:
+        return  # ranks that cannot pad together: refused either way (a dead letter in the tier)
+    got = concat_padded_arrays(numpy_aligned, pad_value)
+    assert list(got) == list(want)
+    for key, value in want.items():
+        assert numpy.array_equal(got[key], value.numpy()), key
