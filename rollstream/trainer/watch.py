@@ -37,11 +37,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
-
-from rollstream.trainer.ranks import Ranks
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +97,16 @@ class Verdict:
         return f"{who} ended the job in {where}: {self.detail}"
 
 
+class Broadcaster(Protocol):
+    """What the watch needs of :class:`~rollstream.trainer.ranks.Ranks`: who this rank is, and
+    rank 0's value on every rank."""
+
+    rank: int
+    world_size: int
+
+    def broadcast(self, value: Any) -> Any: ...
+
+
 class _Peer:
     """One connection: the rank behind it (once it said hello), what it last said, when."""
 
@@ -138,7 +146,7 @@ class RankWatch:
     # -- lifecycle --
 
     @classmethod
-    def start(cls, ranks: Ranks, timeout: float, on_lost: Callable[[Verdict], None]) -> RankWatch:
+    def start(cls, ranks: Broadcaster, timeout: float, on_lost: Callable[[Verdict], None]) -> RankWatch:
         """Start watching (collective: rank 0 broadcasts its address to the other ``ranks``)."""
         watch = cls(ranks.rank, ranks.world_size, timeout, on_lost)
         address = watch._listen() if watch.rank == 0 else None

@@ -31,6 +31,7 @@ class TrainerJob:
         self.name, self.ranks, self.steps, self.max_restarts = name, ranks, steps, max_restarts
         self.out = workdir / name
         self.out.mkdir()
+        self.config_tree = tree
         self.config = self.out / "config.yaml"
         self.config.write_text(yaml.safe_dump(tree))
         self.job_args = job_args
