@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
     _register_demo(subparsers)
     train = subparsers.add_parser("train", help="run the example GRPO trainer (examples/grpo_trainer.py) on the batch topic")
     add_config_arguments(train)
-    train.add_argument("--ranks", type=int, default=1, help="trainer ranks; more than 1 runs it under torchrun (default 1)")
+    train.add_argument("--ranks", type=int, default=1, help="trainer ranks, DDP across them under torchrun (default 1)")
     train.add_argument("--max-restarts", type=int, default=None,
                        help="how often torchrun starts a failed trainer job again, resuming after its last committed "
                             "step (default: trainer.max_restarts, 3; 0 with one rank: a plain process)")
@@ -46,7 +46,7 @@ def _register_demo(subparsers: Any) -> None:
     p.add_argument("--steps", type=int, default=d.steps, help=f"trainer steps (default {d.steps})")
     p.add_argument("--workers", type=int, default=d.workers, help=f"rollout workers (default {d.workers})")
     p.add_argument("--trainer-ranks", type=int, default=d.trainer_ranks,
-                   help=f"trainer ranks; more than 1 runs the trainer under torchrun (default {d.trainer_ranks})")
+                   help=f"trainer ranks, DDP across them under torchrun (default {d.trainer_ranks})")
     p.add_argument("--trainer-restarts", type=int, default=d.trainer_restarts,
                    help=f"how often torchrun starts a failed trainer again (default {d.trainer_restarts})")
     p.add_argument("--run-dir", type=Path, default=None, help="where everything goes (default runs/demo/<time>)")
