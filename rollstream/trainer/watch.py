@@ -25,6 +25,7 @@ goodbye (``closed``) and is no longer watched.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -155,6 +156,7 @@ class RankWatch:
             watch._connect(tuple(address))
         watch._began = time.monotonic()
         watch._thread.start()
+        atexit.register(watch.close)  # a loop that never closed its TrainerBatches still says goodbye
         return watch
 
     def close(self, state: State = "closed", detail: str = "") -> None:
@@ -163,6 +165,7 @@ class RankWatch:
         if self._closing.is_set():
             return
         self._closing.set()
+        atexit.unregister(self.close)
         self._wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5.0)
@@ -210,7 +213,13 @@ class RankWatch:
         return host, listener.getsockname()[1]
 
     def _connect(self, address: tuple[str, int]) -> None:
-        sock = socket.create_connection(address, timeout=self.timeout)
+        try:
+            sock = socket.create_connection(address, timeout=self.timeout)
+        except OSError as exc:
+            raise ConnectionError(
+                f"rank {self.rank} cannot reach rank 0's heartbeat port at {address[0]}:{address[1]} ({exc}): rank 0 "
+                "listens on the address that routes to MASTER_ADDR; every rank must reach it"
+            ) from exc
         self._add(sock)
         self._broadcast(self._beat("alive"))  # hello: rank 0 learns which rank this is
 

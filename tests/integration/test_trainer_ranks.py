@@ -154,7 +154,7 @@ def test_a_failure_on_rank_0_reaches_every_rank(tmp_path: Path) -> None:
 
 # -- a torchrun job that loses ranks: heartbeats name the rank, torchrun restarts the job --
 
-RANK_TIMEOUT = 4.0
+RANK_TIMEOUT = 5.0
 FILE_GROUPS, FILE_STEPS = 24, 6  # BATCH groups a step
 
 
@@ -223,4 +223,6 @@ async def test_a_torchrun_job_recovers_from_a_dead_a_stalled_and_a_failed_rank(t
     assert ended_after < RANK_TIMEOUT + 10, ended_after
     for rank in range(2):  # the survivors said one line each time: no tracebacks, no step they could not finish
         assert "Traceback" not in job.log_text(rank) and "finishing" not in job.log_text(rank)
+    launcher = (job.out / "torchrun.log").read_text(errors="replace")
+    assert launcher.count("Traceback") == 1 and "ValueError: injected failure in step 4" in launcher  # the failed rank's own
     print(f"\nstalled rank ended {ended_after:.1f} s after its SIGSTOP (rank timeout {RANK_TIMEOUT:g} s)")
