@@ -24,8 +24,8 @@ creates ``TrainerBatches`` and runs the same loop; every call is collective:
   than one round for the pipeline; :meth:`stop` on any rank ends every rank's iteration at
   the next round; a failure on rank 0 ends it too, raising on every rank.
 
-The ranks watch each other apart from the collectives (:mod:`rollstream.trainer.watch`):
-a rank that dies, stalls (no heartbeat for ``trainer.rank_timeout_seconds``) or fails ends
+The ranks watch each other apart from the collectives (:mod:`rollstream.trainer.watch`,
+:mod:`rollstream.trainer.rank_health`): a rank that dies, stalls (no heartbeat for ``trainer.rank_timeout_seconds``) or fails ends
 every rank within seconds, each with one log line naming the rank, its step and phase, the
 restart that follows and where the job resumes; ``torchrun`` then restarts the job, which
 resumes after the last committed step: no group lost, none trained twice (docs/TRAINER.md).
@@ -34,7 +34,6 @@ resumes after the last committed step: no group lost, none trained twice (docs/T
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -46,29 +45,18 @@ from aiokafka.structs import TopicPartition
 
 from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.trainer.batch import GroupRows, StepAssembler, TrainingBatch, trainer_image_processor
-from rollstream.trainer.elastic import Restarts
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource
 from rollstream.trainer.loop_thread import LoopThread
+from rollstream.trainer.rank_health import CollectiveFailed, RankFailed, RankHealth
 from rollstream.trainer.ranks import Ranks
 from rollstream.trainer.share import StepShare, decode_share, encode_share, group_rows, share_group
 from rollstream.trainer.split import split_by_tokens
 from rollstream.trainer.steps import Step, StepSource
 from rollstream.trainer.stream import StepBook, check_batch_size
-from rollstream.trainer.watch import RANK_LOST_EXIT, RankWatch, Verdict, end_stalled_rank
 
 log = logging.getLogger(__name__)
 
 SourceFactory = Callable[[], StepSource]
-
-
-class RankFailed(RuntimeError):
-    """Rank 0 failed (its error is in the message); every other rank raises this."""
-
-
-class CollectiveFailed(RankFailed):
-    """One of rollstream's collectives failed on this rank while every other rank was alive
-    (their heartbeats came): ``trainer.collective_timeout_seconds`` passed, or the process
-    group broke. Only this rank knows; the others hear it from the heartbeats."""
 
 
 class TrainerBatches:
@@ -102,9 +90,6 @@ class TrainerBatches:
                 f"{self.ranks.world_size} ranks: every rank needs at least one group per step"
             )
         self.wait_seconds = wait_seconds
-        self._collective_timeout = config.trainer.collective_timeout_seconds
-        self._step = 0  # the last step handed out
-        self._resume: tuple[int, dict[int, int]] = (0, {})  # the last committed step and its offsets
         self.book = StepBook()
         self._pad_value = config.grouping.pad_value
         self._images = StepAssembler(image_processor if image_processor is not None else trainer_image_processor(config))
@@ -113,8 +98,7 @@ class TrainerBatches:
         self._mine: list[GroupRows] = []
         self._thread: LoopThread | None = None
         self._source: StepSource | None = None
-        self._watch = (RankWatch.start(self.ranks, config.trainer.rank_timeout_seconds, self._on_rank_lost)
-                       if self.ranks.group is not None else None)
+        self._health = RankHealth(self.ranks, config.trainer)
         if self.ranks.is_leader:
             factory = source or (lambda: KafkaStepSource(config, include_eval=include_eval, client_id=client_id,
                                                           use_ledger=ledger))
@@ -164,17 +148,14 @@ class TrainerBatches:
 
     def start(self) -> None:
         """Start the source (rank 0) and agree on where the steps resume (collective)."""
-        self._at(0, "start")
+        self._health.at(0, "start")
         resume = None
         if self._thread is not None and self._source is not None:
             last = self._thread.run(self._source.start())
             resume = (last, dict(getattr(self._source, "resumed_offsets", {})))
-        self._resume = self._collective(lambda: self.ranks.broadcast(resume))
-        self.book.last_committed = self._step = self._resume[0]
-        restarts = Restarts.from_env()
-        if self.ranks.is_leader and (self.ranks.group is not None or restarts.under_torchrun):
-            log.info("trainer job of %d rank%s, %s: %s", self.ranks.world_size, "s" if self.ranks.world_size > 1 else "",
-                     restarts.this_run(), self._resume_text())
+        self._health.resume = self._health.collective(lambda: self.ranks.broadcast(resume))
+        self.book.last_committed = self._health.step = self._health.resume[0]
+        self._health.log_start()
 
     def close(self, error: BaseException | None = None) -> None:
         """Release the source and say goodbye to the other ranks (``error``: this rank failed
@@ -188,90 +169,32 @@ class TrainerBatches:
                     self._thread.close()
                     self._thread = None
         finally:
-            if self._watch is not None:
-                if error is None or _agreed(error):  # every rank knows already: each leaves its loop itself
-                    self._watch.close("closed")
-                else:
-                    self._watch.close("failed", f"{type(error).__name__}: {error}")
+            self._health.close(error)
 
     def __enter__(self) -> TrainerBatches:
         try:
             self.start()
         except BaseException as exc:
-            self._settle(exc)
+            self._health.settle(exc)
             self.close(exc)
             raise
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if exc is not None:
-            self._settle(exc)
+            self._health.settle(exc)
         self.close(exc)
-
-    # -- the other ranks' health --
 
     @property
     def peer_lost(self) -> bool:
         """True once the heartbeats found a dead, stalled or failed rank: this process is
         ending (a stop requested now could not finish the step)."""
-        return self._watch is not None and self._watch.verdict is not None
+        return self._health.lost
 
     def phase(self, name: str) -> None:
         """Name what this rank does now (e.g. ``checkpoint``, ``publish``), within its step: the
         other ranks' log names it if this rank dies or stalls in it."""
-        self._at(self._step, name)
-
-    def _at(self, step: int, phase: str) -> None:
-        if self._watch is not None:
-            self._watch.at(step, phase)
-
-    def _settle(self, exc: BaseException) -> None:
-        """A distributed error (gloo reports a broken connection when a peer died) waits
-        briefly for the heartbeats' verdict, which ends this process with the line that names
-        the lost rank instead of a traceback."""
-        if self._watch is not None and isinstance(exc, RuntimeError) and not isinstance(exc, (RankFailed, CommitRefused)):
-            self._watch.settle(min(self._watch.timeout, 5.0))
-
-    def _collective(self, call: Callable[[], Any]) -> Any:
-        """Run one of rollstream's collectives; a failure is the lost rank's (the heartbeats end
-        the process naming it) or else :class:`CollectiveFailed`."""
-        try:
-            return call()
-        except RuntimeError as exc:
-            if self._watch is None:
-                raise
-            verdict = self._watch.settle(min(self._watch.timeout, 5.0))
-            if verdict is not None:
-                raise RankFailed(verdict.describe()) from exc
-            step, phase = self._watch.position
-            raise CollectiveFailed(
-                f"rank {self.ranks.rank}: a collective failed in step {step}, phase '{phase}', while the other "
-                f"ranks were alive (heartbeats): {exc} (the longest wait is trainer.collective_timeout_seconds, "
-                f"{self._collective_timeout:g} s)"
-            ) from exc
-
-    def _resume_text(self) -> str:
-        last, offsets = self._resume
-        where = ", ".join(f"{p}: {o}" for p, o in sorted(offsets.items())) or "none"
-        return f"resuming after step {last} (committed offsets {{{where}}})" if last else "starting at step 1"
-
-    def _on_rank_lost(self, verdict: Verdict) -> None:
-        """The heartbeats' verdict (on the watch's thread): one line, then end this process so
-        that ``torchrun`` restarts the job (this rank may be blocked in a collective that
-        will never return)."""
-        assert self._watch is not None
-        step, phase = self._watch.position
-        restarts = Restarts.from_env()
-        resume = self._resume_text().replace("resuming", "resumes").replace("starting", "starts")
-        maybe = f" (after step {step} if rank 0 committed it first)" if phase == "commit" and not self.ranks.is_leader else ""
-        log.error("%s; this rank (%d) was in step %d, phase '%s'. Ending this rank: %s; the job %s%s",
-                  verdict.describe(), self.ranks.rank, step, phase, restarts.after_failure(), resume, maybe)
-        if end_stalled_rank(verdict):
-            log.error("ended rank %d (pid %d, SIGKILL): a stopped process cannot answer torchrun's SIGTERM",
-                      verdict.rank, verdict.beat.pid if verdict.beat else -1)
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os._exit(RANK_LOST_EXIT)
+        self._health.at(self._health.step, name)
 
     def stop(self) -> None:
         """Ask every rank to leave its loop at the next round (safe from a signal handler)."""
@@ -290,13 +213,13 @@ class TrainerBatches:
     def next_batch(self, timeout: float | None = None) -> TrainingBatch | None:
         """This rank's share of the next step; None when no step came within ``timeout``
         seconds, or when the ranks stopped (``stopped`` is then True). Collective."""
-        self._at(self._step + 1, "next step")
+        self._health.at(self._health.step + 1, "next step")
         if self._stopped or self._agree_to_stop():
             self._stopped = True
-            self._at(self._step, "stopped")
+            self._health.at(self._health.step, "stopped")
             return None
         payloads = self._lead_round(timeout) if self.ranks.is_leader else None
-        share = decode_share(self._collective(lambda: self.ranks.scatter(payloads)))
+        share = decode_share(self._health.collective(lambda: self.ranks.scatter(payloads)))
         if share.kind == "stop":
             self._stopped = True
             if share.error:
@@ -306,8 +229,8 @@ class TrainerBatches:
             return None
         if share.kind == "idle":
             return None
-        self._step = share.step
-        self._at(share.step, "train")
+        self._health.step = share.step
+        self._health.at(share.step, "train")
         groups = self._mine if self.ranks.is_leader else [group_rows(g) for g in share.groups]
         batch = self._images.assemble(groups, self._pad_value)
         batch.step, batch.rank, batch.world_size, batch.step_groups = share.step, share.rank, share.world_size, share.step_groups
@@ -325,7 +248,7 @@ class TrainerBatches:
         if self.ranks.group is None:
             return self._stop.is_set()
         flag = torch.tensor([1 if self._stop.is_set() else 0], dtype=torch.int32)
-        self._collective(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ranks.group))
+        self._health.collective(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ranks.group))
         return bool(flag.item())
 
     def _lead_round(self, timeout: float | None) -> list[bytes]:
@@ -360,7 +283,7 @@ class TrainerBatches:
         Collective: every rank calls it with its share of the same step. Raises
         :class:`CommitRefused` (rank 0) or :class:`RankFailed` (the others) on every rank
         when the commit failed."""
-        self._at(batch.step, "commit")
+        self._health.at(batch.step, "commit")
         steps = self._gather(batch.step)
         if len(set(steps)) != 1:
             raise RuntimeError(f"ranks committed different steps {steps}: every rank must commit the same step")
@@ -372,31 +295,26 @@ class TrainerBatches:
                 entries = self.book.due(batch.step)
                 if entries:
                     self._thread.run(self._source.commit(entries))
-                    offsets = dict(self._resume[1])
+                    offsets = dict(self._health.resume[1])
                     for entry in entries:
                         offsets.update(entry.offsets)
-                    self._resume = (batch.step, offsets)
+                    self._health.resume = (batch.step, offsets)
             except Exception as exc:
                 error, failure = exc, f"{type(exc).__name__}: {exc}"
-        failure, self._resume = self._collective(lambda: self.ranks.broadcast((failure, self._resume)))
+        failure, self._health.resume = self._health.collective(lambda: self.ranks.broadcast((failure, self._health.resume)))
         if failure is not None:
             if error is not None:
                 raise error
             raise RankFailed(f"rank 0 could not commit step {batch.step}: {failure}")
         self.book.committed(batch.step)
-        self._at(batch.step, "after commit")
+        self._health.at(batch.step, "after commit")
 
     def _gather(self, step: int) -> list[int]:
         if self.ranks.group is None:
             return [step]
         steps: list[Any] = [None] * self.ranks.world_size
-        self._collective(lambda: dist.all_gather_object(steps, step, group=self.ranks.group))
+        self._health.collective(lambda: dist.all_gather_object(steps, step, group=self.ranks.group))
         return steps
-
-
-def _agreed(error: BaseException) -> bool:
-    """A failure every rank raises in the same round (rank 0's, passed to every rank)."""
-    return isinstance(error, (RankFailed, CommitRefused)) and not isinstance(error, CollectiveFailed)
 
 
 __all__ = ["CollectiveFailed", "CommitRefused", "RankFailed", "TrainerBatches"]
