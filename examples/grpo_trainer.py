@@ -2,7 +2,7 @@
 
     python examples/grpo_trainer.py --config my.yaml                          # one process
     torchrun --nproc-per-node 2 examples/grpo_trainer.py --config my.yaml     # two ranks (DDP)
-    rollstream train --config my.yaml [--ranks 2]                             # the same, installed
+    rollstream train --config my.yaml [--ranks 2] [--max-restarts 3]          # the same, restarted on failure
 
 Under ``torchrun`` every rank runs this file: the model is wrapped in DistributedDataParallel
 (gloo on CPU, NCCL with ``trainer.device: cuda``, one GPU per rank) and
@@ -14,25 +14,28 @@ Under ``torchrun`` every rank runs this file: the model is wrapped in Distribute
    logprobs the rollout workers recorded, clip ``trainer.clip``) over ``loss_mask`` tokens,
    gradients averaged across ranks by DDP;
 4. rank 0 saves the weights as checkpoint ``v<step>`` (complete or invisible:
-   :class:`~rollstream.trainer.Checkpoints`);
+   :class:`~rollstream.trainer.Checkpoints`), with the step's figures (:class:`StepRecord`);
 5. every rank commits the step (rank 0 writes the ledger and commits the offsets, once);
-6. rank 0 publishes version ``<step>`` (versions only go up; old checkpoints and their Redis
-   entries are deleted together, keeping ``trainer.keep_checkpoints``).
+6. rank 0 appends the step's line to ``--steps-file`` and publishes version ``<step>``
+   (versions only go up; old checkpoints and their Redis entries are deleted together,
+   keeping ``trainer.keep_checkpoints``).
 
-Restart (after a crash of any rank): the job resumes after the last committed step, from that
-step's checkpoint (a checkpoint written for a step whose commit did not happen is discarded:
-the step is trained again, on the same records), and publishes it if the crash came before the
-publish. No group is lost and none is trained twice (docs/TRAINER.md). The optimizer state
-starts afresh.
+Restart (after a crash, a stall or a failure of any rank; ``rollstream train`` runs the job
+under ``torchrun --max-restarts``): the job resumes after the last committed step, from that
+step's checkpoint. A checkpoint written for a step whose commit did not happen is discarded;
+that step number is trained again on the groups that follow the committed offsets, which
+need not be the groups the lost step held (the order across partitions may differ): none is
+lost and none is trained twice (docs/TRAINER.md). A crash after the commit leaves the step's
+steps-file line or its publish undone: the restarted rank 0 does both from the checkpoint.
+The optimizer state starts afresh.
 
-``--steps-file F``: rank 0 appends one JSON line per step (the figures of
-:class:`StepRecord`), which ``rollstream demo`` follows.
+``--steps-file F``: rank 0 appends one JSON line per committed step, each step once (the
+figures of :class:`StepRecord`), which ``rollstream demo`` follows.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -48,7 +51,7 @@ import torch.distributed as dist
 
 from rollstream.trainer.grpo import Staleness, UpdateStats, group_advantages, policy_update, staleness_stats
 from rollstream.config import ConfigError, RollstreamConfig, require
-from rollstream.demo.report import StepRecord  # one step's figures: the --steps-file line the demo reads
+from rollstream.demo.report import StepRecord, StepsLog  # one step's figures: the --steps-file lines the demo reads
 from rollstream.metrics import STALENESS, WEIGHT_VERSION
 from rollstream.trainer import Checkpoint, Checkpoints, SyncVersionPublisher, TrainerBatches, TrainingBatch
 
@@ -86,7 +89,7 @@ class GRPOTrainer:
         self.rank, self.world, self.device = init_distributed(tc.device)
         self.leader = self.rank == 0
         self.checkpoints = Checkpoints(tc.checkpoint_dir)
-        self.steps_file = steps_file
+        self.steps_log = StepsLog(steps_file) if steps_file is not None else None
         # The behaviour logprobs were taken at the rollout temperature: use the same one.
         self.temperature = float(config.rollout.gconfig.get("temperature", 1.0))
         self.version = 0
@@ -112,9 +115,25 @@ class GRPOTrainer:
         path = checkpoint.path if checkpoint is not None else Path(self.config.trainer.model_path)
         self._load(path)
         self.version = checkpoint.version if checkpoint is not None else 0
+        if self.leader and checkpoint is not None:
+            self._write_step_line_if_missing(checkpoint)
         if versions is not None:
             self._publish_if_behind(checkpoint, versions)
         log.info("rank %d: starting after step %d from %s", self.rank, last_step, path)
+
+    def _write_step_line_if_missing(self, checkpoint: Checkpoint) -> None:
+        """The crash came between the commit of the checkpoint's step and its steps-file line:
+        write the line from the record saved with the checkpoint."""
+        if self.steps_log is None or checkpoint.step in self.steps_log.steps():
+            return
+        record = checkpoint.meta.get("record")
+        if record is None:
+            log.warning("step %d has no line in %s and its checkpoint no record of it (written by an older "
+                        "trainer): the steps file lacks it", checkpoint.step, self.steps_log.path)
+            return
+        self.steps_log.append(StepRecord(**record))
+        log.info("step %d: its line was missing from %s (a restart after its commit); written from its checkpoint",
+                 checkpoint.step, self.steps_log.path)
 
     def _publish_if_behind(self, checkpoint: Checkpoint | None, versions: SyncVersionPublisher) -> None:
         current, mine = versions.current_version(), checkpoint.version if checkpoint is not None else 0
@@ -152,10 +171,11 @@ class GRPOTrainer:
         staleness = staleness_stats(tensors["versions"], tensors["loss_mask"], self.version)
         return update, staleness, float(rewards.sum().item())
 
-    def save(self, step: int) -> Checkpoint:
-        """Rank 0: checkpoint ``v<step>`` (safetensors + config), complete or absent."""
+    def save(self, step: int, record: StepRecord) -> Checkpoint:
+        """Rank 0: checkpoint ``v<step>`` (safetensors + config, and the step's ``record``),
+        complete or absent."""
         model = self.model.module if self.world > 1 else self.model
-        with self.checkpoints.write(step, step=step) as out:
+        with self.checkpoints.write(step, step=step, meta={"record": asdict(record)}) as out:
             model.save_pretrained(out, safe_serialization=True)
         checkpoint = self.checkpoints.get(step)
         assert checkpoint is not None
@@ -203,36 +223,44 @@ class GRPOTrainer:
               started: float) -> StepRecord:
         update, staleness, reward_sum = self.train_on(batch)
         reward, episodes, stale_mean, stale_max = self._totals(batch, reward_sum, staleness)
-        checkpoint = self.save(batch.step) if self.leader else None
-        batches.commit(batch)  # every rank finished the step; it is never delivered again
-        self.version = batch.step
-        if versions is not None and checkpoint is not None:
-            versions.publish(batch.step, checkpoint)
-        WEIGHT_VERSION.labels(TIER).set(self.version)
-        STALENESS.labels(TIER).observe(batch.max_staleness)
         report = StepRecord(
-            step=batch.step, version=self.version, reward_mean=reward, episodes=episodes, groups=batch.step_groups,
+            step=batch.step, version=batch.step, reward_mean=reward, episodes=episodes, groups=batch.step_groups,
             ranks=self.world, loss=update.loss.loss, clip_fraction=update.loss.clip_fraction,
             approx_kl=update.loss.approx_kl, grad_norm=update.grad_norm, staleness_mean=stale_mean,
             staleness_max=stale_max, head_version=batch.head_version, tail_version=batch.tail_version,
             seconds=time.monotonic() - started, finished_at=time.time(),
         )
+        checkpoint = None
+        if self.leader:
+            batches.phase("checkpoint")
+            checkpoint = self.save(batch.step, report)  # durable before the commit, with its record
+        batches.commit(batch)  # every rank finished the step; it is never delivered again
+        self.version = batch.step
         if self.leader:
             log.info("step %d: version %d, reward %.3f over %d episodes on %d ranks, loss %.4f, clip %.2f, "
                      "staleness mean %.2f max %d", report.step, report.version, reward, episodes, self.world,
                      report.loss, report.clip_fraction, stale_mean, stale_max)
-            if self.steps_file is not None:
-                with self.steps_file.open("a") as handle:
-                    handle.write(json.dumps(asdict(report)) + "\n")
+            if self.steps_log is not None:
+                batches.phase("steps file")
+                self.steps_log.append(report)
+        if versions is not None and checkpoint is not None:
+            batches.phase("publish")
+            versions.publish(batch.step, checkpoint)
+        WEIGHT_VERSION.labels(TIER).set(self.version)
+        STALENESS.labels(TIER).observe(batch.max_staleness)
         return report
 
     def _on_signals(self, batches: TrainerBatches) -> None:
-        """SIGTERM / SIGINT: finish the current step, then stop every rank (a second one: exit now)."""
+        """SIGTERM / SIGINT: finish the current step, then stop every rank (a second one: exit now).
+        A rank that is ending because another rank was lost (its heartbeats said so) has no step
+        to finish: the signal changes nothing and says nothing."""
         def stop(signum: int, frame: Any) -> None:
+            if batches.peer_lost:
+                return
             if self.stopping:
                 raise KeyboardInterrupt
             self.stopping = True
-            log.info("stop requested: finishing the current step")
+            log.info("stop requested (%s): every rank finishes its current step, then stops", signal.Signals(signum).name)
             batches.stop()
 
         for sig in (signal.SIGTERM, signal.SIGINT):

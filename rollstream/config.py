@@ -254,7 +254,16 @@ class TrainerConfig(_Section):
     remember_steps: AtLeastOne = 64  # task ids of this many steps are never handed out again
     commit_retries: AtLeastOne = 10  # tries of a step's commit (e.g. across a rebalance)
     ledger_path: str = ""  # the committed steps, one JSON line each; "": <checkpoint_dir>/ledger.jsonl
-    collective_timeout_seconds: Seconds = 3600.0  # torchrun: the longest a rank waits for the others
+    # torchrun: a rank that sends no heartbeat for this long (dead, stopped, its host gone) ends
+    # the job, every rank with a line naming it, its step and phase, so that torchrun restarts it
+    rank_timeout_seconds: Seconds = 15.0
+    # torchrun: the longest a rank waits in rollstream's collectives for ranks that are alive
+    # (a rank's step or rank 0's checkpoint may take long; a dead or stalled rank ends the job
+    # after rank_timeout_seconds instead)
+    collective_timeout_seconds: Seconds = 3600.0
+    # `rollstream train` and the demo: how often torchrun starts a failed job again (0: never);
+    # the job resumes after its last committed step each time
+    max_restarts: Count = 3
     # A VLM's directory (or any with its image processor): the trainer side rebuilds the vision
     # inputs of batches with images with it ("" = none: TrainingBatch.vision stays None)
     processor_path: str = ""

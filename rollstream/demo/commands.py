@@ -1,7 +1,7 @@
 """``rollstream demo | train``.
 
     rollstream demo [--steps N] [--workers W] [--run-dir D] [--no-live] [--agent]
-    rollstream train --config F [--ranks N]  # the example GRPO trainer (torchrun for N > 1)
+    rollstream train --config F [--ranks N] [--max-restarts R]  # the example GRPO trainer (torchrun)
 
 Handlers return the process exit code (0 ok, 1 failed, 2 bad arguments or config, 130
 interrupted).
@@ -26,7 +26,10 @@ def register(subparsers: Any) -> None:
     _register_demo(subparsers)
     train = subparsers.add_parser("train", help="run the example GRPO trainer (examples/grpo_trainer.py) on the batch topic")
     add_config_arguments(train)
-    train.add_argument("--ranks", type=int, default=1, help="trainer ranks; more than 1 runs it under torchrun (default 1)")
+    train.add_argument("--ranks", type=int, default=1, help="trainer ranks, DDP across them under torchrun (default 1)")
+    train.add_argument("--max-restarts", type=int, default=None,
+                       help="how often torchrun starts a failed trainer job again, resuming after its last committed "
+                            "step (default: trainer.max_restarts, 3; 0 with one rank: a plain process)")
     train.add_argument("--steps-file", type=Path, default=None, help="rank 0 appends one JSON line per step here")
     train.set_defaults(func=_train_command)
 
@@ -43,7 +46,9 @@ def _register_demo(subparsers: Any) -> None:
     p.add_argument("--steps", type=int, default=d.steps, help=f"trainer steps (default {d.steps})")
     p.add_argument("--workers", type=int, default=d.workers, help=f"rollout workers (default {d.workers})")
     p.add_argument("--trainer-ranks", type=int, default=d.trainer_ranks,
-                   help=f"trainer ranks; more than 1 runs the trainer under torchrun (default {d.trainer_ranks})")
+                   help=f"trainer ranks, DDP across them under torchrun (default {d.trainer_ranks})")
+    p.add_argument("--trainer-restarts", type=int, default=d.trainer_restarts,
+                   help=f"how often torchrun starts a failed trainer again (default {d.trainer_restarts})")
     p.add_argument("--run-dir", type=Path, default=None, help="where everything goes (default runs/demo/<time>)")
     p.add_argument("--no-live", dest="live", action="store_false", help="plain lines instead of the live view")
     p.add_argument("--group-size", type=int, default=d.group_size, help=f"samples per prompt (default {d.group_size})")
@@ -77,13 +82,15 @@ def _demo_command(args: argparse.Namespace) -> int:
     checks = [(args.steps >= 1, "--steps"), (args.workers >= 1, "--workers"), (args.group_size >= 2, "--group-size"),
               (args.prompts_per_step >= 1, "--prompts-per-step"), (args.lr > 0, "--lr"), (args.eta >= 0, "--eta"),
               (args.warmup_steps >= 0, "--warmup-steps"), (args.timeout > 0, "--timeout"),
-              (1 <= args.trainer_ranks <= args.prompts_per_step, "--trainer-ranks (1 to --prompts-per-step)")]
+              (1 <= args.trainer_ranks <= args.prompts_per_step, "--trainer-ranks (1 to --prompts-per-step)"),
+              (args.trainer_restarts >= 0, "--trainer-restarts")]
     bad = [name for ok, name in checks if not ok]
     if bad:
         print(f"rollstream demo: invalid {', '.join(bad)}", file=sys.stderr)
         return 2
     settings = replace(
-        DemoSettings(), steps=args.steps, workers=args.workers, trainer_ranks=args.trainer_ranks, group_size=args.group_size,
+        DemoSettings(), steps=args.steps, workers=args.workers, trainer_ranks=args.trainer_ranks,
+        trainer_restarts=args.trainer_restarts, group_size=args.group_size,
         prompts_per_step=args.prompts_per_step, learning_rate=args.lr, max_head_offpolicyness=args.eta,
         warmup_steps=args.warmup_steps, seed=args.seed, max_operand=args.max_operand,
     )
@@ -129,14 +136,18 @@ def _print_result(result: Any, console: Any) -> None:
 
 
 def _train_command(args: argparse.Namespace) -> int:
-    """Replace this process with the example trainer (under torchrun for ``--ranks`` > 1)."""
+    """Replace this process with the example trainer (under torchrun, which restarts a failed
+    job up to ``--max-restarts`` / ``trainer.max_restarts`` times)."""
     from rollstream.demo.example_trainer import TORCHRUN_ENV, trainer_argv
 
     try:
-        load_config(args.config, args.overrides)  # a bad config is answered here, before torchrun starts
+        config = load_config(args.config, args.overrides)  # a bad config is answered here, before torchrun starts
         if args.ranks < 1:
             raise ConfigError("--ranks must be >= 1")
-        argv = trainer_argv(args.config, args.ranks, args.steps_file, args.overrides)
+        restarts = config.trainer.max_restarts if args.max_restarts is None else args.max_restarts
+        if restarts < 0:
+            raise ConfigError("--max-restarts must be >= 0")
+        argv = trainer_argv(args.config, args.ranks, args.steps_file, args.overrides, restarts)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"rollstream train: {exc}", file=sys.stderr)
         return 2

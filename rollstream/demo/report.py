@@ -8,9 +8,10 @@ from here (the core never imports the example).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.table import Table
@@ -84,6 +85,39 @@ class StepsFile:
         complete = data[: data.rfind(b"\n") + 1]
         self._offset += len(complete)
         return [StepRecord.from_json(line) for line in complete.decode().splitlines() if line.strip()]
+
+
+class StepsLog:
+    """The trainer's end of the steps file: one line per committed step, each step once.
+
+    The line is appended after the step's commit. A crash between the two leaves a committed
+    step without its line; the restarted trainer writes it from the record it saved with the
+    step's checkpoint (see ``examples/grpo_trainer.py``), so :meth:`steps` tells it which."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def steps(self) -> list[int]:
+        """The steps that have a line, in file order; a torn last line (a crash inside the
+        write) is cut off first, so the next line starts on a line of its own."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) != len(data):
+            os.truncate(self.path, len(complete))
+        return [json.loads(line)["step"] for line in complete.decode().splitlines() if line.strip()]
+
+    def append(self, record: StepRecord) -> None:
+        """Append ``record`` as one line (one write, then fsync)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(asdict(record)) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def plot_rewards(path: Path, rewards: Sequence[float], title: str, window: int = WINDOW) -> Path:

@@ -8,7 +8,7 @@ Order of a run (everything under ``run_dir``):
    the trial's topics created;
 3. producer, rollout worker(s), reward worker, grouping and dump start as subprocesses
    (``logs/<name>.log``), and the example GRPO trainer (``examples/grpo_trainer.py``, under
-   ``torchrun`` with ``trainer_ranks`` > 1) for ``steps`` steps, publishing a version per step
+   ``torchrun``, which restarts it up to ``trainer_restarts`` times) for ``steps`` steps, publishing a version per step
    (``ckpt/v<n>``) and appending one line per step to ``steps.jsonl``, which the live view
    follows;
 4. every child is stopped (SIGTERM, then SIGKILL after a grace period), then the services;
@@ -178,7 +178,8 @@ def _run(options: DemoOptions, run_dir: Path, result: DemoResult, console: Conso
             children = ChildGroup(run_dir / "logs", env={**CHILD_ENV, **(agent_child_env() if options.agent else {})})
             try:
                 _start_tiers(children, settings, result.config_path, config)
-                children.start("trainer", trainer_argv(result.config_path, settings.trainer_ranks, run_dir / "steps.jsonl"))
+                children.start("trainer", trainer_argv(result.config_path, settings.trainer_ranks, run_dir / "steps.jsonl",
+                                                       max_restarts=config.trainer.max_restarts))
                 _write_processes(run_dir / "processes.json", stack, children)
                 asyncio.run(_pipeline(config, children, options, result, console, deadline))
             finally:

@@ -25,6 +25,7 @@ class DemoSettings:
     steps: int = 50
     workers: int = 1
     trainer_ranks: int = 1  # > 1: the example trainer under torchrun (gloo, CPU), DDP across the ranks
+    trainer_restarts: int = 3  # torchrun starts a failed trainer again this often (trainer.max_restarts)
     group_size: int = 8  # samples per prompt
     prompts_per_step: int = 8  # groups per trainer step (staleness.batch_size too)
     max_operand: int = 3  # a, b in 0..max_operand: few enough problems to learn in minutes
@@ -76,7 +77,8 @@ def demo_config_tree(
         "trainer": {"batch_size": settings.prompts_per_step, "checkpoint_dir": str(run_dir / "ckpt"),
                     "group_id": f"{experiment}-trainer",
                     "model_path": str(model_dir), "learning_rate": settings.learning_rate,
-                    "clip": settings.clip, "ppo_epochs": settings.ppo_epochs, "max_steps": settings.steps},
+                    "clip": settings.clip, "ppo_epochs": settings.ppo_epochs, "max_steps": settings.steps,
+                    "max_restarts": settings.trainer_restarts},
     }
 
 

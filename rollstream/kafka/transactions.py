@@ -1,8 +1,8 @@
 """Kafka transactions, written once: one transactional id, its producer, and how a commit fails.
 
 :meth:`TransactionalProducer.commit` runs ONE transaction: the caller's ``write`` sends the
-records, the consumed offsets join it (consume-transform-produce), every delivery is awaited
-inside the transaction, then it commits. Failures come out as one of two errors:
+records, every delivery is awaited inside the transaction, then the consumed offsets join it
+(consume-transform-produce) and it commits. Failures come out as one of two errors:
 
 - :class:`TransactionFenced`: another producer registered the same transactional id (a newer
   owner of the input partition, or a second process with the same id). Nothing of this
@@ -107,9 +107,14 @@ class TransactionalProducer:
         try:
             await producer.begin_transaction()
             futures = await write(producer)
+            # Delivered before the offsets join the transaction: a broker (Kafka >= 3.6) checks
+            # each produce against the transaction's coordinator, which answers "concurrent
+            # transactions" while an AddOffsetsToTxn is being written, and the broker hands that
+            # to aiokafka as a retried NotEnoughReplicasError (KAFKA-15459), on any number of
+            # brokers. A delivery error raises inside the transaction.
+            await asyncio.gather(*futures)
             if offsets:
                 await producer.send_offsets_to_transaction(offsets, group_id)
-            await asyncio.gather(*futures)  # a delivery error raises inside the transaction
             await producer.commit_transaction()
         except FENCED_ERRORS as exc:
             await self.stop()

@@ -9,8 +9,10 @@ Synchronous, one process or every rank of a ``torchrun`` job (docs/TRAINER.md)::
             train_step(batch.tensors)
             batches.commit(batch)      # once every rank finished it; never delivered again
 
-- :class:`TrainerBatches` (sync, multi-rank), :class:`BatchStream` (asyncio, one process),
-  :class:`BatchDataset` (a ``torch.utils.data.IterableDataset``);
+- :class:`TrainerBatches` (sync, multi-rank; a lost rank ends every rank with a line naming it,
+  :class:`RankFailed` / :class:`CollectiveFailed` for failures the ranks share or one rank
+  hits), :class:`BatchStream` (asyncio, one process), :class:`BatchDataset` (a
+  ``torch.utils.data.IterableDataset``);
 - :class:`TrainingBatch` and the layouts: :func:`pack` (varlen), :func:`to_areal`, :func:`to_verl`;
 - :class:`Checkpoints` (complete or invisible), :class:`VersionPublisher` /
   :class:`SyncVersionPublisher` (versions only go up; retention);
@@ -20,7 +22,7 @@ Synchronous, one process or every rank of a ``torchrun`` job (docs/TRAINER.md)::
 
 from rollstream.trainer.accumulator import BatchAccumulator
 from rollstream.trainer.batch import GroupRows, TrainingBatch, assemble, split_groups
-from rollstream.trainer.batches import RankFailed, TrainerBatches
+from rollstream.trainer.batches import CollectiveFailed, RankFailed, TrainerBatches
 from rollstream.trainer.checkpoints import Checkpoint, CheckpointError, Checkpoints
 from rollstream.trainer.dataset import BatchDataset
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource, ledger_path
@@ -38,6 +40,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "Checkpoints",
+    "CollectiveFailed",
     "CommitRefused",
     "DumpReplay",
     "GroupRows",

@@ -24,8 +24,11 @@ creates ``TrainerBatches`` and runs the same loop; every call is collective:
   than one round for the pipeline; :meth:`stop` on any rank ends every rank's iteration at
   the next round; a failure on rank 0 ends it too, raising on every rank.
 
-If a rank dies, ``torchrun`` stops the others; the restarted job resumes after the last
-committed step: no group lost, none trained twice (see docs/TRAINER.md).
+The ranks watch each other apart from the collectives (:mod:`rollstream.trainer.watch`,
+:mod:`rollstream.trainer.rank_health`): a rank that dies, stalls (no heartbeat for ``trainer.rank_timeout_seconds``) or fails ends
+every rank within seconds, each with one log line naming the rank, its step and phase, the
+restart that follows and where the job resumes; ``torchrun`` then restarts the job, which
+resumes after the last committed step: no group lost, none trained twice (docs/TRAINER.md).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.trainer.batch import GroupRows, StepAssembler, TrainingBatch, trainer_image_processor
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource
 from rollstream.trainer.loop_thread import LoopThread
+from rollstream.trainer.rank_health import CollectiveFailed, RankFailed, RankHealth
 from rollstream.trainer.ranks import Ranks
 from rollstream.trainer.share import StepShare, decode_share, encode_share, group_rows, share_group
 from rollstream.trainer.split import split_by_tokens
@@ -53,10 +57,6 @@ from rollstream.trainer.stream import StepBook, check_batch_size
 log = logging.getLogger(__name__)
 
 SourceFactory = Callable[[], StepSource]
-
-
-class RankFailed(RuntimeError):
-    """Rank 0 failed (its error is in the message); every other rank raises this."""
 
 
 class TrainerBatches:
@@ -98,6 +98,7 @@ class TrainerBatches:
         self._mine: list[GroupRows] = []
         self._thread: LoopThread | None = None
         self._source: StepSource | None = None
+        self._health = RankHealth(self.ranks, config.trainer)
         if self.ranks.is_leader:
             factory = source or (lambda: KafkaStepSource(config, include_eval=include_eval, client_id=client_id,
                                                           use_ledger=ledger))
@@ -106,7 +107,11 @@ class TrainerBatches:
             async def make() -> StepSource:
                 return factory()
 
-            self._source = self._thread.run(make())
+            try:
+                self._source = self._thread.run(make())
+            except BaseException as exc:
+                self.close(exc)
+                raise
 
     # -- counters (rank 0's; zero elsewhere) --
 
@@ -143,30 +148,53 @@ class TrainerBatches:
 
     def start(self) -> None:
         """Start the source (rank 0) and agree on where the steps resume (collective)."""
-        last = None
+        self._health.at(0, "start")
+        resume = None
         if self._thread is not None and self._source is not None:
             last = self._thread.run(self._source.start())
-        self.book.last_committed = self.ranks.broadcast(last)
+            resume = (last, dict(getattr(self._source, "resumed_offsets", {})))
+        self._health.resume = self._health.collective(lambda: self.ranks.broadcast(resume))
+        self.book.last_committed = self._health.step = self._health.resume[0]
+        self._health.log_start()
 
-    def close(self) -> None:
-        if self._thread is not None:
-            try:
-                if self._source is not None:
-                    self._thread.run(self._source.close(), timeout=30)
-            finally:
-                self._thread.close()
-                self._thread = None
+    def close(self, error: BaseException | None = None) -> None:
+        """Release the source and say goodbye to the other ranks (``error``: this rank failed
+        with it; they end too, naming it)."""
+        try:
+            if self._thread is not None:
+                try:
+                    if self._source is not None:
+                        self._thread.run(self._source.close(), timeout=30)
+                finally:
+                    self._thread.close()
+                    self._thread = None
+        finally:
+            self._health.close(error)
 
     def __enter__(self) -> TrainerBatches:
         try:
             self.start()
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            self._health.settle(exc)
+            self.close(exc)
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:
+            self._health.settle(exc)
+        self.close(exc)
+
+    @property
+    def peer_lost(self) -> bool:
+        """True once the heartbeats found a dead, stalled or failed rank: this process is
+        ending (a stop requested now could not finish the step)."""
+        return self._health.lost
+
+    def phase(self, name: str) -> None:
+        """Name what this rank does now (e.g. ``checkpoint``, ``publish``), within its step: the
+        other ranks' log names it if this rank dies or stalls in it."""
+        self._health.at(self._health.step, name)
 
     def stop(self) -> None:
         """Ask every rank to leave its loop at the next round (safe from a signal handler)."""
@@ -185,11 +213,13 @@ class TrainerBatches:
     def next_batch(self, timeout: float | None = None) -> TrainingBatch | None:
         """This rank's share of the next step; None when no step came within ``timeout``
         seconds, or when the ranks stopped (``stopped`` is then True). Collective."""
+        self._health.at(self._health.step + 1, "next step")
         if self._stopped or self._agree_to_stop():
             self._stopped = True
+            self._health.at(self._health.step, "stopped")
             return None
         payloads = self._lead_round(timeout) if self.ranks.is_leader else None
-        share = decode_share(self.ranks.scatter(payloads))
+        share = decode_share(self._health.collective(lambda: self.ranks.scatter(payloads)))
         if share.kind == "stop":
             self._stopped = True
             if share.error:
@@ -199,6 +229,8 @@ class TrainerBatches:
             return None
         if share.kind == "idle":
             return None
+        self._health.step = share.step
+        self._health.at(share.step, "train")
         groups = self._mine if self.ranks.is_leader else [group_rows(g) for g in share.groups]
         batch = self._images.assemble(groups, self._pad_value)
         batch.step, batch.rank, batch.world_size, batch.step_groups = share.step, share.rank, share.world_size, share.step_groups
@@ -216,7 +248,7 @@ class TrainerBatches:
         if self.ranks.group is None:
             return self._stop.is_set()
         flag = torch.tensor([1 if self._stop.is_set() else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ranks.group)
+        self._health.collective(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ranks.group))
         return bool(flag.item())
 
     def _lead_round(self, timeout: float | None) -> list[bytes]:
@@ -251,6 +283,7 @@ class TrainerBatches:
         Collective: every rank calls it with its share of the same step. Raises
         :class:`CommitRefused` (rank 0) or :class:`RankFailed` (the others) on every rank
         when the commit failed."""
+        self._health.at(batch.step, "commit")
         steps = self._gather(batch.step)
         if len(set(steps)) != 1:
             raise RuntimeError(f"ranks committed different steps {steps}: every rank must commit the same step")
@@ -262,21 +295,26 @@ class TrainerBatches:
                 entries = self.book.due(batch.step)
                 if entries:
                     self._thread.run(self._source.commit(entries))
+                    offsets = dict(self._health.resume[1])
+                    for entry in entries:
+                        offsets.update(entry.offsets)
+                    self._health.resume = (batch.step, offsets)
             except Exception as exc:
                 error, failure = exc, f"{type(exc).__name__}: {exc}"
-        failure = self.ranks.broadcast(failure)
+        failure, self._health.resume = self._health.collective(lambda: self.ranks.broadcast((failure, self._health.resume)))
         if failure is not None:
             if error is not None:
                 raise error
             raise RankFailed(f"rank 0 could not commit step {batch.step}: {failure}")
         self.book.committed(batch.step)
+        self._health.at(batch.step, "after commit")
 
     def _gather(self, step: int) -> list[int]:
         if self.ranks.group is None:
             return [step]
         steps: list[Any] = [None] * self.ranks.world_size
-        dist.all_gather_object(steps, step, group=self.ranks.group)
+        self._health.collective(lambda: dist.all_gather_object(steps, step, group=self.ranks.group))
         return steps
 
 
-__all__ = ["CommitRefused", "RankFailed", "TrainerBatches"]
+__all__ = ["CollectiveFailed", "CommitRefused", "RankFailed", "TrainerBatches"]

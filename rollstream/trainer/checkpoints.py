@@ -19,8 +19,9 @@ import re
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +36,22 @@ class CheckpointError(RuntimeError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A complete checkpoint: ``version``, its directory, and the trainer step it was taken after."""
+    """A complete checkpoint: ``version``, its directory, the trainer step it was taken after,
+    and what the trainer stored with it (``meta``, JSON; e.g. the step's figures)."""
 
     version: int
     path: Path
     step: int
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
     def read(cls, path: Path) -> Checkpoint | None:
         """The checkpoint at ``path``, or None when it is not a complete one."""
         try:
-            meta = json.loads((path / MARKER).read_text())
-            return cls(int(meta["version"]), path, int(meta.get("step", meta["version"])))
-        except (OSError, ValueError, KeyError, TypeError):
+            marker = json.loads((path / MARKER).read_text())
+            meta = marker.get("meta") or {}
+            return cls(int(marker["version"]), path, int(marker.get("step", marker["version"])), dict(meta))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
 
@@ -81,11 +85,13 @@ class Checkpoints:
         return self.directory / f"v{version}"
 
     @contextlib.contextmanager
-    def write(self, version: int, step: int | None = None) -> Iterator[Path]:
+    def write(self, version: int, step: int | None = None, meta: dict[str, Any] | None = None) -> Iterator[Path]:
         """Yield an empty directory to write version ``version`` into; on a clean exit it
         becomes ``v<version>``, complete. On an exception it is removed and nothing appears.
 
-        ``step`` is the trainer step the checkpoint was taken after (default: ``version``)."""
+        ``step`` is the trainer step the checkpoint was taken after (default: ``version``);
+        ``meta`` (JSON) is kept in the marker file, as durable as the checkpoint
+        (:attr:`Checkpoint.meta`)."""
         if version < 0:
             raise CheckpointError(f"checkpoint version must be >= 0, got {version}")
         final = self.path_for(version)
@@ -98,7 +104,8 @@ class Checkpoints:
         tmp.mkdir()
         try:
             yield tmp
-            marker = {"version": version, "step": version if step is None else step, "written_at": time.time()}
+            marker = {"version": version, "step": version if step is None else step, "written_at": time.time(),
+                      **({"meta": meta} if meta else {})}
             (tmp / MARKER).write_text(json.dumps(marker))
             _fsync_tree(tmp)
             os.rename(tmp, final)  # the one atomic step: readers see all of it or nothing

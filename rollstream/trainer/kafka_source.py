@@ -91,6 +91,7 @@ class KafkaStepSource:
         self.ownership = PartitionOwnership(self._consumer, self.topic, self._acquire, self._release, name="trainer")
         self._retry = RetryPolicy(initial=0.25, maximum=5.0, jitter=0.25, max_attempts=tc.commit_retries)
         self._committed: dict[int, int] = {}  # what this source committed last, per partition
+        self.resumed_offsets: dict[int, int] = {}  # the offsets of the ledger's last step at start
         self._last_step = 0
         self._task: asyncio.Task[None] | None = None
         self._arrived: asyncio.Event | None = None
@@ -134,6 +135,8 @@ class KafkaStepSource:
         partitions = sorted({p for e in entries for p in e.offsets})
         committed = {p: await self._consumer.committed(TopicPartition(self.topic, p)) for p in partitions}
         kept, _ = reconcile(self.ledger, committed)
+        for entry in kept:  # where the job resumes, for the trainer's log
+            self.resumed_offsets.update(entry.offsets)
         for entry in kept[-self._remember_steps:]:
             self.accumulator.remember(entry.task_ids)
         last = kept[-1].step if kept else 0

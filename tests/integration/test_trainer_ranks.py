@@ -2,18 +2,23 @@
 
 Every rank gets its share of each step, the ranks step in lockstep, a step is committed once
 after every rank called commit, a stop on one rank ends every rank's loop, and a failure on
-rank 0 reaches every rank instead of hanging them. (The live Kafka path under ``torchrun``
-is tests/integration/test_trainer_torchrun.py.)
+rank 0 reaches every rank instead of hanging them. A ``torchrun`` job (file-backed steps, no
+broker) recovers from a dead, a stalled and a failed rank, each named in the survivors' logs.
+(The live Kafka path under ``torchrun`` is tests/integration/test_trainer_torchrun.py.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -24,6 +29,7 @@ from rollstream.trainer.batch import GroupRows
 from rollstream.trainer.ledger import LedgerEntry
 from rollstream.trainer.steps import Step
 from tests.helpers import make_config
+from tests.integration.trainer_jobs import TrainerJob, pid_gone
 
 GROUPS = 12
 BATCH = 4
@@ -144,3 +150,79 @@ def test_a_failure_on_rank_0_reaches_every_rank(tmp_path: Path) -> None:
         assert [s["step"] for s in seen if "step" in s] == [1]
         assert "ConnectionError: the broker went away" in seen[-1]["failed"]
     assert [c["step"] for c in commits(tmp_path)] == [1]
+
+
+# -- a torchrun job that loses ranks: heartbeats name the rank, torchrun restarts the job --
+
+RANK_TIMEOUT = 5.0
+FILE_GROUPS, FILE_STEPS = 24, 6  # BATCH groups a step
+
+
+def committed_lines(job: TrainerJob) -> list[dict[str, Any]]:
+    path = job.out / "commits.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_lines(job: TrainerJob, rank: int, restart: int) -> list[str]:
+    return [line for line in job.log_text(rank).splitlines() if f"[rank {rank}, restart {restart}]" in line]
+
+
+def one_line(lines: list[str], *parts: str) -> str:
+    found = [line for line in lines if all(p in line for p in parts)]
+    assert len(found) == 1, (parts, lines)
+    return found[0]
+
+
+@pytest.mark.timeout(400)
+async def test_a_torchrun_job_recovers_from_a_dead_a_stalled_and_a_failed_rank(tmp_path: Path) -> None:
+    """Four runs of one 2-rank job end early, each for another reason, each restarted by
+    torchrun (``--max-restarts 4``, as ``rollstream train`` starts it): rank 1 SIGKILLed in
+    step 2, SIGSTOPped in step 3, raising in step 4, then rank 0 SIGKILLed in step 5. Every
+    time the surviving rank names the lost rank, its step and phase, the restart and where the
+    job resumes; the stalled rank is found within the rank timeout; every step is committed
+    once and every group trained once."""
+    tree = {"experiment": {"experiment_name": "ranks", "trial_name": "t0"},
+            "trainer": {"batch_size": BATCH, "rank_timeout_seconds": RANK_TIMEOUT}}
+    job = TrainerJob("job", 2, tree, tmp_path, steps=FILE_STEPS, max_restarts=4,
+                     job_args=["--source", "file", "--groups", str(FILE_GROUPS), "--step-seconds", "0.3",
+                               "--fail", "4:2:1"])
+    job.start()
+    try:
+        dead = await job.hurt(1, 2, 0, signal.SIGKILL, 120)
+        stalled = await job.hurt(1, 3, 1, signal.SIGSTOP, 120)
+        stopped_at = time.monotonic()
+        while not pid_gone(stalled):
+            assert time.monotonic() - stopped_at < RANK_TIMEOUT + 20, f"the stopped rank was never ended\n{job.tail()}"
+            await asyncio.sleep(0.1)
+        ended_after = time.monotonic() - stopped_at
+        dead_leader = await job.hurt(0, 5, 3, signal.SIGKILL, 120)
+        assert await job.wait(180) == 0, job.tail()
+    finally:
+        job.stop()
+
+    lines = committed_lines(job)
+    assert [(c["step"], c["restart"]) for c in lines] == [(1, 0), (2, 1), (3, 2), (4, 3), (5, 4), (6, 4)]
+    trained = [t for c in lines for t in c["task_ids"]]
+    assert sorted(trained) == sorted(f"task-{i}" for i in range(FILE_GROUPS))  # each once: none lost, none twice
+    assert all(all(c["ranks"]) for c in lines)
+
+    def resumes(step: int) -> str:
+        return f"the job resumes after step {step} (committed offsets {{0: {step * BATCH}}})"
+
+    killed = one_line(run_lines(job, 0, 0), f"rank 1 (pid {dead} on", "is gone")
+    assert "in step 2, phase 'train'" in killed and "restart 1 of at most 4" in killed and resumes(1) in killed
+    stall = one_line(run_lines(job, 0, 1), f"rank 1 (pid {stalled} on", "stopped answering: no heartbeat for")
+    assert "in step 3, phase 'train'" in stall and "restart 2 of at most 4" in stall and resumes(2) in stall
+    one_line(run_lines(job, 0, 1), f"ended rank 1 (pid {stalled}, SIGKILL)")
+    failed = one_line(run_lines(job, 0, 2), "rank 1 (pid", "failed in step 4, phase 'train'")
+    assert "ValueError: injected failure in step 4" in failed and "restart 3 of at most 4" in failed
+    leader = one_line(run_lines(job, 1, 3), f"rank 0 (pid {dead_leader} on", "is gone")
+    assert "in step 5, phase 'train'" in leader and "restart 4 of at most 4" in leader and resumes(4) in leader
+    one_line(run_lines(job, 0, 4), "trainer job of 2 ranks, restart 4 of at most 4: resuming after step 4 "
+                                   "(committed offsets {0: 16})")
+    assert ended_after < RANK_TIMEOUT + 10, ended_after
+    for rank in range(2):  # the survivors said one line each time: no tracebacks, no step they could not finish
+        assert "Traceback" not in job.log_text(rank) and "finishing" not in job.log_text(rank)
+    launcher = (job.out / "torchrun.log").read_text(errors="replace")
+    assert launcher.count("Traceback") == 1 and "ValueError: injected failure in step 4" in launcher  # the failed rank's own
+    print(f"\nstalled rank ended {ended_after:.1f} s after its SIGSTOP (rank timeout {RANK_TIMEOUT:g} s)")

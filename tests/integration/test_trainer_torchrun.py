@@ -1,46 +1,43 @@
 """torchrun trainers (gloo, CPU) over a live pipeline: shares, lockstep, one commit per step, and
-a rank SIGKILLed mid-step.
+ranks lost mid-step.
 
 The pipeline (producer, rollout worker with the tiny offline model, reward worker, grouping) runs
 as separate processes; two trainer jobs read its ``batches`` at the same time, each in its own
-consumer group: a 2-rank and a 3-rank ``torchrun`` job of tests/integration/trainer_job.py
-(``--max-restarts 1``). In each, one rank is SIGKILLed in the middle of step 2 (a follower in
-the 2-rank job, the Kafka-owning rank 0 in the 3-rank one); torchrun restarts the job, which
-resumes after step 1. Asserted from the topic, the trainer group's committed offsets, the
-trainers' ledgers and every rank's own log: every group emitted is in exactly one committed
-step (0 lost, 0 trained twice), every rank trained its share of every step, the ranks stepped
-in lockstep, and each step was committed once.
+consumer group, started as ``rollstream train`` starts a trainer (torchrun with restarts,
+tests/integration/trainer_jobs.py): a 2-rank job whose rank 1 is SIGKILLed in step 2 and, in
+the restarted run, SIGSTOPped in step 3 (found by the heartbeats within
+``trainer.rank_timeout_seconds`` and ended), and a 3-rank job whose Kafka-owning rank 0 is
+SIGKILLed in step 2. The jobs recover by themselves. Asserted from the topic, the trainer groups'
+committed offsets, the trainers' ledgers and every rank's own log: every group emitted is in
+exactly one committed step (0 lost, 0 trained twice), every rank trained its share of every
+step, the ranks stepped in lockstep, each step was committed once, and each loss is one line in
+the survivors' logs naming the rank, its step and phase, the restart and where the job resumes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from aiokafka.structs import TopicPartition
 
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.scan import scan_topic
-from rollstream.trainer import StepLedger
+from rollstream.trainer import LedgerEntry, StepLedger
 from tests.faults.conftest import build_model
 from tests.faults.pipeline import Pipeline, pipeline_config, write_dataset
+from tests.integration.trainer_jobs import TrainerJob, pid_gone
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 PROMPTS = 24
 BATCH = 6  # groups per step: a whole number of groups for 2 and for 3 ranks
 STEPS = PROMPTS // BATCH
+RANK_TIMEOUT = 5.0
 TIERS = {"rollout": "rollout-worker", "reward": "reward-worker", "grouping": "grouping", "producer": "producer"}
 
 
@@ -49,70 +46,18 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model(tmp_path_factory)
 
 
-class TrainerJob:
-    """One ``torchrun`` job of trainer_job.py in its own consumer group, with its own ledger."""
-
-    def __init__(self, name: str, ranks: int, tree: dict[str, Any], workdir: Path, step_seconds: float) -> None:
-        self.name, self.ranks = name, ranks
-        self.out = workdir / name
-        self.out.mkdir()
-        self.ledger = StepLedger(self.out / "ledger.jsonl")
-        trainer = {"batch_size": BATCH, "group_id": f"{tree['experiment']['experiment_name']}-{name}",
-                   "ledger_path": str(self.ledger.path), "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
-                   "poll_timeout_ms": 200}
-        self.config = self.out / "config.yaml"
-        self.config.write_text(yaml.safe_dump({**tree, "trainer": trainer}))
-        self.group_id = trainer["group_id"]
-        self.step_seconds = step_seconds
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.ranks}",
-                "--max-restarts=1", "--monitor-interval=0.5", str(REPO / "tests/integration/trainer_job.py"),
-                "--config", str(self.config), "--out", str(self.out), "--steps", str(STEPS),
-                "--step-seconds", str(self.step_seconds)]
-        # torchrun's restarts otherwise reuse rendezvous keys of the failed run (pytorch#135712)
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-        with (self.out / "torchrun.log").open("ab") as log:
-            self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-
-    def log(self, rank: int) -> list[dict[str, Any]]:
-        path = self.out / f"rank{rank}.jsonl"
-        lines = path.read_text().splitlines() if path.exists() else []
-        return [json.loads(line) for line in lines if line.endswith("}")]
-
-    def in_step(self, rank: int, step: int) -> int | None:
-        """The pid of ``rank`` while it is inside ``step`` of the first run (started, not committed)."""
-        events = [e for e in self.log(rank) if e["restart"] == 0 and e.get("step") == step]
-        if [e["event"] for e in events] == ["start"]:
-            return int(events[0]["pid"])
-        return None
-
-    def tail(self) -> str:
-        return "\n".join((self.out / "torchrun.log").read_text(errors="replace").splitlines()[-40:])
-
-    def stop(self) -> None:
-        """Kill torchrun and every worker it started (they run in sessions of their own)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        for pid in {e["pid"] for r in range(self.ranks) for e in self.log(r)}:
-            with contextlib.suppress(OSError):  # gone already; and a reused pid is not ours
-                if "trainer_job.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                    os.kill(pid, signal.SIGKILL)
+def kafka_job(name: str, ranks: int, tree: dict[str, Any], workdir: Path, max_restarts: int) -> TrainerJob:
+    """A trainer job in its own consumer group, with its own ledger."""
+    ledger = workdir / name / "ledger.jsonl"
+    trainer = {"batch_size": BATCH, "group_id": f"{tree['experiment']['experiment_name']}-{name}",
+               "ledger_path": str(ledger), "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
+               "poll_timeout_ms": 200, "rank_timeout_seconds": RANK_TIMEOUT}
+    return TrainerJob(name, ranks, {**tree, "trainer": trainer}, workdir, steps=STEPS, max_restarts=max_restarts,
+                      job_args=["--step-seconds", "1.5"])
 
 
-async def kill_mid_step(pipe: Pipeline, job: TrainerJob, rank: int, step: int, timeout: float) -> int:
-    """SIGKILL ``rank`` of ``job`` once it is inside ``step``; returns its pid."""
-    deadline = time.monotonic() + timeout
-    while (pid := job.in_step(rank, step)) is None:
-        pipe.supervise()
-        assert job.proc is not None and job.proc.poll() is None, f"{job.name} ended early\n{job.tail()}"
-        assert time.monotonic() < deadline, f"{job.name} rank {rank} never reached step {step}\n{job.tail()}"
-        await asyncio.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
-    return pid
+def ledger_of(job: TrainerJob) -> StepLedger:
+    return StepLedger(job.out / "ledger.jsonl")
 
 
 async def committed_and_last(pipe: Pipeline, group_id: str) -> tuple[dict[int, int | None], dict[int, int]]:
@@ -130,9 +75,26 @@ async def committed_and_last(pipe: Pipeline, group_id: str) -> tuple[dict[int, i
     return committed, last
 
 
-def check_job(job: TrainerJob, emitted: list[str], killed_rank: int) -> str:
-    """Every assertion on one finished job; returns its summary line."""
-    entries = job.ledger.read()
+def resumes(entries: list[LedgerEntry], step: int) -> str:
+    """How the log says where the job resumes after ``step``."""
+    offsets: dict[int, int] = {}
+    for entry in entries:
+        if entry.step <= step:
+            offsets.update(entry.offsets)
+    return f"the job resumes after step {step} (committed offsets {{{', '.join(f'{p}: {o}' for p, o in sorted(offsets.items()))}}})"
+
+
+def one_line(job: TrainerJob, rank: int, run: int, *parts: str) -> str:
+    found = [line for line in job.log_text(rank).splitlines()
+             if f"[rank {rank}, restart {run}]" in line and all(p in line for p in parts)]
+    assert len(found) == 1, (job.name, rank, run, parts, job.log_text(rank)[-3000:])
+    return found[0]
+
+
+def check_job(job: TrainerJob, emitted: list[str], faults: list[tuple[int, int, int, int]]) -> str:
+    """Every assertion on one finished job (``faults``: rank, step, run, pid of each loss);
+    returns its summary line."""
+    entries = ledger_of(job).read()
     assert [e.step for e in entries] == list(range(1, STEPS + 1)), "each step committed once, in order"
     trained = [t for e in entries for t in e.task_ids]
     assert len(trained) == len(set(trained)), f"trained twice: {sorted(t for t in set(trained) if trained.count(t) > 1)}"
@@ -140,54 +102,77 @@ def check_job(job: TrainerJob, emitted: list[str], killed_rank: int) -> str:
     for e in entries:
         assert len(e.ranks) == job.ranks and all(e.ranks), f"step {e.step}: a rank without groups {e.ranks}"
         assert sorted(t for share in e.ranks for t in share) == sorted(e.task_ids)
-    logs = [job.log(r) for r in range(job.ranks)]
-    # the restart resumed after step 1 on every rank, and the killed rank died inside step 2
-    assert all({e["last"] for e in log if e["event"] == "resume" and e["restart"] == 1} == {1} for log in logs)
-    assert any(e["event"] == "start" and e["step"] == 2 and e["restart"] == 0 for e in logs[killed_rank])
-    assert not any(e["event"] == "commit" and e["step"] == 2 and e["restart"] == 0 for log in logs for e in log)
+    logs = [job.events(r) for r in range(job.ranks)]
+    for lost, step, run, pid in faults:
+        # the next run resumed after the step before, on every rank; the lost rank died inside the step
+        assert all({e["last"] for e in log if e["event"] == "resume" and e["restart"] == run + 1} == {step - 1} for log in logs)
+        assert any(e["event"] == "start" and e["step"] == step and e["restart"] == run for e in logs[lost])
+        assert not any(e["event"] == "commit" and e["step"] == step and e["restart"] == run for log in logs for e in log)
+        # the survivors that watch it (rank 0 watches everyone, the others rank 0) said so in one line each
+        for rank in (range(1, job.ranks) if lost == 0 else [0]):
+            line = one_line(job, rank, run, f"rank {lost} (pid {pid} on")
+            assert f"in step {step}, phase 'train'" in line, line
+            assert f"restart {run + 1} of at most {job.max_restarts}" in line and resumes(entries, step - 1) in line, line
     for entry in entries:  # every rank trained exactly its share of each committed step
         for rank, log in enumerate(logs):
             started = [e for e in log if e["event"] == "start" and e["step"] == entry.step and e["restart"] == entry.restart]
             assert len(started) == 1 and started[0]["tasks"] == entry.ranks[rank], (entry.step, rank, started)
             assert started[0]["world"] == job.ranks
-    for restart in (0, 1):  # lockstep: within each run, every rank started and committed the same steps
+    for run in range(len(faults) + 1):  # lockstep: within each run, every rank started and committed the same steps
         for event in ("start", "commit"):
-            steps = {tuple(e["step"] for e in log if e["event"] == event and e["restart"] == restart) for log in logs}
-            if event == "commit" or restart == 1:
-                assert len(steps) == 1, (job.name, restart, event, steps)
+            steps = {tuple(e["step"] for e in log if e["event"] == event and e["restart"] == run) for log in logs}
+            if event == "commit" or run == len(faults):
+                assert len(steps) == 1, (job.name, run, event, steps)
+    for rank in range(job.ranks):  # one line per loss: no tracebacks, no "finishing" a step that cannot finish
+        assert "Traceback" not in job.log_text(rank) and "finishing" not in job.log_text(rank)
+    assert "Traceback" not in (job.out / "torchrun.log").read_text(errors="replace")  # nor on the ranks' stderr
     per_rank = [sum(len(e.ranks[r]) for e in entries) for r in range(job.ranks)]
     return f"{job.name}: {len(entries)} steps, {len(trained)} groups, groups per rank {per_rank}, restarts {entries[-1].restart}"
 
 
-@pytest.mark.timeout(420)
-async def test_torchrun_trainers_share_steps_and_survive_a_killed_rank(
+@pytest.mark.timeout(480)
+async def test_torchrun_trainers_share_steps_and_recover_from_lost_ranks(
     tiny_model: Path, kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path,
 ) -> None:
     tree = pipeline_config(kafka_bootstrap, redis_url, unique_name, tiny_model,
                            write_dataset(tmp_path / "prompts.jsonl", PROMPTS), PROMPTS)
-    jobs = [TrainerJob("two", 2, tree, tmp_path, step_seconds=1.5), TrainerJob("three", 3, tree, tmp_path, step_seconds=1.5)]
-    killed = {"two": 1, "three": 0}  # a follower; the rank that owns the Kafka consumer
+    two, three = kafka_job("two", 2, tree, tmp_path, max_restarts=2), kafka_job("three", 3, tree, tmp_path, max_restarts=1)
+    faults: dict[str, list[tuple[int, int, int, int]]] = {}
     async with Pipeline(tree, tmp_path, tiny_model, step_seconds=0.5) as pipe:
         try:
             for name, tier in TIERS.items():
                 pipe.add(name, tier).start()
-            for job in jobs:
+            for job in (two, three):
                 job.start()
-            await asyncio.gather(*(kill_mid_step(pipe, job, killed[job.name], 2, 240) for job in jobs))
-            await pipe.wait_for(lambda: all(j.proc is not None and j.proc.poll() is not None for j in jobs), 240,
-                                "both trainer jobs to finish")
-            for job in jobs:
-                assert job.proc is not None and job.proc.returncode == 0, f"{job.name}:\n{job.tail()}"
+
+            async def hurt_two() -> float:
+                dead = await two.hurt(1, 2, 0, signal.SIGKILL, 240, pipe.supervise)
+                stalled = await two.hurt(1, 3, 1, signal.SIGSTOP, 240, pipe.supervise)
+                stopped_at = time.monotonic()
+                faults["two"] = [(1, 2, 0, dead), (1, 3, 1, stalled)]
+                await pipe.wait_for(lambda: pid_gone(stalled), RANK_TIMEOUT + 30, "the stopped rank to be ended")
+                return time.monotonic() - stopped_at
+
+            async def hurt_three() -> None:
+                dead = await three.hurt(0, 2, 0, signal.SIGKILL, 240, pipe.supervise)
+                faults["three"] = [(0, 2, 0, dead)]
+
+            ended_after, _ = await asyncio.gather(hurt_two(), hurt_three())
+            codes = await asyncio.gather(*(job.wait(300, pipe.supervise) for job in (two, three)))
+            for job, code in zip((two, three), codes):
+                assert code == 0, f"{job.name}:\n{job.tail()}"
             await pipe.wait_for(pipe.finished, 60, "the pipeline to account for every prompt")
             outcome = await pipe.outcome()
             assert not outcome.problems, outcome.problems
             emitted = sorted(pipe.ledger.emitted)
             lines = []
-            for job in jobs:
-                lines.append(check_job(job, emitted, killed[job.name]))
-                committed, last = await committed_and_last(pipe, job.group_id)
+            for job in (two, three):
+                lines.append(check_job(job, emitted, faults[job.name]))
+                committed, last = await committed_and_last(pipe, job.config_tree["trainer"]["group_id"])
                 assert committed == last, f"{job.name}: committed {committed}, records end at {last}"
-            print("\n" + "\n".join(lines))
+            one_line(two, 0, 1, "ended rank 1 (pid")
+            assert ended_after < RANK_TIMEOUT + 15, ended_after
+            print("\n" + "\n".join(lines) + f"\nstalled rank ended {ended_after:.1f} s after its SIGSTOP")
         finally:
-            for job in jobs:
+            for job in (two, three):
                 job.stop()

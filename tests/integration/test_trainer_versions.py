@@ -1,7 +1,7 @@
 """Version publishing that cannot go wrong, against a real Redis: versions only go up, a crash
 between writing a checkpoint and publishing it leaves Redis on a complete checkpoint, retention
 deletes checkpoints and their Redis entries together; and the example trainer resumes right
-after such a crash."""
+after such a crash, and after a crash between a commit and its steps-file line."""
 
 from __future__ import annotations
 
@@ -136,10 +136,10 @@ def group(task: str) -> CompleteGroup:
     return CompleteGroup(task, 2, False, eps, 0, 0, 0, 0, 0.0)
 
 
-def run_example(config_file: Path, steps: int) -> subprocess.CompletedProcess[str]:
+def run_example(config_file: Path, steps: int, steps_file: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, str(REPO / "examples/grpo_trainer.py"), "--config", str(config_file),
-            "--set", f"trainer.max_steps={steps}"]
+            "--set", f"trainer.max_steps={steps}", "--steps-file", str(steps_file)]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
 
 
@@ -164,15 +164,23 @@ async def test_the_example_trainer_resumes_after_a_crash_between_checkpoint_and_
         await producer.send_and_wait(names.batches, encode(build_batch([group(task)], trainer_version=0)))
     await producer.stop()
 
-    first = run_example(config_file, steps=1)
+    steps_file = tmp_path / "steps.jsonl"
+    first = run_example(config_file, 1, steps_file)
     assert first.returncode == 0, first.stderr[-3000:]
+    # what a crash after committing step 1 and in the middle of writing its steps-file line leaves
+    line = steps_file.read_text()
+    steps_file.write_text(line[:20])
     # what a crash after writing step 2's checkpoint and before committing it leaves behind
     stray = Checkpoints(ckpt)
     with stray.write(2) as out:
         (out / "half-trained").write_text("never committed")
-    second = run_example(config_file, steps=3)
+    second = run_example(config_file, 3, steps_file)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "discarding checkpoint v2 (step 2 was never committed)" in second.stderr
+    assert "step 1: its line was missing" in second.stderr
+    lines = steps_file.read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3]  # every committed step, once
+    assert lines[0] + "\n" == line  # written from the record saved with the checkpoint, as it was
 
     entries = StepLedger(ckpt / "ledger.jsonl").read()
     assert [(e.step, e.task_ids) for e in entries] == [(1, ["a", "b"]), (2, ["c", "d"]), (3, ["e", "f"])]

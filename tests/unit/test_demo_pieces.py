@@ -13,7 +13,8 @@ import pytest
 
 from rollstream.config import load_config
 from rollstream.demo.children import ChildGroup, tier_argv
-from rollstream.demo.report import plot_rewards, reward_trend, weight_reloads
+from rollstream.demo.example_trainer import launcher_argv
+from rollstream.demo.report import StepRecord, StepsLog, plot_rewards, reward_trend, weight_reloads
 from rollstream.demo.settings import DemoSettings, demo_config_tree, write_config
 from rollstream.demo.task import dataset_rows, digit_answer_reward, problems, warmup_texts, write_dataset
 from rollstream.dev.processes import pid_alive
@@ -69,7 +70,31 @@ def test_demo_config_validates_and_names_the_demo_reward(tmp_path: Path) -> None
     assert config.trainer.max_steps == 4 and config.trainer.batch_size == config.staleness.batch_size == 2
     assert config.reward.reward_fn == "rollstream.demo.task:digit_answer_reward"
     assert config.trainer.group_id == "demo-x-trainer"
+    assert config.trainer.max_restarts == settings.trainer_restarts == 3
     assert settings.dataset_size() >= settings.steps * settings.prompts_per_step
+
+
+def test_the_trainer_runs_under_torchrun_with_restarts() -> None:
+    """As ``rollstream train`` and the demo start it: torchrun unless one rank without restarts."""
+    assert launcher_argv("t.py", 1, 0) == [sys.executable, "t.py"]
+    for ranks in (1, 2):
+        argv = launcher_argv("t.py", ranks, 3)
+        assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"] and argv[-1] == "t.py"
+        assert {f"--nproc-per-node={ranks}", "--max-restarts=3", "--standalone"} <= set(argv)
+    with pytest.raises(ValueError, match="ranks >= 1 and max_restarts >= 0"):
+        launcher_argv("t.py", 1, -1)
+
+
+def test_the_steps_log_cuts_a_torn_line_and_appends_whole_ones(tmp_path: Path) -> None:
+    log = StepsLog(tmp_path / "steps.jsonl")
+    assert log.steps() == []
+    record = StepRecord(1, 1, 0.5, 8, 2, 1, 0.1, 0.0, 0.0, 1.0, 0.0, 0, 0, 0, 1.0, 0.0)
+    log.append(record)
+    with log.path.open("a") as handle:
+        handle.write('{"step": 2, "vers')  # a crash inside the write
+    assert log.steps() == [1]
+    log.append(StepRecord(**{**record.__dict__, "step": 2}))
+    assert [json.loads(line)["step"] for line in log.path.read_text().splitlines()] == [1, 2]
 
 
 def test_reward_trend_and_plot(tmp_path: Path) -> None:
