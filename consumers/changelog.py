@@ -7,17 +7,14 @@ drop record. Outcomes older than the dedupe window get a tombstone (value None).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Collection
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
 
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
 from rollstream.config import KafkaConfig
-from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.scan import read_bounded
 from rollstream.wire import GroupOutcome, WireDecodeError, decode_outcome
 
 log = logging.getLogger(__name__)
@@ -39,43 +36,23 @@ def outcome_record(group: CompleteGroup | DroppedGroup) -> GroupOutcome:
 async def read_outcomes(config: KafkaConfig, topic: str, partitions: Collection[int]) -> list[GroupOutcome]:
     """Every live outcome of ``partitions``: the changelog read from its beginning to its end.
 
-    Uses a group-less ``read_committed`` consumer, so outcomes of aborted transactions are not
-    seen. "The end" is the high watermark, reached only once no transaction is pending on
-    the partition: a predecessor's last transaction may have committed with its markers still
-    being written, and its outcomes must be seen before its input is re-read. Tombstones
-    delete earlier outcomes; undecodable values are logged and skipped. Raises
-    ``TimeoutError`` when nothing arrives for longer than a transaction can stay open.
+    Committed records only (outcomes of aborted transactions are not seen), up to the high
+    watermark reached once no transaction is pending (``settled``): a predecessor's last
+    transaction may have committed with its markers still being written, and its outcomes must
+    be seen before its input is re-read. Tombstones delete earlier outcomes; undecodable values
+    are logged and skipped. Raises ``TimeoutError`` when nothing moves for longer than a
+    transaction can stay open.
     """
     if not partitions:
         return []
     stall_seconds = config.transaction_timeout_ms / 1000 + RESTORE_STALL_SECONDS
-    consumer = make_consumer(config, "grouping-restore", group_id=None, read_committed=True)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        latest: dict[str, GroupOutcome | None] = {}
-        stalled_at = time.monotonic() + stall_seconds
-        while not await _caught_up(consumer, tps):
-            fetched = await consumer.getmany(*tps, timeout_ms=200)
-            for records in fetched.values():
-                for record in records:
-                    _apply(latest, record.key, record.value, record.offset)
-                stalled_at = time.monotonic() + stall_seconds
-            if time.monotonic() > stalled_at:
-                raise asyncio.TimeoutError(f"restoring {topic} partitions {sorted(partitions)} stalled")
-        return [outcome for outcome in latest.values() if outcome is not None]
-    finally:
-        await consumer.stop()
-
-
-async def _caught_up(consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> bool:
-    for tp in tps:
-        highwater = consumer.highwater(tp)  # known after the first fetch response
-        if highwater is None or await consumer.position(tp) < highwater:
-            return False
-    return True
+    latest: dict[str, GroupOutcome | None] = {}
+    chunks = read_bounded(config, topic, "grouping-restore", partitions=partitions, settled=True,
+                          stall_seconds=stall_seconds)
+    async for chunk in chunks:
+        for record in chunk.records:
+            _apply(latest, record.key, record.value, record.offset)
+    return [outcome for outcome in latest.values() if outcome is not None]
 
 
 def _apply(latest: dict[str, GroupOutcome | None], key: bytes | None, value: bytes | None, offset: int) -> None:

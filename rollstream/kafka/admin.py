@@ -11,7 +11,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from rollstream.config import KafkaConfig
-from rollstream.kafka.clients import make_admin, wait_out_outage
+from rollstream.kafka.clients import make_admin, start_client, wait_out_outage
 from rollstream.kafka.topic_check import (
     CHECKED_CONFIGS,
     TopicLayoutError,
@@ -151,3 +151,22 @@ async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic]) -> None:
         if code not in (0, TopicAlreadyExistsError.errno):
             raise RuntimeError(f"could not create topic {name}: error code {code}")
     log.info("created topics %s", ", ".join(t.name for t in topics))
+
+
+async def topic_partitions(config: KafkaConfig, topic: str) -> list[int] | None:
+    """The sorted partition numbers of ``topic``; None when it does not exist.
+
+    Asks the admin API: a consumer only knows the partitions of topics it already follows,
+    and the topic list is checked first so that no metadata request can auto-create it.
+    """
+    admin = make_admin(config, "topic-partitions")
+    await start_client(admin, config, "an admin client")
+    try:
+        if topic not in set(await admin.list_topics()):
+            return None
+        for entry in await admin.describe_topics([topic]):
+            if entry["topic"] == topic and entry["error_code"] == 0:
+                return sorted(part["partition"] for part in entry["partitions"])
+        return None
+    finally:
+        await admin.close()

@@ -34,13 +34,14 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.tools.filters import RecordFilter
 from rollstream.tools.positions import load_resume, save_resume, start_offsets
 from rollstream.tools.render import TensorMode
-from rollstream.tools.roles import decode_record, partitions_of, topic_for
+from rollstream.kafka.admin import topic_partitions
+from rollstream.kafka.scan import read_bounded
+from rollstream.tools.roles import decode_record, topic_for
 from rollstream.tools.sinks import DumpSink, JsonlSink, Sink, TopicSink
 from rollstream.wire import WireDecodeError
 
 log = logging.getLogger(__name__)
 
-POLL_MS = 500
 STALL_SECONDS = 30.0  # no progress below the captured end offset for this long is an error
 
 
@@ -117,7 +118,7 @@ async def replay(
         if on_start is not None:
             on_start(stats)
         log.info("replaying %s: %d offsets in %d partitions", topic, stats.total, len(stats.start))
-        runner = _Runner(consumer, role, options, sinks, stats, stop, progress)
+        runner = _Runner(config, role, options, sinks, stats, stop, progress)
         await runner.run()
         log.info(
             "replay of %s %s: read %d, matched %d, written %d, undecodable %d",
@@ -127,7 +128,7 @@ async def replay(
 
 
 async def _plan(config: RollstreamConfig, consumer: AIOKafkaConsumer, topic: str, options: ReplayOptions) -> ReplayStats:
-    partitions = await partitions_of(config.kafka, topic)
+    partitions = await topic_partitions(config.kafka, topic)
     if partitions is None:
         raise ReplayError(f"topic {topic} does not exist (check experiment.experiment_name / trial_name)")
     tps = [TopicPartition(topic, p) for p in partitions]
@@ -199,10 +200,10 @@ class _Runner:
     """Reads the planned offsets partition by partition and feeds the sinks."""
 
     def __init__(
-        self, consumer: AIOKafkaConsumer, role: str, options: ReplayOptions, sinks: list[Sink],
+        self, config: RollstreamConfig, role: str, options: ReplayOptions, sinks: list[Sink],
         stats: ReplayStats, stop: asyncio.Event | None, progress: ProgressFn | None,
     ) -> None:
-        self.consumer, self.role, self.options, self.sinks = consumer, role, options, sinks
+        self.config, self.role, self.options, self.sinks = config, role, options, sinks
         self.stats, self.stop, self.progress = stats, stop, progress
         self.decode = options.filter.active or any(sink.needs_message for sink in sinks)
         self.since_checkpoint = 0
@@ -221,31 +222,23 @@ class _Runner:
 
     async def _partition(self, tp: TopicPartition) -> bool:
         """Replay one partition up to its end offset; False when told to stop first."""
-        end = self.stats.end[tp.partition]
-        if self.stats.next[tp.partition] >= end:
+        p, end = tp.partition, self.stats.end[tp.partition]
+        if self.stats.next[p] >= end:
             return True
-        self.consumer.assign([tp])
-        self.consumer.seek(tp, self.stats.next[tp.partition])
-        loop = asyncio.get_running_loop()
-        last_progress = loop.time()
-        while self.stats.next[tp.partition] < end:
-            batch = (await self.consumer.getmany(tp, timeout_ms=POLL_MS)).get(tp, [])
-            before = self.stats.next[tp.partition]
-            for record in batch:
-                if record.offset >= end:  # written after the replay started
-                    self._advance(tp, end)
-                    break
-                if self._should_stop():
-                    return False
-                await self._record(tp, record)
-            if not batch:  # transaction markers or aborted records advance the position only
-                self._advance(tp, min(await self.consumer.position(tp), end))
-            if self.stats.next[tp.partition] > before:
-                last_progress = loop.time()
-            elif loop.time() - last_progress > STALL_SECONDS:
-                raise ReplayError(f"{tp.topic}[{tp.partition}] made no progress at offset {before} (end {end})")
-            if self._should_stop() and self.stats.next[tp.partition] < end:
-                return False
+        chunks = read_bounded(self.config.kafka, tp.topic, "replay", partitions=[p], start={p: self.stats.next[p]},
+                              end={p: end}, stall_seconds=STALL_SECONDS)
+        try:
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    for record in chunk.records:
+                        if self._should_stop():
+                            return False
+                        await self._record(tp, record)
+                    self._advance(tp, chunk.position)  # also over markers and aborted records
+                    if self._should_stop() and self.stats.next[p] < end:
+                        return False
+        except TimeoutError as exc:
+            raise ReplayError(str(exc)) from None
         return True
 
     def _advance(self, tp: TopicPartition, next_offset: int) -> None:

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 from rollstream.config import KafkaConfig
-from rollstream.kafka.clients import make_admin
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import (
     decode_batch,
@@ -41,22 +40,3 @@ def topic_for(names: TopicNames, role: str) -> str:
 def decode_record(role: str, value: bytes | None) -> Any:
     """The message in ``value``; raises ``WireDecodeError`` like the tiers' decoders."""
     return DECODERS[check_role(role)](value)
-
-
-async def partitions_of(config: KafkaConfig, topic: str) -> list[int] | None:
-    """The sorted partition numbers of ``topic``; None when it does not exist.
-
-    Asks the admin API: a consumer only knows the partitions of topics it already follows,
-    and the topic list is checked first so that no metadata request can auto-create it.
-    """
-    admin = make_admin(config, "tools")
-    await admin.start()
-    try:
-        if topic not in set(await admin.list_topics()):
-            return None
-        for entry in await admin.describe_topics([topic]):
-            if entry["topic"] == topic and entry["error_code"] == 0:
-                return sorted(part["partition"] for part in entry["partitions"])
-        return None
-    finally:
-        await admin.close()

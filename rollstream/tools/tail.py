@@ -22,7 +22,8 @@ from rollstream.dump import Tokenizer, load_tokenizer
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.tools.render import message_json, summary_line
-from rollstream.tools.roles import decode_record, partitions_of, topic_for
+from rollstream.kafka.admin import topic_partitions
+from rollstream.tools.roles import decode_record, topic_for
 from rollstream.wire import WireDecodeError
 
 POLL_MS = 500
@@ -87,7 +88,7 @@ async def _assign(
 ) -> list[TopicPartition] | None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + options.wait_seconds
-    while (partitions := await partitions_of(config.kafka, topic)) is None:
+    while (partitions := await topic_partitions(config.kafka, topic)) is None:
         if loop.time() > deadline:
             return None
         await asyncio.sleep(0.5)

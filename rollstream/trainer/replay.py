@@ -32,7 +32,8 @@ from aiokafka.structs import TopicPartition
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
-from rollstream.tools.roles import partitions_of
+from rollstream.kafka.admin import topic_partitions
+from rollstream.kafka.scan import read_bounded
 from rollstream.trainer.accumulator import BatchAccumulator
 from rollstream.trainer.batch import GroupRows, split_groups
 from rollstream.trainer.kafka_source import ledger_path
@@ -43,9 +44,6 @@ from rollstream.wire.tensor_codec import DTYPES
 
 log = logging.getLogger(__name__)
 
-FETCH_MS = 500
-
-
 class ReplayError(ValueError):
     """The replay cannot be done as asked (a step not in the ledger, a record gone)."""
 
@@ -54,20 +52,11 @@ async def read_partition(config: RollstreamConfig, topic: str, partition: int, s
     """The committed records of ``partition`` with ``start <= offset < end``, in offset order."""
     if end <= start:
         return
-    consumer = make_consumer(config.kafka, "trainer-replay", group_id=None, read_committed=True)
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, partition)
-        consumer.assign([tp])
-        consumer.seek(tp, start)
-        while await consumer.position(tp) < end:
-            fetched = await consumer.getmany(tp, timeout_ms=FETCH_MS)
-            for record in fetched.get(tp, []):
-                if record.offset >= end:
-                    return
-                yield record
-    finally:
-        await consumer.stop()
+    chunks = read_bounded(config.kafka, topic, "trainer-replay", partitions=[partition], start={partition: start},
+                          end={partition: end})
+    async for chunk in chunks:
+        for record in chunk.records:
+            yield record
 
 
 class _Replay:
@@ -146,7 +135,7 @@ class RangeReplay(_OrderedReplay):
 
     async def start(self) -> int:
         if self.end_offsets is None:
-            partitions = await partitions_of(self._config.kafka, self.topic)
+            partitions = await topic_partitions(self._config.kafka, self.topic)
             if partitions is None:
                 raise ReplayError(f"topic {self.topic} does not exist")
             consumer = make_consumer(self._config.kafka, "trainer-replay", group_id=None, read_committed=True)

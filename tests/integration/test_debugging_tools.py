@@ -30,7 +30,8 @@ from rollstream.metrics import serve_metrics
 from rollstream.redis_state import RedisKeys, VersionStore, connect
 from rollstream.tools.positions import ALL_PARTITIONS
 from rollstream.tools.replay import ReplayOptions, replay
-from rollstream.tools.roles import partitions_of, topic_for
+from rollstream.kafka.admin import topic_partitions
+from rollstream.tools.roles import topic_for
 from rollstream.tensors import concat_padded_tensors
 from rollstream.wire import (
     Batch,
@@ -112,7 +113,7 @@ async def read_raw(config: RollstreamConfig, topic: str) -> list[tuple[int, byte
     consumer = make_consumer(config.kafka, "test-reader", group_id=None)
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in await partitions_of(config.kafka, topic) or []]
+        tps = [TopicPartition(topic, p) for p in await topic_partitions(config.kafka, topic) or []]
         ends = await consumer.end_offsets(tps)
         found: list[tuple[int, bytes | None, bytes | None]] = []
         for tp in tps:
