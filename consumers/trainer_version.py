@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from redis.exceptions import RedisError
 
 from rollstream.metrics import WEIGHT_VERSION
-from rollstream.redis_state import REDIS_RETRY, VersionStore
-from rollstream.retry import RetryPolicy
+from rollstream.redis_state import VersionStore
+from rollstream.retry import REDIS_RETRY, RetryPolicy
 
 log = logging.getLogger(__name__)
 

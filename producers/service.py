@@ -40,7 +40,7 @@ from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer
 from rollstream.redis_state import RedisKeys, StalenessBudget, connect
-from rollstream.retry import RetryPolicy
+from rollstream.retry import KAFKA_RETRY
 from rollstream.wire import DeadLetter, ProducerCursor, PromptTask, encode
 
 log = logging.getLogger(__name__)
@@ -94,8 +94,7 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
             budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled and not pc.is_eval,
             restore=lambda: restore_budget(config, names, budget),
         )
-        retry = RetryPolicy(initial=0.25, maximum=5.0, max_attempts=PUBLISH_ATTEMPTS,
-                            patience=config.kafka.outage_patience_seconds)
+        retry = KAFKA_RETRY.limited(PUBLISH_ATTEMPTS, config.kafka.outage_patience_seconds)
         publisher = PromptPublisher(txn, names, retry, admission)
         summary = RunSummary()
         mark_ready()

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from rollstream.redis_state import REDIS_RETRY, RedisKeys
+from rollstream.redis_state import RedisKeys
+from rollstream.retry import REDIS_RETRY
 
 log = logging.getLogger(__name__)
 

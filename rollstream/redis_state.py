@@ -33,12 +33,11 @@ from redis.exceptions import RedisError
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RedisConfig
-from rollstream.retry import RetryPolicy
+from rollstream.retry import REDIS_RETRY
 
 log = logging.getLogger(__name__)
 
 MARKER_TTL_SECONDS = 7 * 24 * 3600
-REDIS_RETRY = RetryPolicy(initial=0.2, maximum=5.0)
 STATE_MISSING = -2
 MALFORMED = -3
 GENERATION_CHANGED = -4

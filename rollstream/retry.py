@@ -21,6 +21,7 @@ reached (a fault that answers at once cannot end a tier sooner than an outage wo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -52,6 +53,10 @@ class RetryPolicy:
     jitter: float = 0.25
     max_attempts: int | None = None
     patience: float | None = None
+
+    def limited(self, max_attempts: int | None = None, patience: float | None = None) -> RetryPolicy:
+        """The same pauses, giving up after ``max_attempts`` tries and ``patience`` seconds."""
+        return dataclasses.replace(self, max_attempts=max_attempts, patience=patience)
 
     @property
     def gives_up(self) -> bool:
@@ -168,7 +173,13 @@ def _log_retry(what: str) -> Callable[[tenacity.RetryCallState], None]:
     return before_sleep
 
 
+# The named policies; every retry in rollstream uses one of them (limits set per use with
+# ``limited``), or numbers its user set in the config (SGLang's backoff, the version follower).
+KAFKA_RETRY = RetryPolicy(initial=0.25, maximum=5.0, jitter=0.25)  # a broker restarting, a coordinator moving, a failed transaction
+REDIS_RETRY = RetryPolicy(initial=0.2, maximum=5.0, jitter=0.25)  # Redis down or restarting
+
+
 def transaction_retry(max_attempts: int, patience: float | None = None) -> RetryPolicy:
-    """The policy of the transactional loops: 0.25 s doubling up to 5 s; gives up after
+    """The policy of the transactional loops: :data:`KAFKA_RETRY`, giving up after
     ``max_attempts`` failures in a row that went on for ``patience`` seconds."""
-    return RetryPolicy(initial=0.25, maximum=5.0, jitter=0.25, max_attempts=max_attempts, patience=patience)
+    return KAFKA_RETRY.limited(max_attempts, patience)

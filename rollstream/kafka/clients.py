@@ -28,15 +28,15 @@ from aiokafka.errors import (
 from aiokafka.helpers import create_ssl_context
 
 from rollstream.config import KafkaConfig
-from rollstream.retry import RetryPolicy
+from rollstream.retry import KAFKA_RETRY, RetryPolicy
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# The pauses between tries while the broker is unreachable (the one policy's shape); how long
-# it is waited out is kafka.outage_patience_seconds.
-OUTAGE_RETRY = RetryPolicy(initial=0.5, maximum=5.0)
+# The pauses between tries while the broker is unreachable; how long it is waited out is
+# kafka.outage_patience_seconds.
+OUTAGE_RETRY = KAFKA_RETRY
 
 
 # A broker that answers these will answer them again: wrong credentials or TLS settings.

@@ -42,7 +42,7 @@ from rollstream.kafka.transactions import (
     TransactionFailed,
     TransactionFenced,
 )
-from rollstream.retry import RetryPolicy
+from rollstream.retry import KAFKA_RETRY, RetryPolicy
 from rollstream.wire import DeadLetter
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class TransactionalLoop:
         self._max_record_bytes = max_record_bytes
         self._poll_timeout_ms = poll_timeout_ms
         self._max_records = max_records
-        self._backoff = (retry or RetryPolicy(max_attempts=10)).backoff()
+        self._backoff = (retry or KAFKA_RETRY.limited(max_attempts=10)).backoff()
         self._name = name or transform.tier
         self.ownership = PartitionOwnership(
             consumer, topic, self._acquire, self._release, self._name, hold_seconds=lost_partition_hold_seconds

@@ -34,7 +34,7 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, start_client
 from rollstream.kafka.ownership import PartitionOwnership
 from rollstream.kafka.topics import TopicNames
-from rollstream.retry import RetryPolicy
+from rollstream.retry import KAFKA_RETRY
 from rollstream.trainer.accumulator import BatchAccumulator
 from rollstream.trainer.ledger import LedgerEntry, StepLedger, check_owner, reconcile
 from rollstream.trainer.steps import Step
@@ -89,7 +89,7 @@ class KafkaStepSource:
             max_poll_interval_ms=tc.max_poll_interval_ms,
         )
         self.ownership = PartitionOwnership(self._consumer, self.topic, self._acquire, self._release, name="trainer")
-        self._retry = RetryPolicy(initial=0.25, maximum=5.0, jitter=0.25, max_attempts=tc.commit_retries)
+        self._retry = KAFKA_RETRY.limited(max_attempts=tc.commit_retries)
         self._committed: dict[int, int] = {}  # what this source committed last, per partition
         self.resumed_offsets: dict[int, int] = {}  # the offsets of the ledger's last step at start
         self._last_step = 0
