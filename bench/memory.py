@@ -36,7 +36,8 @@ from bench.procstats import rss_bytes
 from bench.stack import services
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
-from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode, encode_tensor_dict
+from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode
+from rollstream.wire.torch_tensors import encode_tensor_dict
 
 MB = 1e6
 GROUP_SIZE = 8

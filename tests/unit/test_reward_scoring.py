@@ -20,17 +20,8 @@ from rollstream.reward_workers.scoring import (
     split_prompt_completion,
 )
 from rollstream.config import ConfigError, RewardConfig
-from rollstream.wire import (
-    Episode,
-    SampleRejected,
-    ScoredEpisode,
-    TaskFailed,
-    decode_episode,
-    decode_scored,
-    decode_tensor_dict,
-    encode,
-    encode_tensor_dict,
-)
+from rollstream.wire import Episode, SampleRejected, ScoredEpisode, TaskFailed, decode_episode, decode_scored, encode
+from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
 
 
 def sleeping_reward(

@@ -33,6 +33,6 @@ def test_tier_modules_import_without_torch() -> None:
 
 
 def test_importing_torch_anywhere_trips_it_naming_the_importer() -> None:
-    done = run_armed("import rollstream.wire\nrollstream.wire.decode_tensor_dict\n")  # the lazy torch face
+    done = run_armed("import rollstream.wire\nimport rollstream.wire.torch_tensors\n")  # the torch face
     assert done.returncode == TRIPPED
     assert "TORCH TRIPWIRE: torch imported from" in done.stderr and "torch_tensors.py" in done.stderr

@@ -20,20 +20,23 @@ from rollstream.wire import (
     ScoredEpisode,
     TaskFailed,
     WireDecodeError,
-    batch_tensors,
     decode_batch,
     decode_episode,
     decode_prompt,
     decode_scored,
+    encode,
+)
+from rollstream.wire.torch_tensors import (
+    batch_tensors,
     decode_tensor,
     decode_tensor_dict,
-    encode,
     encode_tensor,
     encode_tensor_dict,
     pack_tensor_dict,
 )
 from rollstream.wire.messages import SCHEMA_VERSION
-from rollstream.wire.tensor_codec import DTYPES, WireTensor
+from rollstream.wire.tensor_codec import WireTensor
+from rollstream.wire.torch_tensors import DTYPES
 
 DECODERS = [decode_prompt, decode_episode, decode_scored, decode_batch]
 
@@ -110,14 +113,13 @@ def test_messages_round_trip(message: msgspec.Struct, decoder) -> None:
     assert msgspec.to_builtins(decoded) == msgspec.to_builtins(message)
 
 
-@pytest.mark.parametrize("form", ["packed", "tensors (schema 1)"])
-def test_batch_round_trip_keeps_tensors(form: str) -> None:
+def one_group_batch(**fields: Any) -> Batch:
+    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[0], failed=[0], **fields)
+
+
+def test_batch_round_trip_keeps_tensors() -> None:
     tensors_in = trajectory()
-    if form == "packed":
-        fields = {"tensors": {}, "packed": pack_tensor_dict(tensors_in)}
-    else:
-        fields = {"tensors": encode_tensor_dict(tensors_in), "schema_version": 1}
-    batch = Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], **fields)
+    batch = one_group_batch(packed=pack_tensor_dict(tensors_in))
     decoded = decode_batch(encode(batch))
     assert isinstance(decoded, Batch)
     out = batch_tensors(decoded)
@@ -128,8 +130,21 @@ def test_every_message_carries_the_schema_version_of_its_kind() -> None:
     raw = msgspec.msgpack.decode(encode(episode()))
     assert raw["schema_version"] == 1 <= SCHEMA_VERSION  # episodes have not changed since 1
     assert raw["kind"] == "episode"
-    batch = Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], tensors={})
-    assert msgspec.msgpack.decode(encode(batch))["schema_version"] == SCHEMA_VERSION == 2
+    batch = one_group_batch(packed=pack_tensor_dict({}))
+    assert msgspec.msgpack.decode(encode(batch))["schema_version"] == SCHEMA_VERSION == 3
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_batches_written_before_0_3_are_refused_naming_their_version(version: int) -> None:
+    raw = msgspec.msgpack.decode(encode(one_group_batch(packed=pack_tensor_dict(trajectory()))))
+    with pytest.raises(WireDecodeError, match=f"unsupported schema_version {version} of a Batch .*knows 3..3"):
+        decode_batch(msgspec.msgpack.encode({**raw, "schema_version": version}))
+
+
+def test_a_batch_has_one_count_per_group() -> None:
+    with pytest.raises(ValueError, match="1 groups has 1 group sizes, 0 rejected and 0 failed"):
+        Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[], failed=[],
+              packed=pack_tensor_dict({}))
 
 
 def bad_messages() -> list[tuple[str, bytes]]:

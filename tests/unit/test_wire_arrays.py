@@ -20,13 +20,13 @@ from rollstream.wire import (
     WireTensor,
     allocate_arrays,
     batch_arrays,
-    batch_tensors,
     decode_array,
     decode_batch,
     encode,
     encode_array,
     pack_arrays,
 )
+from rollstream.wire.torch_tensors import batch_tensors
 from rollstream.wire.dtypes import WIRE_DTYPES, bfloat16_words, cast, promote, to_float32, wire_name
 from rollstream.wire.torch_tensors import DTYPES, as_array, as_tensor
 
@@ -89,7 +89,8 @@ def test_the_wire_refuses_what_it_does_not_carry() -> None:
 
 
 def batch_of(arrays: dict[str, numpy.ndarray]) -> Batch:
-    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], tensors={}, packed=pack_arrays(arrays))
+    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[0], failed=[0],
+                 packed=pack_arrays(arrays))
 
 
 def test_an_unchanged_arena_packs_without_a_copy_and_a_changed_one_is_copied() -> None:
