@@ -1,4 +1,5 @@
-"""The BatchStream kept for existing imports (rollstream.consumers.batch_consumer) against a real broker."""
+"""``BatchStream(config, ledger=False)`` against a real broker: only Kafka's committed offsets decide
+what a restarted trainer gets again (a step not acked is redelivered, an acked one never)."""
 
 from __future__ import annotations
 
