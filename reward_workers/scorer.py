@@ -6,9 +6,9 @@ The reward function is named only by configuration (``reward.reward_fn``, an imp
 It runs through ``rollstream.rewards.wrapper.AsyncRewardWrapper.call`` (process pool, timeout,
 retries; a timeout on the last attempt raises ``RewardTimeout``, which ``scoring`` turns into
 what ``reward.on_timeout`` says); the records of a poll batch reach the pool in one chunk per
-process, their token ids as raw bytes (``PackedIds``; the function still gets lists). ``reward.reward_fn: ""``
-configures none: for pipelines whose workflows all set ``rewards`` themselves; an episode
-without rewards then fails with a reason saying so.
+process, their token ids as raw bytes (``PackedIds``; the function still gets lists).
+``reward.reward_fn: ""`` configures none: for pipelines whose workflows all set ``rewards``
+themselves; an episode without rewards then fails with a reason saying so.
 
 Texts: the tokenizer is read from ``tokenizer.json`` with the ``tokenizers`` library
 (``rollstream.dump_tokenizer``, as the dump tier does), so the reward tier never imports torch.
@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 import numpy
 
+from rollstream import dump_tokenizer
 from rollstream.config import ConfigError, RewardConfig
 from rollstream.dump_tokenizer import Tokenizer
-from rollstream.dump_tokenizer import load_tokenizer as load_tokenizer_files
 from rollstream.imports import import_object
 from rollstream.reward_workers.byte_decode import ByteLevelDecoder
 from rollstream.rewards.pool_worker import PackedIds
@@ -176,6 +176,6 @@ def load_tokenizer(path: str) -> Tokenizer | None:
     if not path:
         return None
     try:
-        return load_tokenizer_files(path)
+        return dump_tokenizer.load_tokenizer(path)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"reward.tokenizer_path {path!r} cannot be loaded: {exc}") from None
