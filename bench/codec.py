@@ -33,8 +33,13 @@ from bench.common import Report, base_parser, time_interleaved, time_per_call
 from bench.data import padded_batch, payload_bytes, trajectory
 from rollstream.arrays import concat_padded_arrays
 from rollstream.wire import ArrayArena, Batch, Episode, decode_batch, decode_episode, encode, pack_arrays
-from rollstream.wire.torch_tensors import batch_tensors, decode_tensor_dict, encode_tensor_dict, pack_tensor_dict
-from rollstream.wire.torch_tensors import as_array
+from rollstream.wire.torch_tensors import (
+    as_array,
+    batch_tensors,
+    decode_tensor_dict,
+    encode_tensor_dict,
+    pack_tensor_dict,
+)
 
 Codec = tuple[Callable[[], bytes], Callable[[bytes], dict[str, Tensor]]]
 

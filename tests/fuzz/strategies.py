@@ -22,8 +22,8 @@ from rollstream.wire import (
     TaskFailed,
     encode,
 )
-from rollstream.wire.torch_tensors import encode_tensor_dict, pack_tensor_dict
 from rollstream.wire.tensor_codec import WireTensor
+from rollstream.wire.torch_tensors import encode_tensor_dict, pack_tensor_dict
 
 # Fixed budget: derandomized (same examples every run), no example database, no deadline
 # (2 shared cores in CI make timings meaningless).

@@ -31,10 +31,10 @@ from rollstream.wire import (
     decode_scored,
     encode,
 )
-from rollstream.wire.torch_tensors import batch_tensors, decode_tensor_dict, encode_tensor
 from rollstream.wire.codec import MAX_MESSAGE_BYTES
 from rollstream.wire.messages import MAX_GROUP_SIZE
 from rollstream.wire.messages import OLDEST_READABLE, SCHEMA_VERSION
+from rollstream.wire.torch_tensors import batch_tensors, decode_tensor_dict, encode_tensor
 from tests.fuzz.strategies import BUDGET, FLOATS, INTS, as_dict, float32, broken_bytes, episode, float_tensor, raw, valid_messages
 
 DECODERS = {

@@ -12,16 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollstream.wire import Batch, PackedTensors, WireDecodeError, check_packed, decode_batch, encode
+from rollstream.wire.messages import SCHEMA_VERSION
+from rollstream.wire.tensor_codec import TensorDecodeError
 from rollstream.wire.torch_tensors import (
+    DTYPES,
     allocate_packed,
     batch_tensors,
     encode_tensor_dict,
     pack_tensor_dict,
     unpack_tensor_dict,
 )
-from rollstream.wire.messages import SCHEMA_VERSION
-from rollstream.wire.tensor_codec import TensorDecodeError
-from rollstream.wire.torch_tensors import DTYPES
 
 
 def batch_of(packed: PackedTensors, **kw) -> Batch:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -10,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rollstream.wire
 from rollstream.wire import (
     Batch,
     DeadLetter,
@@ -26,7 +29,10 @@ from rollstream.wire import (
     decode_scored,
     encode,
 )
+from rollstream.wire.messages import SCHEMA_VERSION
+from rollstream.wire.tensor_codec import WireTensor
 from rollstream.wire.torch_tensors import (
+    DTYPES,
     batch_tensors,
     decode_tensor,
     decode_tensor_dict,
@@ -34,9 +40,6 @@ from rollstream.wire.torch_tensors import (
     encode_tensor_dict,
     pack_tensor_dict,
 )
-from rollstream.wire.messages import SCHEMA_VERSION
-from rollstream.wire.tensor_codec import WireTensor
-from rollstream.wire.torch_tensors import DTYPES
 
 DECODERS = [decode_prompt, decode_episode, decode_scored, decode_batch]
 
@@ -228,3 +231,21 @@ def test_dead_letter_holds_raw_bytes() -> None:
 def test_a_message_its_readers_would_refuse_cannot_be_built(fields: dict[str, int], why: str) -> None:
     with pytest.raises(ValueError, match=why):
         episode(**fields)
+
+
+def test_the_wire_modules_import_each_other_in_one_direction() -> None:
+    """``dtypes`` <- ``tensor_codec`` <- ``packed`` <- ``messages`` <- ``codec`` <-
+    ``torch_tensors``: no import, at module level or inside a function, closes a circle, and
+    only the torch face imports torch."""
+    order = ["dtypes", "tensor_codec", "packed", "messages", "codec", "torch_tensors"]
+    wire = Path(rollstream.wire.__file__).parent
+    assert sorted(p.stem for p in wire.glob("*.py")) == sorted([*order, "__init__"])
+    for module in order:
+        for node in ast.walk(ast.parse((wire / f"{module}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rollstream.wire"):
+                imported = node.module.removeprefix("rollstream.wire").lstrip(".")
+                for name in [imported] if imported else [a.name if a.name in order else "__init__" for a in node.names]:
+                    assert name in order[: order.index(module)], f"{module} imports rollstream.wire's {name}"
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and module != "torch_tensors":
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(n.split(".")[0] == "torch" for n in names), f"{module} imports torch"

@@ -26,9 +26,8 @@ from rollstream.wire import (
     encode_array,
     pack_arrays,
 )
-from rollstream.wire.torch_tensors import batch_tensors
 from rollstream.wire.dtypes import WIRE_DTYPES, bfloat16_words, cast, promote, to_float32, wire_name
-from rollstream.wire.torch_tensors import DTYPES, as_array, as_tensor
+from rollstream.wire.torch_tensors import DTYPES, as_array, as_tensor, batch_tensors
 
 FLOATS = torch.tensor([0.0, -0.0, 1.0, -2.5, 7.0, 1 / 3, 2 / 3, 1.00390625, 1.01171875, 1.0078125 + 2**-9,
                        3.3895314e38, 3.3961776e38, 1e-40, -1e-45, 65504.0, float("inf"), float("-inf")])
