@@ -16,7 +16,7 @@ WORKDIR /app
 # torch first, from the chosen index: the largest layer, rebuilt only when the index changes.
 RUN pip install --index-url "${TORCH_INDEX_URL}" torch
 
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY rollstream ./rollstream
 COPY producers ./producers
 COPY rollout_workers ./rollout_workers

@@ -6,7 +6,7 @@ padded batch (16 x 2,048). For the episode, "rollstream" encodes with ``encode_t
 worker writes and a trainer reads). For the batch it does what the grouping tier and a trainer
 do: the batch arrays lie in one numpy arena (built outside the timed region, as ``build_batch``
 pads into one with ``concat_padded_arrays``), encoding is ``pack_arrays`` (no copy) +
-``encode(Batch(tensors={}, packed=...))``, decoding is ``decode_batch`` + ``batch_tensors``
+``encode(Batch(packed=...))``, decoding is ``decode_batch`` + ``batch_tensors``
 (torch tensors usable by the trainer). "rollstream, dict not in an arena" packs the plain
 torch dict, so ``pack_tensor_dict`` copies it first: the cost a writer pays that does not use
 an arena.
@@ -32,20 +32,14 @@ from torch import Tensor
 from bench.common import Report, base_parser, time_interleaved, time_per_call
 from bench.data import padded_batch, payload_bytes, trajectory
 from rollstream.arrays import concat_padded_arrays
-from rollstream.wire import (
-    ArrayArena,
-    Batch,
-    Episode,
+from rollstream.wire import ArrayArena, Batch, Episode, decode_batch, decode_episode, encode, pack_arrays
+from rollstream.wire.torch_tensors import (
+    as_array,
     batch_tensors,
-    decode_batch,
-    decode_episode,
     decode_tensor_dict,
-    encode,
     encode_tensor_dict,
-    pack_arrays,
     pack_tensor_dict,
 )
-from rollstream.wire.torch_tensors import as_array
 
 Codec = tuple[Callable[[], bytes], Callable[[bytes], dict[str, Tensor]]]
 
@@ -66,7 +60,7 @@ def rollstream_batch(tensors: dict[str, Tensor] | ArrayArena) -> Codec:
     def enc() -> bytes:
         return encode(Batch(task_ids=["bench:0:0", "bench:0:1"], group_sizes=[rows // 2, rows - rows // 2],
                             row_task=[0] * (rows // 2) + [1] * (rows - rows // 2), sample_idx=list(range(rows)),
-                            tensors={}, packed=pack(tensors)))
+                            rejected=[0, 0], failed=[0, 0], packed=pack(tensors)))
     return enc, lambda data: batch_tensors(decode_batch(data))
 
 

@@ -8,7 +8,8 @@ import time
 import torch
 from torch import Tensor
 
-from rollstream.wire import Episode, ScoredEpisode, encode_tensor_dict
+from rollstream.wire import Episode, ScoredEpisode
+from rollstream.wire.torch_tensors import encode_tensor_dict
 
 PROMPT_TOKENS = 512
 COMPLETION_TOKENS = 1536

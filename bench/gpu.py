@@ -4,7 +4,7 @@ directly, tokens/s — the pipeline's overhead where a real model sets the pace.
 Direct: one ``HFEngine`` (as the rollout worker builds it: ``HFEngine(model_path, device,
 seed)``, float32) serves ``prompts`` groups of ``group_size`` requests, at most
 ``--max-concurrent-rollouts`` at once. Pipeline: the real tiers, each in its own process, the rollout worker with
-``rollout.engine: hf`` on the same model and device, read by a ``BatchConsumer``. Both generate
+``rollout.engine: hf`` on the same model and device, read by a ``BatchStream``. Both generate
 exactly ``--max-new-tokens`` per request (``ignore_eos``), and both rates count the generated tokens over the window from the first
 completed group to the last (start-up excluded), so tokens/s compare directly.
 

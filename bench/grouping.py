@@ -28,7 +28,8 @@ from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
 from rollstream.arrays import concat_padded_arrays
 from rollstream.tensors import concat_padded_tensors
-from rollstream.wire import ScoredEpisode, decode_arrays, decode_scored, decode_tensor_dict, encode
+from rollstream.wire import ScoredEpisode, decode_arrays, decode_scored, encode
+from rollstream.wire.torch_tensors import decode_tensor_dict
 
 GROUP_SIZE = 8
 SEQUENCE_PAD = {"input_ids": 0, "attention_mask": 0, "loss_mask": 0, "logprobs": 0.0, "versions": -1}

@@ -1,11 +1,11 @@
 """Latency benchmark: last sample of a group written to ``scored`` -> batch visible to the trainer.
 
 For each ``grouping.commit_interval_ms`` (20, 100, 500), a real grouping tier runs in its own
-process and a ``read_committed`` ``BatchConsumer`` (trainer batch size 1) reads ``batches`` in
+process and a ``read_committed`` ``BatchStream`` (trainer batch size 1) reads ``batches`` in
 this process. This process plays the reward tier: each group's 8 scored episodes (prompt 512
 + completion 1,536 tokens) go to ``scored`` in one Kafka transaction, one group every
 ``--spacing-ms``. Latency = from that transaction's commit returning (the samples are then
-visible to the grouping consumer) to the ``BatchConsumer`` handing out the group's batch.
+visible to the grouping consumer) to the ``BatchStream`` handing out the group's batch.
 Target: p99 <= 250 ms at the default commit interval (100 ms).
 """
 
@@ -23,7 +23,7 @@ from bench.common import Report, base_parser, percentiles
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, scored_episode, trajectory
 from bench.kafka_tools import wait_for_groups
 from bench.stack import Sampler, TierProcess, services, unique_name, wait_until_consuming, write_config
-from rollstream.consumers.batch_consumer import BatchConsumer
+from rollstream.trainer import BatchStream
 from rollstream.config import config_from_dict
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics
@@ -51,7 +51,7 @@ async def write_groups(producer: AIOKafkaProducer, topic: str, groups: list[tupl
         await asyncio.sleep(spacing)
 
 
-async def read_batches(consumer: BatchConsumer, expected: int, seen: dict[str, float], timeout: float) -> None:
+async def read_batches(consumer: BatchStream, expected: int, seen: dict[str, float], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while len(seen) < expected:
         if time.monotonic() > deadline:
@@ -82,7 +82,7 @@ async def measure_interval(svc: Services, workdir: Path, interval_ms: int, group
     batches = [(f"{name}:0:{i}", group_records(f"{name}:0:{i}", lengths)) for i in range(warmup + groups)]
     grouping = TierProcess("grouping", path, workdir / f"{name}.grouping.log")
     producer = make_producer(config.kafka, "bench-scorer", transactional_id=f"{name}.bench-scorer")
-    consumer = BatchConsumer(config, client_id="bench-trainer", poll_timeout_ms=500)
+    consumer = BatchStream(config, ledger=False, client_id="bench-trainer", poll_timeout_ms=500)
     written: dict[str, float] = {}
     seen: dict[str, float] = {}
     try:

@@ -4,8 +4,9 @@ memory as groups pass (bounded by the open groups and the dedupe window, not by 
 Part 1 runs ``bench/pipeline.py``'s pipeline (every tier in its own process, the LOAD
 GENERATOR engine), plus a dump tier reading ``scored``, and reads each tier's RSS once it is
 ready (idle) and its peak (VmHWM) under load; "with children" adds the reward tier's process
-pool. Target: the tiers that run no model (producer, grouping, dump; they never import torch)
-peak under 150 MB each. ``--compare before.json`` prints an earlier run's tier figures (say,
+pool. Target: the tiers that run no model (producer, reward worker, grouping, dump; they never
+import torch) peak under 150 MB each (the reward worker's own process; its pool's processes
+run the reward function). ``--compare before.json`` prints an earlier run's tier figures (say,
 ``--out before.json`` on the previous commit) beside this run's.
 
 Part 2 feeds a ``GroupBuffer`` in this process as the grouping tier does (decode each
@@ -36,11 +37,12 @@ from bench.procstats import rss_bytes
 from bench.stack import services
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
-from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode, encode_tensor_dict
+from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode
+from rollstream.wire.torch_tensors import encode_tensor_dict
 
 MB = 1e6
 GROUP_SIZE = 8
-MODEL_FREE_TIERS = ("producer", "grouping", "dump")  # no model runs there: no torch, small
+MODEL_FREE_TIERS = ("producer", "reward-worker", "grouping", "dump")  # no model runs there: no torch, small
 MAX_MODEL_FREE_RSS_MB = 150.0
 
 

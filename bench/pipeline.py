@@ -5,7 +5,7 @@ completion 1,536 tokens, ~35 KB): Kafka's own ``ProducerPerformance`` and
 ``ConsumerPerformance`` (java, from the cached broker jars), and a bare aiokafka loop that
 produces and consumes at the same time with the client settings the tiers use. Then the real
 pipeline, every tier in its own process (producer -> rollout worker -> reward worker ->
-grouping -> ``BatchConsumer``), its rollout worker driven by the LOAD GENERATOR engine
+grouping -> ``BatchStream``), its rollout worker driven by the LOAD GENERATOR engine
 (``bench/load_engine.py``: no model, tokens at ``--tokens-per-second``, 0 = unlimited). The
 bare loop runs before and after the pipeline and the pipeline runs twice; the faster of each
 pair counts (a shared machine, and a broker JVM still compiling the paths a run exercises).
@@ -35,7 +35,8 @@ from bench.pipeline_run import PipelineResult, PipelineSettings, memory_rows, ru
 from bench.procstats import cpu_seconds
 from bench.stack import services, unique_name
 from rollstream.config import KafkaConfig
-from rollstream.wire import Episode, encode, encode_tensor_dict
+from rollstream.wire import Episode, encode
+from rollstream.wire.torch_tensors import encode_tensor_dict
 
 MAX_MESSAGE = 16 * 1024 * 1024
 TIER_KAFKA = KafkaConfig()  # the anchors use the tiers' default batching settings

@@ -1,6 +1,6 @@
 """One end-to-end run of the real tiers, each in its own process, driven by a dataset.
 
-producer -> rollout worker -> reward worker -> grouping -> ``BatchConsumer`` (in this process,
+producer -> rollout worker -> reward worker -> grouping -> ``BatchStream`` (in this process,
 acking every batch as a trainer would). The rollout worker uses the LOAD GENERATOR engine
 (``bench/load_engine.py``) unless the settings name a real engine (``bench/gpu.py``). Shared by
 ``bench/pipeline.py``, ``bench/memory.py`` and ``bench/gpu.py``.
@@ -21,7 +21,7 @@ from bench.kafka_tools import end_offsets, topic_bytes, wait_for_groups
 from bench.procstats import cpu_seconds, rss_bytes
 from bench.stack import (Sampler, TierProcess, stop_all, tokenizer_path, unique_name, wait_until_consuming,
                          write_config)
-from rollstream.consumers.batch_consumer import BatchConsumer
+from rollstream.trainer import BatchStream
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics
@@ -126,7 +126,7 @@ def config_tree(services: Services, name: str, workdir: Path, s: PipelineSetting
     }
 
 
-async def _consume(consumer: BatchConsumer, s: PipelineSettings, procs: list[TierProcess],
+async def _consume(consumer: BatchStream, s: PipelineSettings, procs: list[TierProcess],
                    deadline: float) -> tuple[list[float], int, int, int]:
     times: list[float] = []
     episodes = generated = total = 0
@@ -171,7 +171,7 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
                                          else asyncio.sleep(0, {}))
     try:
         await ensure_topics(config.kafka, names)  # the trainer subscribes before any tier made them
-        consumer = BatchConsumer(config, client_id="bench-trainer")
+        consumer = BatchStream(config, ledger=False, client_id="bench-trainer")
         await consumer.start()
         try:
             with Sampler(procs) as sampler:
@@ -219,10 +219,10 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
 
 
 def _own_cpu(broker_pid: int | None, sampler: Sampler) -> dict[str, float]:
-    """CPU seconds of this process (the trainer side: BatchConsumer; the memory sampler's own
+    """CPU seconds of this process (the trainer side: BatchStream; the memory sampler's own
     time left out) and of the broker if local."""
     times = os.times()
-    found = {"trainer (BatchConsumer, this process)": times.user + times.system - sampler.cpu_seconds}
+    found = {"trainer (BatchStream, this process)": times.user + times.system - sampler.cpu_seconds}
     if broker_pid is not None:
         found["kafka broker (java)"] = cpu_seconds(broker_pid)
     return found

@@ -52,7 +52,8 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
-from rollstream.wire import Episode, decode_episode, decode_tensor_dict, encode, encode_tensor_dict
+from rollstream.wire import Episode, decode_episode, encode
+from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
 
 GROUP_SIZE = 8
 VOCAB = 512  # the pipeline's load generator draws ids below this (bench/pipeline_run.py)

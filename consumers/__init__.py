@@ -1,5 +1,1 @@
-"""The consumers tier, installed as rollstream.consumers (see rollstream/_names.py)."""
-
-from rollstream._names import adopt
-
-adopt(__name__)  # imported by its pre-0.2 top-level name: warn and become rollstream.consumers
+"""The consumers tier, installed as rollstream.consumers (the package mapping in pyproject.toml)."""

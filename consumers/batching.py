@@ -80,7 +80,6 @@ def build_batch(
         group_sizes=[g.group_size for g in groups],
         row_task=row_task,
         sample_idx=sample_idx,
-        tensors={},
         packed=pack_arrays(arrays),  # no copy: the arrays lie in one arena
         is_eval=groups[0].is_eval,
         trainer_version=trainer_version,

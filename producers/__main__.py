@@ -1,12 +1,8 @@
-"""`python -m rollstream.producers` runs this tier like `rollstream <tier>`."""
+"""`python -m rollstream.producers` runs this tier like `rollstream producer`."""
 
 import sys
 
-from rollstream._names import warn_if_run_by_old_name
 from rollstream.cli import main
 
-TIER = {"producers": "producer", "rollout_workers": "rollout-worker", "reward_workers": "reward-worker", "consumers": "grouping"}["producers"]
-
 if __name__ == "__main__":
-    warn_if_run_by_old_name(__spec__)  # `python -m producers`, before 0.2
-    sys.exit(main([TIER, *sys.argv[1:]]))
+    sys.exit(main(["producer", *sys.argv[1:]]))

@@ -1,12 +1,8 @@
-"""`python -m rollstream.reward_workers` runs this tier like `rollstream <tier>`."""
+"""`python -m rollstream.reward_workers` runs this tier like `rollstream reward-worker`."""
 
 import sys
 
-from rollstream._names import warn_if_run_by_old_name
 from rollstream.cli import main
 
-TIER = {"producers": "producer", "rollout_workers": "rollout-worker", "reward_workers": "reward-worker", "consumers": "grouping"}["reward_workers"]
-
 if __name__ == "__main__":
-    warn_if_run_by_old_name(__spec__)  # `python -m reward_workers`, before 0.2
-    sys.exit(main([TIER, *sys.argv[1:]]))
+    sys.exit(main(["reward-worker", *sys.argv[1:]]))

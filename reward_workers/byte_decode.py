@@ -8,8 +8,9 @@ a table that is a lookup and a join: about 6x faster than the tokenizer's own de
 ids, which was the largest part of the reward worker's work per episode (bench/README.md).
 
 :meth:`ByteLevelDecoder.for_tokenizer` builds one only for a tokenizer whose decode it has shown
-to reproduce: a fast tokenizer whose backend decoder is exactly ``ByteLevel`` and which cleans
-up no tokenization spaces; then its decode of the whole vocabulary in random orders and of
+to reproduce: a tokenizer whose ``backend_tokenizer`` (a ``tokenizers.Tokenizer``: transformers'
+fast tokenizers and ``rollstream.dump_tokenizer.FileTokenizer`` have one) decodes with exactly
+``ByteLevel`` and which cleans up no tokenization spaces; then its decode of the whole vocabulary in random orders and of
 random sequences (which split multi-byte characters, so invalid UTF-8 is checked too) must be
 identical. Otherwise it returns None and callers keep the tokenizer's own decode.
 """
@@ -79,9 +80,7 @@ def _token_bytes(tokenizer: Any) -> list[bytes] | None:
         return None
     if getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return None
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+    byte_of = {char: byte for byte, char in _bytes_to_unicode().items()}
 
     def as_bytes(token: str) -> bytes:
         if all(char in byte_of for char in token):
@@ -97,3 +96,17 @@ def _token_bytes(tokenizer: Any) -> list[bytes] | None:
         token = backend.id_to_token(i)
         table.append(b"" if token is None else as_bytes(token))  # unknown ids decode to nothing
     return table
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """The ``ByteLevel`` alphabet (GPT-2's): printable bytes stand for themselves, the others
+    for the characters from U+0100 on, in byte order."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[byte] = chr(byte)
+        else:
+            chars[byte] = chr(256 + extra)
+            extra += 1
+    return chars

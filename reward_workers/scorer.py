@@ -3,27 +3,24 @@
 The reward function is named only by configuration (``reward.reward_fn``, an import string
 ``"module:function"`` or ``"module.function"``) and must be on the allow-list
 ``{reward.reward_fn} | reward.allowed_reward_fns``; nothing in a message can choose it.
-It runs through ``rollstream.reward_wrapper.AsyncRewardWrapper`` (process pool, timeout,
-retries); the records of a poll batch reach the pool in one chunk per process, their token ids
-as raw bytes (``PackedIds``; the function still gets lists). ``reward.reward_fn: ""``
-configures none: for pipelines whose workflows all set ``rewards`` themselves; an episode
-without rewards then fails with a reason saying so.
+It runs through ``rollstream.rewards.wrapper.AsyncRewardWrapper.call`` (process pool, timeout,
+retries; a timeout on the last attempt raises ``RewardTimeout``, which ``scoring`` turns into
+what ``reward.on_timeout`` says); the records of a poll batch reach the pool in one chunk per
+process, their token ids as raw bytes (``PackedIds``; the function still gets lists).
+``reward.reward_fn: ""`` configures none: for pipelines whose workflows all set ``rewards``
+themselves; an episode without rewards then fails with a reason saying so.
 
-Texts: the samples of a group share their prompt, so prompt texts are remembered
-(``decode_prompt``, the last ``PROMPT_TEXTS_KEPT``); byte-level BPE tokenizers are decoded with
-a table checked against the tokenizer at start (``rollstream.reward_workers.byte_decode``), others with the
+Texts: the tokenizer is read from ``tokenizer.json`` with the ``tokenizers`` library
+(``rollstream.dump_tokenizer``, as the dump tier does), so the reward tier never imports torch.
+The samples of a group share their prompt, so prompt texts are remembered (``decode_prompt``,
+the last ``PROMPT_TEXTS_KEPT``); byte-level BPE tokenizers are decoded with a table checked
+against the tokenizer at start (``rollstream.reward_workers.byte_decode``), others with the
 tokenizer's own decode.
 
 Episodes whose workflow set ``rewards`` are passed through with them (``scoring``) unless
 ``reward.rescore`` is true. The first such episode a worker with a reward function passes
 through is reported with a WARNING naming ``reward.rescore``: re-scoring a replay of such
 episodes without it changes nothing, and says so.
-
-``AsyncRewardWrapper`` returns 0.0 when its last attempt times out, which the ``"reject"``
-timeout policy cannot tell from a genuine 0.0. ``TimeoutAwareRewardWrapper`` is a minimal
-subclass that records each attempt's outcome in a per-call context variable and raises
-``RewardTimeout`` instead. It hooks the wrapper's per-attempt method ``_attempt``; the unit
-test ``test_timeout_then_reject`` guards that hook.
 """
 
 from __future__ import annotations
@@ -31,26 +28,23 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from contextvars import ContextVar
 from typing import Any, Literal
 
 import numpy
 
-from rollstream.imports import import_object
+from rollstream import dump_tokenizer
 from rollstream.config import ConfigError, RewardConfig
-from rollstream.reward_pool_worker import PackedIds
-from rollstream.reward_wrapper import AsyncRewardWrapper
+from rollstream.dump_tokenizer import Tokenizer
+from rollstream.imports import import_object
 from rollstream.reward_workers.byte_decode import ByteLevelDecoder
-from rollstream.reward_workers.scoring import RewardTimeout
+from rollstream.rewards.pool_worker import PackedIds
+from rollstream.rewards.wrapper import AsyncRewardWrapper
 
 log = logging.getLogger(__name__)
 
 # Prompts whose text a scorer remembers: a reward worker sees the samples of a group close
 # together, and at most ``reward.max_batch`` records of distinct groups in between.
 PROMPT_TEXTS_KEPT = 256
-
-# One list per reward call (each asyncio task has its own context): True = that attempt timed out.
-_attempt_timeouts: ContextVar[list[bool] | None] = ContextVar("reward_attempt_timeouts", default=None)
 
 
 def resolve_reward_fn(spec: str, allowed: Iterable[str]) -> Callable[..., Any]:
@@ -74,38 +68,6 @@ def resolve_reward_fn(spec: str, allowed: Iterable[str]) -> Callable[..., Any]:
     return target
 
 
-class TimeoutAwareRewardWrapper(AsyncRewardWrapper):
-    """``AsyncRewardWrapper`` whose :meth:`call` raises ``RewardTimeout`` on a final timeout."""
-
-    async def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
-        record = _attempt_timeouts.get()
-        try:
-            result = await super()._attempt(args, kwargs)
-        except TimeoutError:
-            if record is not None:
-                record.append(True)
-            raise
-        except BaseException:
-            if record is not None:
-                record.append(False)
-            raise
-        if record is not None:
-            record.append(False)
-        return result
-
-    async def call(self, *args: Any, **kwargs: Any) -> float:
-        """``await self(*args, **kwargs)``, but a timeout of the last attempt raises ``RewardTimeout``."""
-        record: list[bool] = []
-        token = _attempt_timeouts.set(record)
-        try:
-            value = await self(*args, **kwargs)
-        finally:
-            _attempt_timeouts.reset(token)
-        if record and record[-1]:
-            raise RewardTimeout(f"reward function timed out on all {len(record)} attempts")
-        return value
-
-
 class NoRewardFunctionError(RuntimeError):
     """An episode needs scoring but ``reward.reward_fn`` names no function."""
 
@@ -116,8 +78,8 @@ class Scorer:
 
     def __init__(
         self,
-        wrapper: TimeoutAwareRewardWrapper | None,
-        tokenizer: Any | None,
+        wrapper: AsyncRewardWrapper | None,
+        tokenizer: Tokenizer | None,
         on_timeout: Literal["zero", "reject"] = "zero",
         worker_id: str = "",
         *,
@@ -152,7 +114,7 @@ class Scorer:
             allowed = {config.reward_fn, *config.allowed_reward_fns}
             fn = resolve_reward_fn(config.reward_fn, allowed)
             try:
-                wrapper = TimeoutAwareRewardWrapper(
+                wrapper = AsyncRewardWrapper(
                     fn, timeout_seconds=config.timeout_seconds, max_retries=config.max_retries,
                     max_workers=config.max_workers,
                 )
@@ -208,13 +170,12 @@ class Scorer:
             await self._wrapper.aclose()
 
 
-def load_tokenizer(path: str) -> Any | None:
-    """The tokenizer at ``path`` (transformers ``AutoTokenizer``), or None for an empty path."""
+def load_tokenizer(path: str) -> Tokenizer | None:
+    """The tokenizer at ``path`` (``rollstream.dump_tokenizer.load_tokenizer``: a local model
+    directory or a hub id, without torch), or None for an empty path."""
     if not path:
         return None
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return dump_tokenizer.load_tokenizer(path)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"reward.tokenizer_path {path!r} cannot be loaded: {exc}") from None

@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 import numpy
 
+from rollstream.rewards.pool import RewardTimeout
 from rollstream.wire import (
     Episode,
     SampleRejected,
@@ -40,10 +41,6 @@ ScoreResult = ScoredEpisode | SampleRejected | TaskFailed
 
 # The trajectory tensors scoring reads.
 SCORING_KEYS = frozenset({"input_ids", "attention_mask", "loss_mask", "rewards"})
-
-
-class RewardTimeout(Exception):
-    """Every attempt of the reward function timed out."""
 
 
 class RewardScorer(Protocol):

@@ -1,5 +1,1 @@
-"""The rollout_workers tier, installed as rollstream.rollout_workers (see rollstream/_names.py)."""
-
-from rollstream._names import adopt
-
-adopt(__name__)  # imported by its pre-0.2 top-level name: warn and become rollstream.rollout_workers
+"""The rollout_workers tier, installed as rollstream.rollout_workers (the package mapping in pyproject.toml)."""

@@ -1,12 +1,8 @@
-"""`python -m rollstream.rollout_workers` runs this tier like `rollstream <tier>`."""
+"""`python -m rollstream.rollout_workers` runs this tier like `rollstream rollout-worker`."""
 
 import sys
 
-from rollstream._names import warn_if_run_by_old_name
 from rollstream.cli import main
 
-TIER = {"producers": "producer", "rollout_workers": "rollout-worker", "reward_workers": "reward-worker", "consumers": "grouping"}["rollout_workers"]
-
 if __name__ == "__main__":
-    warn_if_run_by_old_name(__spec__)  # `python -m rollout_workers`, before 0.2
-    sys.exit(main([TIER, *sys.argv[1:]]))
+    sys.exit(main(["rollout-worker", *sys.argv[1:]]))

@@ -34,7 +34,7 @@ from rollstream.normalize import TrajectoryError, episode_tensors
 from rollstream.tensors import PROMPT_VERSION, row_spans, span_range
 from rollstream.vision.images import IMAGES_KEY
 from rollstream.wire import Episode, PromptTask, SampleRejected
-from rollstream.wire.tensor_codec import encode_tensor_dict
+from rollstream.wire.torch_tensors import encode_tensor_dict
 from rollstream.rollout_workers.episode_images import episode_images
 
 MAX_REASON_CHARS = 500

@@ -41,7 +41,7 @@ from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.api.workflow import RolloutWorkflow, resolve_workflow
 from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
 from rollstream.imports import import_object
-from rollstream.reward_wrapper import close_workflow
+from rollstream.rewards.wrapper import close_workflow
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,16 @@
-"""The tokenizer trajectory dumps decode text with, loaded without torch.
+"""The tokenizer that tiers which only decode ids use, loaded without torch.
 
-``transformers`` imports torch when it is imported (about 500 MB of RSS), and the dump tier
-and the debugging tools only decode ids. :func:`load_tokenizer` therefore reads the model
-directory's ``tokenizer.json`` with the ``tokenizers`` library (what transformers' fast
-tokenizers wrap) and decodes as transformers 5 does: the backend's ``decode``, then
-transformers' clean-up of spaces before punctuation only where ``tokenizer_config.json``
-asks for it and the model is not BPE (transformers skips it for BPE). A directory without
-``tokenizer.json``, or whose ``tokenizer_config.json`` names tokens the file does not hold
-(transformers would add them), is loaded with transformers' ``AutoTokenizer`` instead, with a
-warning that this imports torch.
+``transformers`` imports torch when it is imported (about 500 MB of RSS), and the dump tier,
+the reward tier and the debugging tools only decode ids. :func:`load_tokenizer` therefore
+reads the model directory's ``tokenizer.json`` with the ``tokenizers`` library (what
+transformers' fast tokenizers wrap) and decodes as transformers 5 does: the backend's
+``decode``, then transformers' clean-up of spaces before punctuation only where
+``tokenizer_config.json`` asks for it and the model is not BPE (transformers skips it for BPE).
+A path that is not a directory is a hub id: its tokenizer files come from the Hugging Face
+cache (``HF_HOME``), downloaded there when missing (``huggingface_hub``, which ``tokenizers``
+depends on). A directory without ``tokenizer.json``, or whose ``tokenizer_config.json`` names
+tokens the file does not hold (transformers would add them), is loaded with transformers'
+``AutoTokenizer`` instead, with a warning that this imports torch.
 """
 
 from __future__ import annotations
@@ -33,21 +35,32 @@ class Tokenizer(Protocol):
 
 
 class FileTokenizer:
-    """A ``tokenizer.json`` (``tokenizers.Tokenizer``) that decodes as transformers does."""
+    """A ``tokenizer.json`` (``tokenizers.Tokenizer``) that decodes as transformers does. Its
+    attributes have the names of transformers' fast tokenizer (``backend_tokenizer``,
+    ``clean_up_tokenization_spaces``), so code that inspects one takes the other."""
 
     def __init__(self, backend: Backend, clean_up_spaces: bool = False) -> None:
-        self.backend = backend
-        self.clean_up_spaces = clean_up_spaces
+        self.backend_tokenizer = backend
+        self.clean_up_tokenization_spaces = clean_up_spaces
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        text = self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
-        return _clean_up_tokenization(text) if self.clean_up_spaces else text
+        ids = token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids)  # numpy arrays too
+        text = self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return _clean_up_tokenization(text) if self.clean_up_tokenization_spaces else text
+
+
+# What a tokenizer is made of on the hub (weights and the rest are not fetched).
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.*", "merges.txt", "*.model"]
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """The tokenizer of the local model directory ``path`` (no hub downloads); see the module
-    docstring for when transformers (and so torch) is loaded instead."""
+    """The tokenizer of the model directory ``path``, or of the hub id ``path`` (see the
+    module docstring, also for when transformers, and so torch, is loaded instead). Raises
+    ``OSError`` or ``ValueError`` when there is none."""
     directory = Path(path)
+    if not directory.is_dir():
+        directory = _hub_directory(str(path))
     tokenizer = _from_file(directory) if (directory / "tokenizer.json").is_file() else None
     if tokenizer is not None:
         return tokenizer
@@ -58,6 +71,17 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+
+
+def _hub_directory(repo_id: str) -> Path:
+    """The cached tokenizer files of the hub model ``repo_id`` (fetched when missing)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=TOKENIZER_FILES))
+    except HFValidationError:
+        raise OSError(f"{repo_id!r} is neither a directory nor a hub model id") from None
 
 
 def _from_file(directory: Path) -> FileTokenizer | None:

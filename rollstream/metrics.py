@@ -1,10 +1,22 @@
-"""Prometheus metrics every tier exports (served on ``metrics.port`` when set)."""
+"""Prometheus metrics every tier exports (served on ``metrics.port`` when set).
+
+Besides the tiers' own metrics, what workflows record in ``rollstream.stats.stats_tracker``
+(the rollout worker runs them): ``rollstream_workflow_stat{key=...}``, a summary (``_sum`` and
+``_count`` of the values recorded under a key, e.g. ``rollout/reward``; ``rate(_sum) /
+rate(_count)`` is their mean over any window), and ``rollstream_workflow_count_total{key=...}``
+for counters (``stats_tracker.increment``), both since the process started.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+from rollstream.stats import StatsTracker, stats_tracker
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +50,29 @@ PROMPT_CLAIMS = Counter(
     "after its worker was gone, mine, done, held: running on another live worker)",
     ["tier", "outcome"],
 )
+
+
+class WorkflowStats(Collector):
+    """The totals of a :class:`StatsTracker`, read at each scrape."""
+
+    def __init__(self, tracker: StatsTracker) -> None:
+        self.tracker = tracker
+
+    def collect(self) -> Iterator[Metric]:
+        sums, counts = self.tracker.totals()
+        stat = SummaryMetricFamily("rollstream_workflow_stat", "Values workflows recorded, by key", labels=["key"])
+        for key, (total, count) in sorted(sums.items()):
+            stat.add_metric([key], count_value=count, sum_value=total)
+        counter = CounterMetricFamily("rollstream_workflow_count", "Counters workflows incremented, by key",
+                                      labels=["key"])
+        for key, value in sorted(counts.items()):
+            counter.add_metric([key], value)
+        yield stat
+        yield counter
+
+
+WORKFLOW_STATS = WorkflowStats(stats_tracker)
+REGISTRY.register(WORKFLOW_STATS)
 
 
 def serve_metrics(port: int | None) -> None:

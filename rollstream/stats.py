@@ -1,4 +1,4 @@
-"""A small statistics tracker for rollout code.
+"""A small statistics tracker for rollout code (the reference's ``stats_tracker``).
 
 Keys are prefixed at record time with the episode's ``workflow_context.stat_scope()``
 ("rollout" or "eval-rollout") and then with the names of the enclosing :meth:`StatsTracker.scope`
@@ -6,7 +6,10 @@ blocks, e.g. ``rollout/reward`` or ``eval-rollout/agent/turns``. Scopes live in 
 variable, so concurrently running episodes never see each other's scope names.
 
 ``export()`` yields, per recorded key, ``<key>/mean``, ``<key>/min``, ``<key>/max`` and
-``<key>/count``; per counter, ``<key>`` with its total.
+``<key>/count``; per counter, ``<key>`` with its total. ``totals()`` gives the same keys' sums
+and counts since the tracker was made, never reset: what the rollout worker's metrics endpoint
+serves for :data:`stats_tracker` (``rollstream.metrics``: ``rollstream_workflow_stat`` and
+``rollstream_workflow_count_total``, labelled by key).
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class StatsTracker:
         self._lock = threading.Lock()
         self._summaries: dict[str, _Summary] = {}
         self._counters: dict[str, float] = {}
+        # since the start, for the metrics endpoint: ``export(reset=True)`` leaves them alone
+        self._sums: dict[str, tuple[float, int]] = {}
+        self._counts: dict[str, float] = {}
 
     @contextlib.contextmanager
     def scope(self, name: str) -> Iterator[None]:
@@ -66,15 +72,18 @@ class StatsTracker:
         for name, value in values.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 value = _as_float(name, value)
-            key = self._key(name)
+            key, value = self._key(name), float(value)
             with self._lock:
-                self._summaries.setdefault(key, _Summary()).add(float(value))
+                self._summaries.setdefault(key, _Summary()).add(value)
+                total, count = self._sums.get(key, (0.0, 0))
+                self._sums[key] = (total + value, count + 1)
 
     def increment(self, name: str, by: float = 1) -> None:
         """Add ``by`` to the counter ``name``."""
         key = self._key(name)
         with self._lock:
             self._counters[key] = self._counters.get(key, 0) + by
+            self._counts[key] = self._counts.get(key, 0) + by
 
     def export(self, reset: bool = True) -> dict[str, float]:
         """All statistics as a flat dict; with ``reset`` the tracker starts empty again."""
@@ -89,6 +98,13 @@ class StatsTracker:
                 out[f"{key}/max"] = s.max
                 out[f"{key}/count"] = float(s.count)
         return out
+
+
+    def totals(self) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
+        """``({key: (sum, count)} of recorded values, {key: total} of counters)`` since the
+        tracker was made (``export`` does not reset them)."""
+        with self._lock:
+            return dict(self._sums), dict(self._counts)
 
 
 def _as_float(name: str, value: object) -> float:

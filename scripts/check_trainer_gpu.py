@@ -38,7 +38,8 @@ def write_inputs(workdir: Path, ranks: int) -> tuple[Path, Path]:
     from rollstream.consumers.grouping import CompleteGroup
     from rollstream.tiny_model import build_tiny_model, default_corpus
     from rollstream.tools.render import message_json
-    from rollstream.wire import Episode, ScoredEpisode, encode_tensor_dict
+    from rollstream.wire import Episode, ScoredEpisode
+    from rollstream.wire.torch_tensors import encode_tensor_dict
 
     model = build_tiny_model(workdir / "model", default_corpus(), vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
     lines = []

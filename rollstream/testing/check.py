@@ -26,8 +26,9 @@ from rollstream.api.io_struct import ModelResponse
 from rollstream.api.recording import EpisodeEngine
 from rollstream.api.workflow import resolve_workflow
 from rollstream.normalize import TrajectoryError, episode_tensors
-from rollstream.reward_wrapper import close_workflow
-from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, decode_tensor_dict, encode, encode_tensor_dict
+from rollstream.rewards.wrapper import close_workflow
+from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, encode
+from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
 
 Outcome = Literal["episode", "rejected", "failed"]
 

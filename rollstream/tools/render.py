@@ -5,8 +5,8 @@ sorted, tensors either ``{"dtype", "shape", "values"}`` (``tensors="full"``, nes
 ``{"dtype", "shape", "sha1"}`` (``tensors="summary"``: a digest of the raw little-endian bytes,
 enough to tell two tensors apart without printing them). Bytes (dead-letter keys and values)
 are base64 strings. NaN and infinities become ``null``. A batch shows its tensors under
-``tensors`` whichever form it carries them in; ``packed`` shows only its layout (keys, dtypes,
-shapes, byte count), so old- and new-form batches of the same rows render the same tensors.
+``tensors``, as an episode does; ``packed`` shows only its layout (keys, dtypes, shapes, byte
+count).
 """
 
 from __future__ import annotations
@@ -28,10 +28,8 @@ from rollstream.wire import (
     PackedTensors,
     TaskFailed,
     WireTensor,
-    batch_tensors,
-    decode_tensor,
-    encode_tensor_dict,
 )
+from rollstream.wire.torch_tensors import batch_tensors, decode_tensor, encode_tensor_dict
 
 TensorMode = Literal["full", "summary"]
 TEXT_PREVIEW_CHARS = 300
@@ -102,12 +100,11 @@ def _batch_summary(batch: Batch) -> str:
     mean = f"{float(rewards.float().mean()):.4g}" if rewards is not None and rewards.numel() else "-"
     shape = list(tensors["input_ids"].shape) if "input_ids" in tensors else []
     tasks = ",".join(batch.task_ids[:4]) + ("..." if len(batch.task_ids) > 4 else "")
-    # per-group counts, summed: written since the grouping tier counts them (else absent)
-    counts = f" rejected={sum(batch.rejected)} failed={sum(batch.failed)}" if batch.rejected or batch.failed else ""
     return (
         f"tasks={tasks} groups={len(batch.task_ids)} shape={shape} "
         f"{_versions(batch.head_version, batch.tail_version)} trainer={batch.trainer_version} "
-        f"staleness={batch.staleness} reward_mean={mean}{counts}{' eval' if batch.is_eval else ''}"
+        f"staleness={batch.staleness} reward_mean={mean} rejected={sum(batch.rejected)} "
+        f"failed={sum(batch.failed)}{' eval' if batch.is_eval else ''}"
     )
 
 

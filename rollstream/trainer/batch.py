@@ -23,7 +23,8 @@ from torch import Tensor
 from rollstream.tensors import align_keys, concat_padded_tensors, version_span
 from rollstream.config import RollstreamConfig
 from rollstream.vision.inputs import VisionInputs, build_vision_inputs
-from rollstream.wire import Batch, batch_tensors
+from rollstream.wire import Batch
+from rollstream.wire.torch_tensors import batch_tensors
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def split_groups(batch: Batch) -> list[GroupRows]:
         groups.append(GroupRows(
             task_id, batch.group_sizes[index], batch.is_eval, batch.trainer_version,
             group_tensors, [batch.sample_idx[r] for r in rows],
-            rejected=_per_group(batch.rejected, index), failed=_per_group(batch.failed, index),
+            rejected=batch.rejected[index], failed=batch.failed[index],
             images=list(batch.group_images[index]) if batch.group_images else [],
             row_images=[list(batch.row_images[r]) for r in rows] if batch.row_images else [],
             trainer_version_known=batch.trainer_version_known,
@@ -151,10 +152,6 @@ def _rows_of(tensors: dict[str, Tensor], rows: list[int]) -> dict[str, Tensor]:
         return {k: v[start:stop] if v.dim() else v for k, v in tensors.items()}
     picked = torch.tensor(rows, dtype=torch.long)
     return {k: v.index_select(0, picked) if v.dim() else v for k, v in tensors.items()}
-
-
-def _per_group(counts: list[int], index: int) -> int:
-    return counts[index] if index < len(counts) else 0  # batches written before the counts: 0
 
 
 def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: Any = None) -> TrainingBatch:

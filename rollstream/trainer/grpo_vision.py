@@ -1,7 +1,7 @@
 """The example trainer's GRPO step for a vision-language model: the same math as
 ``rollstream.trainer.grpo.policy_update``, with the images each row showed in the forward pass.
 
-    batches = BatchConsumer(config)                  # trainer.processor_path: the VLM's directory
+    batches = BatchStream(config)                    # trainer.processor_path: the VLM's directory
     batch = await batches.next_batch()
     advantages = group_advantages(batch.tensors["rewards"], batch.row_task)
     vision_policy_update(model, optimizer, batch.tensors, batch.vision, advantages, temperature=T)

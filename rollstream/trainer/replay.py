@@ -39,8 +39,8 @@ from rollstream.trainer.batch import GroupRows, split_groups
 from rollstream.trainer.kafka_source import ledger_path
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
 from rollstream.trainer.steps import Step
-from rollstream.wire import Batch, GroupDropped, decode_batch, encode, encode_tensor_dict
-from rollstream.wire.tensor_codec import DTYPES
+from rollstream.wire import Batch, GroupDropped, decode_batch, encode
+from rollstream.wire.torch_tensors import DTYPES, pack_tensor_dict
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +172,7 @@ def batch_from_json(message: dict[str, Any]) -> Batch | GroupDropped:
         values = torch.tensor(_no_nulls(spec["values"]), dtype=DTYPES[spec["dtype"]])
         tensors[key] = values.reshape(spec["shape"])
     fields = {k: v for k, v in message.items() if k not in ("tensors", "packed")}
-    batch = msgspec.convert({**fields, "tensors": {}}, Batch)
-    # The tensors go back inline (the form before packing); readers take either form.
-    return msgspec.structs.replace(batch, tensors=encode_tensor_dict(tensors), packed=None)
+    return msgspec.convert({**fields, "packed": pack_tensor_dict(tensors)}, Batch)
 
 
 def _no_nulls(values: Any) -> Any:

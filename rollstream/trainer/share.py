@@ -13,7 +13,8 @@ from typing import Literal
 import msgspec
 
 from rollstream.trainer.batch import GroupRows
-from rollstream.wire import WireTensor, decode_tensor_dict, encode_tensor_dict
+from rollstream.wire import WireTensor
+from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
 
 SHARE_SCHEMA_VERSION = 1
 

@@ -1,13 +1,12 @@
 """Wire schemas and codecs for every topic.
 
-Importing this package does not import torch: messages, decoders and the numpy tensor
-functions (``decode_array``, ``batch_arrays``, ``pack_arrays``...) are plain numpy. The torch
-functions (``decode_tensor_dict``, ``batch_tensors``, ``pack_tensor_dict``...) live in
-``rollstream.wire.torch_tensors`` and are importable from here as before; torch is imported
-when one of them is first asked for.
+This package is numpy only: messages, decoders and the numpy tensor functions
+(``decode_array``, ``batch_arrays``, ``pack_arrays``...). The torch face of the wire
+(``decode_tensor_dict``, ``batch_tensors``, ``pack_tensor_dict``...) is
+:mod:`rollstream.wire.torch_tensors`, imported by name where a model runs. The modules import
+each other in one direction: ``dtypes`` <- ``tensor_codec`` <- ``packed`` <- ``messages`` <-
+``codec`` <- ``torch_tensors``.
 """
-
-from typing import Any
 
 from rollstream.wire.codec import (
     WireDecodeError,
@@ -50,18 +49,6 @@ from rollstream.wire.tensor_codec import (
     encode_arrays,
 )
 
-# the torch face of the wire (rollstream.wire.torch_tensors), imported on first use
-_TORCH_NAMES = (
-    "allocate_packed",
-    "batch_tensors",
-    "decode_tensor",
-    "decode_tensor_dict",
-    "encode_tensor",
-    "encode_tensor_dict",
-    "pack_tensor_dict",
-    "unpack_tensor_dict",
-)
-
 __all__ = [
     "SCHEMA_VERSION",
     "ArrayArena",
@@ -95,13 +82,5 @@ __all__ = [
     "encode_arrays",
     "pack_arrays",
     "unpack_arrays",
-    *_TORCH_NAMES,
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _TORCH_NAMES:
-        from rollstream.wire import torch_tensors
-
-        return getattr(torch_tensors, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,7 +5,7 @@ inconsistent tensors, out-of-range fields), raises ``WireDecodeError`` with a re
 a dead letter can carry. No other exception type escapes ``decode_*``.
 
 Numpy only (no torch): :func:`batch_arrays` gives a batch's tensors as arrays;
-``batch_tensors`` (``rollstream.wire.torch_tensors``) as torch tensors.
+``rollstream.wire.torch_tensors.batch_tensors`` as torch tensors.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import msgspec
 import numpy
 
 from rollstream.wire.messages import (
+    FIRST_VERSION,
+    OLDEST_READABLE,
     SCHEMA_VERSION,
     Batch,
     BatchesMessage,
@@ -30,13 +32,7 @@ from rollstream.wire.messages import (
 )
 from rollstream.vision.images import image_digest
 from rollstream.wire.packed import check_packed, unpack_arrays
-from rollstream.wire.tensor_codec import (
-    TensorDecodeError,
-    WireTensor,
-    check_tensor,
-    decode_array,
-    decode_arrays,
-)
+from rollstream.wire.tensor_codec import TensorDecodeError, WireTensor, check_tensor, decode_array
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
@@ -91,9 +87,11 @@ def _decode(kind: Any, data: bytes | memoryview | None) -> Any:
 
 def _check_schema_version(message: Any) -> None:
     version = message.schema_version
-    if not 1 <= version <= SCHEMA_VERSION:
+    oldest = OLDEST_READABLE.get(type(message), FIRST_VERSION)
+    if not oldest <= version <= SCHEMA_VERSION:
         raise WireDecodeError(
-            f"unsupported schema_version {version} (this reader knows 1..{SCHEMA_VERSION})"
+            f"unsupported schema_version {version} of a {type(message).__name__} "
+            f"(this reader knows {oldest}..{SCHEMA_VERSION})"
         )
 
 
@@ -173,19 +171,10 @@ def decode_scored(data: bytes | memoryview | None) -> ScoredMessage:
     return message
 
 
-def _check_one_form(batch: Batch) -> None:
-    if batch.tensors and batch.packed is not None:
-        raise WireDecodeError("batch carries both tensors and packed tensors; a writer sets one")
-
-
 def _check_batch_tensors(batch: Batch) -> None:
-    """Validation only (``batch_tensors`` builds the tensors): one form, consistent tensors."""
-    _check_one_form(batch)
+    """Validation only (``batch_arrays`` builds the arrays): consistent packed tensors, images."""
     try:
-        for wire in batch.tensors.values():
-            check_tensor(wire)
-        if batch.packed is not None:
-            check_packed(batch.packed)
+        check_packed(batch.packed)
     except TensorDecodeError as exc:
         raise WireDecodeError(str(exc)) from None
     if batch.group_images or batch.row_images:
@@ -212,19 +201,11 @@ def decode_batch(data: bytes | memoryview | None) -> BatchesMessage:
 
 
 def batch_arrays(batch: Batch) -> dict[str, numpy.ndarray]:
-    """A batch's tensors as numpy arrays (bfloat16: ``uint16`` words), whichever form it
-    carries them in: ``packed`` (written since schema version 2) or ``tensors`` (before).
-    Views of the message buffer: read-only.
-
-    The one way to read them (``batch_tensors`` wraps these as torch tensors); raises
-    ``WireDecodeError`` when both forms are set or the tensors are inconsistent
-    (``decode_batch`` has already checked both for decoded batches).
-    """
-    _check_one_form(batch)
+    """A batch's tensors as numpy arrays (bfloat16: ``uint16`` words): views of the message
+    buffer, read-only. Raises ``WireDecodeError`` when they are inconsistent (``decode_batch``
+    has already checked that for decoded batches)."""
     try:
-        if batch.packed is not None:
-            return unpack_arrays(batch.packed)
-        return decode_arrays(batch.tensors)
+        return unpack_arrays(batch.packed)
     except TensorDecodeError as exc:
         raise WireDecodeError(str(exc)) from None
 

@@ -1,29 +1,31 @@
 """Every message that crosses a process boundary, one tagged union per topic.
 
 Evolution rules (review checklist): a new field gets a default and goes at the end; never
-reorder or retype a field; bump ``SCHEMA_VERSION`` only for a change old readers cannot
-ignore. A reader refuses messages whose ``schema_version`` is newer than its own
-``SCHEMA_VERSION``. A kind writes the version of its own last such change, so a bump for one
-kind does not make old readers of the other topics (or of the compacted changelog and cursor
-topics, which a rolled-back tier must still read) refuse messages they could read.
+reorder or retype a field; bump a kind's version for a change its old readers cannot ignore.
+A reader refuses messages whose ``schema_version`` is newer than its own ``SCHEMA_VERSION``,
+and those older than the oldest it reads of their kind (:data:`OLDEST_READABLE`). A kind
+writes the version of its own last such change, so a bump for one kind does not make old
+readers of the other topics (or of the compacted changelog and cursor topics, which a
+rolled-back tier must still read) refuse messages they could read.
 
 History:
 
 - 1: every kind.
 - 2: ``Batch`` carries its tensors in ``packed`` (one buffer, see ``rollstream.wire.packed``)
-  and writes ``tensors={}``; a version-1 reader would see a batch without tensors, so batches
-  are written as version 2 and such readers refuse them. Readers take a batch's tensors only
-  through ``batch_tensors``, which accepts both forms. Every other kind still writes 1.
+  instead of one ``WireTensor`` each in ``tensors``.
+- 3: ``Batch`` has no ``tensors`` field; ``packed``, ``rejected`` and ``failed`` (per group:
+  samples the workflow rejected / samples that failed) are required, one count per group.
+  Readers refuse batches of versions 1 and 2, and older readers refuse version 3. Every
+  other kind still writes 1.
 
-Added later without a version bump: the fields ``Batch.rejected`` / ``Batch.failed`` (per
-group: samples the workflow rejected / samples that failed; empty in batches written before)
-and ``ScoredEpisode.reward_source``, with defaults (old readers ignore them, new readers of old
-messages get the default); the drop reason ``all_failed``, which a reader older than it
-refuses like any undecodable record (upgrade readers before writers, docs/DEPLOYMENT.md).
-Also without a bump, for vision (docs/ARCHITECTURE.md, "Images travel once"):
-``Episode.row_images`` / ``Episode.images`` and ``Batch.group_images`` / ``Batch.row_images``,
-empty for text. A reader older than them would drop a batch's images, so upgrade trainers
-before the grouping tier when a trial has images.
+Added later without a version bump: ``ScoredEpisode.reward_source`` with a default (old
+readers ignore it, new readers of old messages get the default); the drop reasons
+``all_failed`` and ``dead_lettered``, which a reader older than them refuses like any
+undecodable record (upgrade readers before writers, docs/DEPLOYMENT.md). Also without a bump,
+for vision (docs/ARCHITECTURE.md, "Images travel once"): ``Episode.row_images`` /
+``Episode.images`` and ``Batch.group_images`` / ``Batch.row_images``, empty for text. A reader
+older than them would drop a batch's images, so upgrade trainers before the grouping tier
+when a trial has images.
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ TaskId = Annotated[str, msgspec.Meta(min_length=1)]
 GroupSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP_SIZE)]
 SampleIdx = Annotated[int, msgspec.Meta(ge=0, lt=MAX_GROUP_SIZE)]
 
-SCHEMA_VERSION = 2  # the newest version this reader understands (any kind)
+SCHEMA_VERSION = 3  # the newest version this reader understands (any kind)
 FIRST_VERSION = 1
-PACKED_BATCH_VERSION = 2
+BATCH_VERSION = 3
 
 DropReason = Literal[
     "all_rejected",  # every sample of the group was rejected by the workflow (returned None)
@@ -150,41 +152,52 @@ class ScoredEpisode(_Message, tag="scored"):
 
 
 class Batch(_Message, tag="batch", kw_only=True):
-    """One or more complete groups, padded to one ``[N, L]`` tensor dict.
+    """One or more complete groups, padded to one ``[N, L]`` tensor dict in ``packed``.
 
     ``row_task`` maps each row to its index in ``task_ids``. ``trainer_version`` is the
     trainer's version at emission as the grouping tier knew it, never older than
     ``tail_version``; ``trainer_version_known`` False says it is not what Redis answered at
     emission (Redis failed or lagged: the last version seen, or the tail's); ``staleness =
-    trainer_version - head_version``.
-    The tensors are in ``packed`` (written since schema version 2, with ``tensors={}``) or,
-    in batches written before, in ``tensors``; read them with ``batch_tensors``.
+    trainer_version - head_version``. Read the tensors with ``batch_arrays`` (numpy) or
+    ``batch_tensors`` (torch).
     ``rejected[i]`` / ``failed[i]``: how many samples of group ``i`` the workflow rejected /
     failed; its accepted samples (those with rows) number ``group_sizes[i] - rejected[i] -
-    failed[i]``. Empty lists in batches written before these fields existed.
-    Vision (empty for text): ``group_images[i]`` holds the distinct encoded images of group
-    ``i``, once each; ``row_images[r]`` indexes the images row ``r`` shows (in its group's
-    list, in the order of the row's image slots).
+    failed[i]``. Vision (empty for text): ``group_images[i]`` holds the distinct encoded
+    images of group ``i``, once each; ``row_images[r]`` indexes the images row ``r`` shows (in
+    its group's list, in the order of the row's image slots).
     """
 
-    schema_version: int = PACKED_BATCH_VERSION
+    schema_version: int = BATCH_VERSION
     task_ids: list[str]
     group_sizes: list[int]
     row_task: list[int]
     sample_idx: list[int]
-    tensors: dict[str, WireTensor]
     is_eval: bool = False
     trainer_version: int = 0
     head_version: int = -1
     tail_version: int = -1
     staleness: int = 0
     emitted_at: float = 0.0
-    packed: PackedTensors | None = None
-    rejected: list[int] = []
-    failed: list[int] = []
+    packed: PackedTensors
+    rejected: list[int]
+    failed: list[int]
     group_images: list[list[bytes]] = []
     row_images: list[list[int]] = []
     trainer_version_known: bool = True
+
+    def __post_init__(self) -> None:
+        groups = len(self.task_ids)
+        if not groups == len(self.group_sizes) == len(self.rejected) == len(self.failed):
+            raise ValueError(
+                f"batch of {groups} groups has {len(self.group_sizes)} group sizes, "
+                f"{len(self.rejected)} rejected and {len(self.failed)} failed counts"
+            )
+        if len(self.row_task) != len(self.sample_idx):
+            raise ValueError(f"batch has {len(self.row_task)} row_task and {len(self.sample_idx)} sample_idx entries")
+
+
+# The oldest version of a kind this reader reads (a kind not named: FIRST_VERSION).
+OLDEST_READABLE: dict[type, int] = {Batch: BATCH_VERSION}
 
 
 class GroupDropped(_Message, tag="dropped"):

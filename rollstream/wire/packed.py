@@ -19,8 +19,7 @@ Writers: :func:`allocate_arrays` hands out writable arrays that already lie in t
 copy); any other dict is copied into a new arena first. Readers: :func:`unpack_arrays` returns
 views of ``data`` (treat them as read-only), after :func:`check_packed`. The torch versions
 (``allocate_packed``, ``pack_tensor_dict``, ``unpack_tensor_dict``) are in
-``rollstream.wire.torch_tensors``; this module still answers those names, importing torch
-only when one is asked for.
+:mod:`rollstream.wire.torch_tensors`.
 """
 
 from __future__ import annotations
@@ -72,7 +71,7 @@ def check_packed(packed: PackedTensors) -> tuple[list[int], list[int]]:
         itemsize = ITEMSIZES.get(name)
         if itemsize is None:
             raise TensorDecodeError(f"packed tensor {key!r} has unknown dtype {name!r}")
-        count = check_shape(shape, f"packed tensor {key!r}")
+        count = check_shape(shape, key)
         offset = -(-end // itemsize) * itemsize  # _aligned, inlined: this runs per decoded batch
         offsets.append(offset)
         counts.append(count)
@@ -221,14 +220,3 @@ def pack_arrays(arrays: dict[str, numpy.ndarray]) -> PackedTensors:
     _check_arrays(arrays)
     return pack_copy(_array_specs(arrays), [array_bytes(value) for value in arrays.values()])
 
-
-_TORCH_NAMES = ("TensorSpec", "allocate_packed", "pack_tensor_dict", "unpack_tensor_dict")
-
-
-def __getattr__(name: str) -> Any:
-    """The torch-side names, from ``rollstream.wire.torch_tensors`` (imports torch)."""
-    if name in _TORCH_NAMES:
-        from rollstream.wire import torch_tensors
-
-        return getattr(torch_tensors, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,18 +4,15 @@ This module is numpy only: the tiers that run no model (producer, grouping, dump
 import torch. Encoding hands msgspec a view of the array's memory, so the only copy is into
 the message buffer. Decoding returns arrays that share the message's buffer: treat them as
 read-only (copy before writing in place). bfloat16 arrays are ``uint16`` words
-(:mod:`rollstream.wire.dtypes`).
-
-Torch users call the same functions with tensors through ``rollstream.wire.torch_tensors``
-(``encode_tensor``, ``decode_tensor``, ``encode_tensor_dict``, ``decode_tensor_dict``,
-``DTYPES``); this module still answers those names, importing torch only when one is asked for.
+(:mod:`rollstream.wire.dtypes`). The torch versions of these functions are in
+:mod:`rollstream.wire.torch_tensors`.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 import numpy
@@ -46,16 +43,23 @@ class WireTensor(msgspec.Struct, array_like=True, frozen=True):
     data: memoryview
 
 
-def check_shape(shape: list[int], what: str = "tensor") -> int:
+def check_shape(shape: list[int], key: str | None = None) -> int:
     """The element count of ``shape``; ``TensorDecodeError`` unless every dimension is in
     0..MAX_TENSOR_DIM, there are at most MAX_TENSOR_DIMS of them, and the product of the
     non-zero ones is at most MAX_TENSOR_ELEMENTS (so an empty tensor cannot declare a shape
-    like ``[0, 2**63]`` that breaks whatever computes with it later)."""
+    like ``[0, 2**63]`` that breaks whatever computes with it later). ``key`` names the
+    tensor of a packed dict in the error."""
+    count = math.prod(shape)
+    # the common case in one test (this runs per tensor of every decoded message): dimensions
+    # all >= 1 whose product is in range are each in range too
+    if 0 < count <= MAX_TENSOR_ELEMENTS and len(shape) <= MAX_TENSOR_DIMS and (not shape or min(shape) > 0):
+        return count
+    what = "tensor" if key is None else f"packed tensor {key!r}"
     if len(shape) > MAX_TENSOR_DIMS or any(not 0 <= d <= MAX_TENSOR_DIM for d in shape):
         raise TensorDecodeError(f"{what} has invalid shape {shape}")
     if math.prod(d for d in shape if d) > MAX_TENSOR_ELEMENTS:
         raise TensorDecodeError(f"{what} shape {shape} declares more than {MAX_TENSOR_ELEMENTS} elements")
-    return math.prod(shape)
+    return count
 
 
 def check_tensor(wire: WireTensor) -> numpy.dtype:
@@ -111,15 +115,3 @@ def encode_arrays(arrays: dict[str, numpy.ndarray]) -> dict[str, WireTensor]:
 def decode_arrays(wire: dict[str, WireTensor]) -> dict[str, numpy.ndarray]:
     return {key: decode_array(value) for key, value in wire.items()}
 
-
-_TORCH_NAMES = ("DTYPES", "DTYPE_NAMES", "decode_tensor", "decode_tensor_dict", "encode_tensor",
-                "encode_tensor_dict", "raw_bytes")
-
-
-def __getattr__(name: str) -> Any:
-    """The torch-side names, from ``rollstream.wire.torch_tensors`` (imports torch)."""
-    if name in _TORCH_NAMES:
-        from rollstream.wire import torch_tensors
-
-        return getattr(torch_tensors, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -117,10 +117,9 @@ def unpack_tensor_dict(packed: PackedTensors) -> dict[str, torch.Tensor]:
 
 
 def batch_tensors(batch: Batch) -> dict[str, torch.Tensor]:
-    """A batch's tensors, whichever form it carries them in (``rollstream.wire.codec.batch_arrays``:
-    packed since schema version 2, or one ``WireTensor`` each before). Views of the message
-    buffer: read-only. The one way to read them; raises ``WireDecodeError`` when both forms are
-    set or the tensors are inconsistent (``decode_batch`` has already checked both)."""
+    """A batch's tensors (:func:`rollstream.wire.codec.batch_arrays` as torch tensors): views of
+    the message buffer, read-only. Raises ``WireDecodeError`` when they are inconsistent
+    (``decode_batch`` has already checked that for decoded batches)."""
     return {key: as_tensor(array) for key, array in batch_arrays(batch).items()}
 
 

@@ -13,7 +13,7 @@ from torch import Tensor
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.api.workflow import RolloutWorkflow
-from rollstream.reward_wrapper import AsyncRewardWrapper
+from rollstream.rewards.wrapper import AsyncRewardWrapper
 from rollstream.stats import stats_tracker
 from rollstream.tensors import trajectory_row
 

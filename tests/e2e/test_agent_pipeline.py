@@ -1,7 +1,7 @@
 """The example agent through the whole pipeline, as separate processes on the real broker and Redis.
 
 producer -> rollout worker (HFEngine; the calculator agent on the worker's agent endpoint)
--> reward worker -> grouping consumer -> BatchConsumer (this test plays the trainer: it acks
+-> reward worker -> grouping consumer -> BatchStream (this test plays the trainer: it acks
 each step and publishes a new weight version, so agents' conversations span weight updates).
 22 prompts x 4 samples; the data makes some agents raise or hang (tests/e2e/agent_faults.py).
 Asserts: every admitted prompt is accounted for exactly once (an emitted group, or a drop
@@ -24,8 +24,7 @@ import pytest
 import torch
 import yaml
 
-from rollstream.consumers.batch_consumer import BatchConsumer, VersionPublisher
-from rollstream.consumers.training_batch import TrainingBatch
+from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, StalenessBudget, connect
@@ -112,7 +111,7 @@ async def test_agent_pipeline_end_to_end(
     tiers = {n: Tier(n, config_path, tmp_path) for n in ("grouping", "reward-worker", "rollout-worker", "producer")}
     batches: list[TrainingBatch] = []
     try:
-        async with BatchConsumer(config) as consumer, VersionPublisher(config) as publisher:
+        async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
             deadline = time.monotonic() + 240
             # Until every group ended: the steps' batches, and the drops (a hang ends late).
             while (len(batches) < STEPS or sum(consumer.drops_by_reason.values()) < len(DROPPED)) \

@@ -1,7 +1,7 @@
 """The whole pipeline as separate processes on the real broker and Redis.
 
 producer -> rollout worker (HFEngine, tiny model built offline) -> reward worker -> grouping
-consumer -> BatchConsumer (this test plays the trainer: it acks each step and publishes a new
+consumer -> BatchStream (this test plays the trainer: it acks each step and publishes a new
 weight version, so the rollout worker reloads weights mid-run). One rollout worker is stopped
 with SIGTERM mid-run and replaced. Asserts: every admitted prompt is accounted for exactly
 once (emitted group or counted drop), shapes/dtypes/masks, logprobs of generated tokens match
@@ -27,8 +27,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from rollstream.consumers.batch_consumer import BatchConsumer, VersionPublisher
-from rollstream.consumers.training_batch import TrainingBatch
+from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
@@ -202,7 +201,7 @@ async def test_pipeline_end_to_end(
     tiers = {n: Tier(n, config_path, tmp_path) for n in ("grouping", "reward-worker", "rollout-worker", "producer")}
     batches: list[TrainingBatch] = []
     try:
-        async with BatchConsumer(config) as consumer, VersionPublisher(config) as publisher:
+        async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
             deadline = time.monotonic() + 300
             while len(batches) * STEP_GROUPS < PROMPTS and time.monotonic() < deadline:
                 batch = await consumer.next_batch(timeout=10)

@@ -1,7 +1,7 @@
 """Vision RL end to end: the tiers as processes on the real broker and Redis, the tiny VLM.
 
 producer -> rollout worker (HFEngine, tiny Qwen2-VL built offline, VisionRLVRWorkflow) ->
-reward worker -> grouping consumer -> BatchConsumer with the VLM's image processor (this test
+reward worker -> grouping consumer -> BatchStream with the VLM's image processor (this test
 plays the trainer). 12 prompts x 4 samples with one or two images each; kafka.max_message_bytes
 is 256 KiB, which holds each group's images once but not once per row (the two-image prompts
 would need ~4 x 140 KB in a batch), and one more row's image is larger than the limit on its own.
@@ -25,8 +25,7 @@ import pytest
 import torch
 import yaml
 
-from rollstream.consumers.batch_consumer import BatchConsumer
-from rollstream.consumers.training_batch import TrainingBatch
+from rollstream.trainer import BatchStream, TrainingBatch
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.vision.forward import trajectory_logits
@@ -89,7 +88,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
 
 async def _train_side(config: RollstreamConfig, tiers: dict[str, Tier]) -> list[TrainingBatch]:
     batches: list[TrainingBatch] = []
-    async with BatchConsumer(config) as consumer:
+    async with BatchStream(config, ledger=False) as consumer:
         deadline = time.monotonic() + 300
         while len(batches) * STEP_GROUPS < PROMPTS and time.monotonic() < deadline:
             batch = await consumer.next_batch(timeout=10)

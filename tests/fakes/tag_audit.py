@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from rollstream.wire import Episode, decode_tensor_dict
+from rollstream.wire import Episode
+from rollstream.wire.torch_tensors import decode_tensor_dict
 from tests.fakes.sglang_server import INITIAL_VERSION, FakeSGLangServer
 
 

@@ -7,7 +7,7 @@ generation; rollstream fences by transactional id per input partition (docs/GUAR
 "Fencing"). This test runs two instances of every transactional tier (producers with their own
 ids, reward workers, grouping instances), pauses instances past the session timeout several
 times while the pipeline runs, SIGKILLs others, and checks from the topics (read_committed)
-that every admitted prompt ended exactly once, and from a real ``BatchConsumer`` trainer that it
+that every admitted prompt ended exactly once, and from a real ``BatchStream`` trainer that it
 trained on no group twice.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.consumers.batch_consumer import BatchConsumer
+from rollstream.trainer import BatchStream
 from rollstream.config import config_from_dict
 from tests.faults.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
@@ -39,7 +39,7 @@ class Trainer:
 
     def __init__(self, tree: dict, name: str) -> None:
         config = config_from_dict({**tree, "trainer": {"batch_size": 4, "group_id": f"{name}-trainer"}})
-        self.consumer = BatchConsumer(config, client_id="fault-trainer")
+        self.consumer = BatchStream(config, ledger=False, client_id="fault-trainer")
         self.trained: Counter[str] = Counter()
         self.steps = 0
         self._task: asyncio.Task[None] | None = None

@@ -22,7 +22,8 @@ from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.wire import Episode, SampleRejected, ScoredEpisode, decode_scored, encode, encode_tensor_dict
+from rollstream.wire import Episode, SampleRejected, ScoredEpisode, decode_scored, encode
+from rollstream.wire.torch_tensors import encode_tensor_dict
 from tests.faults.ledger import read_topic
 from tests.helpers import make_config
 

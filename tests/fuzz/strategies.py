@@ -21,10 +21,9 @@ from rollstream.wire import (
     ScoredEpisode,
     TaskFailed,
     encode,
-    encode_tensor_dict,
-    pack_tensor_dict,
 )
 from rollstream.wire.tensor_codec import WireTensor
+from rollstream.wire.torch_tensors import encode_tensor_dict, pack_tensor_dict
 
 # Fixed budget: derandomized (same examples every run), no example database, no deadline
 # (2 shared cores in CI make timings meaningless).
@@ -55,8 +54,8 @@ def episode(task_id: str = "t-1", sample_idx: int = 0, group_size: int = 2, **kw
 def valid_messages() -> dict[str, bytes]:
     """One valid encoding per message kind, keyed by the decoder that reads it."""
     ep = episode()
-    batch = Batch(task_ids=["t-1"], group_sizes=[1], row_task=[0], sample_idx=[0],
-                  tensors={}, packed=pack_tensor_dict(trajectory()))
+    batch = Batch(task_ids=["t-1"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[0], failed=[0],
+                  packed=pack_tensor_dict(trajectory()))
     return {
         "prompt": encode(PromptTask(task_id="t-1", group_size=2, data={"prompt": "p"})),
         "episode": encode(ep),

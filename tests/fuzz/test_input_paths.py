@@ -46,8 +46,9 @@ from rollstream.wire import (
     decode_prompt,
     decode_scored,
     encode,
-    encode_tensor_dict,
 )
+from rollstream.wire.messages import SCHEMA_VERSION
+from rollstream.wire.torch_tensors import encode_tensor_dict
 from tests.faults.ledger import read_topic
 from tests.fuzz.strategies import BUDGET, as_dict, broken_bytes, episode, float_tensor, raw, trajectory, valid_messages
 from tests.helpers import make_config
@@ -215,7 +216,7 @@ def episode_cases() -> list[Case]:
 
     return [
         ("e-truncated", valid[: len(valid) // 2], "undecodable"),
-        ("e-version", raw(fields | {"schema_version": 3}), "unsupported schema_version 3"),
+        ("e-version", raw(fields | {"schema_version": SCHEMA_VERSION + 1}), f"unsupported schema_version {SCHEMA_VERSION + 1}"),
         ("e-kind", valid_messages()["prompt"], "schema validation failed"),
         ("e-negative-group", raw(fields | {"group_size": -1}), "Expected `int` >= 1 - at `$.group_size`"),
         ("e-huge-group", raw(fields | {"group_size": 2**40}), "<= 1024 - at `$.group_size`"),

@@ -39,14 +39,11 @@ from rollstream.wire import (
     GroupDropped,
     SampleRejected,
     ScoredEpisode,
-    batch_tensors,
     decode_dead_letter,
     decode_scored,
-    decode_tensor,
     encode,
-    encode_tensor_dict,
-    pack_tensor_dict,
 )
+from rollstream.wire.torch_tensors import batch_tensors, decode_tensor, encode_tensor_dict, pack_tensor_dict
 from tests.helpers import make_config
 from tests.unit.fakes import make_tokenizer
 from tests.unit.test_dump_record import multi_turn, scored, single_turn
@@ -446,13 +443,12 @@ def episode_of(tensors: dict[str, Any], task_id: str, sample_idx: int) -> Episod
     return msgspec.structs.replace(base, data={"answer": "four"})
 
 
-async def test_replayed_batches_read_by_batch_consumer_bit_for_bit(config: RollstreamConfig, unique_name: str) -> None:
-    from rollstream.consumers.batch_consumer import BatchConsumer
+async def test_replayed_batches_read_by_a_trainer_bit_for_bit(config: RollstreamConfig, unique_name: str) -> None:
+    from rollstream.trainer import BatchStream
 
     records = [
         recorded_batch(["b1", "b2"], [single_turn("hello", "world <eos>", [3, 4], 1.0), multi_turn()] * 2),
-        recorded_batch(["b3"], [single_turn("what is two", "four", [4], 0.5), single_turn("two", "five five", [2, 4], 0.0)],
-                       packed=False),  # a batch written before packing (schema 1) still replays and reads
+        recorded_batch(["b3"], [single_turn("what is two", "four", [4], 0.5), single_turn("two", "five five", [2, 4], 0.0)]),
     ]
     dropped = GroupDropped(task_id="b4", reason="stale", trainer_version=6)
     values = [(b.task_ids[0].encode(), encode(b)) for b in records] + [(b"b4", encode(dropped))]
@@ -463,7 +459,7 @@ async def test_replayed_batches_read_by_batch_consumer_bit_for_bit(config: Rolls
         {"trainer": {"batch_size": 1, "group_id": f"{unique_name}-trainer"}},
     )
     expected = {task: rows for batch in records for task, rows in groups_of(batch).items()}
-    async with BatchConsumer(trainer) as consumer:
+    async with BatchStream(trainer, ledger=False) as consumer:
         seen: dict[str, dict[str, torch.Tensor]] = {}
         for _ in range(len(expected)):
             batch = await consumer.next_batch(timeout=WAIT_S)
@@ -481,17 +477,15 @@ async def test_replayed_batches_read_by_batch_consumer_bit_for_bit(config: Rolls
             assert got.contiguous().view(torch.uint8).numpy().tobytes() == original.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def recorded_batch(task_ids: list[str], rows: list[dict[str, torch.Tensor]], packed: bool = True) -> Batch:
+def recorded_batch(task_ids: list[str], rows: list[dict[str, torch.Tensor]]) -> Batch:
     """A ``Batch`` whose rows are split evenly over ``task_ids`` (in order), its tensors packed
-    as the grouping tier writes them, or (``packed=False``) in the schema-1 form."""
+    as the grouping tier writes them."""
     per = len(rows) // len(task_ids)
-    tensors = concat_padded_tensors(rows)
-    form = {"tensors": {}, "packed": pack_tensor_dict(tensors)} if packed else {
-        "tensors": encode_tensor_dict(tensors), "schema_version": 1}
     return Batch(
         task_ids=task_ids, group_sizes=[per] * len(task_ids), row_task=[r // per for r in range(len(rows))],
         sample_idx=[r % per for r in range(len(rows))], trainer_version=5, head_version=2, tail_version=5,
-        staleness=3, **form,
+        staleness=3, rejected=[0] * len(task_ids), failed=[0] * len(task_ids),
+        packed=pack_tensor_dict(concat_padded_tensors(rows)),
     )
 
 

@@ -1,5 +1,5 @@
 """``pip install .`` into a fresh virtual environment puts one package in site-packages:
-``rollstream`` (the tiers inside it), and the old top-level names still import, with a warning.
+``rollstream`` (the tiers inside it), and nothing else: no ``.pth``, no top-level tier names.
 
 The wheel is built from this checkout and installed without dependencies (no network needed):
 what is checked is what the package installs, and the tier packages import nothing heavy.
@@ -43,24 +43,23 @@ def fresh_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path,
 
 def test_only_rollstream_is_installed(fresh_install: tuple[Path, Path, set[str]]) -> None:
     _, site, added = fresh_install
-    assert added == {"rollstream", "rollstream-0.2.0.dist-info", "rollstream-old-names.pth"}, added
+    assert added == {"rollstream", "rollstream-0.2.0.dist-info"}, added
     for tier in ("producers", "consumers", "rollout_workers", "reward_workers"):
         assert (site / "rollstream" / tier / "__init__.py").is_file(), tier
 
 
-def test_old_names_warn_and_work_in_the_fresh_install(fresh_install: tuple[Path, Path, set[str]],
-                                                      tmp_path: Path) -> None:
+def test_the_installed_tiers_import_and_the_old_names_do_not(fresh_install: tuple[Path, Path, set[str]],
+                                                             tmp_path: Path) -> None:
     python, site, _ = fresh_install
     code = (
-        "import warnings; warnings.simplefilter('always')\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    import producers\n"
-        "    from reward_workers.rewards import exact_match_reward\n"
-        "import rollstream.producers, rollstream.rewards\n"
-        "assert producers is rollstream.producers and exact_match_reward is rollstream.rewards.exact_match_reward\n"
+        "import importlib.util, sys\n"
+        "import rollstream.producers, rollstream.consumers, rollstream.rollout_workers, rollstream.reward_workers\n"
+        "from rollstream.rewards import exact_match_reward\n"
         "print(rollstream.producers.__file__)\n"
-        "print(sorted({str(w.message) for w in caught}))\n"
+        "print([n for n in ('producers', 'consumers', 'rollout_workers', 'reward_workers') if importlib.util.find_spec(n)])\n"
+        "print(sorted(n for n in sys.modules if n.split('.')[0] in ('torch', 'transformers', 'numpy')))\n"
     )
     out = run([str(python), "-c", code], cwd=tmp_path).splitlines()
     assert Path(out[0]).is_relative_to(site), out[0]  # the installed copy, not the checkout
-    assert "'producers' is deprecated" in out[1] and "import 'rollstream.rewards'" in out[1]
+    assert out[1] == "[]", f"old top-level names importable: {out[1]}"
+    assert out[2] == "[]", f"the tier packages imported {out[2]}"

@@ -1,7 +1,7 @@
 """The reference guide's workflow template, changed only in its imports, through the whole pipeline.
 
 producer -> rollout worker (HF engine, tiny model) -> reward worker (no reward function: the
-workflow scores itself) -> grouping -> BatchConsumer, all in this process on the real broker
+workflow scores itself) -> grouping -> BatchStream, all in this process on the real broker
 and Redis. 12 prompts x 4 samples, some samples rejected (``None``) and some raising, for each
 return form a reference workflow may use (``reward``, ``rewards``, int64 tensors, no
 ``attention_mask``). Asserts: every prompt is accounted for with the right outcome (a batch
@@ -23,8 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollstream.consumers import grouping_service
-from rollstream.consumers.batch_consumer import BatchConsumer
-from rollstream.consumers.training_batch import TrainingBatch
+from rollstream.trainer import BatchStream, TrainingBatch
 from rollstream.producers import service as producer_service
 from rollstream.reward_workers import service as reward_service
 from rollstream.rollout_workers import service as rollout_service
@@ -108,7 +107,7 @@ async def _train(config: RollstreamConfig, tiers: list[asyncio.Task[None]]) -> l
     batches: list[TrainingBatch] = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 90  # a run takes ~7 s on 2 busy cores
-    async with BatchConsumer(config) as consumer:
+    async with BatchStream(config, ledger=False) as consumer:
         while len(batches) < EMITTED:
             assert loop.time() < deadline, f"only {len(batches)} of {EMITTED} groups arrived"
             for tier in tiers:

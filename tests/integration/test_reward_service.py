@@ -28,10 +28,9 @@ from rollstream.wire import (
     TaskFailed,
     decode_dead_letter,
     decode_scored,
-    decode_tensor_dict,
     encode,
-    encode_tensor_dict,
 )
+from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
 from tests.helpers import make_config
 from tests.unit.fakes import ids, make_tokenizer
 

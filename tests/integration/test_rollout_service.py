@@ -31,7 +31,8 @@ from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, VersionStore, connect
 from rollstream.tiny_model import build_tiny_model, default_corpus
-from rollstream.wire import Episode, PromptTask, TaskFailed, decode_dead_letter, decode_episode, decode_tensor_dict, encode
+from rollstream.wire import Episode, PromptTask, TaskFailed, decode_dead_letter, decode_episode, encode
+from rollstream.wire.torch_tensors import decode_tensor_dict
 from rollstream.rollout_workers.service import run
 from tests.helpers import make_config
 

@@ -1,5 +1,6 @@
 """A real tier process answers its health probes: live at once, ready only once it consumes
-(not while it waits for an unreachable Kafka), and its metrics beside them."""
+(not while it waits for an unreachable Kafka), and its metrics beside them, where the rollout
+worker's include what its workflows recorded in ``stats_tracker``."""
 
 from __future__ import annotations
 
@@ -12,9 +13,17 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from typing import Any
+
 import pytest
 import yaml
+from aiokafka.structs import TopicPartition
 
+from rollstream.config import config_from_dict
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_consumer, make_producer
+from rollstream.kafka.topics import TopicNames
+from rollstream.wire import Episode, PromptTask, decode_episode, encode
 from tests.fakes import free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
@@ -45,7 +54,9 @@ def wait_for(port: int, path: str, status: int, proc: subprocess.Popen[bytes], l
     raise AssertionError(f"{path} never answered {status}; last {get(port, path)}\n{log.read_text()[-3000:]}")
 
 
-def start_grouping(tmp_path: Path, bootstrap: str, redis_url: str, name: str, port: int) -> tuple[subprocess.Popen[bytes], Path]:
+def start_tier(tmp_path: Path, bootstrap: str, redis_url: str, name: str, port: int, tier: str = "grouping",
+               sections: dict[str, Any] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+    """``rollstream <tier>`` in a process of its own, serving its probes and metrics on ``port``."""
     config = tmp_path / f"{name}.yaml"
     config.write_text(yaml.safe_dump({
         "kafka": {"bootstrap_servers": bootstrap, "partitions": 2},
@@ -53,13 +64,14 @@ def start_grouping(tmp_path: Path, bootstrap: str, redis_url: str, name: str, po
         "experiment": {"experiment_name": name, "trial_name": "t0"},
         "grouping": {"instance_id": "g0", "session_timeout_ms": 6000},
         "metrics": {"port": port},
+        **(sections or {}),
     }))
     log = tmp_path / f"{name}.log"
     with log.open("wb") as out:
         # the file alone decides (the environment would win over it)
         env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")
                and not k.startswith("ROLLSTREAM__")}
-        proc = subprocess.Popen([sys.executable, "-m", "rollstream.cli", "grouping", "--config", str(config)],
+        proc = subprocess.Popen([sys.executable, "-m", "rollstream.cli", tier, "--config", str(config)],
                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
     return proc, log
 
@@ -75,7 +87,7 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
 
 def test_a_tier_waiting_for_kafka_is_live_but_not_ready(tmp_path: Path, redis_url: str, unique_name: str) -> None:
     port = free_port()
-    proc, log = start_grouping(tmp_path, f"127.0.0.1:{free_port()}", redis_url, unique_name, port)  # nobody there
+    proc, log = start_tier(tmp_path, f"127.0.0.1:{free_port()}", redis_url, unique_name, port)  # nobody there
     try:
         assert wait_for(port, "/livez", 200, proc, log) == "ok\n"
         time.sleep(2)  # it keeps trying to reach Kafka
@@ -88,7 +100,7 @@ def test_a_tier_waiting_for_kafka_is_live_but_not_ready(tmp_path: Path, redis_ur
 def test_a_consuming_tier_is_ready_and_serves_its_metrics(tmp_path: Path, kafka_bootstrap: str, redis_url: str,
                                                           unique_name: str) -> None:
     port = free_port()
-    proc, log = start_grouping(tmp_path, kafka_bootstrap, redis_url, unique_name, port)
+    proc, log = start_tier(tmp_path, kafka_bootstrap, redis_url, unique_name, port)
     try:
         assert wait_for(port, "/readyz", 200, proc, log) == "ok\n"
         assert get(port, "/livez") == (200, "ok\n")
@@ -96,3 +108,71 @@ def test_a_consuming_tier_is_ready_and_serves_its_metrics(tmp_path: Path, kafka_
         assert metrics is not None and metrics[0] == 200 and "rollstream_open_groups" in metrics[1]
     finally:
         assert stop(proc) == 0, log.read_text()[-3000:]
+
+
+def workflow_stat(metrics: str, key: str) -> tuple[float, float]:
+    """``(count, sum)`` of ``rollstream_workflow_stat{key=...}`` in a scrape (0, 0 when absent)."""
+    found = {"count": 0.0, "sum": 0.0}
+    for line in metrics.splitlines():
+        for part in found:
+            prefix = f'rollstream_workflow_stat_{part}{{key="{key}"}} '
+            if line.startswith(prefix):
+                found[part] = float(line[len(prefix):])
+    return found["count"], found["sum"]
+
+
+async def read_episodes(tree: dict[str, Any], topic: str, count: int, proc: subprocess.Popen[bytes],
+                        log: Path) -> list[Episode]:
+    consumer = make_consumer(config_from_dict(tree).kafka, "test-reader", group_id=None)
+    await consumer.start()
+    episodes: list[Episode] = []
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(2)])
+        await consumer.seek_to_beginning()
+        deadline = time.monotonic() + 120
+        while len(episodes) < count:
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                f"{len(episodes)} of {count} episodes:\n{log.read_text()[-3000:]}")
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                episodes += [m for m in map(decode_episode, (r.value for r in records)) if isinstance(m, Episode)]
+    finally:
+        await consumer.stop()
+    return episodes
+
+
+@pytest.mark.timeout(300)
+async def test_workflow_statistics_reach_the_rollout_workers_metrics(
+    tmp_path: Path, kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model_dir: Path,
+) -> None:
+    """The built-in RLVR workflow records each episode's ``seqlen`` (prompt + generated
+    tokens): the scrape counts one per sample, and their sum is the samples' lengths."""
+    port = free_port()
+    rollout = {"model_path": str(tiny_model_dir), "seed": 0, "worker_id": "w-stats", "max_concurrent_rollouts": 4,
+               "commit_interval_seconds": 0.2, "gconfig": {"max_new_tokens": 6}}
+    tree = {"kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": 2}, "redis": {"url": redis_url},
+            "experiment": {"experiment_name": unique_name, "trial_name": "t0"}}
+    names = TopicNames(unique_name, "t0")
+    await ensure_topics(config_from_dict(tree).kafka, names)
+    proc, log = start_tier(tmp_path, kafka_bootstrap, redis_url, unique_name, port, "rollout-worker",
+                           {"rollout": rollout})
+    try:
+        wait_for(port, "/readyz", 200, proc, log, timeout=120)
+        metrics = get(port, "/metrics")
+        assert metrics is not None and workflow_stat(metrics[1], "rollout/seqlen") == (0, 0)
+        producer = make_producer(config_from_dict(tree).kafka, "test-prompts")
+        await producer.start()
+        try:
+            for i in range(2):
+                prompt = PromptTask(task_id=f"s:0:{i}", group_size=2, data={"prompt": f"{i}+{i}="})
+                await producer.send_and_wait(names.prompts, encode(prompt), key=prompt.task_id.encode())
+        finally:
+            await producer.stop()
+        episodes = await read_episodes(tree, names.episodes, 4, proc, log)
+        metrics = get(port, "/metrics")
+        assert metrics is not None and metrics[0] == 200
+        lengths = sum(e.trajectory["input_ids"].shape[1] for e in episodes)
+        assert workflow_stat(metrics[1], "rollout/seqlen") == (4, lengths), metrics[1][-2000:]
+        assert "# TYPE rollstream_workflow_stat summary" in metrics[1]
+    finally:
+        assert stop(proc) == 0, log.read_text()[-3000:]
+

@@ -1,7 +1,8 @@
-"""The tiers that run no model never import torch and stay small: the producer, grouping and
-dump tiers, each a real ``rollstream <tier>`` process on the real broker and Redis, do their
-work (prompts with an image published; a group padded into a batch; a scored episode dumped
-as text) under a tripwire that kills the process the moment anything imports torch
+"""The tiers that run no model never import torch and stay small: the producer, reward,
+grouping and dump tiers, each a real ``rollstream <tier>`` process on the real broker and
+Redis, do their work (prompts with an image published; episodes decoded with the model's
+tokenizer and scored in the reward process pool; a group padded into a batch; a scored episode
+dumped as text) under a tripwire that kills the process the moment anything imports torch
 (``tests/integration/torch_tripwire.py``), and their peak resident memory stays under
 :data:`MAX_RSS` (``import torch`` alone is ~550 MB)."""
 
@@ -17,14 +18,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import yaml
+from tokenizers import Tokenizer as TokenizerFile
 
 from bench.procstats import peak_rss_bytes
 from rollstream.config import config_from_dict
 from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.wire import Batch, decode_batch
+from rollstream.wire import Batch, Episode, ScoredEpisode, decode_batch, decode_scored, encode, encode_arrays
 from tests.fakes import free_port
 from tests.integration.test_grouping_service import group_messages, read_all, write_scored
 from tests.integration.test_producer_service import read_prompts
@@ -120,6 +124,48 @@ async def test_producer_publishes_image_prompts_without_torch(
         tier.stop()
 
 
+def text_episode(tokenizer: TokenizerFile, index: int, prompt: str, completion: str, answer: str) -> Episode:
+    """A one-row episode of ``prompt`` + ``completion`` in the tokenizer's ids (numpy arrays)."""
+    prompt_ids, completion_ids = tokenizer.encode(prompt).ids, tokenizer.encode(completion).ids
+    tokens = numpy.array([prompt_ids + completion_ids], dtype=numpy.int32)
+    generated = numpy.array([[0] * len(prompt_ids) + [1] * len(completion_ids)], dtype=numpy.int32)
+    trajectory = {"input_ids": tokens, "attention_mask": numpy.ones(tokens.shape, dtype=bool), "loss_mask": generated,
+                  "logprobs": -0.5 * generated.astype(numpy.float32), "versions": generated - 1}
+    return Episode(task_id=f"r:0:{index}", sample_idx=0, group_size=1, trajectory=encode_arrays(trajectory),
+                   data={"answer": answer})
+
+
+async def test_reward_worker_scores_without_torch(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path, tiny_model_dir: Path,
+) -> None:
+    """The reward tier decodes with the model's tokenizer.json (no transformers) and scores in
+    its process pool: the completion holding the answer gets 1.0, the other 0.0."""
+    tree = base_tree(kafka_bootstrap, redis_url, unique_name)
+    tree["reward"] = {"tokenizer_path": str(tiny_model_dir), "worker_id": "r0", "max_workers": 1,
+                      "session_timeout_ms": 6000, "reward_fn": "rollstream.rewards:exact_match_reward"}
+    names = TopicNames(unique_name, "t0")
+    await ensure_topics(config_from_dict(tree).kafka, names)
+    tokenizer = TokenizerFile.from_file(str(tiny_model_dir / "tokenizer.json"))
+    episodes = [text_episode(tokenizer, 0, "3+4=", "the answer is 7", "7"),
+                text_episode(tokenizer, 1, "3+5=", "the answer is 9", "8")]
+    tier = Tier("reward-worker", tree, tmp_path)
+    try:
+        tier.wait_ready()
+        producer = make_producer(tier.config.kafka, "test-episodes")
+        await producer.start()
+        try:
+            for episode in episodes:
+                await producer.send_and_wait(names.episodes, encode(episode), key=episode.task_id.encode())
+        finally:
+            await producer.stop()
+        scored = [decode_scored(r.value) for r in await read_all(tier.config, names.scored, until=2)]
+        assert all(isinstance(s, ScoredEpisode) for s in scored), scored
+        assert {s.episode.task_id: s.reward for s in scored} == {"r:0:0": 1.0, "r:0:1": 0.0}
+        check_small(tier)
+    finally:
+        tier.stop()
+
+
 async def test_grouping_emits_a_batch_without_torch(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path,
 ) -> None:
@@ -131,7 +177,7 @@ async def test_grouping_emits_a_batch_without_torch(
         await write_scored(tier.config, [(m, 0) for m in group_messages("t0", size=4, version=1)])
         records = await read_all(tier.config, TopicNames(unique_name, "t0").batches, until=1)
         batch = decode_batch(records[0].value)
-        assert isinstance(batch, Batch) and batch.task_ids == ["t0"] and batch.packed is not None
+        assert isinstance(batch, Batch) and batch.task_ids == ["t0"] and batch.packed.keys
         check_small(tier)
     finally:
         tier.stop()

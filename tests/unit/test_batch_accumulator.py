@@ -8,7 +8,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup
-from rollstream.consumers.training_batch import BatchAccumulator, assemble, split_groups
+from rollstream.trainer import BatchAccumulator, assemble, split_groups
 from rollstream.wire import GroupDropped, encode
 from tests.unit.test_grouping_support import scored
 
@@ -58,13 +58,12 @@ def split_and_join(batch) -> dict[str, torch.Tensor]:
 
 
 def with_rows(batch, tensors: dict[str, torch.Tensor], row_task: list[int], sample_idx: list[int]):
-    """``batch`` with its rows in another order (tensors written unpacked, as batches before v2)."""
+    """``batch`` with its rows in another order."""
     import msgspec
 
-    from rollstream.wire import encode_tensor
+    from rollstream.wire.torch_tensors import pack_tensor_dict
 
-    return msgspec.structs.replace(batch, tensors={k: encode_tensor(v) for k, v in tensors.items()}, packed=None,
-                                   row_task=row_task, sample_idx=sample_idx)
+    return msgspec.structs.replace(batch, packed=pack_tensor_dict(tensors), row_task=row_task, sample_idx=sample_idx)
 
 
 def test_assemble_pads_across_records_and_tracks_versions() -> None:
@@ -146,7 +145,7 @@ def test_the_memory_of_trained_groups_is_bounded() -> None:
 
 def test_training_batch_has_rejected_and_failed_per_group() -> None:
     from rollstream.consumers.batching import build_batch
-    from rollstream.consumers.training_batch import assemble, split_groups
+    from rollstream.trainer import assemble, split_groups
     from tests.unit.test_grouping_support import scored
 
     groups = [CompleteGroup("a", 3, False, (scored("a", 0, group_size=3),), 1, 0, 0, 2, 0.0, 1),

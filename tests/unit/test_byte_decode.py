@@ -9,6 +9,7 @@ import numpy
 import pytest
 from transformers import AutoTokenizer
 
+from rollstream.dump_tokenizer import FileTokenizer, load_tokenizer
 from rollstream.reward_workers.byte_decode import ByteLevelDecoder
 from tests.unit.fakes import make_tokenizer
 
@@ -32,6 +33,17 @@ def test_matches_the_tokenizer_on_text_split_characters_and_unknown_ids(tiny_tok
         ids = rng.integers(0, size + 100, 300).astype(numpy.int32)
         assert decoder.decode(ids) == own_decode(tiny_tokenizer, ids)
     assert decoder.decode(numpy.array([], dtype=numpy.int32)) == ""
+
+
+def test_the_reward_tiers_file_tokenizer_gets_the_same_decoder(tiny_model_dir: Path, tiny_tokenizer: Any) -> None:
+    """The reward tier loads ``tokenizer.json`` without transformers: its table is the one
+    transformers' tokenizer gets, and it decodes as transformers does."""
+    files = load_tokenizer(tiny_model_dir)
+    assert isinstance(files, FileTokenizer)
+    ours, theirs = ByteLevelDecoder.for_tokenizer(files), ByteLevelDecoder.for_tokenizer(tiny_tokenizer)
+    assert ours is not None and theirs is not None
+    ids = numpy.array(tiny_tokenizer.encode(TEXT, add_special_tokens=False), dtype=numpy.int32)
+    assert ours.decode(ids) == theirs.decode(ids) == files.decode(ids) == TEXT
 
 
 def test_no_decoder_for_tokenizers_it_cannot_match(tiny_model_dir: Path) -> None:

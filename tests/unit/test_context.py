@@ -89,3 +89,14 @@ def test_stats_reject_non_numeric_and_keep_without_reset() -> None:
     with pytest.raises(ValueError):
         with tracker.scope("a/b"):
             pass
+
+
+def test_totals_survive_export_for_the_metrics_endpoint() -> None:
+    """``export`` resets what it reports; the totals the metrics endpoint serves only grow."""
+    tracker = StatsTracker()
+    tracker.record(reward=1.0)
+    assert tracker.export()["rollout/reward/count"] == 1.0
+    tracker.record(reward=0.5)
+    tracker.increment("calls", 2)
+    assert tracker.totals() == ({"rollout/reward": (1.5, 2)}, {"rollout/calls": 2})
+    assert tracker.export()["rollout/reward/count"] == 1.0

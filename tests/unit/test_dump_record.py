@@ -10,7 +10,8 @@ import torch
 from rollstream.config import ConfigError, config_from_dict
 from rollstream.dump import DUMP_FIELDS, EXTENDED_FIELDS, DumpWriter, dump_lines, dump_record
 from rollstream.tensors import TrajectoryBuilder, concat_padded_tensors
-from rollstream.wire import Batch, Episode, SampleRejected, ScoredEpisode, encode_tensor_dict, pack_tensor_dict
+from rollstream.wire import Batch, Episode, SampleRejected, ScoredEpisode
+from rollstream.wire.torch_tensors import encode_tensor_dict, pack_tensor_dict
 from tests.unit.fakes import ids, make_tokenizer
 
 
@@ -100,18 +101,14 @@ def episode_without_output(tensors: dict[str, torch.Tensor]) -> Episode:
     return Episode(task_id="t", sample_idx=0, group_size=1, trajectory=encode_tensor_dict(tensors))
 
 
-@pytest.mark.parametrize("form", ["packed", "tensors"])
-def test_batches_dump_one_line_per_row_with_their_task(form: str) -> None:
+def test_batches_dump_one_line_per_row_with_their_task() -> None:
     rows = concat_padded_tensors([
         single_turn("hello", "world", [4], 1.0), single_turn("what", "is two", [5, 6], 0.0),
         single_turn("what", "four", [6], 0.5),
     ])
-    # packed: what the grouping tier writes now; tensors: batches written before (schema 1)
-    tensors = {"tensors": {}, "packed": pack_tensor_dict(rows)} if form == "packed" else {
-        "tensors": encode_tensor_dict(rows), "schema_version": 1}
     batch = Batch(
         task_ids=["a", "b"], group_sizes=[1, 3], row_task=[0, 1, 1], sample_idx=[0, 2, 2], tail_version=6,
-        trainer_version=7, **tensors,
+        trainer_version=7, rejected=[0, 1], failed=[0, 0], packed=pack_tensor_dict(rows),
     )
     lines = dump_lines(batch, make_tokenizer())
     assert [(line.task_id, line.tail_version, line.record["reward"]) for line in lines] == [

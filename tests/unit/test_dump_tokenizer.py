@@ -1,4 +1,4 @@
-"""The dump tier's tokenizer (``rollstream.dump_tokenizer``): read from tokenizer.json without
+"""The tokenizer of the dump and reward tiers (``rollstream.dump_tokenizer``): read from tokenizer.json without
 transformers, decoding exactly as transformers' tokenizer does; transformers only where the
 file alone would decode differently."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,32 @@ def test_loading_it_imports_neither_torch_nor_transformers(tiny_model_dir: Path)
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_hub_id_is_read_from_the_hugging_face_cache(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``reward.tokenizer_path: org/model`` (the compose config's form): the tokenizer files of
+    the cached snapshot, still without transformers (offline here: nothing is downloaded)."""
+    model = tmp_path / "hub" / "models--someorg--tiny"
+    snapshot = model / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, snapshot / name)
+    (model / "refs").mkdir()
+    (model / "refs" / "main").write_text("0123abcd")
+    code = ("import sys\nfrom rollstream.dump_tokenizer import FileTokenizer, load_tokenizer\n"
+            "tokenizer = load_tokenizer('someorg/tiny')\n"
+            "assert isinstance(tokenizer, FileTokenizer), tokenizer\n"
+            "print(tokenizer.decode([1, 2, 3]))\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == AutoTokenizer.from_pretrained(str(tiny_model_dir)).decode([1, 2, 3])
+
+
+def test_a_path_that_is_neither_a_directory_nor_a_hub_id_is_an_os_error(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="neither a directory nor a hub model id"):
+        load_tokenizer(tmp_path / "missing")
 
 
 def word_level(directory: Path, config: dict) -> Path:

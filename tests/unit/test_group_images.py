@@ -12,7 +12,7 @@ import torch
 
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer
-from rollstream.consumers.training_batch import assemble, split_groups
+from rollstream.trainer import assemble, split_groups
 from rollstream.vision.images import image_digest
 from rollstream.vision.inputs import build_vision_inputs
 from rollstream.vision.processor import load_image_processor

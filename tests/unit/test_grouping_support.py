@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rollstream.wire import Episode, SampleRejected, ScoredEpisode, TaskFailed, encode_tensor_dict
+from rollstream.wire import Episode, SampleRejected, ScoredEpisode, TaskFailed
+from rollstream.wire.torch_tensors import encode_tensor_dict
 
 
 def trajectory(prompt_len: int = 2, gen_len: int = 3, version: int = 0, rows: int = 1) -> dict[str, torch.Tensor]:

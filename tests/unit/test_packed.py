@@ -11,26 +11,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollstream.wire import (
-    Batch,
-    PackedTensors,
-    WireDecodeError,
+from rollstream.wire import Batch, PackedTensors, WireDecodeError, check_packed, decode_batch, encode
+from rollstream.wire.messages import SCHEMA_VERSION
+from rollstream.wire.tensor_codec import TensorDecodeError
+from rollstream.wire.torch_tensors import (
+    DTYPES,
     allocate_packed,
     batch_tensors,
-    check_packed,
-    decode_batch,
-    encode,
     encode_tensor_dict,
     pack_tensor_dict,
     unpack_tensor_dict,
 )
-from rollstream.wire.messages import SCHEMA_VERSION
-from rollstream.wire.tensor_codec import DTYPES, TensorDecodeError
 
 
-def batch_of(packed: PackedTensors | None = None, tensors: dict | None = None, **kw) -> Batch:
-    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0],
-                 tensors=tensors or {}, packed=packed, **kw)
+def batch_of(packed: PackedTensors, **kw) -> Batch:
+    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[0], failed=[0],
+                 packed=packed, **kw)
 
 
 def round_trip(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -212,27 +208,19 @@ def test_malformed_packed_tensors_are_decode_errors(name: str) -> None:
         batch_tensors(batch_of(packed))  # a batch built here, never decoded: the same check
 
 
-def test_a_batch_with_both_forms_is_refused() -> None:
-    both = batch_of(good_packed(), tensors=encode_tensor_dict({"ids": torch.zeros(2, 3)}))
-    with pytest.raises(WireDecodeError, match="both tensors and packed"):
-        decode_batch(encode(both))
-    with pytest.raises(WireDecodeError, match="both tensors and packed"):
-        batch_tensors(both)
-
-
-def test_batches_written_before_packing_still_read() -> None:
-    tensors = {"input_ids": torch.arange(6, dtype=torch.int32).reshape(2, 3), "rewards": torch.tensor([0.5, 1.0])}
-    # what a schema-1 writer sent: tensors as one WireTensor each, no packed field at all
-    old = msgspec.msgpack.decode(encode(batch_of(tensors=encode_tensor_dict(tensors), schema_version=1)))
+def test_batches_before_packing_are_refused() -> None:
+    """What a schema-1 writer sent: tensors as one WireTensor each, no packed field at all."""
+    tensors = {"input_ids": torch.arange(6, dtype=torch.int32).reshape(2, 3)}
+    old = msgspec.msgpack.decode(encode(batch_of(good_packed()))) | {"schema_version": 1}
     del old["packed"]
-    decoded = decode_batch(msgspec.msgpack.encode(old))
-    assert decoded.schema_version == 1 and decoded.packed is None
-    assert_same(batch_tensors(decoded), tensors)
+    old["tensors"] = msgspec.to_builtins(encode_tensor_dict(tensors))
+    with pytest.raises(WireDecodeError, match="packed"):
+        decode_batch(msgspec.msgpack.encode(old))
 
 
-def test_batches_write_schema_version_2_and_other_kinds_1() -> None:
-    assert SCHEMA_VERSION == 2
-    assert msgspec.msgpack.decode(encode(batch_of(good_packed())))["schema_version"] == 2
-    newer = msgspec.msgpack.decode(encode(batch_of(good_packed()))) | {"schema_version": 3}
-    with pytest.raises(WireDecodeError, match="unsupported schema_version 3"):
+def test_batches_write_schema_version_3_and_other_kinds_1() -> None:
+    assert SCHEMA_VERSION == 3
+    assert msgspec.msgpack.decode(encode(batch_of(good_packed())))["schema_version"] == 3
+    newer = msgspec.msgpack.decode(encode(batch_of(good_packed()))) | {"schema_version": 4}
+    with pytest.raises(WireDecodeError, match="unsupported schema_version 4"):
         decode_batch(msgspec.msgpack.encode(newer))

@@ -28,9 +28,8 @@ from rollstream.wire import (
     decode_batch,
     decode_scored,
     encode,
-    encode_tensor_dict,
-    pack_tensor_dict,
 )
+from rollstream.wire.torch_tensors import encode_tensor_dict, pack_tensor_dict
 from tests.unit.fakes import make_tokenizer
 from tests.unit.test_dump_record import multi_turn, scored, single_turn
 
@@ -51,19 +50,17 @@ def test_filter_by_task_version_eval_and_reward() -> None:
     assert not RecordFilter(min_reward=0.0).accepts(GroupDropped(task_id="a", reason="stale"))
 
 
-def two_row_batch(form: str) -> Batch:
-    """A batch of two one-row groups; ``form``: ``packed`` (written now) or ``tensors`` (schema 1)."""
+def two_row_batch() -> Batch:
+    """A batch of two one-row groups."""
     rows = concat_padded_tensors([single_turn("hello", "world", [4], reward=0.5), single_turn("hi", "there", [4], 1.5)])
-    fields = {"tensors": {}, "packed": pack_tensor_dict(rows)} if form == "packed" else {
-        "tensors": encode_tensor_dict(rows), "schema_version": 1}
     return decode_batch(encode(Batch(
-        task_ids=["a", "b"], group_sizes=[1, 1], row_task=[0, 1], sample_idx=[0, 0], tail_version=4, **fields,
+        task_ids=["a", "b"], group_sizes=[1, 1], row_task=[0, 1], sample_idx=[0, 0], tail_version=4,
+        rejected=[0, 0], failed=[0, 0], packed=pack_tensor_dict(rows),
     )))
 
 
-@pytest.mark.parametrize("form", ["packed", "tensors"])
-def test_filter_batches_by_any_task_and_mean_reward(form: str) -> None:
-    batch = two_row_batch(form)
+def test_filter_batches_by_any_task_and_mean_reward() -> None:
+    batch = two_row_batch()
     assert RecordFilter(min_reward=1.0, max_reward=1.0).accepts(batch)  # mean of 0.5 and 1.5
     assert RecordFilter(task_ids=frozenset({"b", "z"}), min_version=4, min_reward=0.5).accepts(batch)
     letter = DeadLetter(tier="x", source_topic="t", partition=0, offset=1, key=b"a", value=b"", reason="r")
@@ -118,16 +115,15 @@ def test_message_json_is_deterministic_and_round_trips_values() -> None:
     assert summary["dtype"] == "int32" and summary["shape"] == [1, 11] and len(summary["sha1"]) == 16
 
 
-def test_batches_render_their_tensors_in_either_form() -> None:
-    packed, old = (json.loads(message_json(two_row_batch(form), "summary")) for form in ("packed", "tensors"))
-    assert packed["tensors"] == old["tensors"] and packed["tensors"]["input_ids"]["shape"][0] == 2
-    assert old["packed"] is None and sorted(packed["packed"]["keys"]) == sorted(packed["tensors"])
+def test_batches_render_their_tensors() -> None:
+    packed = json.loads(message_json(two_row_batch(), "summary"))
+    assert packed["tensors"]["input_ids"]["shape"][0] == 2 and len(packed["tensors"]["input_ids"]["sha1"]) == 16
+    assert sorted(packed["packed"]["keys"]) == sorted(packed["tensors"])
     assert packed["packed"]["nbytes"] > 0 and "data" not in packed["packed"]
-    full = json.loads(message_json(two_row_batch("packed")))
+    full = json.loads(message_json(two_row_batch()))
     assert full["tensors"]["rewards"]["values"] == [0.5, 1.5]
-    for form in ("packed", "tensors"):
-        line = summary_line(two_row_batch(form))
-        assert "groups=2 shape=[2, " in line and "reward_mean=1" in line, line
+    line = summary_line(two_row_batch())
+    assert "groups=2 shape=[2, " in line and "reward_mean=1" in line, line
 
 
 def test_summary_lines() -> None:
@@ -141,6 +137,6 @@ def test_summary_lines() -> None:
 
 
 def test_batch_lines_show_rejected_and_failed_counts() -> None:
-    batch = msgspec.structs.replace(two_row_batch("packed"), rejected=[1, 0], failed=[0, 2])
+    batch = msgspec.structs.replace(two_row_batch(), rejected=[1, 0], failed=[0, 2])
     assert summary_line(batch).endswith("rejected=1 failed=2")
-    assert "rejected=" not in summary_line(two_row_batch("packed"))  # written before the counts
+    assert summary_line(two_row_batch()).endswith("rejected=0 failed=0")

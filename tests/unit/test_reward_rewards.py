@@ -81,7 +81,7 @@ def test_resolve_refuses_what_is_not_allow_listed() -> None:
     [
         ("no_such_module_xyz:fn", "cannot be imported"),
         ("rollstream.rewards:nope", "cannot be imported"),
-        ("rollstream.rewards:log", "not callable"),
+        ("rollstream.rewards.functions:log", "not callable"),
         ("justaname", "must look like"),
     ],
 )

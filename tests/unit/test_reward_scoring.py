@@ -13,24 +13,13 @@ import numpy
 import pytest
 import torch
 
-from rollstream.reward_workers.scorer import Scorer, TimeoutAwareRewardWrapper, load_tokenizer
-from rollstream.reward_workers.scoring import (
-    RewardTimeout,
-    score_message,
-    split_prompt_completion,
-)
+from rollstream.reward_workers.scorer import Scorer, load_tokenizer
+from rollstream.reward_workers.scoring import score_message, split_prompt_completion
+from rollstream.rewards.pool import RewardTimeout
+from rollstream.rewards.wrapper import AsyncRewardWrapper
 from rollstream.config import ConfigError, RewardConfig
-from rollstream.wire import (
-    Episode,
-    SampleRejected,
-    ScoredEpisode,
-    TaskFailed,
-    decode_episode,
-    decode_scored,
-    decode_tensor_dict,
-    encode,
-    encode_tensor_dict,
-)
+from rollstream.wire import Episode, SampleRejected, ScoredEpisode, TaskFailed, decode_episode, decode_scored, encode
+from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
 
 
 def sleeping_reward(
@@ -196,7 +185,7 @@ async def test_reward_error_and_non_finite_reward_are_failed_rejections() -> Non
 
 
 def make_scorer(fn: Any, on_timeout: str = "zero", timeout: float = 30.0, tokenizer: Any = None) -> Scorer:
-    wrapper = TimeoutAwareRewardWrapper(fn, timeout_seconds=timeout, max_retries=0, max_workers=1)
+    wrapper = AsyncRewardWrapper(fn, timeout_seconds=timeout, max_retries=0, max_workers=1)
     return Scorer(wrapper, tokenizer, on_timeout, "w-pool")  # type: ignore[arg-type]
 
 

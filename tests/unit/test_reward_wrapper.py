@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy
 import pytest
 
-from rollstream import reward_wrapper
-from rollstream.reward_pool_worker import PackedIds
-from rollstream.reward_wrapper import AsyncRewardWrapper
+from rollstream.rewards import wrapper as reward_wrapper
+from rollstream.rewards.pool import RewardTimeout
+from rollstream.rewards.pool_worker import PackedIds
+from rollstream.rewards.wrapper import AsyncRewardWrapper
 from tests.unit import reward_fns
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,7 +70,7 @@ async def test_timeout_on_every_attempt_gives_zero(
 ) -> None:
     counter = tmp_path / "attempts"
     w = make(wrappers, reward_fns.sleepy, timeout_seconds=0.5, max_retries=2)
-    with caplog.at_level(logging.WARNING, logger="rollstream.reward_wrapper"):
+    with caplog.at_level(logging.WARNING, logger="rollstream.rewards.wrapper"):
         result = await w(str(counter), 30.0)
     assert result == 0.0 and isinstance(result, float)
     assert lines(counter) == 3  # max_retries=2 -> 3 attempts
@@ -78,6 +79,19 @@ async def test_timeout_on_every_attempt_gives_zero(
     started = time.monotonic()
     assert await w(str(counter), 0.0) == 1.0
     assert time.monotonic() - started < 5.0
+
+
+async def test_call_raises_the_named_timeout_where_the_wrapper_gives_zero(
+    wrappers: list[AsyncRewardWrapper], tmp_path: Path
+) -> None:
+    """``call`` is the same call without the reference's 0.0: the last attempt's timeout is a
+    ``RewardTimeout`` (what the reward tier's ``on_timeout`` decides about), a TimeoutError."""
+    counter = tmp_path / "attempts"
+    w = make(wrappers, reward_fns.sleepy, timeout_seconds=0.5, max_retries=1)
+    with pytest.raises(RewardTimeout, match="timed out after 0.5 s on all 2 attempts") as raised:
+        await w.call(str(counter), 30.0)
+    assert isinstance(raised.value, TimeoutError) and lines(counter) == 2
+    assert await w.call(str(counter), 0.0) == 1.0  # a genuine result, as from the wrapper
 
 
 async def test_a_timeout_kills_only_its_own_process(wrappers: list[AsyncRewardWrapper], tmp_path: Path) -> None:

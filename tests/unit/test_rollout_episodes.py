@@ -10,7 +10,8 @@ import torch
 from rollstream.api.io_struct import ModelRequest, ModelResponse
 from rollstream.api.workflow import Interaction
 from rollstream.tensors import concat_padded_tensors, trajectory_row
-from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode, decode_tensor_dict, encode
+from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode, encode
+from rollstream.wire.torch_tensors import decode_tensor_dict
 from rollstream.rollout_workers.episodes import generated_version_range, to_episode
 
 TASK = PromptTask(task_id="task-1", group_size=4, data={"input_ids": [3, 4], "answer": "7"}, is_eval=True)

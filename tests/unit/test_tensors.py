@@ -16,7 +16,7 @@ from rollstream.tensors import (
     trajectory_row,
     validate_trajectory,
 )
-from rollstream.wire import pack_tensor_dict
+from rollstream.wire.torch_tensors import pack_tensor_dict
 
 
 def row(prompt: int, out: int, version: int = 3, reward: float = 1.0) -> dict[str, torch.Tensor]:

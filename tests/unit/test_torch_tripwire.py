@@ -1,5 +1,5 @@
 """The torch tripwire (``tests/integration/torch_tripwire.py``) trips on a real import of torch,
-not on looking it up, and the modules of the producer, grouping and dump tiers (and the
+not on looking it up, and the modules of the producer, reward, grouping and dump tiers (and the
 ``rollstream`` command's parser that runs them) import without tripping it."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def test_tier_modules_import_without_torch() -> None:
         "import importlib.util, sys\n"
         "assert importlib.util.find_spec('torch') is not None  # looking it up is not importing it\n"
         "import rollstream.producers.service, rollstream.consumers.grouping_service, rollstream.consumers.dump_service\n"
+        "import rollstream.reward_workers.service, rollstream.rewards.wrapper\n"
         "from rollstream.cli import build_parser\n"
         "build_parser()\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
@@ -33,6 +34,6 @@ def test_tier_modules_import_without_torch() -> None:
 
 
 def test_importing_torch_anywhere_trips_it_naming_the_importer() -> None:
-    done = run_armed("import rollstream.wire\nrollstream.wire.decode_tensor_dict\n")  # the lazy torch face
+    done = run_armed("import rollstream.wire\nimport rollstream.wire.torch_tensors\n")  # the torch face
     assert done.returncode == TRIPPED
     assert "TORCH TRIPWIRE: torch imported from" in done.stderr and "torch_tensors.py" in done.stderr

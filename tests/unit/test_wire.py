@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -10,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rollstream.wire
 from rollstream.wire import (
     Batch,
     DeadLetter,
@@ -20,20 +23,23 @@ from rollstream.wire import (
     ScoredEpisode,
     TaskFailed,
     WireDecodeError,
-    batch_tensors,
     decode_batch,
     decode_episode,
     decode_prompt,
     decode_scored,
+    encode,
+)
+from rollstream.wire.messages import SCHEMA_VERSION
+from rollstream.wire.tensor_codec import WireTensor
+from rollstream.wire.torch_tensors import (
+    DTYPES,
+    batch_tensors,
     decode_tensor,
     decode_tensor_dict,
-    encode,
     encode_tensor,
     encode_tensor_dict,
     pack_tensor_dict,
 )
-from rollstream.wire.messages import SCHEMA_VERSION
-from rollstream.wire.tensor_codec import DTYPES, WireTensor
 
 DECODERS = [decode_prompt, decode_episode, decode_scored, decode_batch]
 
@@ -110,14 +116,13 @@ def test_messages_round_trip(message: msgspec.Struct, decoder) -> None:
     assert msgspec.to_builtins(decoded) == msgspec.to_builtins(message)
 
 
-@pytest.mark.parametrize("form", ["packed", "tensors (schema 1)"])
-def test_batch_round_trip_keeps_tensors(form: str) -> None:
+def one_group_batch(**fields: Any) -> Batch:
+    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[0], failed=[0], **fields)
+
+
+def test_batch_round_trip_keeps_tensors() -> None:
     tensors_in = trajectory()
-    if form == "packed":
-        fields = {"tensors": {}, "packed": pack_tensor_dict(tensors_in)}
-    else:
-        fields = {"tensors": encode_tensor_dict(tensors_in), "schema_version": 1}
-    batch = Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], **fields)
+    batch = one_group_batch(packed=pack_tensor_dict(tensors_in))
     decoded = decode_batch(encode(batch))
     assert isinstance(decoded, Batch)
     out = batch_tensors(decoded)
@@ -128,8 +133,21 @@ def test_every_message_carries_the_schema_version_of_its_kind() -> None:
     raw = msgspec.msgpack.decode(encode(episode()))
     assert raw["schema_version"] == 1 <= SCHEMA_VERSION  # episodes have not changed since 1
     assert raw["kind"] == "episode"
-    batch = Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], tensors={})
-    assert msgspec.msgpack.decode(encode(batch))["schema_version"] == SCHEMA_VERSION == 2
+    batch = one_group_batch(packed=pack_tensor_dict({}))
+    assert msgspec.msgpack.decode(encode(batch))["schema_version"] == SCHEMA_VERSION == 3
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_batches_written_before_0_3_are_refused_naming_their_version(version: int) -> None:
+    raw = msgspec.msgpack.decode(encode(one_group_batch(packed=pack_tensor_dict(trajectory()))))
+    with pytest.raises(WireDecodeError, match=f"unsupported schema_version {version} of a Batch .*knows 3..3"):
+        decode_batch(msgspec.msgpack.encode({**raw, "schema_version": version}))
+
+
+def test_a_batch_has_one_count_per_group() -> None:
+    with pytest.raises(ValueError, match="1 groups has 1 group sizes, 0 rejected and 0 failed"):
+        Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[], failed=[],
+              packed=pack_tensor_dict({}))
 
 
 def bad_messages() -> list[tuple[str, bytes]]:
@@ -213,3 +231,21 @@ def test_dead_letter_holds_raw_bytes() -> None:
 def test_a_message_its_readers_would_refuse_cannot_be_built(fields: dict[str, int], why: str) -> None:
     with pytest.raises(ValueError, match=why):
         episode(**fields)
+
+
+def test_the_wire_modules_import_each_other_in_one_direction() -> None:
+    """``dtypes`` <- ``tensor_codec`` <- ``packed`` <- ``messages`` <- ``codec`` <-
+    ``torch_tensors``: no import, at module level or inside a function, closes a circle, and
+    only the torch face imports torch."""
+    order = ["dtypes", "tensor_codec", "packed", "messages", "codec", "torch_tensors"]
+    wire = Path(rollstream.wire.__file__).parent
+    assert sorted(p.stem for p in wire.glob("*.py")) == sorted([*order, "__init__"])
+    for module in order:
+        for node in ast.walk(ast.parse((wire / f"{module}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rollstream.wire"):
+                imported = node.module.removeprefix("rollstream.wire").lstrip(".")
+                for name in [imported] if imported else [a.name if a.name in order else "__init__" for a in node.names]:
+                    assert name in order[: order.index(module)], f"{module} imports rollstream.wire's {name}"
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and module != "torch_tensors":
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(n.split(".")[0] == "torch" for n in names), f"{module} imports torch"

@@ -20,7 +20,6 @@ from rollstream.wire import (
     WireTensor,
     allocate_arrays,
     batch_arrays,
-    batch_tensors,
     decode_array,
     decode_batch,
     encode,
@@ -28,7 +27,7 @@ from rollstream.wire import (
     pack_arrays,
 )
 from rollstream.wire.dtypes import WIRE_DTYPES, bfloat16_words, cast, promote, to_float32, wire_name
-from rollstream.wire.torch_tensors import DTYPES, as_array, as_tensor
+from rollstream.wire.torch_tensors import DTYPES, as_array, as_tensor, batch_tensors
 
 FLOATS = torch.tensor([0.0, -0.0, 1.0, -2.5, 7.0, 1 / 3, 2 / 3, 1.00390625, 1.01171875, 1.0078125 + 2**-9,
                        3.3895314e38, 3.3961776e38, 1e-40, -1e-45, 65504.0, float("inf"), float("-inf")])
@@ -89,7 +88,8 @@ def test_the_wire_refuses_what_it_does_not_carry() -> None:
 
 
 def batch_of(arrays: dict[str, numpy.ndarray]) -> Batch:
-    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], tensors={}, packed=pack_arrays(arrays))
+    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[0], failed=[0],
+                 packed=pack_arrays(arrays))
 
 
 def test_an_unchanged_arena_packs_without_a_copy_and_a_changed_one_is_copied() -> None:

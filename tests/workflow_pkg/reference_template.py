@@ -10,7 +10,7 @@ import torch
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import ModelRequest, ModelResponse
-from rollstream.reward_wrapper import AsyncRewardWrapper
+from rollstream.rewards.wrapper import AsyncRewardWrapper
 from rollstream.api.workflow import RolloutWorkflow
 import logging
 

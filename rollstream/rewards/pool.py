@@ -1,6 +1,6 @@
 """An asyncio-native process pool for reward functions: one round trip per chunk of calls.
 
-Each worker process (:mod:`rollstream.reward_pool_worker`) runs the calls it is sent one at a
+Each worker process (:mod:`rollstream.rewards.pool_worker`) runs the calls it is sent one at a
 time, in order, and answers each as soon as it returns. The parent side lives in the event
 loop (no threads): calls made while the loop runs other work are collected and sent at its next
 turn, split into one chunk per worker process. So the reward tier, which scores a poll batch's
@@ -9,7 +9,7 @@ records concurrently, pays one frame per worker process per batch instead of one
 
 What callers may rely on, per call:
 
-- **Timeout**: a call that runs longer than its ``timeout`` fails with ``TimeoutError``. Its
+- **Timeout**: a call that runs longer than its ``timeout`` fails with :class:`RewardTimeout`. Its
   clock starts when it starts running in its worker, not while it waits behind other calls.
   The worker process is killed (a hung call would hold it forever) and replaced when needed.
 - **Isolation**: a worker answers each call before it starts the next, so the pool knows which
@@ -44,7 +44,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from rollstream.reward_pool_worker import decode_answer, serve
+from rollstream.rewards.pool_worker import decode_answer, serve
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,11 @@ START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_met
 _HEADER = struct.Struct("!i")  # multiprocessing.connection's frame header (frames < 2 GiB)
 _READ_SIZE = 1 << 18
 _EXIT_WAIT_SECONDS = 0.2  # a worker whose socket closed is exiting: wait this long for its exit code
+
+
+class RewardTimeout(TimeoutError):
+    """A reward call ran longer than its timeout: raised by :meth:`RewardPool.run` for one
+    attempt, and by ``AsyncRewardWrapper.call`` when the last attempt timed out."""
 
 
 class _Call:
@@ -202,7 +207,7 @@ class _Worker:
             return
         head = self.calls[0]
         if self._loop.time() >= head.started + head.timeout:
-            self.owner.retire(self, TimeoutError(f"{head.name} ran longer than {head.timeout} s"))
+            self.owner.retire(self, RewardTimeout(f"{head.name} ran longer than {head.timeout} s"))
         else:
             self._arm_timer()
 
@@ -377,7 +382,7 @@ class RewardPool:
 
     async def run(self, blob: bytes, name: str, timeout: float, alone: bool = False) -> float:
         """The result of the pickled call ``blob`` (``(fn, args, kwargs)``) run in a worker
-        process; raises ``TimeoutError``, ``BrokenProcessPool`` or the function's exception.
+        process; raises :class:`RewardTimeout`, ``BrokenProcessPool`` or the function's exception.
         ``alone``: no other call waits behind it in its worker process (for a call that may
         hang or kill its process: a retry)."""
         loop = asyncio.get_running_loop()

@@ -1,4 +1,4 @@
-"""The worker side of the reward pool (``rollstream.reward_pool``): what runs in each process.
+"""The worker side of the reward pool (``rollstream.rewards.pool``): what runs in each process.
 
 A worker says it is ready (an empty frame), then reads chunks of calls from its end of a socket
 pair, runs them one at a time in the order given, and answers each call with one frame as soon

@@ -1,11 +1,15 @@
 """Run synchronous reward functions in worker processes, with timeouts and retries.
 
-Semantics follow the reference system: each attempt has a timeout (``timeout_seconds``); there
-are ``max_retries`` retries after the first attempt; a timeout on the last attempt yields the
-float 0.0 (logged); any other failure (the function's exception, or ``BrokenProcessPool`` when
-the worker process running the call died) is retried and then re-raised.
+Semantics follow the reference system (AReaL's ``AsyncRewardWrapper``): each attempt has a
+timeout (``timeout_seconds``); there are ``max_retries`` retries after the first attempt; a
+timeout on the last attempt yields the float 0.0 (logged); any other failure (the function's
+exception, or ``BrokenProcessPool`` when the worker process running the call died) is retried
+and then re-raised. :meth:`AsyncRewardWrapper.call` is the same call without the 0.0: a
+timeout on the last attempt raises :class:`~rollstream.rewards.pool.RewardTimeout`, so a
+caller with its own policy (the reward tier's ``reward.on_timeout``) can tell it from a
+genuine 0.0 reward; ``await wrapper(...)`` catches it at this boundary.
 
-The processes are a :class:`rollstream.reward_pool.RewardPool`, which is better than the
+The processes are a :class:`rollstream.rewards.pool.RewardPool`, which is better than the
 reference's executor in three ways a caller can rely on (the pool's docstring has the details):
 
 - concurrent calls leave in one chunk per worker process, not one executor task each (about
@@ -27,19 +31,13 @@ import logging
 import pickle
 import threading
 from collections.abc import Callable
-from concurrent.futures.process import BrokenProcessPool
-from contextvars import ContextVar
 from typing import Any
 
-from rollstream.reward_pool import START_METHOD, RewardPool
+from rollstream.rewards.pool import START_METHOD, RewardPool, RewardTimeout
 
-__all__ = ["START_METHOD", "AsyncRewardWrapper", "close_workflow"]
+__all__ = ["START_METHOD", "AsyncRewardWrapper", "RewardTimeout", "close_workflow"]
 
 logger = logging.getLogger(__name__)
-
-# Whether the current attempt is a retry (it then runs alone in its process). A context variable
-# rather than an argument, so subclasses overriding ``_attempt(args, kwargs)`` keep working.
-_retrying: ContextVar[bool] = ContextVar("reward_retrying", default=False)
 
 _pools: dict[int | None, RewardPool] = {}
 _pools_lock = threading.Lock()
@@ -86,7 +84,8 @@ class AsyncRewardWrapper:
     """Awaitable wrapper around a picklable, synchronous ``reward_fn`` returning a number.
 
     ``await wrapper(*args, **kwargs)`` returns ``float(reward_fn(*args, **kwargs))``, 0.0 when
-    the last attempt timed out, or raises the last error. Arguments must pickle too.
+    the last attempt timed out, or raises the last error; :meth:`call` raises
+    ``RewardTimeout`` instead of that 0.0. Arguments must pickle too.
     Wrappers with the same ``max_workers`` share one pool (``max_workers`` processes for each
     event loop that calls); call :meth:`aclose` when done (the pool is shut down when its last
     wrapper closes, or at interpreter exit).
@@ -110,42 +109,33 @@ class AsyncRewardWrapper:
         self._pool: RewardPool | None = _acquire(max_workers)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> float:
+        try:
+            return await self.call(*args, **kwargs)
+        except RewardTimeout as exc:
+            logger.warning("%s; reward 0.0", exc)
+            return 0.0
+
+    async def call(self, *args: Any, **kwargs: Any) -> float:
+        """The reward; raises ``RewardTimeout`` when every attempt timed out, else the last
+        attempt's error."""
         attempts = self.max_retries + 1
+        blob = pickle.dumps((self.reward_fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         for attempt in range(1, attempts + 1):
-            last = attempt == attempts
             try:
-                if attempt == 1:
-                    return await self._attempt(args, kwargs)
                 # a retry runs alone: a call that failed once may hang or kill its process again
-                token = _retrying.set(True)
-                try:
-                    return await self._attempt(args, kwargs)
-                finally:
-                    _retrying.reset(token)
-            except TimeoutError:
-                if last:
-                    logger.warning(
-                        "reward function %s timed out after %s s on all %d attempts; reward 0.0",
-                        self._name, self.timeout_seconds, attempt,
-                    )
-                    return 0.0
+                return await self._require_pool().run(blob, self._name, self.timeout_seconds, alone=attempt > 1)
+            except RewardTimeout:
+                if attempt == attempts:
+                    raise RewardTimeout(
+                        f"reward function {self._name} timed out after {self.timeout_seconds} s on all "
+                        f"{attempts} attempts"
+                    ) from None
                 logger.warning("reward function %s timed out (attempt %d/%d)", self._name, attempt, attempts)
-            except BrokenProcessPool as exc:
-                if last:
-                    raise
-                logger.warning("reward function %s: %s (attempt %d/%d)", self._name, exc, attempt, attempts)
             except Exception as exc:
-                if last:
+                if attempt == attempts:
                     raise
                 logger.warning("reward function %s raised %r (attempt %d/%d)", self._name, exc, attempt, attempts)
         raise AssertionError("unreachable: the last attempt returns or raises")
-
-    async def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
-        """One attempt: the float result, or ``TimeoutError`` / ``BrokenProcessPool`` / the
-        function's exception. (Subclasses may wrap it, as ``rollstream.reward_workers.scorer`` does.)"""
-        pool = self._require_pool()
-        blob = pickle.dumps((self.reward_fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-        return await pool.run(blob, self._name, self.timeout_seconds, alone=_retrying.get())
 
     def _require_pool(self) -> RewardPool:
         if self._pool is None:

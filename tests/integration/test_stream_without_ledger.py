@@ -1,11 +1,12 @@
-"""The BatchConsumer kept for existing imports (rollstream.consumers.batch_consumer) against a real broker."""
+"""``BatchStream(config, ledger=False)`` against a real broker: only Kafka's committed offsets decide
+what a restarted trainer gets again (a step not acked is redelivered, an acked one never)."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from rollstream.consumers.batch_consumer import BatchConsumer
+from rollstream.trainer import BatchStream
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.config import RollstreamConfig
@@ -50,7 +51,7 @@ async def test_batches_are_redelivered_until_acked(kafka_bootstrap: str, redis_u
         build_batch([group("c"), group("d")], trainer_version=3),
         build_batch([group("f")], trainer_version=4),
     ])
-    async with BatchConsumer(config) as consumer:
+    async with BatchStream(config, ledger=False) as consumer:
         first = await consumer.next_batch(timeout=60)
         assert first is not None and first.task_ids == ["a", "b"]
         assert first.tensors["input_ids"].shape == (4, 8)  # 2 prompt + up to 6 generated tokens
@@ -62,10 +63,10 @@ async def test_batches_are_redelivered_until_acked(kafka_bootstrap: str, redis_u
         assert second is not None and second.task_ids == ["c", "d"]  # read, never acked
         assert consumer.drops_by_reason == {"timeout": 1}
         assert (consumer.undecodable, consumer.eval_skipped) == (1, 1)
-    async with BatchConsumer(config) as again:
+    async with BatchStream(config, ledger=False) as again:
         redelivered = await again.next_batch(timeout=60)
         assert redelivered is not None and redelivered.task_ids == ["c", "d"]
         assert await again.ack(redelivered)
         assert await again.next_batch(timeout=2) is None  # "f" alone is not a full batch
-    async with BatchConsumer(config) as last:
+    async with BatchStream(config, ledger=False) as last:
         assert await last.next_batch(timeout=2) is None  # c, d stay acked

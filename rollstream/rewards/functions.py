@@ -1,4 +1,4 @@
-"""Built-in reward functions.
+"""The built-in reward functions.
 
 Every reward function has the signature
 ``fn(prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int], **data) -> float``
