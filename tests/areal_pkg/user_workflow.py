@@ -3,7 +3,8 @@
 It uses what AReaL gives a workflow at run time: ``workflow_context`` (``is_eval``,
 ``task_id``, ``stat_scope()``), ``stats_tracker``, ``AsyncRewardWrapper`` and session tracing
 (``session_context`` / ``trace_session``). ``data["reject_all"]`` / ``data["fail_all"]`` make
-every episode return ``None`` / raise, to show how each ends in AReaL's session trace.
+every episode return ``None`` / raise, to show how each ends in AReaL's session trace. Its rows
+carry ``areal_task_id`` and ``areal_is_eval`` (per row), what AReaL's context told the episode.
 """
 
 import uuid
@@ -70,4 +71,7 @@ class UserWorkflow(RolloutWorkflow):
             "logprobs": torch.tensor([[0.0] * resp.input_len + resp.output_logprobs], dtype=torch.float32),
             "versions": torch.tensor([[-1] * resp.input_len + resp.output_versions], dtype=torch.int32),
             "rewards": torch.tensor([reward], dtype=torch.float32),
+            # what AReaL's context told this episode, so a test can read it on the trainer side
+            "areal_task_id": torch.tensor([ctx.task_id], dtype=torch.int64),
+            "areal_is_eval": torch.tensor([ctx.is_eval]),
         }
