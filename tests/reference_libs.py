@@ -8,9 +8,15 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from rollstream.logs import restore_standard_logging
+
 
 def import_reference(module: str) -> ModuleType:
-    """``importlib.import_module(module)``, or ``ImportError`` saying how to install it."""
+    """``importlib.import_module(module)``, or ``ImportError`` saying how to install it.
+
+    Import AReaL (and modules that import it) only through this: importing it replaces Python's
+    logger hierarchy, which is put back at once, before the next test module creates its loggers
+    (``rollstream.logs.restore_standard_logging``)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -19,3 +25,5 @@ def import_reference(module: str) -> ModuleType:
             "`pip install -r requirements/areal.txt -r requirements/verl.txt && pip install --no-deps areal==1.0.4 "
             "verl==0.9.1` (docs/WORKFLOWS.md#bring-areal-code-unchanged)"
         ) from exc
+    finally:
+        restore_standard_logging()

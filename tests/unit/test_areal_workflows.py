@@ -36,11 +36,10 @@ areal_io = import_reference("areal.api.io_struct")
 stats_tracker = import_reference("areal.utils.stats_tracker")
 perf_tracer = import_reference("areal.utils.perf_tracer")
 hf_utils = import_reference("areal.utils.hf_utils")
-from areal.workflow.multi_turn import MultiTurnWorkflow  # noqa: E402  (after the check above)
-from areal.workflow.rlvr import RLVRWorkflow  # noqa: E402
-from areal.workflow.vision_rlvr import VisionRLVRWorkflow  # noqa: E402
-
-from tests.areal_pkg.user_workflow import UserWorkflow  # noqa: E402
+MultiTurnWorkflow = import_reference("areal.workflow.multi_turn").MultiTurnWorkflow
+RLVRWorkflow = import_reference("areal.workflow.rlvr").RLVRWorkflow
+VisionRLVRWorkflow = import_reference("areal.workflow.vision_rlvr").VisionRLVRWorkflow
+UserWorkflow = import_reference("tests.areal_pkg.user_workflow").UserWorkflow
 
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
 DATA = {"messages": MESSAGES, "answer": "4"}
