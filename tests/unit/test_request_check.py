@@ -1,4 +1,4 @@
-"""checked_input_ids: what a request may carry, and the cause each refusal names."""
+"""accepted_request / checked_input_ids: what a request may carry, and the cause each refusal names."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ import numpy
 import pytest
 import torch
 
-from rollstream.api.request_check import InvalidRequestError, checked_input_ids
+from types import SimpleNamespace
+
+from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
+from rollstream.api.request_check import InvalidRequestError, accepted_request, checked_input_ids
+from rollstream.testing import ScriptedEngine
 from tests.unit.fakes import make_tokenizer
 
 MESSAGES = [{"role": "user", "content": "what is two plus three"}]
@@ -67,3 +71,34 @@ def test_malformed_requests_are_refused_with_their_cause(ids: object, needle: st
     with pytest.raises(InvalidRequestError) as info:
         checked_input_ids(ids, vocab_size=10, max_context=8)
     assert needle in str(info.value), str(info.value)
+
+
+async def test_the_reference_guides_line_is_refused_naming_the_fix(tiny_tokenizer: object) -> None:
+    """The guide's template builds ``ModelRequest(input_ids=list(apply_chat_template(..., tokenize=True)))``:
+    in transformers 5 that is the encoding's keys; the engine says so instead of failing later."""
+    input_ids = tiny_tokenizer.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True)  # type: ignore[attr-defined]
+    engine = ScriptedEngine([[5]], vocab_size=len(tiny_tokenizer))  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match=r"pass the BatchEncoding itself, its \['input_ids'\], or call "
+                                                  r"apply_chat_template\(\.\.\., return_dict=False\)"):
+        await engine.agenerate(ModelRequest(input_ids=list(input_ids)))
+    resp = await engine.agenerate(ModelRequest(input_ids=input_ids))  # the encoding itself is taken
+    assert resp.input_tokens == list(input_ids["input_ids"])  # type: ignore[index]
+
+
+def test_foreign_settings_become_rollstreams_and_what_cannot_be_honoured_is_refused() -> None:
+    class Settings:  # another project's settings type with the same names (AReaL's has two more)
+        def __init__(self, **kw: object) -> None:
+            self.__dict__.update(GenerationHyperparameters().__dict__ | {"lora_name": "default_lora",
+                                                                        "use_beam_search": False} | kw)
+
+    request = accepted_request(SimpleNamespace(input_ids=[1, 2], gconfig=Settings(max_new_tokens=3, stop_token_ids=[None, 2])))
+    assert type(request.gconfig) is GenerationHyperparameters and request.gconfig.max_new_tokens == 3
+    assert request.gconfig.stop_token_ids == [2] and request.input_ids == [1, 2] and request.rid
+    with pytest.raises(InvalidRequestError, match="n_samples is 2"):
+        accepted_request(ModelRequest(input_ids=[1], gconfig=GenerationHyperparameters(n_samples=2)))
+    with pytest.raises(InvalidRequestError, match="beam search"):
+        accepted_request(SimpleNamespace(input_ids=[1], gconfig=Settings(use_beam_search=True)))
+    with pytest.raises(InvalidRequestError, match="SimpleNamespace without \\['min_new_tokens', 'max_tokens'"):
+        accepted_request(SimpleNamespace(input_ids=[1], gconfig=SimpleNamespace(n_samples=1, max_new_tokens=3)))
+    with pytest.raises(InvalidRequestError, match="must be a ModelRequest"):
+        accepted_request([1, 2])

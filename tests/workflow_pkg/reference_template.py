@@ -3,7 +3,7 @@
 # argument added, `return_dict=False` (marked below): the guide was written for transformers 4,
 # and in transformers 5 `apply_chat_template(..., tokenize=True)` returns a BatchEncoding, whose
 # `list()` is its keys, so the guide's line sends ['input_ids', 'attention_mask'] as a prompt,
-# in the reference system as here (tests/unit/test_reference_template.py shows the refusal).
+# in the reference system as here (tests/unit/test_request_check.py shows the refusal).
 # It proves that such a workflow runs on rollstream otherwise unchanged
 # (tests/integration/test_reference_workflow.py, docs/WORKFLOWS.md). Do not edit below the imports.
 import uuid
