@@ -68,25 +68,21 @@ class UnknownWorkflowError(LookupError):
     """A message named a workflow that is not a key of the worker's allow-list."""
 
 
-def make_gconfig(settings: dict[str, Any], tokenizer: Any) -> GenerationHyperparameters:
-    """``rollout.gconfig`` as generation settings with the tokenizer's stop/pad ids."""
+def make_gconfig(settings: dict[str, Any], tokenizer: Any, settings_type: type = GenerationHyperparameters) -> Any:
+    """``rollout.gconfig`` as generation settings with the tokenizer's stop/pad ids, of
+    ``settings_type`` (rollstream's, or AReaL's for AReaL's classes: :func:`areal_settings_type`)."""
     try:
-        gconfig = GenerationHyperparameters().new(**settings)
+        gconfig = settings_type().new(**settings)
     except TypeError as exc:
         raise ConfigError(f"invalid configuration: rollout.gconfig: {exc}") from None
     return gconfig.new_with_stop_and_pad_token_ids(tokenizer)
 
 
-def make_areal_gconfig(settings: dict[str, Any], tokenizer: Any) -> Any:
-    """``rollout.gconfig`` as AReaL's ``GenerationHyperparameters`` with the tokenizer's stop/pad
-    ids (imports ``areal``: call it only for AReaL's workflow classes)."""
+def areal_settings_type() -> type:
+    """AReaL's ``GenerationHyperparameters`` (imports ``areal``: only for AReaL's classes)."""
     from areal.api.cli_args import GenerationHyperparameters as ArealGenerationHyperparameters
 
-    try:
-        gconfig = ArealGenerationHyperparameters(**settings)
-    except TypeError as exc:
-        raise ConfigError(f"invalid configuration: rollout.gconfig: {exc}") from None
-    return gconfig.new_with_stop_and_pad_token_ids(tokenizer)
+    return ArealGenerationHyperparameters
 
 
 def _no_processor() -> Any:
@@ -204,7 +200,7 @@ def _build(
     path = BUILTIN_PATHS.get(spec.path, spec.path)
     try:
         if is_areal_workflow(import_object(path)):  # AReaL's class: AReaL's settings type
-            gconfig = make_areal_gconfig(settings, tokenizer)
+            gconfig = make_gconfig(settings, tokenizer, areal_settings_type())
         kwargs = build_kwargs(spec, tokenizer, gconfig, processor)
         # group_size=1: the worker runs (and publishes) every sample of a group itself.
         return resolve_workflow(path, kwargs, group_size=1)
