@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from rollstream.api.io_struct import ModelResponse
 from rollstream.api.request_check import InvalidRequestError
 from rollstream.config import RolloutConfig, WorkflowSpec
 from rollstream.engines.hf import HFEngine
+from rollstream.imports import import_object
 from rollstream.rollout_workers.registry import WorkflowRegistry
 from rollstream.testing import ScriptedEngine, check_workflow, tiny_vlm_dir, workflow_processor
 from tests.areal_pkg.rewards import answer_reward
@@ -231,3 +233,14 @@ def test_a_workers_config_names_areal_classes_and_gets_areal_settings(tok: Any) 
         assert type(workflow.workflow.gconfig) is cli_args.GenerationHyperparameters  # what the class expects
         assert workflow.workflow.gconfig.max_new_tokens == 6 and tok.eos_token_id in workflow.workflow.gconfig.stop_token_ids
         assert workflow.workflow.tokenizer is tok and type(tok).__module__.startswith("transformers.")
+
+
+def test_rollstream_log_lines_survive_areal_replacing_the_logger_hierarchy(caplog: pytest.LogCaptureFixture) -> None:
+    areal_logging = import_reference("areal.utils.logging")
+    caplog.set_level(logging.INFO)
+    areal_logging.getLogger("SomeAReaLModule")  # what every AReaL module does when it is imported
+    logging.getLogger("rollstream.test.before_restore").info("lost")
+    assert "lost" not in caplog.text  # detached from the standard root, and so from every handler on it
+    import_object("areal.workflow.rlvr:RLVRWorkflow")  # a config-named import puts the standard one back
+    logging.getLogger("rollstream.test.after_restore").info("kept")
+    assert "kept" in caplog.text
