@@ -16,9 +16,11 @@ Rules (what callers may rely on):
 - once ``group_size`` samples arrived with none accepted: every one rejected by the workflow ->
   "all_rejected"; at least one failed -> "all_failed" (the detail counts both and quotes the
   first failure by sample index). A failure is never counted as a rejection;
-- otherwise the filters run (train groups only; eval groups are never filtered): equal rewards
-  -> "filtered", oldest generated token more than ``max_head_offpolicyness`` versions behind
-  -> "stale"; a group that passes keeps its counts of rejected and failed samples;
+- otherwise the filters run (train groups only; eval groups are never filtered): the group
+  filters of ``grouping.group_filters`` in order (``rollstream.consumers.group_filters``; the
+  first that refuses it -> "filtered"), then the oldest generated token more than
+  ``max_head_offpolicyness`` versions behind -> "stale"; a group that passes keeps its counts of
+  rejected and failed samples;
 - :meth:`GroupBuffer.expire` drops groups open longer than the timeout ("timeout"). The clock
   restarts when a group is rebuilt after a crash (its first sample is re-read then).
 - images (vision): an episode names the images its rows show and carries the bytes of those
@@ -32,7 +34,7 @@ Memory holds the open groups and the outcome log (bounded by its window), nothin
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from rollstream.consumers.outcomes import OutcomeLog
@@ -49,9 +51,11 @@ class ConflictError(ValueError):
 
 @dataclass(frozen=True)
 class GroupFilters:
-    """Optional drops of complete train groups. ``max_head_offpolicyness=None``: no staleness check."""
+    """Optional drops of complete train groups: ``group_filters`` in order (each returns ``None``
+    to keep the group or the detail of its drop; ``rollstream.consumers.group_filters`` builds
+    them from the config), then staleness (``max_head_offpolicyness=None``: no staleness check)."""
 
-    drop_equal_rewards: bool = False
+    group_filters: tuple[GroupFilter, ...] = ()
     max_head_offpolicyness: int | None = None
 
 
@@ -116,6 +120,7 @@ class DroppedGroup:
 
 
 GroupResult = CompleteGroup | DroppedGroup
+GroupFilter = Callable[[CompleteGroup], "str | None"]  # None keeps the group; a string is why it is dropped
 
 
 def _drop(group: OpenGroup | CompleteGroup, reason: DropReason, detail: str) -> DroppedGroup:
@@ -141,9 +146,10 @@ def apply_filters(group: CompleteGroup, filters: GroupFilters, trainer_version: 
     """``group`` itself, or its drop when a filter removes it (eval groups pass unfiltered)."""
     if group.is_eval:
         return group
-    if filters.drop_equal_rewards and len({e.reward for e in group.episodes}) <= 1:
-        detail = f"all {len(group.episodes)} accepted rewards equal {group.episodes[0].reward}"
-        return _drop(group, "filtered", detail)
+    for refuse in filters.group_filters:
+        detail = refuse(group)
+        if detail is not None:
+            return _drop(group, "filtered", detail)
     eta = filters.max_head_offpolicyness
     head = group.head_version
     if eta is not None and head >= 0 and trainer_version - head > eta:

@@ -33,6 +33,7 @@ from aiokafka.structs import ConsumerRecord
 
 from rollstream.consumers.changelog import read_outcomes
 from rollstream.consumers.emission import EmittedBatch, Emission, SlotReleaser
+from rollstream.consumers.group_filters import load_group_filters
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
 from rollstream.consumers.pending import PendingBatches
 from rollstream.consumers.trainer_version import TrainerVersion, VersionReading
@@ -64,7 +65,7 @@ class GroupingTransform:
         g = config.grouping
         self.config, self.names = config, names
         eta = config.staleness.max_head_offpolicyness if g.drop_stale else None
-        filters = GroupFilters(drop_equal_rewards=g.drop_equal_rewards, max_head_offpolicyness=eta)
+        filters = GroupFilters(group_filters=load_group_filters(g), max_head_offpolicyness=eta)
         self.buffer = GroupBuffer(g.group_timeout_seconds, g.dedupe_window_seconds, filters)
         self.pending = PendingBatches(g.groups_per_batch, PARTIAL_BATCH_FLUSH_FACTOR * g.commit_interval_ms / 1000)
         keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)

@@ -24,7 +24,6 @@ from rollstream.api.engine import InferenceEngine
 from rollstream.config import ConfigError, RolloutConfig, require
 from rollstream.imports import import_object
 from rollstream.redis_state import RedisKeys
-from rollstream.tokenizer_compat import ids_from_chat_template
 from rollstream.rollout_workers.versions import VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
@@ -42,13 +41,13 @@ def tokenizer_path(config: RolloutConfig) -> str:
 
 
 def load_tokenizer(config: RolloutConfig) -> Any:
-    """The tokenizer the workflows use (``AutoTokenizer.from_pretrained``), its
-    ``apply_chat_template`` returning token ids by default (``rollstream.tokenizer_compat``)."""
+    """The tokenizer the workflows use: ``AutoTokenizer.from_pretrained``, as transformers
+    makes it (engines take what its methods return: ``rollstream.api.request_check``)."""
     from transformers import AutoTokenizer
 
     path = tokenizer_path(config)
     try:
-        return ids_from_chat_template(AutoTokenizer.from_pretrained(path))
+        return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"invalid configuration: cannot load a tokenizer from {path!r}: {exc}") from exc
 

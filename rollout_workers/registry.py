@@ -14,11 +14,17 @@ Special values in ``kwargs`` (also inside nested lists and dicts):
 
 * ``"$tokenizer"`` -> the tokenizer of ``rollout.tokenizer_path`` (default: the model path);
 * ``"$gconfig"`` -> ``GenerationHyperparameters().new(**rollout.gconfig)`` with the tokenizer's
-  stop and pad token ids added;
+  stop and pad token ids added; for a class of AReaL's (a subclass of
+  ``areal.api.workflow_api.RolloutWorkflow``) AReaL's own ``areal.api.cli_args.GenerationHyperparameters``
+  built the same way, which is what such a class expects;
 * ``"$processor"`` -> the processor of ``rollout.processor_path`` (default: the tokenizer path),
   loaded once and only when a workflow asks for it (``rollstream.vision.processor.load_processor``);
 * a ``reward_fn`` given as a string is imported (``pkg.module.fn``), since the built-in
   workflows take a callable.
+
+The tokenizer is ``AutoTokenizer.from_pretrained`` as transformers makes it, for rollstream's
+workflows and AReaL's alike. An AReaL workflow class runs as AReaL runs it
+(``rollstream.api.areal_adapter``).
 
 An entry whose object is an agent (``async def run(data, **extra)``) is served by the worker's
 OpenAI-compatible agent endpoint (``rollout.agent``, ``rollstream.agent``), started with the
@@ -37,10 +43,12 @@ from collections.abc import Callable
 from typing import Any
 
 from rollstream.agent import AgentEndpoint, AgentWorkflow
+from rollstream.api.areal_adapter import is_areal_workflow
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.api.workflow import RolloutWorkflow, resolve_workflow
 from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
 from rollstream.imports import import_object
+from rollstream.logs import restore_standard_logging
 from rollstream.rewards.wrapper import close_workflow
 
 log = logging.getLogger(__name__)
@@ -60,20 +68,28 @@ class UnknownWorkflowError(LookupError):
     """A message named a workflow that is not a key of the worker's allow-list."""
 
 
-def make_gconfig(settings: dict[str, Any], tokenizer: Any) -> GenerationHyperparameters:
-    """``rollout.gconfig`` as generation settings with the tokenizer's stop/pad ids."""
+def make_gconfig(settings: dict[str, Any], tokenizer: Any, settings_type: type = GenerationHyperparameters) -> Any:
+    """``rollout.gconfig`` as generation settings with the tokenizer's stop/pad ids, of
+    ``settings_type`` (rollstream's, or AReaL's for AReaL's classes: :func:`areal_settings_type`)."""
     try:
-        gconfig = GenerationHyperparameters().new(**settings)
+        gconfig = settings_type().new(**settings)
     except TypeError as exc:
         raise ConfigError(f"invalid configuration: rollout.gconfig: {exc}") from None
     return gconfig.new_with_stop_and_pad_token_ids(tokenizer)
+
+
+def areal_settings_type() -> type:
+    """AReaL's ``GenerationHyperparameters`` (imports ``areal``: only for AReaL's classes)."""
+    from areal.api.cli_args import GenerationHyperparameters as ArealGenerationHyperparameters
+
+    return ArealGenerationHyperparameters
 
 
 def _no_processor() -> Any:
     raise ConfigError("invalid configuration: \"$processor\" needs rollout.processor_path (or a tokenizer or model path)")
 
 
-def _substitute(value: Any, tokenizer: Any, gconfig: GenerationHyperparameters, processor: Callable[[], Any]) -> Any:
+def _substitute(value: Any, tokenizer: Any, gconfig: Any, processor: Callable[[], Any]) -> Any:
     if value == TOKENIZER_PLACEHOLDER:
         return tokenizer
     if value == GCONFIG_PLACEHOLDER:
@@ -88,10 +104,11 @@ def _substitute(value: Any, tokenizer: Any, gconfig: GenerationHyperparameters, 
 
 
 def build_kwargs(
-    spec: WorkflowSpec, tokenizer: Any, gconfig: GenerationHyperparameters, processor: Callable[[], Any] = _no_processor,
+    spec: WorkflowSpec, tokenizer: Any, gconfig: Any, processor: Callable[[], Any] = _no_processor,
 ) -> dict[str, Any]:
     """The constructor kwargs of ``spec`` with placeholders replaced (see the module doc);
-    ``processor()`` returns what ``"$processor"`` stands for."""
+    ``gconfig`` is what ``"$gconfig"`` stands for (each use gets a copy), ``processor()`` what
+    ``"$processor"`` stands for."""
     kwargs = dict(spec.kwargs)
     if spec.path in BUILTIN_PATHS:
         kwargs.setdefault("gconfig", GCONFIG_PLACEHOLDER)
@@ -125,8 +142,11 @@ class WorkflowRegistry:
         gconfig = make_gconfig(config.gconfig, tokenizer)
         specs = {**DEFAULT_WORKFLOWS, **config.workflows}
         processor = _processor_loader(config)
-        workflows = {key: _build(key, spec, tokenizer, gconfig, processor) for key, spec in specs.items()}
+        workflows = {
+            key: _build(key, spec, tokenizer, gconfig, processor, config.gconfig) for key, spec in specs.items()
+        }
         endpoint = _serve_agents(workflows, config, tokenizer, gconfig)
+        restore_standard_logging()  # workflow code that imported AReaL replaced the logger hierarchy
         log.info("workflow allow-list: %s (default %s)", ", ".join(sorted(workflows)), config.default_workflow)
         return cls(workflows, config.default_workflow, endpoint)
 
@@ -175,9 +195,12 @@ def _processor_loader(config: RolloutConfig) -> Callable[[], Any]:
 
 def _build(
     key: str, spec: WorkflowSpec, tokenizer: Any, gconfig: GenerationHyperparameters, processor: Callable[[], Any],
+    settings: dict[str, Any],
 ) -> RolloutWorkflow:
     path = BUILTIN_PATHS.get(spec.path, spec.path)
     try:
+        if is_areal_workflow(import_object(path)):  # AReaL's class: AReaL's settings type
+            gconfig = make_gconfig(settings, tokenizer, areal_settings_type())
         kwargs = build_kwargs(spec, tokenizer, gconfig, processor)
         # group_size=1: the worker runs (and publishes) every sample of a group itself.
         return resolve_workflow(path, kwargs, group_size=1)

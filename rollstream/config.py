@@ -228,6 +228,10 @@ class RewardConfig(_Section):
 class GroupingConfig(_Section):
     groups_per_batch: AtLeastOne = 1
     pad_value: float = 0.0
+    # Group filters (rollstream.consumers.group_filters): import strings of fn(group) -> bool, run
+    # in order on every complete train group; the first False drops it as "filtered" and returns
+    # its staleness slot. drop_equal_rewards puts the built-in distinct_rewards filter first.
+    group_filters: list[Name] = msgspec.field(default_factory=list)
     drop_equal_rewards: bool = False
     drop_stale: bool = False
     group_timeout_seconds: Seconds = 600.0

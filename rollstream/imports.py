@@ -1,12 +1,16 @@
 """Import strings from configuration (``pkg.module.name`` or ``pkg.module:Outer.name``).
 
 Only configuration names code to import; messages never do (see the workflow allow-list).
+Code imported here may replace Python's logger hierarchy (AReaL's modules do); it is put back
+at once (``rollstream.logs.restore_standard_logging``).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from rollstream.logs import restore_standard_logging
 
 
 def import_object(path: str) -> Any:
@@ -21,6 +25,8 @@ def import_object(path: str) -> Any:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise ImportError(f"cannot import {path!r}: {exc}") from exc
+    finally:
+        restore_standard_logging()  # before anything else creates a logger (AReaL replaces the hierarchy)
     try:
         for part in attr.split("."):
             obj = getattr(obj, part)

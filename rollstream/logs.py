@@ -119,6 +119,35 @@ class _TierFilter(logging.Filter):
         return True
 
 
+# The logger hierarchy as the standard library made it, remembered when this module is first
+# imported (every tier imports it before any workflow code).
+_STANDARD_ROOT = logging.Logger.root
+_STANDARD_MANAGER = logging.Logger.manager
+_restored_once = False
+
+
+def restore_standard_logging() -> bool:
+    """Put the standard library's logger hierarchy back if a library replaced it; True when it did.
+
+    ``areal.utils.logging.getLogger`` (called when any AReaL module is imported) assigns a new
+    ``logging.Logger.root`` and ``logging.Logger.manager``: every logger created afterwards
+    hangs under a root without handlers, so rollstream's lines would lose their format, their
+    secret masking and, below WARNING, themselves. Loggers the library made keep what it gave
+    them. Cheap when nothing changed; called after workflow code is loaded and around AReaL
+    episodes (``rollstream.api.areal_adapter``)."""
+    global _restored_once
+    if logging.Logger.manager is _STANDARD_MANAGER and logging.Logger.root is _STANDARD_ROOT:
+        return False
+    logging.Logger.root = _STANDARD_ROOT
+    logging.Logger.manager = _STANDARD_MANAGER
+    if not _restored_once:
+        _restored_once = True
+        logging.getLogger(__name__).warning(
+            "a library replaced Python's logger hierarchy (AReaL's logging.getLogger does when imported); "
+            "restored it, so rollstream's log lines keep their handlers and secret masking")
+    return True
+
+
 def setup_logging(tier: str, level: str = "INFO", secrets: Iterable[str] = (), log_format: LogFormat = "text") -> None:
     """Configure the root logger for a tier process (idempotent): lines to stderr in
     ``log_format`` ("text" or "json"), secrets masked."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what rollstream needs on a fresh Debian machine: redis-server, Java and Maven (for
 # the local Kafka broker), docker-compose (offline validation of compose.yaml), the package
-# with its dev extra, and the Kafka broker jars (cached under ~/.cache/rollstream). Safe to run again: each step is skipped when already done.
+# with its dev extra, areal and verl for the compatibility tests (pinned), and the Kafka
+# broker jars (cached under ~/.cache/rollstream). Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,5 +26,23 @@ if ! python -c 'import rollstream, pytest_asyncio, hypothesis, matplotlib' 2>/de
 fi
 # Re-register entry points when the source tree's tiers changed since the last install.
 python -m pip install --disable-pip-version-check -q --no-deps -e . >/dev/null
+
+# The reference systems the compatibility tests run against (AReaL's own workflows, verl's and
+# AReaL's trainer code): pinned, installed without their declared dependencies (agent
+# frameworks, sglang, CUDA wheels), after what their modules import (requirements/*.txt).
+# Skipped when the pinned versions are already there. docs/WORKFLOWS.md#bring-areal-code-unchanged
+reference_pins="areal==1.0.4 verl==0.9.1"
+if ! python - requirements/areal.txt requirements/verl.txt $reference_pins <<'PY' 2>/dev/null
+import importlib.metadata as m, pathlib, sys
+pins = [w for a in sys.argv[1:] for w in (pathlib.Path(a).read_text().split("\n") if a.endswith(".txt") else [a])]
+pins = [p.strip() for p in pins if p.strip() and not p.startswith("#")]
+sys.exit(0 if all(m.version(p.split("==")[0]) == p.split("==")[1] for p in pins) else 1)
+PY
+then
+  echo "setup: installing $reference_pins (requirements/areal.txt, requirements/verl.txt)" >&2
+  python -m pip install --disable-pip-version-check -q -r requirements/areal.txt -r requirements/verl.txt
+  python -m pip install --disable-pip-version-check -q --no-deps $reference_pins
+  python -c 'import areal.workflow.rlvr, areal.workflow.multi_turn, areal.workflow.vision_rlvr, verl' >/dev/null
+fi
 
 python -c 'from rollstream.dev.kafka_jars import ensure_kafka_jars; print("kafka jars:", ensure_kafka_jars())'

@@ -17,9 +17,17 @@ import redis.asyncio as aioredis
 
 from rollstream.dev.kafka_jars import KAFKA_VERSION
 from rollstream.dev.launcher import DevStack, Services, dev_stack as start_dev_stack
+from rollstream.logs import restore_standard_logging
 
 # The workflow authors' fixtures (tiny_model_dir, tiny_tokenizer, gconfig, scripted_engine).
 pytest_plugins = ["rollstream.testing.fixtures"]
+
+@pytest.fixture(autouse=True)
+def _standard_logging() -> None:
+    """Importing AReaL (the compatibility tests do) replaces Python's logger hierarchy, which
+    would hide later tests' log lines from their handlers; every test starts with the standard one."""
+    restore_standard_logging()
+
 
 # Filled by the dev_stack fixture, printed by pytest_terminal_summary.
 _startup_lines: list[str] = []

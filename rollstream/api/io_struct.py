@@ -1,6 +1,9 @@
 """Requests, responses and sampling settings exchanged between workflows and engines.
 
-These mirror the reference system's contracts so that existing workflows port unchanged.
+These mirror the reference system's contracts so that existing workflows port unchanged:
+``ModelRequest`` and ``ModelResponse`` have every field AReaL's have (``areal.api.io_struct``,
+AReaL 1.0.4), and ``ModelResponse`` its ``end_with_stop`` and ``output_tokens_without_stop``.
+Engines also take AReaL's own request and settings objects (``rollstream.api.request_check``).
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ class ModelRequest:
     metadata: dict[str, Any] = field(default_factory=dict)
     image_data: list[str] | None = None
     tokenizer: Any = None
+    processor: Any = None  # a VLM's processor, handed back on the response
+    vision_msg_vllm: list[Any] | None = None  # the reference's vLLM-only chat form; engines here ignore it
 
     def copy(self) -> ModelRequest:
         return replace(
@@ -90,6 +95,7 @@ class ModelRequest:
             gconfig=self.gconfig.new(),
             metadata=dict(self.metadata),
             image_data=None if self.image_data is None else list(self.image_data),
+            vision_msg_vllm=None if self.vision_msg_vllm is None else list(self.vision_msg_vllm),
         )
 
 
@@ -99,6 +105,8 @@ class ModelResponse:
 
     ``stop_reason`` is one of stop | length | tool_calls | abort. An engine that was
     interrupted by a weight update resumes internally; a final abort is reported as length.
+    ``tokenizer``, ``processor`` and ``input_images`` are the request's (``image_data``);
+    ``itl`` (inter-token latencies) and ``routed_experts`` (MoE routing) are left empty here.
     """
 
     input_tokens: list[int] = field(default_factory=list)
@@ -109,6 +117,10 @@ class ModelResponse:
     latency: float = float("inf")
     ttft: float = float("inf")
     tokenizer: Any = None
+    input_images: list[Any] = field(default_factory=list)
+    processor: Any = None
+    itl: list[float] = field(default_factory=list)
+    routed_experts: Any = None
 
     @property
     def input_len(self) -> int:
@@ -117,3 +129,37 @@ class ModelResponse:
     @property
     def output_len(self) -> int:
         return len(self.output_tokens)
+
+    def _stop_ids(self, what: str) -> set[int]:
+        if self.tokenizer is None:
+            raise ValueError(f"{what} needs the tokenizer: pass tokenizer= in the ModelRequest")
+        return {t for t in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if t is not None}
+
+    @property
+    def end_with_stop(self) -> bool:
+        """True when the last output token is the tokenizer's eos or pad token (``ValueError``
+        without a tokenizer)."""
+        stops = self._stop_ids("end_with_stop")
+        return bool(self.output_tokens) and self.output_tokens[-1] in stops
+
+    @property
+    def output_tokens_without_stop(self) -> list[int]:
+        """The output without its trailing eos/pad tokens when generation stopped on one.
+
+        For "length" and "abort" (and an empty output) the output as is. ``ValueError`` when a
+        finished output does not end with eos/pad, or is nothing but eos/pad tokens.
+        """
+        stops = self._stop_ids("output_tokens_without_stop")
+        if self.stop_reason in ("length", "abort") or not self.output_tokens:
+            return self.output_tokens
+        end = len(self.output_tokens)
+        while end and self.output_tokens[end - 1] in stops:
+            end -= 1
+        if end == len(self.output_tokens):
+            raise ValueError(
+                f"stop_reason is {self.stop_reason!r} but the output ends with token "
+                f"{self.output_tokens[-1]}, neither the eos nor the pad token"
+            )
+        if end == 0:
+            raise ValueError("the output is only eos/pad tokens: nothing is left without them")
+        return self.output_tokens[:end]

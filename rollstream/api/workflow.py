@@ -149,6 +149,10 @@ def _resolve_object(workflow: Any, workflow_kwargs: dict[str, Any] | None, label
         if workflow_kwargs is None:
             raise ValueError(f"workflow class {workflow.__qualname__} needs workflow_kwargs to be constructed")
         return workflow(**workflow_kwargs)
+    from rollstream.api.areal_adapter import ArealWorkflow, is_areal_workflow  # builds on this module
+
+    if is_areal_workflow(workflow):
+        return ArealWorkflow(_resolve_areal(workflow, workflow_kwargs))
     if _has_async_run(workflow):
         from rollstream.agent.workflow import AgentWorkflow  # the agent runtime builds on this module
 
@@ -158,9 +162,20 @@ def _resolve_object(workflow: Any, workflow_kwargs: dict[str, Any] | None, label
             logger.warning("agent %r is an instance; ignoring workflow_kwargs %s", workflow, sorted(workflow_kwargs))
         return AgentWorkflow(workflow)
     raise TypeError(
-        f"cannot use {label} as a workflow: expected a RolloutWorkflow instance or subclass, an "
-        "import string naming one, or an agent (object or class) with 'async def run(data, **extra)'"
+        f"cannot use {label} as a workflow: expected a RolloutWorkflow instance or subclass (rollstream's "
+        "or AReaL's), an import string naming one, or an agent (object or class) with 'async def run(data, **extra)'"
     )
+
+
+def _resolve_areal(workflow: Any, workflow_kwargs: dict[str, Any] | None) -> Any:
+    """An instance of AReaL's workflow class, by the same rules as rollstream's own."""
+    if not isinstance(workflow, type):
+        if workflow_kwargs:
+            logger.warning("workflow %r is an instance; ignoring workflow_kwargs %s", workflow, sorted(workflow_kwargs))
+        return workflow
+    if workflow_kwargs is None:
+        raise ValueError(f"workflow class {workflow.__qualname__} needs workflow_kwargs to be constructed")
+    return workflow(**workflow_kwargs)
 
 
 def resolve_workflow(
@@ -170,6 +185,8 @@ def resolve_workflow(
 
     - a :class:`RolloutWorkflow` instance: used as is (``workflow_kwargs`` ignored, with a warning);
     - a :class:`RolloutWorkflow` subclass: ``cls(**workflow_kwargs)``; ``None`` kwargs -> ``ValueError``;
+    - an instance or subclass of AReaL's ``RolloutWorkflow`` (``areal`` installed): the same, run
+      by :class:`rollstream.api.areal_adapter.ArealWorkflow` as AReaL runs it;
     - a string ``"pkg.module.Name"`` or ``"pkg.module:Name"``: imported, then these same rules
       (``ImportError`` / ``ValueError`` naming the string when that fails);
     - any other object or class with ``async def run``: a

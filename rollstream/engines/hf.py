@@ -20,6 +20,8 @@ Callers may rely on:
   ``input_ids``, ids outside the model's vocabulary, or a prompt that fills the model's context
   (``max_position_embeddings``) raise ``InvalidRequestError`` for that request alone; requests
   sharing its steps are untouched. The budget is also capped so prompt + output fit the context.
+  AReaL's own ``ModelRequest`` and ``GenerationHyperparameters`` are accepted as they are; the
+  response carries the request's ``tokenizer``, ``processor`` and ``image_data`` (``input_images``).
 * Vision-language models (a Qwen2-VL-style directory: ``config.json`` with a ``vision_config``,
   and an image processor) load with ``AutoModelForImageTextToText``. A request's
   ``image_data`` (base64, data URIs or file paths, as SGLang takes them) is processed when it
@@ -49,7 +51,7 @@ import torch
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
-from rollstream.api.request_check import InvalidRequestError, checked_input_ids
+from rollstream.api.request_check import InvalidRequestError, accepted_request
 from rollstream.engines.kv_batch import KVBatch, make_cache
 from rollstream.engines.sampling import SamplingSpec, sample
 from rollstream.engines.vision_rows import EngineVision
@@ -94,6 +96,8 @@ class _Seq:
     future: asyncio.Future[ModelResponse]
     started: float
     tokenizer: Any = None
+    processor: Any = None
+    images: list[str] = field(default_factory=list)  # the request's image_data, handed back
     out_tokens: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
@@ -320,7 +324,8 @@ class HFEngine(InferenceEngine):
         """Generate for ``req`` (see the module docstring). Raises ``InvalidRequestError`` (a
         ``ValueError``) for a malformed request and ``ValueError`` when no budget is left."""
         await self.start()
-        prompt = checked_input_ids(req.input_ids, vocab_size=self._vocab_size, max_context=self._max_context)
+        req = accepted_request(req, vocab_size=self._vocab_size, max_context=self._max_context)
+        prompt = req.input_ids
         vision = await self._request_vision(prompt, req.image_data)
         budget = req.gconfig.budget(len(prompt))
         if self._max_context is not None:
@@ -333,6 +338,8 @@ class HFEngine(InferenceEngine):
             future=asyncio.get_running_loop().create_future(),
             started=time.monotonic(),
             tokenizer=req.tokenizer,
+            processor=req.processor,
+            images=list(req.image_data or []),
             vision=vision,
         )
         self._pending.append(seq)
@@ -446,6 +453,8 @@ class HFEngine(InferenceEngine):
                 latency=now - seq.started,
                 ttft=(seq.first_token_at or now) - seq.started,
                 tokenizer=seq.tokenizer,
+                input_images=seq.images,
+                processor=seq.processor,
             )
         )
 

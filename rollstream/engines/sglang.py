@@ -55,7 +55,7 @@ from typing import Any
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
-from rollstream.api.request_check import InvalidRequestError, checked_input_ids
+from rollstream.api.request_check import InvalidRequestError, accepted_request
 from rollstream.config import SGLangConfig
 from rollstream.engines.sglang_admin import ServerHealth, SGLangAdmin
 from rollstream.engines.sglang_http import (
@@ -251,8 +251,9 @@ class SGLangEngine(InferenceEngine):
     # ----------------------------------------------------------------- generation
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        """Generate for ``req``, resuming across pauses (see the module docstring)."""
-        checked_input_ids(req.input_ids)  # a malformed request fails here, alone, with its cause
+        """Generate for ``req``, resuming across pauses (see the module docstring). AReaL's own
+        request and settings types are accepted (``rollstream.api.request_check``)."""
+        req = accepted_request(req)  # a malformed request fails here, alone, with its cause
         images = sglang_image_data(req.image_data) if req.image_data else None
         g = req.gconfig
         budget = g.budget(len(req.input_ids))
@@ -295,6 +296,8 @@ class SGLangEngine(InferenceEngine):
             latency=time.monotonic() - started,
             ttft=ttft,
             tokenizer=req.tokenizer,
+            input_images=list(req.image_data or []),
+            processor=req.processor,
         )
 
     async def _after_abort(self, rid: str, finish: dict[str, Any], empty_aborts: int) -> None:

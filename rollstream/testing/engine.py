@@ -2,9 +2,9 @@
 
 :class:`ScriptedEngine` implements the whole engine contract the way real engines do:
 
-* requests are checked like HF and SGLang check them (``rollstream.api.request_check``: a
-  ``BatchEncoding``, text, nested lists, ids outside ``vocab_size``, a prompt that fills
-  ``max_context`` raise ``InvalidRequestError``), and the budget is
+* requests are checked and accepted like HF and SGLang do (``rollstream.api.request_check``:
+  AReaL's request types and a ``BatchEncoding`` are taken; text, nested lists, ids outside
+  ``vocab_size``, a prompt that fills ``max_context`` raise ``InvalidRequestError``), and the budget is
   ``gconfig.budget(prompt_len)`` (capped by ``max_context``);
 * outputs come from a list (cycled, one entry per call) or from a callable given the request
   (sync or async; raising makes ``agenerate`` raise, as a failing engine would); an entry is a
@@ -31,7 +31,7 @@ import numpy
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import ModelRequest, ModelResponse, StopReason
-from rollstream.api.request_check import checked_input_ids
+from rollstream.api.request_check import accepted_request
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,8 @@ class ScriptedEngine(InferenceEngine):
         self._unpaused.set()
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        prompt = checked_input_ids(req.input_ids, vocab_size=self.vocab_size, max_context=self.max_context)
+        req = accepted_request(req, vocab_size=self.vocab_size, max_context=self.max_context)
+        prompt = req.input_ids
         budget = req.gconfig.budget(len(prompt))
         if self.max_context is not None:
             budget = min(budget, self.max_context - len(prompt))
@@ -101,7 +102,8 @@ class ScriptedEngine(InferenceEngine):
         return ModelResponse(
             input_tokens=prompt, output_tokens=tokens, output_logprobs=logprobs, output_versions=versions,
             stop_reason=answer.stop_reason or self.stop_reason or ("length" if cut else "stop"),
-            latency=0.0, ttft=0.0, tokenizer=req.tokenizer,
+            latency=0.0, ttft=0.0, tokenizer=req.tokenizer, input_images=list(req.image_data or []),
+            processor=req.processor,
         )
 
     async def _answer(self, req: ModelRequest) -> Scripted:

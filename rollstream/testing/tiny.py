@@ -18,7 +18,6 @@ from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.dev.kafka_jars import cache_dir
 from rollstream.tiny_model import ensure_tiny_model
 from rollstream.tiny_vlm import ensure_tiny_vlm
-from rollstream.tokenizer_compat import ids_from_chat_template
 
 
 def tiny_model_dir(path: Path | str | None = None) -> Path:
@@ -39,10 +38,10 @@ def workflow_processor(model_dir: Path | str) -> Any:
 
 
 def workflow_tokenizer(model_dir: Path | str) -> Any:
-    """The tokenizer of ``model_dir`` as workflows receive it (``apply_chat_template`` returns ids)."""
+    """The tokenizer of ``model_dir`` as workflows receive it: ``AutoTokenizer.from_pretrained``."""
     from transformers import AutoTokenizer
 
-    return ids_from_chat_template(AutoTokenizer.from_pretrained(str(model_dir)))
+    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def workflow_gconfig(tokenizer: Any, **settings: Any) -> GenerationHyperparameters:

@@ -17,6 +17,10 @@
   token), and ``uid`` (the group's task id, what verl's GRPO groups by) in the non-tensor part.
 
 Field names follow those projects' sources; nothing here imports them.
+``tests/unit/test_trainer_layouts_reference.py`` runs both against the real packages (verl
+0.9.1, areal 1.0.4): verl's GRPO advantage and policy loss, AReaL's normalisation, packing and
+actor loss on these layouts agree with the example trainer (``rollstream.trainer.grpo``); where
+they cannot (verl's Bessel-corrected std, AReaL's fixed-size groups) docs/TRAINER.md says why.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def _check_row(batch: TrainingBatch, row: int, data: dict[str, Any], tokenizer: 
     length = int(t["attention_mask"][row].sum())
     assert bool(t["attention_mask"][row, :length].all())
     ids = t["input_ids"][row, :length].tolist()
-    prompt = tokenizer.apply_chat_template(data["messages"], tokenize=True, add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(data["messages"], tokenize=True, add_generation_prompt=True, return_dict=False)
     completion = ids[len(prompt):]
     assert ids[: len(prompt)] == prompt and completion, "prompt then completion"
     generated = [0] * len(prompt) + [1] * len(completion)

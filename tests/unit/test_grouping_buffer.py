@@ -5,6 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from rollstream.config import GroupingConfig
+from rollstream.consumers.group_filters import load_group_filters
 from rollstream.consumers.grouping import CompleteGroup, ConflictError, DroppedGroup, GroupBuffer, GroupFilters
 from tests.unit.test_grouping_support import failed, rejected, sample_failed, scored
 
@@ -133,9 +135,9 @@ def test_partitions_are_independent_and_revoke_forgets_them() -> None:
 
 
 def test_filters_equal_rewards_and_staleness() -> None:
-    buf = buffer(drop_equal_rewards=True, max_head_offpolicyness=1)
+    buf = buffer(group_filters=load_group_filters(GroupingConfig(drop_equal_rewards=True)), max_head_offpolicyness=1)
     out = [r for i in range(4) for r in buf.add(scored("same", i, reward=1.0), 0, i, 0.0)]
-    assert out[0].reason == "filtered"
+    assert out[0].reason == "filtered" and "distinct_rewards refused it (rewards [1.0, 1.0, 1.0, 1.0])" in out[0].detail
     rewards = [0.0, 1.0, 0.0, 1.0]
     stale = [r for i in range(4) for r in buf.add(scored("old", i, reward=rewards[i], version=1), 0, 10 + i, 0.0, trainer_version=3)]
     assert stale[0].reason == "stale" and "2 behind" in stale[0].detail

@@ -176,17 +176,18 @@ async def test_bad_checkpoint_is_rejected_and_weights_kept(engine: HFEngine, tmp
 async def test_a_malformed_request_fails_alone_in_a_shared_step(engine: HFEngine) -> None:
     good = engine.tokenizer("What is 2+2? Answer:").input_ids
     encoding = engine.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True, return_dict=True)
-    bad = [[100000], list(encoding), [good], ["1", "2"], [1] * 2048]
-    results = await asyncio.gather(
-        *(gen(engine, ids, max_new_tokens=6) for ids in [good, *bad, good]), return_exceptions=True
+    bad = [[100000], list(encoding), [good, good], ["1", "2"], [1] * 2048]
+    results = await asyncio.gather(  # what transformers returns is taken: the encoding, a batch of one
+        *(gen(engine, ids, max_new_tokens=6) for ids in [good, encoding, *bad, [good]]), return_exceptions=True
     )
-    for resp in (results[0], results[-1]):
+    for resp in (results[0], results[1], results[-1]):
         assert isinstance(resp, ModelResponse) and resp.output_len > 0, resp
-    messages = [str(r) for r in results[1:-1]]
-    assert all(isinstance(r, ValueError) for r in results[1:-1]), results
+    assert results[1].input_tokens == list(encoding["input_ids"]) and results[-1].input_tokens == good
+    messages = [str(r) for r in results[2:-1]]
+    assert all(isinstance(r, ValueError) for r in results[2:-1]), results
     assert "input_ids[0] = 100000 is outside the model's vocabulary" in messages[0]
-    assert "BatchEncoding in transformers 5" in messages[1]
-    assert "nested" in messages[2] and "string '1'" in messages[3] and "context holds 2048" in messages[4]
+    assert "list() of a BatchEncoding" in messages[1]
+    assert "nested: 2 prompts" in messages[2] and "string '1'" in messages[3] and "context holds 2048" in messages[4]
 
 
 async def test_the_budget_is_capped_by_the_context(engine: HFEngine) -> None:

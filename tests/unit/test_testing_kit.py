@@ -91,7 +91,7 @@ async def test_check_workflow_reports_each_sample_as_the_pipeline_would(tiny_tok
     assert [s.outcome for s in check.samples] == ["episode", "rejected", "failed", "episode"]
     row = check.episodes[0].tensors
     assert row is not None and row["attention_mask"].dtype == torch.bool and row["rewards"].tolist() == [1.0]
-    prompt = tiny_tokenizer.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True)
+    prompt = tiny_tokenizer.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=False)
     assert row["input_ids"].tolist() == [prompt + tiny_tokenizer.encode("4") + [eos]]
     assert row["versions"].tolist()[0][len(prompt):] == [0, 0]
 

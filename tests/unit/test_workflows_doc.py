@@ -28,3 +28,20 @@ def test_the_worked_example_imports_are_the_templates() -> None:
     template = (REPO / "tests/workflow_pkg/reference_template.py").read_text()
     imports = [line for line in template.splitlines() if line.startswith(("from rollstream", "import logging"))]
     assert shown.splitlines() == imports
+
+
+def _pins(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)", text, re.M))
+
+
+def test_the_install_steps_and_the_compatibility_table_say_what_setup_installs() -> None:
+    found = re.search(r"<!-- install: requirements -->\n```bash\n(.*?)```", DOC, re.S)
+    assert found, "no install block in docs/WORKFLOWS.md"
+    shown = found.group(1)
+    assert "pip install -r requirements/areal.txt -r requirements/verl.txt" in shown
+    setup = (REPO / "scripts/setup.sh").read_text()
+    pins = dict(re.findall(r"(areal|verl)==(\S+?)[\s\"]", setup))
+    assert f"pip install --no-deps areal=={pins['areal']} verl=={pins['verl']}" in shown
+    files = _pins((REPO / "requirements/areal.txt").read_text()) | _pins((REPO / "requirements/verl.txt").read_text())
+    table = dict(re.findall(r"^\| (areal|verl|tensordict) \| ([0-9.]+) \|", DOC, re.M))
+    assert table == {"areal": pins["areal"], "verl": pins["verl"], "tensordict": files["tensordict"]}

@@ -1,7 +1,11 @@
 # The reference system's guide to adding a workflow ("Create `<name>.py`" under its workflow
-# package) shows this template. It is reproduced here with ONLY its import lines changed, to
-# prove that such a workflow runs on rollstream unchanged otherwise (tests/integration/
-# test_reference_workflow.py, docs/WORKFLOWS.md). Do not edit below the imports.
+# package) shows this template. It is reproduced here with its import lines changed and ONE
+# argument added, `return_dict=False` (marked below): the guide was written for transformers 4,
+# and in transformers 5 `apply_chat_template(..., tokenize=True)` returns a BatchEncoding, whose
+# `list()` is its keys, so the guide's line sends ['input_ids', 'attention_mask'] as a prompt,
+# in the reference system as here (tests/unit/test_request_check.py shows the refusal).
+# It proves that such a workflow runs on rollstream otherwise unchanged
+# (tests/integration/test_reference_workflow.py, docs/WORKFLOWS.md). Do not edit below the imports.
 import uuid
 from typing import Any, Callable
 
@@ -42,6 +46,7 @@ class MyWorkflow(RolloutWorkflow):
             data["messages"],
             tokenize=True,
             add_generation_prompt=True,
+            return_dict=False,  # not in the guide: transformers 5 (see the top of this file)
         )
 
         # 2. Build ModelRequest

@@ -1,0 +1,234 @@
+"""AReaL's own workflow classes through the whole pipeline, named in the worker's config.
+
+The tiers as processes on the real broker and Redis (``tests/e2e/test_pipeline.py``'s harness):
+three producers, one per workflow key, -> one rollout worker (HFEngine, the tiny model) whose
+``rollout.workflows`` name ``areal.workflow.rlvr:RLVRWorkflow``,
+``areal.workflow.multi_turn:MultiTurnWorkflow`` and a user's subclass of AReaL's
+``RolloutWorkflow`` (``tests/areal_pkg``) with ``"$gconfig"`` / ``"$tokenizer"`` -> reward worker
+(``reward_fn: ""``: AReaL's workflows score themselves with AReaL's ``AsyncRewardWrapper``) ->
+grouping -> the trainer side, which publishes a new weight version after each step.
+
+Asserts: every admitted prompt ends exactly once; rows are standard; every generated token's
+logprob matches a fresh forward pass of the weights of its version (so AReaL's requests reached
+the engine and its responses came back whole, across weight updates); each workflow's reward is
+the one its AReaL code computes (RLVR: ``answer_reward`` of the decoded completion; multi-turn:
+discounted per retry); the user's episodes saw AReaL's workflow context with the task id
+rollstream gives them.
+
+A second test does the same with AReaL's ``VisionRLVRWorkflow`` on the tiny VLM
+(``"$processor"``): the images travel as files, AReaL's workflow gets PIL images, and the
+trainer side's vision inputs reproduce the rollout's logprobs.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from transformers import AutoTokenizer
+
+from rollstream.api.areal_adapter import areal_task_id
+from rollstream.config import RollstreamConfig, config_from_dict
+from rollstream.consumers.batch_consumer import BatchConsumer, VersionPublisher
+from rollstream.consumers.training_batch import TrainingBatch
+from rollstream.kafka.topics import TopicNames
+from rollstream.testing import tiny_vlm_dir
+from rollstream.wire import Batch, GroupDropped, ScoredEpisode, batch_arrays, decode_batch, decode_prompt, decode_scored
+from tests.areal_pkg.rewards import answer_reward
+from tests.e2e.test_pipeline import Tier, _check_batch_tensors, _check_logprobs, _read_all, _save_versions, _tails
+from tests.e2e.test_vision_pipeline import _check_vision_logprobs
+from tests.reference_libs import import_reference
+from tests.unit.vision_helpers import noise_png
+
+import_reference("areal")
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+GROUP_SIZE = 4
+STEP_GROUPS = 4  # = tests.e2e.test_pipeline.STEP_GROUPS, which _check_batch_tensors checks
+WORKFLOWS = {
+    "areal_rlvr": {"path": "areal.workflow.rlvr:RLVRWorkflow", "kwargs": {
+        "reward_fn": "tests.areal_pkg.rewards.answer_reward", "gconfig": "$gconfig", "tokenizer": "$tokenizer"}},
+    "areal_multi_turn": {"path": "areal.workflow.multi_turn:MultiTurnWorkflow", "kwargs": {
+        "reward_fn": "tests.areal_pkg.rewards.answer_reward", "gconfig": "$gconfig", "tokenizer": "$tokenizer",
+        "max_turns": 2, "turn_discount": 0.5}},
+    "user": {"path": "tests.areal_pkg.user_workflow.UserWorkflow", "kwargs": {
+        "reward_fn": "tests.areal_pkg.rewards.answer_reward", "gconfig": "$gconfig", "tokenizer": "$tokenizer"}},
+}
+PROMPTS_PER_WORKFLOW = 4
+PROMPTS = PROMPTS_PER_WORKFLOW * len(WORKFLOWS)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    from rollstream.tiny_model import build_tiny_model, default_corpus
+
+    root = tmp_path_factory.mktemp("areal-e2e-model")
+    base = build_tiny_model(root / "v0", default_corpus(), vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
+    return _save_versions(base, root)[: PROMPTS // STEP_GROUPS + 1]
+
+
+def _tree(name: str, kafka: str, redis_url: str, model: Path, workflows: dict[str, Any], **rollout: Any) -> dict[str, Any]:
+    return {
+        "kafka": {"bootstrap_servers": kafka, "partitions": 2, "transaction_timeout_ms": 15000},
+        "redis": {"url": redis_url},
+        "experiment": {"experiment_name": name, "trial_name": "areal"},
+        "staleness": {"max_head_offpolicyness": 1, "batch_size": STEP_GROUPS},
+        "rollout": {"model_path": str(model), "seed": 0, "max_concurrent_rollouts": 4, "worker_id": "rw-areal",
+                    "commit_interval_seconds": 0.2, "shutdown_grace_seconds": 20,
+                    "gconfig": {"max_new_tokens": 8, "temperature": 1.0}, "workflows": workflows,
+                    "default_workflow": next(iter(workflows)), **rollout},
+        "reward": {"reward_fn": "", "worker_id": "rew-areal", "max_workers": 1, "session_timeout_ms": 6000},
+        "grouping": {"instance_id": "g-areal", "commit_interval_ms": 50, "session_timeout_ms": 6000},
+        "trainer": {"batch_size": STEP_GROUPS, "group_id": f"{name}-trainer"},
+    }
+
+
+def _write(tmp: Path, file: str, tree: dict[str, Any]) -> Path:
+    path = tmp / file
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def _producer_config(tmp: Path, tree: dict[str, Any], key: str, rows: list[dict[str, Any]]) -> Path:
+    dataset = tmp / f"{key}.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    producer = {"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20, "workflow": key,
+                "producer_id": f"p-{key}"}
+    return _write(tmp, f"producer-{key}.yaml", {**tree, "producer": producer})
+
+
+async def _train(config: RollstreamConfig, tiers: dict[str, Tier], steps: int, weights: list[Path] | None) -> list[TrainingBatch]:
+    batches: list[TrainingBatch] = []
+    async with BatchConsumer(config) as consumer, VersionPublisher(config) as publisher:
+        deadline = time.monotonic() + 300
+        while len(batches) < steps and time.monotonic() < deadline:
+            batch = await consumer.next_batch(timeout=10)
+            if batch is None:
+                assert all(t.proc.poll() in (None, 0) for t in tiers.values()), _tails(tiers)
+                continue
+            batches.append(batch)
+            assert await consumer.ack(batch)
+            if weights is not None:  # the worker reloads: later tokens come from the new weights
+                await publisher.publish(len(batches), str(weights[len(batches)]))
+    assert len(batches) == steps, f"only {len(batches)} of {steps} steps\n{_tails(tiers)}"
+    return batches
+
+
+def _stop(tiers: dict[str, Tier]) -> None:
+    codes = {name: tier.terminate() for name, tier in tiers.items()}
+    assert all(code == 0 for code in codes.values()), (codes, _tails(tiers))
+
+
+async def _ended_once(config: RollstreamConfig, prompts: int) -> tuple[dict[str, Any], list[Batch]]:
+    """Every admitted prompt ended exactly once; the prompts by task id and the batch records."""
+    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    admitted = {m.task_id: m for m in await _read_all(config, names.prompts, decode_prompt)}
+    ended = await _read_all(config, names.batches, decode_batch)
+    records = [m for m in ended if isinstance(m, Batch)]
+    tasks = [t for m in records for t in m.task_ids] + [m.task_id for m in ended if isinstance(m, GroupDropped)]
+    assert len(admitted) == prompts and sorted(tasks) == sorted(admitted), "every prompt ends exactly once"
+    return admitted, records
+
+
+async def test_areal_workflows_through_the_pipeline(
+    weights: list[Path], kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path,
+) -> None:
+    tree = _tree(unique_name, kafka_bootstrap, redis_url, weights[0], WORKFLOWS)
+    config_path = _write(tmp_path, "rollstream.yaml", tree)
+    config = config_from_dict(tree)
+    tiers = {n: Tier(n, config_path, tmp_path) for n in ("grouping", "reward-worker", "rollout-worker")}
+    for w, key in enumerate(WORKFLOWS):
+        rows = [{"messages": [{"role": "user", "content": f"What is {i}+{w}?"}], "answer": str(i + w)}
+                for i in range(PROMPTS_PER_WORKFLOW)]
+        tiers[f"producer#{key}"] = Tier("producer", _producer_config(tmp_path, tree, key, rows), tmp_path)
+    try:
+        batches = await _train(config, tiers, PROMPTS // STEP_GROUPS, weights)
+        _stop(tiers)
+    finally:
+        for tier in tiers.values():
+            if tier.proc.poll() is None:
+                tier.proc.kill()
+
+    admitted, records = await _ended_once(config, PROMPTS)
+    for batch in batches:
+        _check_batch_tensors(batch)
+    checked = _check_logprobs(batches, weights)
+    versions = {int(v) for b in batches for v in b.tensors["versions"].flatten().tolist() if v >= 0}
+    print(f"\nareal e2e: {PROMPTS} prompts, {len(batches)} steps, logprobs checked={checked}, versions={sorted(versions)}")
+    assert checked > 0 and max(versions) >= 1, "tokens of later versions: the worker followed the trainer"
+
+    tokenizer = AutoTokenizer.from_pretrained(str(weights[0]))
+    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    scored = [m for m in await _read_all(config, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
+    assert scored and all(m.reward_source == "workflow" for m in scored), "AReaL's workflows scored themselves"
+    seen = set()
+    for message in scored:
+        prompt = admitted[message.episode.task_id]
+        arrays = {k: v for k, v in _episode_arrays(message).items()}
+        ids, loss = arrays["input_ids"][0], arrays["loss_mask"][0]
+        completion = tokenizer.decode([int(t) for t, m in zip(ids, loss) if m])
+        seen.add(prompt.workflow)
+        if prompt.workflow == "areal_rlvr":
+            assert message.reward == answer_reward("", completion, [], [], **prompt.data)
+        elif prompt.workflow == "areal_multi_turn":  # the last turn's answer, discounted once per retry
+            turns = _generated_segments([int(t) for t in ids], [int(m) for m in loss])
+            last = answer_reward("", tokenizer.decode(turns[-1]), [], [], **prompt.data)
+            assert message.reward == last * 0.5 ** (len(turns) - 1) and 1 <= len(turns) <= 2
+        else:  # the user's subclass: AReaL's context told it rollstream's episode, as an int task id
+            assert arrays["areal_task_id"].tolist() == [areal_task_id(message.episode.task_id, message.episode.sample_idx)]
+            assert arrays["areal_is_eval"].tolist() == [False]
+    assert seen == set(WORKFLOWS)
+    assert all(len(r.task_ids) == 1 for r in records)
+
+
+def _generated_segments(ids: list[int], loss: list[int]) -> list[list[int]]:
+    """The runs of generated tokens of a row, one per model turn."""
+    segments: list[list[int]] = []
+    for i, (token, generated) in enumerate(zip(ids, loss)):
+        if generated:
+            if i == 0 or not loss[i - 1]:
+                segments.append([])
+            segments[-1].append(token)
+    return segments
+
+
+def _episode_arrays(message: ScoredEpisode) -> dict[str, Any]:
+    from rollstream.wire import decode_arrays
+
+    return decode_arrays(message.episode.trajectory)
+
+
+async def test_areal_vision_workflow_through_the_pipeline(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path,
+) -> None:
+    model = tiny_vlm_dir()
+    workflows = {"areal_vision": {"path": "areal.workflow.vision_rlvr:VisionRLVRWorkflow", "kwargs": {
+        "reward_fn": "tests.areal_pkg.rewards.answer_reward", "gconfig": "$gconfig", "tokenizer": "$tokenizer",
+        "processor": "$processor", "enable_thinking": False}}}
+    tree = _tree(unique_name, kafka_bootstrap, redis_url, model, workflows)
+    tree["trainer"]["processor_path"] = str(model)
+    config_path = _write(tmp_path, "rollstream.yaml", tree)
+    config = config_from_dict(tree)
+    text = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is {}+1?<|im_end|>\n<|im_start|>assistant\n"
+    images = {i: noise_png(300 + i, 32 + 4 * i, 40) for i in range(STEP_GROUPS)}
+    rows = [{"messages": text.format(i), "images": [base64.b64encode(images[i]).decode()], "answer": str(i + 1)}
+            for i in range(STEP_GROUPS)]  # AReaL's datasets: text holding the image placeholder
+    tiers = {n: Tier(n, config_path, tmp_path) for n in ("grouping", "reward-worker", "rollout-worker")}
+    tiers["producer"] = Tier("producer", _producer_config(tmp_path, tree, "areal_vision", rows), tmp_path)
+    try:
+        batches = await _train(config, tiers, 1, None)
+        _stop(tiers)
+    finally:
+        for tier in tiers.values():
+            if tier.proc.poll() is None:
+                tier.proc.kill()
+
+    admitted, _ = await _ended_once(config, STEP_GROUPS)
+    images_of = {task: [images[int(prompt.data["answer"]) - 1]] for task, prompt in admitted.items()}
+    checked = _check_vision_logprobs(batches, model, images_of)
+    assert checked > 0 and "mm_token_type_ids" in batches[0].tensors  # AReaL's extra key travelled

@@ -1,0 +1,29 @@
+"""The reference systems' packages the compatibility tests use (areal, verl), with the fix in the
+error when they are missing: they are not rollstream dependencies; ``scripts/setup.sh`` installs
+the pinned versions (``requirements/areal.txt``, ``requirements/verl.txt``). These tests never
+skip: CI runs setup.sh first."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from rollstream.logs import restore_standard_logging
+
+
+def import_reference(module: str) -> ModuleType:
+    """``importlib.import_module(module)``, or ``ImportError`` saying how to install it.
+
+    Import AReaL (and modules that import it) only through this: importing it replaces Python's
+    logger hierarchy, which is put back at once, before the next test module creates its loggers
+    (``rollstream.logs.restore_standard_logging``)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{module} is needed by this test and is not installed ({exc}): run `bash scripts/setup.sh`, or "
+            "`pip install -r requirements/areal.txt -r requirements/verl.txt && pip install --no-deps areal==1.0.4 "
+            "verl==0.9.1` (docs/WORKFLOWS.md#bring-areal-code-unchanged)"
+        ) from exc
+    finally:
+        restore_standard_logging()
