@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy
 
-from rollstream.arrays import common_keys, concat_padded_arrays
+from rollstream.arrays import align_keys, concat_padded_arrays
 from rollstream.config import ConfigError, GroupingConfig
 from rollstream.consumers.batching import episode_rows
 from rollstream.consumers.grouping import CompleteGroup, GroupFilter
@@ -86,7 +86,7 @@ class GroupTrajectory(Mapping[str, numpy.ndarray]):
 
     def _all(self) -> dict[str, numpy.ndarray]:
         if self._padded is None:
-            self._padded = concat_padded_arrays(common_keys([dict(rows) for rows in self._rows]))
+            self._padded = concat_padded_arrays(align_keys([dict(rows) for rows in self._rows]))
         return self._padded
 
 
