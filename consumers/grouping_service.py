@@ -1,7 +1,8 @@
 """The grouping tier: ``scored`` samples in, exactly one batch or drop per group out.
 
-The tier is the shared consume-transform-produce loop
-(:mod:`rollstream.kafka.consume_transform_produce`) around :class:`GroupingTransform`. Each
+The tier is the one partition loop (:mod:`rollstream.kafka.partition_loop`) with the
+exactly-once delivery (:mod:`rollstream.kafka.consume_transform_produce`) around
+:class:`GroupingTransform`. Each
 cycle feeds the polled ``scored`` records into a :class:`~rollstream.consumers.grouping.GroupBuffer`,
 then, per input partition, writes what ended (batches, drops, changelog outcomes, tombstones,
 dead letters) and the new input offset in ONE transaction under that partition's own
@@ -42,7 +43,8 @@ from rollstream.config import RollstreamConfig
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, start_client
-from rollstream.kafka.consume_transform_produce import PartitionOutput, TransactionalLoop
+from rollstream.kafka.consume_transform_produce import ExactlyOnce, PartitionOutput
+from rollstream.kafka.partition_loop import PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import PartitionProducers
 from rollstream.redis_state import RedisKeys, StalenessBudget, VersionStore, connect
@@ -191,14 +193,17 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
             config.kafka, client_id, group_id=group_id, read_committed=True,
             session_timeout_ms=g.session_timeout_ms, heartbeat_interval_ms=max(100, g.session_timeout_ms // 4),
         )
-        loop = TransactionalLoop(
-            consumer=consumer, topic=names.scored, group_id=group_id, producers=producers,
-            transform=GroupingTransform(config, names, redis), dead_letter_topic=names.dead_letter,
-            max_record_bytes=config.kafka.max_message_bytes, poll_timeout_ms=g.commit_interval_ms,
-            retry=transaction_retry(g.max_consecutive_failures, config.kafka.outage_patience_seconds), name=f"grouping {g.instance_id}",
-            lost_partition_hold_seconds=2 * g.session_timeout_ms / 1000,
+        delivery = ExactlyOnce(
+            group_id=group_id, producers=producers, transform=GroupingTransform(config, names, redis),
+            dead_letter_topic=names.dead_letter, max_record_bytes=config.kafka.max_message_bytes,
+            retry=transaction_retry(g.max_consecutive_failures, config.kafka.outage_patience_seconds),
+            name=f"grouping {g.instance_id}",
         )
-        consumer.subscribe([names.scored], listener=loop.ownership)
+        loop = PartitionLoop(
+            consumer=consumer, topic=names.scored, delivery=delivery, poll_timeout_ms=g.commit_interval_ms,
+            name=f"grouping {g.instance_id}", lost_partition_hold_seconds=2 * g.session_timeout_ms / 1000,
+        )
+        loop.subscribe()
         await start_client(consumer, config.kafka, f"the consumer of grouping instance {g.instance_id}")
         stack.push_async_callback(consumer.stop)
         log.info("grouping instance %s consuming %s", g.instance_id, names.scored)

@@ -1,7 +1,8 @@
 """The reward worker tier: ``episodes`` -> ``scored``, exactly once, in Kafka transactions.
 
-The tier is the shared consume-transform-produce loop
-(:mod:`rollstream.kafka.consume_transform_produce`) around :class:`RewardTransform`: each poll
+The tier is the one partition loop (:mod:`rollstream.kafka.partition_loop`) with the
+exactly-once delivery (:mod:`rollstream.kafka.consume_transform_produce`) around
+:class:`RewardTransform`: each poll
 batch (at most ``reward.max_batch`` records) is scored concurrently, and each input
 partition's scored messages, dead letters and consumed offset are committed in ONE
 transaction under that partition's own transactional id (``<group id>.p<partition>``).
@@ -28,7 +29,8 @@ from rollstream.config import RollstreamConfig
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, start_client
-from rollstream.kafka.consume_transform_produce import TransactionalLoop
+from rollstream.kafka.consume_transform_produce import ExactlyOnce
+from rollstream.kafka.partition_loop import PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import PartitionProducers
 from rollstream.retry import transaction_retry
@@ -58,14 +60,18 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
             session_timeout_ms=rc.session_timeout_ms, heartbeat_interval_ms=max(100, rc.session_timeout_ms // 3),
         )
         transform = RewardTransform(names, scorer)
-        loop = TransactionalLoop(
-            consumer=consumer, topic=names.episodes, group_id=group_id, producers=producers,
-            transform=transform, dead_letter_topic=names.dead_letter,
-            max_record_bytes=config.kafka.max_message_bytes, poll_timeout_ms=rc.poll_timeout_ms,
-            max_records=rc.max_batch, retry=transaction_retry(rc.max_consecutive_failures, config.kafka.outage_patience_seconds),
-            name=f"reward worker {worker_id}", lost_partition_hold_seconds=2 * rc.session_timeout_ms / 1000,
+        delivery = ExactlyOnce(
+            group_id=group_id, producers=producers, transform=transform, dead_letter_topic=names.dead_letter,
+            max_record_bytes=config.kafka.max_message_bytes,
+            retry=transaction_retry(rc.max_consecutive_failures, config.kafka.outage_patience_seconds),
+            name=f"reward worker {worker_id}",
         )
-        consumer.subscribe([names.episodes], listener=loop.ownership)
+        loop = PartitionLoop(
+            consumer=consumer, topic=names.episodes, delivery=delivery, poll_timeout_ms=rc.poll_timeout_ms,
+            max_records=rc.max_batch, name=f"reward worker {worker_id}",
+            lost_partition_hold_seconds=2 * rc.session_timeout_ms / 1000,
+        )
+        loop.subscribe()
         await start_client(consumer, config.kafka, f"the consumer of reward worker {worker_id}")
         stack.push_async_callback(consumer.stop)
         log.info("reward worker %s consuming %s as group %s", worker_id, names.episodes, group_id)

@@ -29,7 +29,6 @@ import os
 import socket
 import time
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from redis.asyncio import Redis
@@ -39,12 +38,13 @@ from rollstream.dump import DumpWriter
 from rollstream.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer, start_client
-from rollstream.kafka.ownership import PartitionOwnership
+from rollstream.kafka.partition_loop import AtLeastOnce, PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.metrics import WEIGHT_VERSION
 from rollstream.redis_state import RedisKeys, VersionStore, connect, wait_for_redis
+from rollstream.retry import KAFKA_RETRY
 from rollstream.rollout_workers.claims import PromptClaims
-from rollstream.rollout_workers.commits import OffsetCommitter, prompt_ownership
+from rollstream.rollout_workers.prompt_intake import PromptIntake
 from rollstream.rollout_workers.engine_factory import build_engine, build_follower, load_tokenizer
 from rollstream.rollout_workers.offsets import OffsetTracker
 from rollstream.rollout_workers.registry import WorkflowRegistry
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 200
 FETCH_MAX_RECORDS = 4  # few at a time: prompts are long-running work, not a stream to drain
-RECHECK_SECONDS = 1.0  # how often prompts held by other workers are asked about again
 # sticky first: a rebalance leaves partitions where they are when it can; round robin for
 # members of an older version during a rolling upgrade
 ASSIGNORS = (StickyPartitionAssignor, RoundRobinPartitionAssignor)
@@ -111,23 +110,27 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
             config.kafka, f"rollout-{worker_id}", group_id=names.group_id(TIER), session_timeout_ms=session_ms,
             heartbeat_interval_ms=max(100, session_ms // 3), partition_assignment_strategy=ASSIGNORS,
         )
-        committer = OffsetCommitter(consumer, tracker)
-        ownership = prompt_ownership(consumer, names.prompts, committer, tracker, runner.forget,
-                                     f"rollout worker {worker_id}")
-        consumer.subscribe([names.prompts], listener=ownership)
-        await start_client(consumer, config.kafka, f"the consumer of rollout worker {worker_id}")
-        stack.push_async_callback(consumer.stop)
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)
+        intake = PromptIntake(runner, tracker, names.prompts, rollout.max_concurrent_rollouts, follower_task)
+        delivery = AtLeastOnce(intake, commit_interval=rollout.commit_interval_seconds, retry=KAFKA_RETRY,
+                               name=f"rollout worker {worker_id}")
+        loop = PartitionLoop(consumer=consumer, topic=names.prompts, delivery=delivery, poll_timeout_ms=FETCH_TIMEOUT_MS,
+                             max_records=FETCH_MAX_RECORDS, name=f"rollout worker {worker_id}")
+        loop.subscribe()
+        await start_client(consumer, config.kafka, f"the consumer of rollout worker {worker_id}")
+        stack.push_async_callback(consumer.stop)
         log.info("rollout worker %s (incarnation %s) consuming %s as group %s", worker_id, claims.incarnation,
                  names.prompts, names.group_id(TIER))
         mark_ready()
         try:
-            await _consume(consumer, ownership, runner, committer, follower_task, stop, config)
+            await loop.run(stop)  # its last cycle commits what is done
         except BaseException:
             await runner.tasks.cancel_all()  # a crash commits nothing more
             raise
-        await _leave(consumer, committer)
+        log.info("stop requested: taking no more prompts")
+        await consumer.stop()  # leave the group: the partitions move to the other workers now
+        log.info("left the group; other workers take the partitions and wait for this worker's claims")
         await _drain(runner, rollout.shutdown_grace_seconds)
     log.info("rollout worker %s stopped", worker_id)
 
@@ -143,78 +146,6 @@ async def _redis_ready(redis: Redis, stop: asyncio.Event) -> bool:
             return False
         raise
     return True
-
-
-async def _consume(
-    consumer: AIOKafkaConsumer,
-    ownership: PartitionOwnership,
-    runner: PromptRunner,
-    committer: OffsetCommitter,
-    follower_task: asyncio.Task[None],
-    stop: asyncio.Event,
-    config: RollstreamConfig,
-) -> None:
-    limit = config.rollout.max_concurrent_rollouts
-    interval = config.rollout.commit_interval_seconds
-    next_commit = time.monotonic() + interval
-    next_recheck = time.monotonic() + RECHECK_SECONDS
-    while not stop.is_set():
-        runner.tasks.raise_if_failed()
-        ownership.raise_error()
-        _check_follower(follower_task)
-        room = limit - runner.inflight_samples - runner.claiming
-        async with ownership.lock:
-            _pause_when_full(consumer, ownership, full=room <= 0)
-        timeout_ms = FETCH_TIMEOUT_MS
-        if room <= 0:
-            await runner.wait_for_room(FETCH_TIMEOUT_MS / 1000)
-            timeout_ms = 0  # paused: this poll only keeps the member alive in its group
-        # A record holds group_size samples; taking at most ``room`` records keeps the
-        # backlog (work a crash would redo) small.
-        max_records = max(1, min(FETCH_MAX_RECORDS, room))
-        fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-        snapshot = ownership.snapshot()  # no await since getmany returned
-        async with ownership.lock:
-            for records in ownership.accept(fetched, snapshot).values():
-                for record in records:
-                    runner.take(record)
-        if runner.held and time.monotonic() >= next_recheck:
-            await runner.recheck_held({tp for tp in consumer.assignment() if tp.partition in ownership.owned})
-            next_recheck = time.monotonic() + RECHECK_SECONDS
-        if time.monotonic() >= next_commit:
-            await committer.advance_positions()
-            await committer.commit()
-            next_commit = time.monotonic() + interval
-    log.info("stop requested: taking no more prompts")
-
-
-def _check_follower(task: asyncio.Task[None]) -> None:
-    if task.done():
-        task.result()  # re-raises its error
-        raise RuntimeError("the version follower ended unexpectedly")
-
-
-def _pause_when_full(consumer: AIOKafkaConsumer, ownership: PartitionOwnership, full: bool) -> None:
-    """Pause fetching while at capacity; polling goes on so the group keeps this member.
-    Only partitions this worker owns are resumed (the guard pauses the others)."""
-    if full:
-        assigned = consumer.assignment()
-        if assigned and consumer.paused() != assigned:
-            consumer.pause(*assigned)
-    elif consumer.paused():
-        owned = [tp for tp in consumer.paused() if tp.partition in ownership.owned]
-        if owned:
-            consumer.resume(*owned)
-
-
-async def _leave(consumer: AIOKafkaConsumer, committer: OffsetCommitter) -> None:
-    """Commit what is done, then leave the group: the partitions move to the other workers
-    now, and they wait for this worker's claims instead of re-running its prompts."""
-    await committer.advance_positions()
-    committed = await committer.commit()
-    await consumer.stop()
-    log.info("left the group (committed %s); other workers take the partitions",
-             {f"{tp.topic}[{tp.partition}]": o for tp, o in committed.items()} or "nothing new")
 
 
 async def _drain(runner: PromptRunner, grace_seconds: float) -> None:

@@ -97,7 +97,7 @@ class ArealWorkflow(RolloutWorkflow):
 
     async def aclose(self) -> None:
         """Release what the AReaL workflow holds that rollstream knows how to release."""
-        from rollstream.reward_wrapper import close_workflow  # the reward tier's pool; not needed to run
+        from rollstream.rewards.wrapper import close_workflow  # the reward pool; imported only when closing
 
         await close_workflow(self.workflow)
 

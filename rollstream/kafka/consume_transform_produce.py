@@ -1,10 +1,11 @@
-"""The consume-transform-produce loop of the transactional tiers (reward workers, grouping).
+"""Consume-transform-produce: the exactly-once delivery of the transactional tiers (reward
+workers, grouping), run by the one :class:`~rollstream.kafka.partition_loop.PartitionLoop`.
 
-The loop owns the consumer, one transactional producer per owned input partition
-(:class:`~rollstream.kafka.transactions.PartitionProducers`), the rebalance guard
-(:class:`~rollstream.kafka.ownership.PartitionOwnership`) and the retry policy. A tier
-supplies a :class:`Transform`: what one record becomes, what a partition emits at the end of
-a cycle, and how its state is rebuilt. The transform never sees a transaction.
+:class:`ExactlyOnce` owns one transactional producer per owned input partition
+(:class:`~rollstream.kafka.transactions.PartitionProducers`) and the retry policy; the loop
+owns the consumer and the rebalance guard. A tier supplies a :class:`Transform`: what one
+record becomes, what a partition emits at the end of a cycle, and how its state is rebuilt.
+The transform never sees a transaction.
 
 One cycle (under the guard's lock): the fetched records that are still ours are transformed;
 anything a transform raises for a record makes that record a dead letter (with its origin and
@@ -29,12 +30,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from rollstream import metrics
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.ownership import PartitionOwnership
+from rollstream.kafka.partition_loop import PartitionLoop
 from rollstream.kafka.transactions import (
     FENCED_ERRORS,
     RETRYABLE_ERRORS,
@@ -122,60 +124,51 @@ class Transform(Protocol):
         """``out`` is committed (accounting; effects outside Kafka)."""
 
 
-class TransactionalLoop:
-    """Poll, transform, commit per partition; until ``stop``, then one final cycle."""
+class ExactlyOnce:
+    """The exactly-once delivery of a :class:`~rollstream.kafka.partition_loop.PartitionLoop`:
+    each cycle transforms the records still owned and commits every owned partition's output
+    with its input offset in one transaction under that partition's transactional id."""
 
     def __init__(
         self,
         *,
-        consumer: AIOKafkaConsumer,
-        topic: str,
         group_id: str,
         producers: PartitionProducers,
         transform: Transform,
         dead_letter_topic: str,
         max_record_bytes: int,
-        poll_timeout_ms: int,
-        max_records: int | None = None,
         retry: RetryPolicy | None = None,
         name: str = "",
-        lost_partition_hold_seconds: float = 20.0,
     ) -> None:
-        self._consumer = consumer
-        self._topic = topic
         self._group_id = group_id
         self._producers = producers
         self._transform = transform
         self._dead_letter_topic = dead_letter_topic
         self._max_record_bytes = max_record_bytes
-        self._poll_timeout_ms = poll_timeout_ms
-        self._max_records = max_records
         self._backoff = (retry or KAFKA_RETRY.limited(max_attempts=10)).backoff()
         self._name = name or transform.tier
-        self.ownership = PartitionOwnership(
-            consumer, topic, self._acquire, self._release, self._name, hold_seconds=lost_partition_hold_seconds
-        )
-        self.cycles = 0
+        self._topic = ""
+        self._ownership: PartitionOwnership | None = None
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            self.ownership.raise_error()
-            fetched = await self._consumer.getmany(timeout_ms=self._poll_timeout_ms, max_records=self._max_records)
-            snapshot = self.ownership.snapshot()  # no await since getmany returned
-            async with self.ownership.lock:
-                await self.ownership.retry_pending()
-                pause = await self.cycle(self.ownership.accept(fetched, snapshot), final=False)
-            if pause:
-                await asyncio.sleep(pause)
-        self.ownership.raise_error()
-        async with self.ownership.lock:
-            await self.cycle({}, final=True)
+    def bind(self, loop: PartitionLoop) -> None:
+        self._topic = loop.topic
+        self._ownership = loop.ownership
 
-    async def cycle(self, records: dict[int, list[ConsumerRecord]], final: bool) -> float:
+    def room(self) -> int | None:
+        return None  # the poll's max_records bounds a cycle
+
+    async def wait_for_room(self, timeout: float) -> None:
+        return None
+
+    async def tick(self, final: bool) -> None:
+        return None
+
+    async def process(self, records: dict[int, list[ConsumerRecord]], final: bool) -> float:
         """Transform ``records``, commit every owned partition's output; the pause to take
         before the next cycle (0 unless a transaction failed). Caller holds the lock."""
-        self.cycles += 1
-        outputs = {p: PartitionOutput(p, self._max_record_bytes) for p in sorted(self.ownership.owned)}
+        ownership = self._ownership
+        assert ownership is not None, "bind() the delivery to its loop first"
+        outputs = {p: PartitionOutput(p, self._max_record_bytes) for p in sorted(ownership.owned)}
         records = {p: recs for p, recs in records.items() if p in outputs}
         await self._transform.begin(records)
         await self._transform_all(records, outputs)
@@ -188,7 +181,7 @@ class TransactionalLoop:
             self._backoff.succeeded()
             return 0.0
         pause = self._backoff.failed(next(e for e in results if e is not None))
-        await self.ownership.retake(failed)
+        await ownership.retake(failed)
         return pause
 
     async def _transform_all(self, records: dict[int, list[ConsumerRecord]], outputs: dict[int, PartitionOutput]) -> None:
@@ -232,7 +225,8 @@ class TransactionalLoop:
             await producer.commit(lambda kp: self._write(kp, out), offsets, self._group_id)
         except TransactionFenced as exc:
             log.warning("%s: %s", self._name, exc)
-            await self.ownership.lose({p})
+            assert self._ownership is not None
+            await self._ownership.lose({p})
             return None  # not a failure of ours: the partition has another owner
         except TransactionFailed as exc:
             return exc
@@ -254,9 +248,9 @@ class TransactionalLoop:
         if out.dead_letters:
             metrics.MESSAGES_OUT.labels(self._transform.tier, self._dead_letter_topic).inc(len(out.dead_letters))
 
-    # -- ownership hooks --
+    # -- taking and giving up partitions --
 
-    async def _acquire(self, partitions: set[int]) -> set[int]:
+    async def acquire(self, partitions: set[int]) -> set[int]:
         """Register each partition's transactional id (fencing earlier owners), then let the
         transform rebuild their state. Returns the partitions taken; the others stay pending."""
         acquired: set[int] = set()
@@ -282,7 +276,7 @@ class TransactionalLoop:
         log.debug("%s: took partitions %s in %.2fs", self._name, sorted(acquired), time.monotonic() - started)
         return acquired
 
-    async def _release(self, partitions: set[int]) -> None:
+    async def release(self, partitions: set[int]) -> None:
         self._transform.release(partitions)
         for p in partitions:
             await self._producers.release(p)

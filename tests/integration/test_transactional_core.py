@@ -17,7 +17,8 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from rollstream.config import KafkaConfig
 from rollstream.kafka.clients import make_consumer, make_producer
-from rollstream.kafka.consume_transform_produce import PartitionOutput, TransactionalLoop
+from rollstream.kafka.consume_transform_produce import ExactlyOnce, PartitionOutput
+from rollstream.kafka.partition_loop import PartitionLoop
 from rollstream.kafka.transactions import PartitionProducers
 from rollstream.retry import transaction_retry
 from rollstream.wire import decode_dead_letter
@@ -67,7 +68,8 @@ class Copy:
 class Instance:
     """One running copy loop (what a tier process would be)."""
 
-    loop: TransactionalLoop
+    loop: PartitionLoop
+    producers: PartitionProducers
     transform: Copy
     stop: asyncio.Event
     task: asyncio.Task[None]
@@ -92,13 +94,14 @@ async def start_instance(config: KafkaConfig, name: str, in_topic: str, out_topi
     consumer = make_consumer(config, name, group_id=group_id, read_committed=True,
                              session_timeout_ms=6000, heartbeat_interval_ms=1000)
     transform = Copy(out_topic, delay)
-    loop = TransactionalLoop(
-        consumer=consumer, topic=in_topic, group_id=group_id,
-        producers=PartitionProducers(config, name, base_id=group_id), transform=transform,
-        dead_letter_topic=dlq, max_record_bytes=config.max_message_bytes, poll_timeout_ms=100,
-        max_records=max_records, retry=transaction_retry(10), name=name, lost_partition_hold_seconds=4.0,
+    producers = PartitionProducers(config, name, base_id=group_id)
+    delivery = ExactlyOnce(
+        group_id=group_id, producers=producers, transform=transform, dead_letter_topic=dlq,
+        max_record_bytes=config.max_message_bytes, retry=transaction_retry(10), name=name,
     )
-    consumer.subscribe([in_topic], listener=loop.ownership)
+    loop = PartitionLoop(consumer=consumer, topic=in_topic, delivery=delivery, poll_timeout_ms=100,
+                         max_records=max_records, name=name, lost_partition_hold_seconds=4.0)
+    loop.subscribe()
     await consumer.start()
     stop = asyncio.Event()
 
@@ -107,9 +110,9 @@ async def start_instance(config: KafkaConfig, name: str, in_topic: str, out_topi
             await loop.run(stop)
         finally:
             await consumer.stop()
-            await loop._producers.close()
+            await producers.close()
 
-    return Instance(loop, transform, stop, asyncio.create_task(run(), name=name))
+    return Instance(loop, producers, transform, stop, asyncio.create_task(run(), name=name))
 
 
 async def produce(config: KafkaConfig, topic: str, values: list[bytes]) -> None:

@@ -24,7 +24,8 @@ from rollstream.consumers.grouping import CompleteGroup
 from rollstream.normalize import episode_tensors
 from rollstream.tensors import concat_padded_tensors, trajectory_row
 from rollstream.trainer.batch import assemble, split_groups
-from rollstream.wire import Episode, ScoredEpisode, batch_tensors, decode_batch, encode, encode_tensor_dict
+from rollstream.wire import Episode, ScoredEpisode, decode_batch, encode
+from rollstream.wire.torch_tensors import batch_tensors, encode_tensor_dict
 
 PROMPT = [5, 6, 7]
 
