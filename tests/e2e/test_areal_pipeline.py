@@ -34,7 +34,7 @@ from transformers import AutoTokenizer
 
 from rollstream.api.areal_adapter import areal_task_id
 from rollstream.config import RollstreamConfig, config_from_dict
-from rollstream.consumers.batch_consumer import BatchConsumer, VersionPublisher
+from rollstream.trainer import BatchStream, VersionPublisher
 from rollstream.consumers.training_batch import TrainingBatch
 from rollstream.kafka.topics import TopicNames
 from rollstream.testing import tiny_vlm_dir
@@ -104,7 +104,7 @@ def _producer_config(tmp: Path, tree: dict[str, Any], key: str, rows: list[dict[
 
 async def _train(config: RollstreamConfig, tiers: dict[str, Tier], steps: int, weights: list[Path] | None) -> list[TrainingBatch]:
     batches: list[TrainingBatch] = []
-    async with BatchConsumer(config) as consumer, VersionPublisher(config) as publisher:
+    async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
         deadline = time.monotonic() + 300
         while len(batches) < steps and time.monotonic() < deadline:
             batch = await consumer.next_batch(timeout=10)
