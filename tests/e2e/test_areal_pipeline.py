@@ -34,8 +34,7 @@ from transformers import AutoTokenizer
 
 from rollstream.api.areal_adapter import areal_task_id
 from rollstream.config import RollstreamConfig, config_from_dict
-from rollstream.trainer import BatchStream, VersionPublisher
-from rollstream.consumers.training_batch import TrainingBatch
+from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
 from rollstream.kafka.topics import TopicNames
 from rollstream.testing import tiny_vlm_dir
 from rollstream.wire import Batch, GroupDropped, ScoredEpisode, batch_arrays, decode_batch, decode_prompt, decode_scored
