@@ -58,8 +58,8 @@ class PromptIntake:
         self._tracker.forget(revoked)
         self._runner.forget(revoked)
         self._owned -= partitions
-        log.info("partitions %s of %s revoked (%d prompts not finished: whoever reads them next waits for their "
-                 "claims)", sorted(partitions), self._topic, unfinished)
+        log.info("partitions revoked: %s of %s (%d prompts not finished: whoever reads them next waits for "
+                 "their claims)", sorted(partitions), self._topic, unfinished)
 
     def room(self) -> int:
         # A record holds group_size samples; taking at most ``room`` records keeps the backlog

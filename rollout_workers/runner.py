@@ -176,9 +176,10 @@ class PromptRunner:
     async def wait_for_room(self, timeout: float) -> None:
         """Return when a sample ends (room for more work), or after ``timeout`` seconds."""
         self._room.clear()
-        try:
-            await asyncio.wait_for(self._room.wait(), timeout)
-        except asyncio.TimeoutError:
+        try:  # asyncio.timeout, not wait_for: a cancellation that meets the timeout is not swallowed
+            async with asyncio.timeout(timeout):
+                await self._room.wait()
+        except TimeoutError:
             pass
 
     async def _publish(self, task_id: str, message: msgspec.Struct) -> None:

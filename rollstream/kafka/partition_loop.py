@@ -147,7 +147,9 @@ class PartitionLoop:
 
 
 class CommitRefused(RuntimeError):
-    """Offsets could not be committed after every retry (another member may own them)."""
+    """Offsets could not be committed after every retry (another member may own them). For a
+    trainer: the step's groups are read again by whoever owns their partitions next, and a
+    restarted trainer resumes from its ledger."""
 
 
 class Intake(Protocol):

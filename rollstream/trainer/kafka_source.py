@@ -1,18 +1,18 @@
 """The live source of steps: ``batches`` read in the trainer's consumer group.
 
 One consumer (rank 0's, under ``torchrun``) reads ``batches`` with ``read_committed`` in
-``trainer.group_id``. Its rebalance guard is the project's one guard,
-:class:`~rollstream.kafka.ownership.PartitionOwnership`: taking a partition has nothing to
-fence (acquire takes it as is) and seeks it to its committed offset; losing one forgets the
-groups read from it and not handed out yet (release).
+``trainer.group_id``, in the one :class:`~rollstream.kafka.partition_loop.PartitionLoop` with
+the at-least-once delivery around a :class:`StepIntake`: taking a partition has nothing to
+fence and seeks it to its committed offset; losing one forgets the groups read from it and
+not handed out yet.
 
-A background task keeps polling for as long as the source is open, also while the trainer
+The loop runs as a background task for as long as the source is open, also while the trainer
 computes a step (the source runs on its own thread in the synchronous API): fetching pauses
 once ``trainer.prefetch_steps`` steps wait, and the poll goes on with paused partitions, so a
 step of any length never exceeds ``max.poll.interval.ms`` and never costs the membership.
 
-Commits: a step's ledger lines are written first, then its offsets are committed, retried
-(the shared :class:`~rollstream.retry.RetryPolicy`) across a rebalance. At start the ledger
+Commits: a step's ledger lines are written first, then its offsets are committed
+(:meth:`AtLeastOnce.commit`, retried across a rebalance with the Kafka retry policy). At start the ledger
 is reconciled with what Kafka has committed (see :mod:`rollstream.trainer.ledger`), and the
 task ids of its last steps are never handed out again (the accumulator's second line of
 defence, kept across restarts).
@@ -26,13 +26,12 @@ import os
 import time
 from pathlib import Path
 
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
-from aiokafka.structs import TopicPartition
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, start_client
-from rollstream.kafka.ownership import PartitionOwnership
+from rollstream.kafka.partition_loop import AtLeastOnce, CommitRefused, PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.retry import KAFKA_RETRY
 from rollstream.trainer.accumulator import BatchAccumulator
@@ -42,23 +41,57 @@ from rollstream.trainer.steps import Step
 log = logging.getLogger(__name__)
 
 
-class CommitRefused(RuntimeError):
-    """A step's offsets could not be committed (after every retry). Its groups are read again
-    by whoever owns their partitions next; a restarted trainer resumes from its ledger."""
-
-
 def ledger_path(config: RollstreamConfig) -> Path:
     """``trainer.ledger_path``, or ``<trainer.checkpoint_dir>/ledger.jsonl``."""
     tc = config.trainer
     return Path(tc.ledger_path) if tc.ledger_path else Path(tc.checkpoint_dir) / "ledger.jsonl"
 
 
-def _commit_retryable(error: BaseException) -> bool:
-    # CommitFailedError: the group rebalanced under the commit; IllegalStateError: no
-    # assignment while a rebalance is in progress. Both pass once we are a member again.
-    return isinstance(error, (CommitFailedError, IllegalStateError)) or (
-        isinstance(error, KafkaError) and bool(getattr(error, "retriable", False))
-    )
+class StepIntake:
+    """The trainer source's side of its partition loop: groups into the accumulator until
+    ``trainer.prefetch_steps`` steps wait; a lost partition's groups are forgotten."""
+
+    def __init__(self, accumulator: BatchAccumulator, limit: int) -> None:
+        self.accumulator = accumulator
+        self._limit = limit  # groups waiting beyond the step in hand
+        self.arrived = asyncio.Event()  # a step is ready
+        self._room = asyncio.Event()  # a step was handed out
+        self.assignments = 0  # partition sets taken (1 for a source that was never rebalanced)
+        self.revocations = 0  # partition sets lost
+
+    async def acquire(self, partitions: set[int]) -> None:
+        self.assignments += 1
+
+    def release(self, partitions: set[int]) -> None:
+        self.revocations += 1
+        self.accumulator.forget(partitions)
+
+    def room(self) -> int:
+        return max(0, self._limit - self.accumulator.waiting)
+
+    async def wait_for_room(self, timeout: float) -> None:
+        self._room.clear()
+        try:  # asyncio.timeout, not wait_for: a cancellation that meets the timeout is not swallowed
+            async with asyncio.timeout(timeout):
+                await self._room.wait()
+        except TimeoutError:
+            pass
+
+    def handed_out(self) -> None:
+        self._room.set()
+
+    def take(self, records: dict[int, list[ConsumerRecord]]) -> None:
+        for _, batch in sorted(records.items()):
+            for record in batch:
+                self.accumulator.take(record)
+        if self.accumulator.ready():
+            self.arrived.set()
+
+    def committable(self, positions: dict[int, int]) -> dict[int, int]:
+        return {}  # steps are committed when the trainer says so (KafkaStepSource.commit)
+
+    async def tick(self) -> None:
+        return None
 
 
 class KafkaStepSource:
@@ -81,22 +114,30 @@ class KafkaStepSource:
         # Without a ledger, nothing survives a restart but Kafka's committed offsets.
         self.ledger = (ledger or StepLedger(ledger_path(config))) if use_ledger else None
         self._remember_steps = tc.remember_steps
-        self._poll_ms = tc.poll_timeout_ms
-        self._limit = tc.batch_size * tc.prefetch_steps  # groups waiting beyond the step in hand
         self._consumer = make_consumer(
             config.kafka, client_id, group_id=tc.group_id, read_committed=True,
             session_timeout_ms=tc.session_timeout_ms, heartbeat_interval_ms=tc.heartbeat_interval_ms,
             max_poll_interval_ms=tc.max_poll_interval_ms,
         )
-        self.ownership = PartitionOwnership(self._consumer, self.topic, self._acquire, self._release, name="trainer")
-        self._retry = KAFKA_RETRY.limited(max_attempts=tc.commit_retries)
-        self._committed: dict[int, int] = {}  # what this source committed last, per partition
+        self.intake = StepIntake(self.accumulator, tc.batch_size * tc.prefetch_steps)
+        self._delivery = AtLeastOnce(self.intake, commit_interval=None,
+                                     retry=KAFKA_RETRY.limited(max_attempts=tc.commit_retries), name="trainer")
+        self.loop = PartitionLoop(consumer=self._consumer, topic=self.topic, delivery=self._delivery,
+                                  poll_timeout_ms=tc.poll_timeout_ms, name="trainer")
+        self.ownership = self.loop.ownership
         self.resumed_offsets: dict[int, int] = {}  # the offsets of the ledger's last step at start
         self._last_step = 0
+        self._poll_seconds = tc.poll_timeout_ms / 1000
+        self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._arrived: asyncio.Event | None = None
-        self.assignments = 0  # partition sets taken (1 for a source that was never rebalanced)
-        self.revocations = 0  # partition sets lost
+
+    @property
+    def assignments(self) -> int:
+        return self.intake.assignments
+
+    @property
+    def revocations(self) -> int:
+        return self.intake.revocations
 
     @property
     def exhausted(self) -> bool:
@@ -110,21 +151,25 @@ class KafkaStepSource:
         # A trainer may start before any tier: create the trial's topics rather than wait on
         # a topic that does not exist yet.
         await ensure_topics(self._kafka, self._names)
-        self._arrived = asyncio.Event()
         await start_client(self._consumer, self._kafka, f"the trainer's consumer (group {self.group_id})")
         try:
             self._last_step = await self._reconcile()
-            self._consumer.subscribe([self.topic], listener=self.ownership)
+            self.loop.subscribe()
         except BaseException:
             await self._consumer.stop()
             raise
-        self._task = asyncio.create_task(self._poll(), name="trainer-poll")
+        self._task = asyncio.create_task(self.loop.run(self._stop), name="trainer-poll")
         return self._last_step
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            self._stop.set()  # the loop ends after its cycle (a step is committed by the trainer only)
+            try:
+                async with asyncio.timeout(self._poll_seconds + 10.0):
+                    await asyncio.gather(self._task, return_exceptions=True)
+            except TimeoutError:
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
         await self._consumer.stop()
 
     async def _reconcile(self) -> int:
@@ -148,7 +193,8 @@ class KafkaStepSource:
 
     async def next_step(self, timeout: float | None) -> Step | None:
         """The next ``batch_size`` groups (see :class:`StepSource`)."""
-        assert self._arrived is not None, "start() the source first"
+        assert self._task is not None, "start() the source first"
+        arrived = self.intake.arrived
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
@@ -156,15 +202,15 @@ class KafkaStepSource:
             async with self.ownership.lock:
                 if self.accumulator.ready():
                     groups = self.accumulator.next_step()
-                    self._flow()
+                    self.intake.handed_out()
                     self._last_step += 1
                     return Step(self._last_step, groups.groups, groups.offsets)
-                self._arrived.clear()
+                arrived.clear()
             left = None if deadline is None else deadline - loop.time()
             if left is not None and left <= 0:
                 return None
             try:
-                await asyncio.wait_for(self._arrived.wait(), left)
+                await asyncio.wait_for(arrived.wait(), left)
             except asyncio.TimeoutError:
                 return None
 
@@ -174,44 +220,6 @@ class KafkaStepSource:
         if self._task is not None and self._task.done():
             self._task.result()
             raise RuntimeError("the trainer's poll task ended unexpectedly")
-
-    async def _poll(self) -> None:
-        assert self._arrived is not None
-        while True:
-            self.ownership.raise_error()
-            room = max(1, self._limit - self.accumulator.waiting)
-            fetched = await self._consumer.getmany(timeout_ms=self._poll_ms, max_records=room)
-            snapshot = self.ownership.snapshot()  # no await since getmany returned
-            async with self.ownership.lock:
-                await self.ownership.retry_pending()
-                for _, records in sorted(self.ownership.accept(fetched, snapshot).items()):
-                    for record in records:
-                        self.accumulator.take(record)
-                self._flow()
-            if self.accumulator.ready():
-                self._arrived.set()
-
-    def _flow(self) -> None:
-        """Pause fetching while ``prefetch_steps`` steps wait; the poll goes on (membership)."""
-        owned = [TopicPartition(self.topic, p) for p in sorted(self.ownership.owned)]
-        paused = self._consumer.paused()
-        if self.accumulator.waiting >= self._limit:
-            if owned and not set(owned) <= paused:
-                self._consumer.pause(*owned)
-        else:
-            resume = [tp for tp in owned if tp in paused]
-            if resume:
-                self._consumer.resume(*resume)
-
-    # -- ownership hooks: nothing to fence, forget what a lost partition gave us --
-
-    async def _acquire(self, partitions: set[int]) -> set[int]:
-        self.assignments += 1
-        return set(partitions)
-
-    async def _release(self, partitions: set[int]) -> None:
-        self.revocations += 1
-        self.accumulator.forget(partitions)
 
     # -- commits --
 
@@ -230,18 +238,12 @@ class KafkaStepSource:
             return
         await self.record(entries)
         # Offsets only move forward: a step whose groups all came from a record split across
-        # steps commits what the step before did.
-        offsets = {p: o for p, o in entries[-1].offsets.items() if o > self._committed.get(p, -1)}
-        if not offsets:
-            return
-        tps = {TopicPartition(self.topic, p): o for p, o in offsets.items()}
-        what = f"committing trainer step {entries[-1].step}"
+        # steps commits what the step before did (commit skips offsets that did not move).
+        step = entries[-1].step
         try:
-            await self._retry.call(lambda: self._consumer.commit(tps), retry_on=_commit_retryable, what=what)
-        except (KafkaError, IllegalStateError) as exc:
+            await self._delivery.commit(entries[-1].offsets, what=f"committing trainer step {step}")
+        except CommitRefused as exc:
             raise CommitRefused(
-                f"step {entries[-1].step}: the trainer group could not commit {offsets} ({exc}); another "
-                f"member of group {self.group_id!r} may own these partitions: run one trainer "
-                "job per trainer.group_id"
-            ) from exc
-        self._committed.update(offsets)
+                f"step {step}: {exc}; another member of group {self.group_id!r} may own these partitions: run "
+                "one trainer job per trainer.group_id"
+            ) from exc.__cause__
