@@ -73,7 +73,7 @@ async def measure_interval(svc: Services, workdir: Path, interval_ms: int, group
         "redis": {"url": svc.redis_url},
         "experiment": {"experiment_name": name, "trial_name": "t0"},
         "grouping": {"instance_id": "bench-grouping-0", "commit_interval_ms": interval_ms},
-        "trainer": {"batch_size": 1, "group_id": "bench-trainer"},
+        "trainer": {"group_id": "bench-trainer"},
     }
     config = config_from_dict(tree)
     names = TopicNames(name, "t0")

@@ -121,7 +121,7 @@ def config_tree(services: Services, name: str, workdir: Path, s: PipelineSetting
         "rollout": rollout,
         "reward": {"tokenizer_path": tokenizer, "worker_id": "bench-reward-0", "max_workers": 2},
         "grouping": {"instance_id": "bench-grouping-0", "commit_interval_ms": s.commit_interval_ms},
-        "trainer": {"batch_size": 1, "group_id": "bench-trainer"},
+        "trainer": {"group_id": "bench-trainer"},
         "log_level": s.log_level,
     }
 

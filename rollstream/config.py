@@ -100,7 +100,9 @@ class ExperimentConfig(_Section):
 
 class StalenessConfig(_Section):
     max_head_offpolicyness: Count = 0  # eta: versions a token may lag behind the trainer
-    batch_size: AtLeastOne = 8  # prompts (groups) per trainer step
+    # groups (prompts) per trainer step: the ONE setting of it, read by the trainer side
+    # (rollstream.trainer) for its steps and by producers and grouping for the budget's unit
+    batch_size: AtLeastOne = 8
     enabled: bool = True
 
 
@@ -245,8 +247,7 @@ class GroupingConfig(_Section):
 class TrainerConfig(_Section):
     """The trainer side (``rollstream.trainer``, docs/TRAINER.md) and the example GRPO trainer."""
 
-    batch_size: AtLeastOne = 8  # groups per step (all ranks together)
-    group_id: str = "trainer"
+    group_id: str = "trainer"  # (groups per step: staleness.batch_size)
     checkpoint_dir: str = "runs/checkpoints"
     # Kafka membership of the trainer's consumer (rank 0's). It polls on a background thread
     # during a step, so steps of any length keep it in its group.
@@ -381,8 +382,18 @@ def load_config(
     return config_from_dict(tree)
 
 
+# Keys that are gone, and where what they set lives now: named in the error a user gets.
+MOVED_KEYS = {
+    ("trainer", "batch_size"): "groups per trainer step are staleness.batch_size (one setting for the "
+                               "trainer's steps and the staleness budget)",
+}
+
+
 def config_from_dict(tree: dict[str, Any]) -> RollstreamConfig:
     """Validate ``tree`` against the schema; ``ConfigError`` names the offending key."""
+    for (section, key), where in MOVED_KEYS.items():
+        if isinstance(tree.get(section), dict) and key in tree[section]:
+            raise ConfigError(f"invalid configuration: {section}.{key} is no longer a setting: {where}")
     try:
         return msgspec.convert(tree, RollstreamConfig, strict=False)
     except msgspec.ValidationError as exc:

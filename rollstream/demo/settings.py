@@ -27,7 +27,7 @@ class DemoSettings:
     trainer_ranks: int = 1  # > 1: the example trainer under torchrun (gloo, CPU), DDP across the ranks
     trainer_restarts: int = 3  # torchrun starts a failed trainer again this often (trainer.max_restarts)
     group_size: int = 8  # samples per prompt
-    prompts_per_step: int = 8  # groups per trainer step (staleness.batch_size too)
+    prompts_per_step: int = 8  # groups per trainer step (staleness.batch_size)
     max_operand: int = 3  # a, b in 0..max_operand: few enough problems to learn in minutes
     learning_rate: float = 1e-3
     ppo_epochs: int = 2
@@ -74,7 +74,7 @@ def demo_config_tree(
         "reward": {"reward_fn": REWARD_FN, "tokenizer_path": str(model_dir), "max_workers": 1,
                    "worker_id": "demo-reward-0"},
         "grouping": {"groups_per_batch": 1, "instance_id": "demo-grouping-0"},
-        "trainer": {"batch_size": settings.prompts_per_step, "checkpoint_dir": str(run_dir / "ckpt"),
+        "trainer": {"checkpoint_dir": str(run_dir / "ckpt"),
                     "group_id": f"{experiment}-trainer",
                     "model_path": str(model_dir), "learning_rate": settings.learning_rate,
                     "clip": settings.clip, "ppo_epochs": settings.ppo_epochs, "max_steps": settings.steps,

@@ -106,10 +106,10 @@ class KafkaStepSource:
         self.topic = names.batches
         self._names = names
         self._kafka = config.kafka
-        self.batch_size = tc.batch_size
+        self.batch_size = config.staleness.batch_size
         self.group_id = tc.group_id
         self.accumulator = BatchAccumulator(
-            tc.batch_size, config.grouping.pad_value, include_eval, tc.remember_steps, topic=self.topic
+            config.staleness.batch_size, config.grouping.pad_value, include_eval, tc.remember_steps, topic=self.topic
         )
         # Without a ledger, nothing survives a restart but Kafka's committed offsets.
         self.ledger = (ledger or StepLedger(ledger_path(config))) if use_ledger else None
@@ -119,7 +119,7 @@ class KafkaStepSource:
             session_timeout_ms=tc.session_timeout_ms, heartbeat_interval_ms=tc.heartbeat_interval_ms,
             max_poll_interval_ms=tc.max_poll_interval_ms,
         )
-        self.intake = StepIntake(self.accumulator, tc.batch_size * tc.prefetch_steps)
+        self.intake = StepIntake(self.accumulator, config.staleness.batch_size * tc.prefetch_steps)
         self._delivery = AtLeastOnce(self.intake, commit_interval=None,
                                      retry=KAFKA_RETRY.limited(max_attempts=tc.commit_retries), name="trainer")
         self.loop = PartitionLoop(consumer=self._consumer, topic=self.topic, delivery=self._delivery,

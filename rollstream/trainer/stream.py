@@ -1,7 +1,7 @@
 """The asyncio trainer API, for a single-process trainer whose loop is a coroutine.
 
     async with BatchStream(config) as batches:
-        async for batch in batches:                       # trainer.batch_size groups
+        async for batch in batches:                       # staleness.batch_size groups
             await asyncio.to_thread(train_step, batch)    # keep the event loop free
             await batches.commit(batch)                   # now the step is never delivered again
 
@@ -11,7 +11,7 @@ stream polls Kafka on the same loop. A synchronous loop, or ``torchrun``, uses
 
 Delivery: a step's records are committed only by :meth:`BatchStream.commit`, so a trainer
 that dies before it gets the same groups again; commits are cumulative (committing a step
-commits every step handed out before it). Keep ``trainer.batch_size`` a multiple of
+commits every step handed out before it). Keep ``staleness.batch_size`` a multiple of
 ``grouping.groups_per_batch``: a record split across two steps is committed with the second.
 Dropped groups are counted in ``drops_by_reason``, undecodable records in ``undecodable``
 (skipped with a warning, never raised), a group already handed out in a recent step in
@@ -39,10 +39,10 @@ log = logging.getLogger(__name__)
 
 def check_batch_size(config: RollstreamConfig) -> None:
     """Warn when a ``batches`` record would be split across two steps."""
-    size, per_record = config.trainer.batch_size, config.grouping.groups_per_batch
+    size, per_record = config.staleness.batch_size, config.grouping.groups_per_batch
     if size % per_record:
         log.warning(
-            "trainer.batch_size %d is not a multiple of grouping.groups_per_batch %d: a record split "
+            "staleness.batch_size %d is not a multiple of grouping.groups_per_batch %d: a record split "
             "across two steps is committed with the second, so a crash in between re-delivers the "
             "groups of the first step too (they are skipped by task id, see duplicates_skipped)",
             size, per_record,
@@ -104,7 +104,7 @@ class BatchStream:
             config = msgspec.structs.replace(config, trainer=trainer)
         check_batch_size(config)
         self.config = config
-        self.batch_size = config.trainer.batch_size
+        self.batch_size = config.staleness.batch_size
         self.source: StepSource = source or KafkaStepSource(
             config, include_eval=include_eval, client_id=client_id, use_ledger=ledger
         )

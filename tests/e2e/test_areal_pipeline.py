@@ -83,7 +83,7 @@ def _tree(name: str, kafka: str, redis_url: str, model: Path, workflows: dict[st
                     "default_workflow": next(iter(workflows)), **rollout},
         "reward": {"reward_fn": "", "worker_id": "rew-areal", "max_workers": 1, "session_timeout_ms": 6000},
         "grouping": {"instance_id": "g-areal", "commit_interval_ms": 50, "session_timeout_ms": 6000},
-        "trainer": {"batch_size": STEP_GROUPS, "group_id": f"{name}-trainer"},
+        "trainer": {"group_id": f"{name}-trainer"},
     }
 
 

@@ -90,7 +90,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
         },
         "reward": {"tokenizer_path": str(model), "worker_id": "rew-0", "max_workers": 1, "session_timeout_ms": 6000},
         "grouping": {"instance_id": "g-0", "commit_interval_ms": 50, "session_timeout_ms": 6000},
-        "trainer": {"batch_size": STEP_GROUPS, "group_id": f"{name}-trainer"},
+        "trainer": {"group_id": f"{name}-trainer"},
     }
     path = tmp / "rollstream.yaml"
     path.write_text(yaml.safe_dump(tree))

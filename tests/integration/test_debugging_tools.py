@@ -456,7 +456,7 @@ async def test_replayed_batches_read_by_a_trainer_bit_for_bit(config: Rollstream
     await replay(config, "batches", ReplayOptions(to_experiment=f"{unique_name}-train"))
     trainer = make_config(
         config.kafka.bootstrap_servers, config.redis.url, f"{unique_name}-train",
-        {"trainer": {"batch_size": 1, "group_id": f"{unique_name}-trainer"}},
+        {"staleness": {"batch_size": 1}, "trainer": {"group_id": f"{unique_name}-trainer"}},
     )
     expected = {task: rows for batch in records for task, rows in groups_of(batch).items()}
     async with BatchStream(trainer, ledger=False) as consumer:

@@ -48,7 +48,7 @@ def _config(kafka: str, redis_url: str, name: str, tokenizer: Path, dataset: Pat
                    "max_workers": 1, "session_timeout_ms": 6000},
         "grouping": {"instance_id": "g", "commit_interval_ms": 50, "session_timeout_ms": 6000,
                      "group_filters": ["tests.unit.group_filter_fns:varied_rewards"]},
-        "trainer": {"batch_size": STEP, "group_id": f"{name}-trainer", "checkpoint_dir": str(dataset.parent / "ckpt")},
+        "trainer": {"group_id": f"{name}-trainer", "checkpoint_dir": str(dataset.parent / "ckpt")},
     })
 
 

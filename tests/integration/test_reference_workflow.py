@@ -79,14 +79,14 @@ def _config(kafka: str, redis_url: str, name: str, model: Path, dataset: Path, f
     workflow = {"path": "tests.workflow_pkg.ScriptedTemplate", "kwargs": {
         "gconfig": "$gconfig", "tokenizer": "$tokenizer", "reward_fn": "tests.workflow_pkg.number_reward", "form": form}}
     return make_config(kafka, redis_url, name, {
-        "staleness": {"max_head_offpolicyness": 0, "batch_size": 16},
+        "staleness": {"max_head_offpolicyness": 15, "batch_size": 1},  # 16 prompts at version 0
         "producer": {"dataset": str(dataset), "group_size": GROUP, "batch_linger_ms": 20},
         "rollout": {"model_path": str(model), "seed": 0, "worker_id": "rw", "max_concurrent_rollouts": 8,
                     "commit_interval_seconds": 0.2, "workflows": {"template": workflow},
                     "default_workflow": "template", "gconfig": {"max_new_tokens": 6}},
         "reward": {"reward_fn": "", "worker_id": "rew", "session_timeout_ms": 6000},
         "grouping": {"instance_id": "g", "commit_interval_ms": 50, "session_timeout_ms": 6000},
-        "trainer": {"batch_size": 1, "group_id": f"{name}-trainer"},
+        "trainer": {"group_id": f"{name}-trainer"},
     })
 
 

@@ -53,9 +53,9 @@ def group(task: str, gen_len: int = 2) -> CompleteGroup:
 
 
 def trainer_config(kafka: str, redis_url: str, name: str, tmp: Path, **trainer: Any) -> RollstreamConfig:
-    settings = {"batch_size": 2, "group_id": f"{name}-trainer", "ledger_path": str(tmp / "ledger.jsonl"),
-                "poll_timeout_ms": 200, **trainer}
-    return make_config(kafka, redis_url, name, {"trainer": settings})
+    step = trainer.pop("batch_size", 2)
+    settings = {"group_id": f"{name}-trainer", "ledger_path": str(tmp / "ledger.jsonl"), "poll_timeout_ms": 200, **trainer}
+    return make_config(kafka, redis_url, name, {"staleness": {"batch_size": step}, "trainer": settings})
 
 
 async def write(config: RollstreamConfig, tasks: list[str], partition: int = 0) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.config import ConfigError, load_config, redacted, secret_values
+from rollstream.config import ConfigError, config_from_dict, load_config, redacted, secret_values
 
 
 def test_file_then_environment_then_overrides(tmp_path: Path) -> None:
@@ -50,3 +50,9 @@ def test_secrets_are_redacted_and_listed() -> None:
     assert tree["kafka"]["sasl_password"] == "***"
     assert "s3cret" not in tree["redis"]["url"]
     assert set(secret_values(config)) == {"hunter2", "s3cret"}
+
+
+def test_a_key_that_moved_is_an_error_naming_where_it_went() -> None:
+    with pytest.raises(ConfigError, match=r"trainer.batch_size is no longer a setting: groups per trainer step are staleness.batch_size"):
+        config_from_dict({"trainer": {"batch_size": 4}})
+    assert config_from_dict({"staleness": {"batch_size": 4}}).staleness.batch_size == 4
