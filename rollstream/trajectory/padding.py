@@ -164,23 +164,24 @@ class _Planned:
     """One key's array in the buffer: its wire dtype and shape, and how its parts fill it."""
 
     def __init__(self, key: str, parts: list[numpy.ndarray], pad_value: float) -> None:
-        self.parts = parts
-        self.names = [_wire_name(key, p) for p in parts]
-        self.name = promote_all(set(self.names))
-        self.ndim = parts[0].ndim
+        self.parts, self.pad = parts, pad_value_for(key, pad_value)
+        first = parts[0]
+        # per-part dtypes only when they differ (rare): one lookup for the common case
+        self.names = None if all(p.dtype == first.dtype for p in parts) else [_wire_name(key, p) for p in parts]
+        self.name = _wire_name(key, first) if self.names is None else promote_all(set(self.names))
+        self.ndim = first.ndim
         if len(parts) == 1:  # one dict: the array as it is (a 0-dim value stays 0-dim)
-            self.shape = list(parts[0].shape)
+            self.shape = list(first.shape)
         elif self.ndim == 0:
             self.shape = [len(parts)]
         else:
             self.shape = [sum(p.shape[0] for p in parts)]
             self.shape += [max(p.shape[d] for p in parts) for d in range(1, self.ndim)]
-        self.pad = pad_value_for(key, pad_value)
 
     def write(self, out: numpy.ndarray) -> None:
         """Fill ``out``: a copy of the one part, the parts (converted to the promoted dtype)
         stacked (0-dim) or concatenated (1-dim), or their rows right-padded (2+ dims)."""
-        parts = [cast(p, n, self.name) for p, n in zip(self.parts, self.names)]
+        parts = self.parts if self.names is None else [cast(p, n, self.name) for p, n in zip(self.parts, self.names)]
         if len(parts) == 1:
             out[...] = parts[0]
         elif self.ndim == 0:
@@ -196,7 +197,10 @@ class _Planned:
         row = 0
         for part in parts:
             rows = part.shape[0]
-            out[(slice(row, row + rows), *(slice(0, n) for n in part.shape[1:]))] = part
+            if self.ndim == 2:  # [B, L], nearly every key: a plain slice is cheaper to index with
+                out[row : row + rows, : part.shape[1]] = part
+            else:
+                out[(slice(row, row + rows), *map(slice, part.shape[1:]))] = part
             row += rows
 
 

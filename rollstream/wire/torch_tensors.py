@@ -69,8 +69,10 @@ def as_array_dict(values: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, torch.Tensor):
-            _wire_name(key, value.dtype)
-            value = as_array(value)
+            array = as_array(value)
+            if array.dtype == BFLOAT16_WORDS and value.dtype != torch.bfloat16:
+                raise TypeError(f"unsupported tensor dtype on the wire: {key!r} is {value.dtype}")
+            value = array  # any other dtype the wire does not carry is refused by its wire name
         out[key] = value
     return out
 
