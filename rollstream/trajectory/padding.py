@@ -77,8 +77,8 @@ def concat_padded_arrays(dicts: Sequence[Mapping[str, Any]], pad_value: float = 
 
 def concat_padded_tensors(dicts: Sequence[Mapping[str, Any]], pad_value: float = 0.0) -> dict[str, Tensor]:
     """The reference system's ``concat_padded_tensors``: :func:`concat_padded_arrays` on the
-    tensors' values, handed back as tensors that are views of its one buffer (zero copy for
-    CPU tensors; ``pack_tensor_dict`` then sends them without a copy either).
+    tensors' values (read without a copy from CPU tensors), handed back as tensors that view
+    its one buffer (no copy back; ``pack_tensor_dict`` sends them without a copy either).
 
     The result is always fresh, writable CPU memory that shares nothing with the inputs.
     Tensors on a GPU are read back to the CPU, and tensors that require grad are detached:
