@@ -16,8 +16,10 @@ only on **generated positions**:
   has generated positions but no known version (no ``versions`` tensor, or all -1), the
   caller's ``fallback_version`` stands for them: the rollout worker passes its engine's
   version when the episode ended (the reference system's fallback), which is the only place
-  that knows it; everyone downstream combines the episodes' spans (:func:`head_and_tail`)
-  instead of reading the tokens again, so the episode, its group, its batch and the dump agree.
+  that knows it. The grouping tier combines the episodes' spans (:func:`head_and_tail`)
+  instead of reading the tokens again, so the episode, its group's staleness filter, its batch
+  and the dump agree; the trainer reads its tensors with these same functions (without a
+  fallback, so only tokens versioned by it can differ).
 
 ``head`` is the oldest known version, ``tail`` the newest; ``-1`` (:data:`PROMPT_VERSION`)
 when there is none. Staleness is ``trainer_version - head`` (0 without a head), with the
