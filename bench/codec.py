@@ -31,7 +31,7 @@ from torch import Tensor
 
 from bench.common import Report, base_parser, time_interleaved, time_per_call
 from bench.data import padded_batch, payload_bytes, trajectory
-from rollstream.arrays import concat_padded_arrays
+from rollstream.trajectory.padding import concat_padded_arrays
 from rollstream.wire import ArrayArena, Batch, Episode, decode_batch, decode_episode, encode, pack_arrays
 from rollstream.wire.torch_tensors import (
     as_array,

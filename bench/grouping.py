@@ -26,8 +26,8 @@ from bench.common import Report, base_parser
 from bench.data import mixed_lengths, scored_episode, trajectory
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
-from rollstream.arrays import concat_padded_arrays
-from rollstream.tensors import concat_padded_tensors
+from rollstream.trajectory.padding import concat_padded_arrays
+from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.wire import ScoredEpisode, decode_arrays, decode_scored, encode
 from rollstream.wire.torch_tensors import decode_tensor_dict
 

@@ -29,7 +29,7 @@ from bench.procstats import cpu_seconds, tree_pids
 from bench.stack import tokenizer_path
 from rollstream.rewards import exact_match_reward
 from rollstream.api.io_struct import GenerationHyperparameters
-from rollstream.tensors import concat_padded_tensors
+from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.workflows.rlvr import RLVRWorkflow
 
 

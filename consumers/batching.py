@@ -7,7 +7,7 @@ group, how many samples were rejected and how many failed; for groups with image
 group's distinct images once and, per row, which of them it shows. The
 padded arrays are written straight into one buffer (an arena) that the record then carries
 as its ``packed`` tensors, so encoding the batch copies its bytes once. Everything here is
-numpy (``rollstream.arrays``): the grouping tier never imports torch.
+numpy (``rollstream.trajectory``): the grouping tier never imports torch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import time
 import numpy
 
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
-from rollstream.arrays import align_keys, concat_padded_arrays, version_span
+from rollstream.trajectory.padding import align_keys, concat_padded_arrays
+from rollstream.trajectory.versions import batch_trainer_version, head_and_tail, staleness
 from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_arrays, pack_arrays
 from rollstream.wire.dtypes import to_float32
 
@@ -50,11 +51,12 @@ def build_batch(
     """One ``Batch`` record for ``groups`` (all train or all eval; at least one group).
 
     ``trainer_version`` (``version_known``: read from Redis just now) is what the grouping tier
-    knows of the trainer. The batch is never tagged older than its newest token: a version
-    was published before any token of it was generated, so a tail above ``trainer_version``
-    proves the trainer was at least there (Redis failed, lagged or lost the version); the batch
-    then carries the tail with ``trainer_version_known`` False, and its staleness is never
-    negative.
+    knows of the trainer. The batch's head and tail are its groups' (their episodes' spans
+    combined, ``rollstream.trajectory.versions.head_and_tail``: the numbers the staleness
+    filter judged). The batch is never tagged older than its newest token
+    (``batch_trainer_version``: a version was published before any token of it was generated,
+    so a tail above ``trainer_version`` proves the trainer was at least there); the batch then
+    carries the tail with ``trainer_version_known`` False, and its staleness is never negative.
     """
     if not groups:
         raise ValueError("build_batch needs at least one group")
@@ -72,9 +74,8 @@ def build_batch(
             sample_idx += [scored.episode.sample_idx] * b
     group_images, row_images = batch_images(groups)
     arrays = concat_padded_arrays(align_keys(parts, pad_value), pad_value)
-    head, tail = version_span(arrays.get("versions"))
-    if tail > trainer_version:
-        trainer_version, version_known = tail, False
+    head, tail = head_and_tail(group.versions for group in groups)
+    tagged = batch_trainer_version(trainer_version, tail)
     return Batch(
         task_ids=[g.task_id for g in groups],
         group_sizes=[g.group_size for g in groups],
@@ -82,11 +83,11 @@ def build_batch(
         sample_idx=sample_idx,
         packed=pack_arrays(arrays),  # no copy: the arrays lie in one arena
         is_eval=groups[0].is_eval,
-        trainer_version=trainer_version,
-        trainer_version_known=version_known,
+        trainer_version=tagged,
+        trainer_version_known=version_known and tagged == trainer_version,
         head_version=head,
         tail_version=tail,
-        staleness=trainer_version - head if head >= 0 else 0,
+        staleness=staleness(tagged, head),
         emitted_at=time.time(),
         rejected=[g.rejected for g in groups],
         failed=[g.failed for g in groups],

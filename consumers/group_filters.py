@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy
 
-from rollstream.arrays import align_keys, concat_padded_arrays
 from rollstream.config import ConfigError, GroupingConfig
 from rollstream.consumers.batching import episode_rows
 from rollstream.consumers.grouping import CompleteGroup, GroupFilter
 from rollstream.imports import import_object
+from rollstream.trajectory.padding import align_keys, concat_padded_arrays
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ Rules (what callers may rely on):
 - otherwise the filters run (train groups only; eval groups are never filtered): the group
   filters of ``grouping.group_filters`` in order (``rollstream.consumers.group_filters``; the
   first that refuses it -> "filtered"), then the oldest generated token more than
-  ``max_head_offpolicyness`` versions behind -> "stale"; a group that passes keeps its counts of
-  rejected and failed samples;
+  ``max_head_offpolicyness`` versions behind the trainer version its batch will carry ->
+  "stale"; a group that passes keeps its counts of rejected and failed samples;
 - :meth:`GroupBuffer.expire` drops groups open longer than the timeout ("timeout"). The clock
   restarts when a group is rebuilt after a crash (its first sample is re-read then).
 - images (vision): an episode names the images its rows show and carries the bytes of those
@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from rollstream.consumers.outcomes import OutcomeLog
+from rollstream.trajectory.versions import Versions, batch_trainer_version, head_and_tail, staleness
 from rollstream.wire import SampleRejected, ScoredEpisode, TaskFailed
 from rollstream.wire.messages import DropReason
 
@@ -98,10 +99,14 @@ class CompleteGroup:
     images: dict[str, bytes] = field(default_factory=dict)  # every image its episodes show, by digest
 
     @property
+    def versions(self) -> Versions:
+        """Oldest and newest version over the group's generated tokens (-1: none): its
+        episodes' spans combined (``rollstream.trajectory.versions``)."""
+        return head_and_tail(e.episode for e in self.episodes)
+
+    @property
     def head_version(self) -> int:
-        """Oldest version over generated tokens of the group (-1: none generated)."""
-        heads = [e.episode.head_version for e in self.episodes if e.episode.head_version >= 0]
-        return min(heads) if heads else -1
+        return self.versions.head_version
 
 
 @dataclass(frozen=True)
@@ -143,7 +148,11 @@ def _no_accepted(group: OpenGroup, rejected: int, failures: list[SampleRejected]
 
 
 def apply_filters(group: CompleteGroup, filters: GroupFilters, trainer_version: int) -> GroupResult:
-    """``group`` itself, or its drop when a filter removes it (eval groups pass unfiltered)."""
+    """``group`` itself, or its drop when a filter removes it (eval groups pass unfiltered).
+
+    Staleness is judged against the trainer version the group's batch will carry
+    (``batch_trainer_version``: ``trainer_version``, or the group's newest token's when
+    newer), so a group that passes is never emitted staler than the bound."""
     if group.is_eval:
         return group
     for refuse in filters.group_filters:
@@ -151,10 +160,11 @@ def apply_filters(group: CompleteGroup, filters: GroupFilters, trainer_version: 
         if detail is not None:
             return _drop(group, "filtered", detail)
     eta = filters.max_head_offpolicyness
-    head = group.head_version
-    if eta is not None and head >= 0 and trainer_version - head > eta:
-        lag = trainer_version - head
-        detail = f"head version {head} is {lag} behind trainer version {trainer_version} (max {eta})"
+    head, tail = group.versions
+    version = batch_trainer_version(trainer_version, tail)  # what its batch will be tagged with
+    lag = staleness(version, head)
+    if eta is not None and lag > eta:
+        detail = f"head version {head} is {lag} behind trainer version {version} (max {eta})"
         return _drop(group, "stale", detail)
     return group
 

@@ -49,6 +49,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import PartitionProducers
 from rollstream.redis_state import RedisKeys, StalenessBudget, VersionStore, connect
 from rollstream.retry import transaction_retry
+from rollstream.trajectory.versions import staleness
 from rollstream.wire import TaskFailed, WireDecodeError, decode_scored
 
 log = logging.getLogger(__name__)
@@ -167,10 +168,9 @@ class GroupingTransform:
             log.info("%s: emitted batch of %s (trainer version %d%s)", self.config.grouping.instance_id,
                      task_ids, version, known, extra={"task_ids": task_ids, "trainer_version": version})
             for group in batch.groups:
-                head = group.head_version
                 metrics.GROUPS.labels(TIER, "emitted").inc()
                 metrics.GROUP_LATENCY.labels(TIER).observe(max(0.0, now - group.first_seen))
-                metrics.STALENESS.labels(TIER).observe(version - head if head >= 0 else 0)
+                metrics.STALENESS.labels(TIER).observe(staleness(version, group.head_version))
         for drop in drops:
             log.info("dropped group %s: %s (%s)", drop.task_id, drop.reason, drop.detail,
                      extra={"task_id": drop.task_id, "drop_reason": drop.reason})

@@ -27,11 +27,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from torch import Tensor
-
 from rollstream.api.io_struct import ModelResponse
 from rollstream.normalize import TrajectoryError, episode_tensors
-from rollstream.tensors import PROMPT_VERSION, row_spans, span_range
+from rollstream.trajectory.versions import PROMPT_VERSION, head_and_tail, row_spans
 from rollstream.vision.images import IMAGES_KEY
 from rollstream.wire import Episode, PromptTask, SampleRejected
 from rollstream.wire.torch_tensors import encode_tensor_dict
@@ -60,13 +58,6 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def generated_version_range(td: dict[str, Tensor], fallback_version: int = PROMPT_VERSION) -> tuple[int, int]:
-    """``(head, tail)`` over the rows' generated tokens (``rollstream.tensors.row_spans``, the
-    computation the dumps and replay filters share); ``fallback_version`` where no version is
-    known; ``(-1, -1)`` when nothing was generated."""
-    return span_range(row_spans(td, fallback_version))
-
-
 def to_episode(
     task: PromptTask, sample_idx: int, result: Any, stop_reason: str, worker_id: str,
     fallback_version: int = PROMPT_VERSION, responses: Sequence[ModelResponse] = (),
@@ -89,7 +80,7 @@ def to_episode(
         shown = episode_images(result, td["input_ids"].shape[0], image_data)
     except ValueError as exc:
         return failed_sample(task, sample_idx, f"cannot ship the episode's images: {exc}")
-    head, tail = generated_version_range(td, fallback_version)
+    head, tail = head_and_tail(row_spans(td, fallback_version))
     return Episode(
         task_id=task.task_id,
         sample_idx=sample_idx,

@@ -6,7 +6,7 @@ Each line starts with the reference's nine fields, in this order and with these 
 ``task_id``, ``sample_idx`` (the sample's index in its group), ``seqlen`` (attended tokens),
 ``prompt_len``, ``head_version``, ``tail_version``, ``reward``, ``prompt``, ``completion``
 (text decoded with special tokens kept; ``null`` without a tokenizer). ``seqlen``,
-``prompt_len`` and the versions come from :func:`rollstream.tensors.row_spans`, the one
+``prompt_len`` and the versions come from :func:`rollstream.trajectory.versions.row_spans`, the one
 computation the episode message and the replay filters use too; a row whose generated
 tokens carry no version gets the message's own tail version (for an episode, the engine's
 version when it ended: the reference's fallback).
@@ -44,10 +44,10 @@ import numpy
 from redis.exceptions import RedisError
 
 from rollstream.api.engine import WeightUpdate
-from rollstream.arrays import RowSpan, row_spans
 from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.dump_files import TaskFiles, dump_path, file_stem, read_task, scope_dir
 from rollstream.dump_tokenizer import Tokenizer, load_tokenizer
+from rollstream.trajectory.versions import RowSpan, row_spans
 from rollstream.wire import Batch, Episode, ScoredEpisode, batch_arrays, decode_arrays
 from rollstream.wire.dtypes import to_float32
 

@@ -13,7 +13,7 @@ publishes an episode, ``rollstream.testing`` when it checks a workflow). Callers
   (none matching: the row has no ``logprobs``/``versions``; nothing is invented).
 * A missing batch dimension is added (``[L]`` sequence keys -> ``[1, L]``, a 0-dim ``rewards``
   or ``is_truncated`` -> ``[1]``); a missing ``attention_mask`` of a one-row dict is all ones.
-* Known keys get the dtypes of ``rollstream.tensors.trajectory_dtypes`` when every value
+* Known keys get the dtypes of ``rollstream.trajectory.rows.trajectory_dtypes`` when every value
   converts exactly (int64 ids -> int32, 0/1 ints -> bool, float64 that float32 holds exactly...).
 * Vision inputs (``multi_modal_input``, ``pixel_values``, ``image_grid_thw``,
   ``rollstream.vision.inputs.VISION_RESULT_KEYS``) are left out: the rollout worker ships the
@@ -32,7 +32,7 @@ from torch import Tensor
 
 from rollstream.api.io_struct import ModelResponse
 from rollstream.api.workflow import interactions_to_tensors, is_interactions
-from rollstream.tensors import ROW_KEYS, SEQUENCE_KEYS, TrajectoryBuilder, trajectory_dtypes, validate_trajectory
+from rollstream.trajectory.rows import ROW_KEYS, SEQUENCE_KEYS, TrajectoryBuilder, trajectory_dtypes, validate_trajectory
 from rollstream.vision.inputs import VISION_RESULT_KEYS
 
 

@@ -12,7 +12,7 @@ only. Callers may rely on:
   the order the turns were recorded: the chain's tokens from its root, ``loss_mask`` 1
   exactly on tokens the model generated (``logprobs`` and ``versions`` from the engine), 0 on
   everything the template or the agent added (``logprobs`` 0.0, ``versions`` -1). The dtypes
-  are those of single-turn RLVR rows (``rollstream.tensors``).
+  are those of single-turn RLVR rows (``rollstream.trajectory.rows``).
 * Rewards: a turn's reward is set by completion id (every choice of it) or for the last
   completion; unset rewards count 0. A row's reward is the discounted return of its chain from
   its first turn, ``sum(turn_discount**i * reward_i)``: a reward given only at the end of an
@@ -30,7 +30,8 @@ from torch import Tensor
 
 from rollstream.agent.messages import MessageKey
 from rollstream.api.io_struct import ModelResponse
-from rollstream.tensors import TrajectoryBuilder, concat_padded_tensors
+from rollstream.trajectory.padding import concat_padded_tensors
+from rollstream.trajectory.rows import TrajectoryBuilder
 
 
 @dataclass(eq=False)

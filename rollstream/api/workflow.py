@@ -3,7 +3,7 @@
 A workflow turns one data item into training data by calling an :class:`InferenceEngine`.
 Its result is one of:
 
-- a tensor dict of ``[B, L]`` sequence tensors (see :mod:`rollstream.tensors`);
+- a tensor dict of ``[B, L]`` sequence tensors (see :mod:`rollstream.trajectory.rows`);
 - a ``dict[str, Interaction]`` of recorded engine calls (agent style), turned into tensors by
   :func:`interactions_to_tensors`;
 - ``None``: the episode is rejected (e.g. filtered out on purpose); nothing is trained on it and
@@ -26,7 +26,8 @@ from rollstream.api.context import workflow_context
 from rollstream.imports import import_object
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import ModelRequest, ModelResponse
-from rollstream.tensors import concat_padded_tensors, trajectory_row
+from rollstream.trajectory.padding import concat_padded_tensors
+from rollstream.trajectory.rows import trajectory_row
 
 logger = logging.getLogger(__name__)
 

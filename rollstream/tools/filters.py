@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollstream.arrays import span_range
 from rollstream.dump import message_rows
+from rollstream.trajectory.versions import head_and_tail
 from rollstream.wire import (
     Batch,
     DeadLetter,
@@ -39,10 +39,10 @@ def task_ids_of(message: Any) -> list[str]:
 
 def tail_version_of(message: Any) -> int | None:
     """Newest version over the generated tokens of an episode, scored episode or batch: the
-    largest ``tail_version`` of its dump lines (``rollstream.tensors.row_spans``, the one
+    largest ``tail_version`` of its dump lines (``rollstream.trajectory.versions``, the one
     computation the episode message and the dumps use); None for other messages."""
     rows = message_rows(message)
-    return span_range([row.span for row in rows])[1] if rows else None
+    return head_and_tail(row.span for row in rows).tail_version if rows else None
 
 
 def reward_of(message: Any) -> float | None:

@@ -20,7 +20,8 @@ import torch
 from aiokafka.structs import TopicPartition
 from torch import Tensor
 
-from rollstream.tensors import align_keys, concat_padded_tensors, version_span
+from rollstream.trajectory.padding import align_keys, concat_padded_tensors
+from rollstream.trajectory.versions import head_and_tail, row_spans, staleness
 from rollstream.config import RollstreamConfig
 from rollstream.vision.inputs import VisionInputs, build_vision_inputs
 from rollstream.wire import Batch
@@ -70,7 +71,10 @@ class TrainingBatch:
     last version the grouping tier knew or the group's newest token's), and so are ``group_rejected`` / ``group_failed``: how many
     samples of the group the workflow rejected / failed (0 for batches written before the
     grouping tier counted them). ``head_version``/``tail_version`` span every generated
-    token (-1: none); ``max_staleness`` is the largest ``trainer_version - head`` of a group.
+    token (-1: none) and ``max_staleness`` is the largest staleness of a group, by
+    ``rollstream.trajectory.versions`` (generated positions only, from the tensors: tokens the
+    rollout worker versioned with its engine's version because the workflow gave none are
+    unknown here).
 
     ``step`` counts the trainer's steps from 1, across restarts; ``rank``/``world_size`` say
     whose share this is (0/1 for a single process); ``step_groups`` is the number of groups in
@@ -159,11 +163,10 @@ def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: A
     the caller); with an ``image_processor``, also rebuild the rows' vision inputs."""
     if not groups:
         raise ValueError("assemble needs at least one group")
-    parts = align_keys([g.tensors for g in groups], pad_value)
-    tensors = concat_padded_tensors(parts, pad_value) if len(parts) > 1 else {k: v.clone() for k, v in parts[0].items()}
+    tensors = concat_padded_tensors(align_keys([g.tensors for g in groups], pad_value), pad_value)
     row_task = [i for i, g in enumerate(groups) for _ in g.sample_idx]
-    head, tail = version_span(tensors.get("versions"))
-    staleness = [g.trainer_version - h for g in groups if (h := version_span(g.tensors.get("versions"))[0]) >= 0]
+    versions = [head_and_tail(row_spans(g.tensors)) for g in groups]
+    head, tail = head_and_tail(versions)
     return TrainingBatch(
         tensors=tensors,
         task_ids=[g.task_id for g in groups],
@@ -175,7 +178,7 @@ def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: A
         group_is_eval=[g.is_eval for g in groups],
         head_version=head,
         tail_version=tail,
-        max_staleness=max(staleness, default=0),
+        max_staleness=max((staleness(g.trainer_version, v.head_version) for g, v in zip(groups, versions)), default=0),
         step_groups=len(groups),
         group_rejected=[g.rejected for g in groups],
         group_failed=[g.failed for g in groups],

@@ -32,7 +32,7 @@ import numpy
 import torch
 from torch import Tensor
 
-from rollstream.tensors import ROW_KEYS
+from rollstream.trajectory.rows import ROW_KEYS
 from rollstream.trainer.batch import TrainingBatch
 
 AREAL_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions", "rewards")

@@ -35,7 +35,6 @@ from rollstream.wire.packed import check_packed, unpack_arrays
 from rollstream.wire.tensor_codec import TensorDecodeError, WireTensor, check_tensor, decode_array
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-SEQUENCE_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
 
 T = TypeVar("T")
 

@@ -24,6 +24,7 @@ NUMPY_DTYPES: dict[str, numpy.dtype] = {
 }
 ITEMSIZES: dict[str, int] = {name: dtype.itemsize for name, dtype in NUMPY_DTYPES.items()}
 _NAMES: dict[numpy.dtype, str] = {dtype: name for name, dtype in NUMPY_DTYPES.items()}
+_INTEGER_LIMITS = {name: numpy.iinfo(d) for name, d in NUMPY_DTYPES.items() if d.kind in "iu" and name != "bfloat16"}
 _CATEGORY = {"bool": 0, "uint8": 1, "int8": 1, "int16": 1, "int32": 1, "int64": 1,
              "float16": 2, "bfloat16": 2, "float32": 2, "float64": 2}
 
@@ -93,9 +94,8 @@ def fill_value(value: float, name: str) -> float | numpy.generic:
     -1 into uint8 is 255)."""
     if name == "bfloat16":
         return bfloat16_words(value)[()]
-    dtype = NUMPY_DTYPES[name]
-    if dtype.kind in "iu":
-        limits = numpy.iinfo(dtype)
+    limits = _INTEGER_LIMITS.get(name)
+    if limits is not None:
         if not limits.min <= value <= limits.max:
             raise ValueError(f"pad value {value} cannot be converted to {name} without overflow")
     return value

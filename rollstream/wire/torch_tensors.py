@@ -11,8 +11,9 @@ message buffer (read-only: clone before writing in place); bfloat16 is a real
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy
 import torch
@@ -33,7 +34,8 @@ TensorSpec = tuple[str, torch.dtype, Sequence[int]]
 _TORCH: dict[numpy.dtype, torch.dtype] = {NUMPY_DTYPES[name]: dtype for name, dtype in DTYPES.items()}  # uint16: bfloat16
 
 __all__ = [
-    "DTYPES", "DTYPE_NAMES", "TensorSpec", "allocate_packed", "as_array", "as_tensor", "batch_tensors",
+    "DTYPES", "DTYPE_NAMES", "TensorSpec", "allocate_packed", "as_array", "as_array_dict", "as_tensor", "as_tensor_dict",
+    "batch_tensors",
     "decode_tensor", "decode_tensor_dict", "encode_tensor", "encode_tensor_dict", "pack_tensor_dict", "raw_bytes",
     "tensor_arena", "unpack_tensor_dict",
 ]
@@ -58,6 +60,29 @@ def as_array(tensor: torch.Tensor) -> numpy.ndarray:
         if flat.dtype == torch.bfloat16:
             return flat.view(torch.int16).numpy().view(BFLOAT16_WORDS)
         return flat.numpy()
+
+
+def as_array_dict(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Each tensor of ``values`` as :func:`as_array` gives it; other values as they are.
+    ``TypeError`` for a dtype the wire does not carry (numpy would take ``torch.uint16`` for
+    bfloat16 words)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, torch.Tensor):
+            array = as_array(value)
+            if array.dtype == BFLOAT16_WORDS and value.dtype != torch.bfloat16:
+                raise TypeError(f"unsupported tensor dtype on the wire: {key!r} is {value.dtype}")
+            value = array  # any other dtype the wire does not carry is refused by its wire name
+        out[key] = value
+    return out
+
+
+def as_tensor_dict(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Each array of ``values`` as a tensor sharing its memory (an ``ArrayArena``: views of its
+    one buffer, which ``pack_tensor_dict`` packs without a copy); other values as they are."""
+    if isinstance(values, ArrayArena):
+        return tensor_arena(values)
+    return {k: as_tensor(v) if isinstance(v, numpy.ndarray) else v for k, v in values.items()}
 
 
 def _wire_name(key: str, dtype: torch.dtype) -> str:

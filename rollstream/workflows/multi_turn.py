@@ -11,7 +11,7 @@ from torch import Tensor
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
 from rollstream.stats import stats_tracker
-from rollstream.tensors import TrajectoryBuilder
+from rollstream.trajectory.rows import TrajectoryBuilder
 from rollstream.workflows.rlvr import RewardFn, RLVRWorkflow
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, Mo
 from rollstream.api.workflow import RolloutWorkflow
 from rollstream.rewards.wrapper import AsyncRewardWrapper
 from rollstream.stats import stats_tracker
-from rollstream.tensors import trajectory_row
+from rollstream.trajectory.rows import trajectory_row
 
 logger = logging.getLogger(__name__)
 

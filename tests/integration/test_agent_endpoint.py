@@ -27,7 +27,7 @@ from rollstream.api.io_struct import ModelResponse
 from rollstream.api.recording import EpisodeEngine
 from rollstream.config import AgentConfig
 from rollstream.engines.hf import HFEngine
-from rollstream.tensors import trajectory_dtypes
+from rollstream.trajectory.rows import trajectory_dtypes
 from tests.agent_model import QUESTION, agent_base_model, perturbed_copy, tool_model
 
 pytestmark = pytest.mark.timeout(180)

@@ -32,7 +32,7 @@ from rollstream.tools.positions import ALL_PARTITIONS
 from rollstream.tools.replay import ReplayOptions, replay
 from rollstream.kafka.admin import topic_partitions
 from rollstream.tools.roles import topic_for
-from rollstream.tensors import concat_padded_tensors
+from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.wire import (
     Batch,
     Episode,

@@ -26,7 +26,7 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, VersionStore, connect
-from rollstream.tensors import concat_padded_tensors
+from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.tools.replay import ReplayOptions, replay
 from rollstream.wire import Episode, PromptTask, SampleRejected, ScoredEpisode, encode
 from tests.helpers import make_config

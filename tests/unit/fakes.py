@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import ModelRequest
 from rollstream.api.workflow import RolloutWorkflow
-from rollstream.tensors import trajectory_row
+from rollstream.trajectory.rows import trajectory_row
 from rollstream.testing import ScriptedEngine
 
 SPECIAL = ["[PAD]", "[UNK]", "<eos>", "<|user|>", "<|assistant|>"]

@@ -15,7 +15,7 @@ from rollstream.agent.messages import RequestError, clean_messages, message_key
 from rollstream.agent.openai_types import decode_request
 from rollstream.agent.tool_calls import parse_tool_calls
 from rollstream.api.io_struct import GenerationHyperparameters, ModelResponse
-from rollstream.tensors import validate_trajectory
+from rollstream.trajectory.rows import validate_trajectory
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3+4"}}\n</tool_call>'
 

@@ -1,5 +1,5 @@
 """build_batch: shapes, dtypes, padding, rewards, row bookkeeping, versions and staleness;
-its packed tensors (padded with numpy) equal what torch's ``concat_padded_tensors`` pads."""
+its packed tensors equal what ``concat_padded_tensors`` pads from the episodes' rows."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rollstream.consumers.batching import align_keys, build_batch, drop_record, episode_rows
-from rollstream.tensors import concat_padded_tensors, version_span
+from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
 from rollstream.wire import decode_batch, encode
 from rollstream.wire.torch_tensors import batch_tensors
@@ -84,9 +84,14 @@ def test_eval_and_train_are_not_mixed() -> None:
         build_batch([], 0)
 
 
-def test_version_span() -> None:
-    assert version_span(torch.tensor([[-1, 3, 1], [-1, -1, 2]])) == (1, 3)
-    assert version_span(None) == (-1, -1)
+def test_versions_are_the_groups_and_the_tag_is_never_below_the_tail() -> None:
+    g1 = group("a", [scored("a", 0, version=3), scored("a", 1, version=5)])
+    g2 = group("b", [scored("b", 0, version=1), scored("b", 1, gen_len=0)])
+    batch = build_batch([g1, g2], trainer_version=4)
+    assert (batch.head_version, batch.tail_version) == (1, 5) == (min(g1.versions[0], g2.versions[0]), g1.versions[1])
+    assert (batch.trainer_version, batch.trainer_version_known, batch.staleness) == (5, False, 4)
+    kept = build_batch([g1, g2], trainer_version=5)
+    assert (kept.trainer_version, kept.trainer_version_known, kept.staleness) == (5, True, 4)
 
 
 def test_drop_record() -> None:

@@ -9,7 +9,8 @@ import torch
 
 from rollstream.config import ConfigError, config_from_dict
 from rollstream.dump import DUMP_FIELDS, EXTENDED_FIELDS, DumpWriter, dump_lines, dump_record
-from rollstream.tensors import TrajectoryBuilder, concat_padded_tensors
+from rollstream.trajectory.padding import concat_padded_tensors
+from rollstream.trajectory.rows import TrajectoryBuilder
 from rollstream.wire import Batch, Episode, SampleRejected, ScoredEpisode
 from rollstream.wire.torch_tensors import encode_tensor_dict, pack_tensor_dict
 from tests.unit.fakes import ids, make_tokenizer

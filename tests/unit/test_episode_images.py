@@ -9,7 +9,7 @@ import torch
 
 from rollstream.api.io_struct import ModelRequest, ModelResponse
 from rollstream.api.workflow import Interaction
-from rollstream.tensors import trajectory_row
+from rollstream.trajectory.rows import trajectory_row
 from rollstream.vision.images import image_digest, to_base64
 from rollstream.wire import Episode, PromptTask, SampleRejected, WireDecodeError, decode_episode, encode
 from rollstream.rollout_workers.episode_images import ImageLedger, episode_images

@@ -8,7 +8,8 @@ import torch
 
 from rollstream.trainer.grpo import group_advantages
 from rollstream.trainer.grpo_vision import vision_policy_update, vision_token_logprobs
-from rollstream.tensors import concat_padded_tensors, trajectory_row
+from rollstream.trajectory.padding import concat_padded_tensors
+from rollstream.trajectory.rows import trajectory_row
 from rollstream.vision.inputs import build_vision_inputs
 from rollstream.vision.processor import load_image_processor, load_processor
 from tests.unit.vision_helpers import noise_png, vision_prompt

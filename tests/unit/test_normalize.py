@@ -8,7 +8,7 @@ import torch
 
 from rollstream.api.io_struct import ModelResponse
 from rollstream.normalize import TrajectoryError, episode_tensors
-from rollstream.tensors import trajectory_dtypes, trajectory_row
+from rollstream.trajectory.rows import trajectory_dtypes, trajectory_row
 
 PROMPT, OUTPUT = [5, 6, 7], [8, 9]
 RESPONSE = ModelResponse(input_tokens=PROMPT, output_tokens=OUTPUT, output_logprobs=[-0.25, -1.5],

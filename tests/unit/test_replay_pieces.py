@@ -17,7 +17,7 @@ from rollstream.tools.positions import (
     save_resume,
     start_offsets,
 )
-from rollstream.tensors import concat_padded_tensors
+from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.tools.render import message_json, summary_line
 from rollstream.wire import (
     Batch,

@@ -9,10 +9,11 @@ import torch
 
 from rollstream.api.io_struct import ModelRequest, ModelResponse
 from rollstream.api.workflow import Interaction
-from rollstream.tensors import concat_padded_tensors, trajectory_row
+from rollstream.trajectory.padding import concat_padded_tensors
+from rollstream.trajectory.rows import trajectory_row
 from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode, encode
 from rollstream.wire.torch_tensors import decode_tensor_dict
-from rollstream.rollout_workers.episodes import generated_version_range, to_episode
+from rollstream.rollout_workers.episodes import to_episode
 
 TASK = PromptTask(task_id="task-1", group_size=4, data={"input_ids": [3, 4], "answer": "7"}, is_eval=True)
 
@@ -55,7 +56,6 @@ def test_nothing_generated_gives_minus_one_versions() -> None:
 
 def test_multi_row_dict_uses_generated_positions_only() -> None:
     td = concat_padded_tensors([_row([2, 3]), _row([5])])  # padding: versions -1, loss_mask 0
-    assert generated_version_range(td) == (2, 5)
     msg = to_episode(TASK, 1, td, "stop", "w")
     assert isinstance(msg, Episode) and (msg.head_version, msg.tail_version) == (2, 5)
 
@@ -63,9 +63,11 @@ def test_multi_row_dict_uses_generated_positions_only() -> None:
 def test_version_range_ignores_prompt_positions_without_loss_mask_one() -> None:
     td = _row([4, 4])
     td["versions"][0, :2] = 0  # a workflow that tags its prompt with version 0
-    assert generated_version_range(td) == (4, 4)
+    msg = to_episode(TASK, 1, td, "stop", "w")
+    assert isinstance(msg, Episode) and (msg.head_version, msg.tail_version) == (4, 4)
     del td["loss_mask"]
-    assert generated_version_range(td) == (0, 4)  # no loss mask: every real version counts
+    msg = to_episode(TASK, 1, td, "stop", "w")  # no loss mask: every real version counts
+    assert isinstance(msg, Episode) and (msg.head_version, msg.tail_version) == (0, 4)
 
 
 def test_none_is_a_rejection_not_a_failure() -> None:

@@ -28,7 +28,7 @@ def row(prompt: list[int], turns: list[tuple[list[int], bool]], version: int, re
 
 
 def group(task: str, rows: list[dict[str, torch.Tensor]]) -> GroupRows:
-    from rollstream.tensors import concat_padded_tensors
+    from rollstream.trajectory.padding import concat_padded_tensors
 
     return GroupRows(task, len(rows), False, 3, concat_padded_tensors(rows), list(range(len(rows))))
 

@@ -1,6 +1,6 @@
 """The wire's numpy face, which the producer, grouping and dump tiers use without torch: dtype
-promotion and bfloat16 words as torch has them, array round trips, packing arenas without a
-copy, and ``concat_padded_arrays`` giving what torch's ``concat_padded_tensors`` gives."""
+promotion and bfloat16 words as torch has them, array round trips, and packing arenas without
+a copy (the padding into an arena: tests/unit/test_trajectory_padding.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,8 @@ import itertools
 import numpy
 import pytest
 import torch
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
 
-from rollstream.arrays import concat_padded_arrays
-from rollstream.tensors import concat_padded_tensors
 from rollstream.wire import (
-    ArrayArena,
     Batch,
     WireTensor,
     allocate_arrays,
@@ -117,48 +112,3 @@ def test_batch_arrays_and_batch_tensors_read_the_same_values() -> None:
     assert numpy.array_equal(as_numpy["ids"], as_torch["ids"].numpy())
     assert as_torch["h"].dtype == torch.bfloat16 and as_torch["h"].tolist() == [0.5, -3.0]
     assert numpy.array_equal(as_numpy["h"], as_torch["h"].view(torch.int16).numpy().view(numpy.uint16))
-
-
-def read_only_arrays(tensors: dict[str, torch.Tensor]) -> dict[str, numpy.ndarray]:
-    """``tensors`` as the grouping tier has them: decoded from a record (read-only views)."""
-    out = {}
-    for key, tensor in tensors.items():
-        array = as_array(tensor)
-        wire = encode_array(array)
-        out[key] = decode_array(WireTensor(wire.dtype, wire.shape, memoryview(bytes(wire.data))))
-    return out
-
-
-DTYPE_MIXES = [("int32", "int64"), ("int32", "float32"), ("bfloat16", "bfloat16"), ("bfloat16", "float32"),
-               ("float16", "bfloat16"), ("int64", "bfloat16"), ("bool", "int8"), ("uint8", "int8"), ("int64", "float16")]
-
-
-@settings(max_examples=60, deadline=None)
-@example(mix=("uint8", "int8"), lengths=[(1, 0), (1, 1)], pad_value=0.0, key="versions")  # -1 into uint8
-@given(
-    mix=st.sampled_from(DTYPE_MIXES),
-    lengths=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 6)), min_size=1, max_size=4),
-    pad_value=st.sampled_from([0.0, 7.0, -2.5, 1 / 3]),
-    key=st.sampled_from(["x", "versions", "attention_mask"]),
-)
-def test_concat_padded_arrays_gives_what_torch_pads(mix: tuple[str, str], lengths: list[tuple[int, int]],
-                                                    pad_value: float, key: str) -> None:
-    dicts = []
-    for i, (rows, length) in enumerate(lengths):
-        dtype = DTYPES[mix[i % 2]]
-        values = (torch.arange(rows * length).reshape(rows, length) % 5 - 1).to(dtype)
-        dicts.append({key: values, "r": torch.full((rows,), i, dtype=dtype), "s": torch.tensor(i, dtype=dtype)})
-    try:
-        want = concat_padded_tensors(dicts, pad_value)
-    except RuntimeError:  # torch refuses a pad value the dtype cannot hold (-1 versions in uint8)
-        with pytest.raises(ValueError, match="without overflow"):
-            concat_padded_arrays([read_only_arrays(d) for d in dicts], pad_value)
-        return
-    got = concat_padded_arrays([read_only_arrays(d) for d in dicts], pad_value)
-    assert list(got) == list(want)
-    for name, value in want.items():
-        tensor = as_tensor(got[name])
-        assert tensor.dtype == value.dtype and tensor.shape == value.shape, name
-        assert torch.equal(tensor, value), name
-    if len(dicts) > 1:
-        assert isinstance(got, ArrayArena) and pack_arrays(got) is got.packed

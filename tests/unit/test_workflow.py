@@ -17,7 +17,7 @@ from rollstream.api.workflow import (
     interactions_to_tensors,
     resolve_workflow,
 )
-from rollstream.tensors import validate_trajectory
+from rollstream.trajectory.rows import validate_trajectory
 from tests.unit.fakes import EchoWorkflow, FakeEngine, SilentAgent, TwoTurnAgent
 
 DATA = {"input_ids": [1, 2, 3]}

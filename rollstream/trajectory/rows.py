@@ -1,45 +1,25 @@
-"""Trajectory tensor dicts (torch): padding, concatenation, validation and row building.
+"""What a trajectory row is: its keys and dtypes, how a row is built, how a dict is checked.
 
-A trajectory dict holds ``[B, L]`` sequence tensors (``input_ids``, ``attention_mask``,
-``loss_mask``, ``logprobs``, ``versions``) and ``[B]`` per-row tensors (``rewards``,
-``is_truncated``); see :data:`trajectory_dtypes`. The torch-free half (row spans, versions,
-padding numpy arrays into a packed buffer) is :mod:`rollstream.arrays`, whose names this
-module re-exports.
+A trajectory dict holds ``[B, L]`` sequence tensors (:data:`SEQUENCE_KEYS`: ``input_ids``,
+``attention_mask``, ``loss_mask``, ``logprobs``, ``versions``) and ``[B]`` per-row tensors
+(:data:`ROW_KEYS`: ``rewards``, ``is_truncated``), with the dtypes of :data:`trajectory_dtypes`.
+Rows are padded together by :mod:`rollstream.trajectory.padding`; which versions wrote them is
+:mod:`rollstream.trajectory.versions`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy
 import torch
 from torch import Tensor
 
-from rollstream.arrays import (
-    PROMPT_VERSION,
-    REQUIRED_KEYS,
-    ROW_KEYS,
-    SEQUENCE_KEYS,
-    RowSpan,
-    PRESENT_SUFFIX,
-    align_keys,
-    check_same_keys,
-    concat_padded_arrays,
-    pad_value_for,
-    row_spans,
-    span_range,
-    version_span,
-)
-from rollstream.wire.packed import ArrayArena
-from rollstream.wire.torch_tensors import DTYPE_NAMES, as_array, as_tensor, tensor_arena
+from rollstream.trajectory.versions import PROMPT_VERSION
 
-__all__ = [
-    "PRESENT_SUFFIX", "PROMPT_VERSION", "REQUIRED_KEYS", "ROW_KEYS", "SEQUENCE_KEYS", "RowSpan", "TrajectoryBuilder",
-    "align_keys",
-    "concat_padded_arena", "concat_padded_tensors", "row_spans", "span_range", "trajectory_dtypes",
-    "trajectory_row", "validate_trajectory", "version_span",
-]
+SEQUENCE_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
+ROW_KEYS: tuple[str, ...] = ("rewards", "is_truncated")
+REQUIRED_KEYS: tuple[str, ...] = ("input_ids", "attention_mask")
 
 trajectory_dtypes: dict[str, torch.dtype] = {
     "input_ids": torch.int32,
@@ -50,81 +30,6 @@ trajectory_dtypes: dict[str, torch.dtype] = {
     "rewards": torch.float32,
     "is_truncated": torch.bool,
 }
-
-
-def _right_pad(t: Tensor, shape: Sequence[int], value: float) -> Tensor:
-    """``t`` right-padded with ``value`` in every non-batch dim up to ``shape[1:]``."""
-    if tuple(t.shape[1:]) == tuple(shape):
-        return t
-    # F.pad takes (left, right) pairs from the last dim backwards; one op, no index tuple
-    pad: list[int] = []
-    for have, want in zip(reversed(t.shape[1:]), reversed(shape)):
-        pad += [0, want - have]
-    return torch.nn.functional.pad(t, pad, value=value)
-
-
-def _concat_key(key: str, values: list[Any], pad_value: float) -> Any:
-    if not all(isinstance(v, Tensor) for v in values):
-        if all(isinstance(v, list) for v in values):
-            return [x for v in values for x in v]  # e.g. per-row multimodal inputs
-        raise TypeError(f"cannot concatenate {key!r}: values must all be tensors or all be lists")
-    ndims = {v.dim() for v in values}
-    if len(ndims) != 1:
-        raise ValueError(f"cannot concatenate {key!r}: tensors have different ranks {sorted(ndims)}")
-    if ndims == {0}:
-        return torch.stack(values)
-    if ndims == {1}:
-        return torch.cat(values, dim=0)
-    shape = [max(v.shape[d] for v in values) for d in range(1, values[0].dim())]
-    fill = pad_value_for(key, pad_value)
-    return torch.cat([_right_pad(v, shape, fill) for v in values], dim=0)
-
-
-def concat_padded_tensors(dicts: list[dict[str, Tensor]], pad_value: float = 0.0) -> dict[str, Tensor]:
-    """Concatenate trajectory dicts along the batch dim, right-padding to a common length.
-
-    - no dicts -> ``{}``; one dict -> a shallow copy of it (not validated);
-    - every dict must have the same key set, else ``ValueError`` naming the differing keys;
-    - 0-dim tensors are stacked, 1-dim tensors concatenated on dim 0;
-    - tensors with 2 or more dims are right-padded in every non-batch dim to the largest size
-      and then concatenated on dim 0; lists are concatenated as lists.
-
-    Padding values: ``attention_mask`` always pads with 0 (False). DECISION: ``versions`` pads
-    with -1, the prompt version, not with ``pad_value`` (the reference pads with 0), so a padded
-    position can never be mistaken for output of policy version 0. Every other key pads with
-    ``pad_value``.
-    """
-    if not dicts:
-        return {}
-    if len(dicts) == 1:
-        return dict(dicts[0])
-    check_same_keys(dicts)
-    return {k: _concat_key(k, [d[k] for d in dicts], pad_value) for k in dicts[0]}
-
-
-def concat_padded_arena(dicts: list[dict[str, Tensor]], pad_value: float = 0.0) -> dict[str, Any]:
-    """``concat_padded_tensors``' result (same values, dtypes, shapes, padding and errors) with
-    every tensor written into ONE buffer, in key order, so that ``pack_tensor_dict`` sends them
-    without a copy: :func:`rollstream.arrays.concat_padded_arrays` on the tensors' values
-    (detached, on the CPU), handed back as tensors that share the buffer.
-
-    Non-tensor values (lists) stay outside the buffer; one dict's tensors are copied into it
-    as they are. ``TypeError`` for a dtype the wire does not carry.
-    """
-    arrays = [{k: _as_wire_array(k, v) for k, v in d.items()} for d in dicts]
-    out = concat_padded_arrays(arrays, pad_value)
-    if isinstance(out, ArrayArena):
-        return tensor_arena(out)
-    return {k: as_tensor(v) if isinstance(v, numpy.ndarray) else v for k, v in out.items()}
-
-
-def _as_wire_array(key: str, value: Any) -> Any:
-    """A tensor's values as an array (bfloat16: words); anything else as it is."""
-    if not isinstance(value, Tensor):
-        return value
-    if value.dtype not in DTYPE_NAMES:  # e.g. torch.uint16, which numpy would call bfloat16 words
-        raise TypeError(f"unsupported tensor dtype on the wire: {key!r} is {value.dtype}")
-    return as_array(value)
 
 
 def _check_dtypes(td: dict[str, Tensor]) -> None:
