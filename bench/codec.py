@@ -58,9 +58,7 @@ def rollstream_batch(tensors: dict[str, Tensor] | ArrayArena) -> Codec:
     pack = pack_arrays if isinstance(tensors, ArrayArena) else pack_tensor_dict
 
     def enc() -> bytes:
-        return encode(Batch(task_ids=["bench:0:0", "bench:0:1"], group_sizes=[rows // 2, rows - rows // 2],
-                            row_task=[0] * (rows // 2) + [1] * (rows - rows // 2), sample_idx=list(range(rows)),
-                            rejected=[0, 0], failed=[0, 0], packed=pack(tensors)))
+        return encode(Batch(task_id="bench:0:0", group_size=rows, sample_idx=list(range(rows)), packed=pack(tensors)))
     return enc, lambda data: batch_tensors(decode_batch(data))
 
 

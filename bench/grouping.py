@@ -59,7 +59,7 @@ def run_grouping(messages: list[list[ScoredEpisode]]) -> int:
         for message in group:
             for result in buffer.add(message, 0, offset, now, trainer_version=0):
                 assert isinstance(result, CompleteGroup)
-                emitted += len(encode(build_batch([result], trainer_version=0)))
+                emitted += len(encode(build_batch(result, trainer_version=0)))
             offset += 1
     return emitted
 

@@ -105,7 +105,7 @@ def buffer_memory(report: Report, quick: bool, open_groups: int, rate: float, wi
         nonlocal offset, emitted
         for result in buffer.add(decode_scored(stream.record(group, sample)), 0, offset, now):
             assert isinstance(result, CompleteGroup)
-            encode(build_batch([result], trainer_version=0))
+            encode(build_batch(result, trainer_version=0))
             emitted += 1
         offset += 1
 

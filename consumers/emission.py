@@ -7,8 +7,7 @@ with the trainer version read at emission, never older than its tokens: ``build_
 outcomes on ``grouping-changelog`` (in the source partition). A group that cannot become a
 batch (its samples do not concatenate, a tensor is unusable, the record would exceed
 ``kafka.max_message_bytes``) is never retried forever: it becomes a dead letter naming the
-error and a ``dropped`` record with reason ``dead_lettered``, and the other groups of the
-batch are emitted.
+error and a ``dropped`` record with reason ``dead_lettered``; the other groups are emitted.
 
 :class:`SlotReleaser` returns the staleness slots of dropped train groups in Redis AFTER their
 drop records are committed (a slot returned for a drop that then aborted could be re-decided
@@ -45,9 +44,9 @@ MAX_DETAIL_CHARS = 500
 
 @dataclass(frozen=True)
 class EmittedBatch:
-    """Groups queued as one ``batch`` record, with the trainer version it is tagged with."""
+    """A group queued as its ``batch`` record, with the trainer version it is tagged with."""
 
-    groups: list[CompleteGroup]
+    group: CompleteGroup
     trainer_version: int
     version_known: bool
 
@@ -60,22 +59,17 @@ class Emission:
         self._pad_value = pad_value
 
     def batches(
-        self, batches: list[list[CompleteGroup]], reading: VersionReading, out: PartitionOutput,
+        self, groups: list[CompleteGroup], reading: VersionReading, out: PartitionOutput,
     ) -> tuple[list[EmittedBatch], list[DroppedGroup]]:
-        """Queue each batch; returns the batches queued and the groups that could not be
-        batched (already queued as dead letters and ``dead_lettered`` drops)."""
+        """Queue each group's ``batch`` record; returns the batches queued and the groups that
+        could not be batched (already queued as dead letters and ``dead_lettered`` drops)."""
         emitted: list[EmittedBatch] = []
         refused: list[DroppedGroup] = []
-        for groups in batches:
+        for group in groups:
             try:
-                emitted.append(self._batch(groups, reading, out))
-            except Exception as exc:  # noqa: BLE001 - find the group(s) at fault, emit the others
-                if len(groups) == 1:
-                    refused.append(self._refuse(groups[0], exc, reading.version, out))
-                    continue
-                more, bad = self.batches([[g] for g in groups], reading, out)
-                emitted += more
-                refused += bad
+                emitted.append(self._batch(group, reading, out))
+            except Exception as exc:  # noqa: BLE001 - this group is at fault, the others are emitted
+                refused.append(self._refuse(group, exc, reading.version, out))
         return emitted, refused
 
     def drop(self, drop: DroppedGroup, version: int, out: PartitionOutput) -> None:
@@ -85,13 +79,12 @@ class Emission:
     def tombstone(self, task_id: str, partition: int, out: PartitionOutput) -> None:
         out.send(self._names.grouping_changelog, None, key=task_id.encode(), partition=partition)
 
-    def _batch(self, groups: list[CompleteGroup], reading: VersionReading, out: PartitionOutput) -> EmittedBatch:
-        batch = build_batch(groups, reading.version, self._pad_value, version_known=reading.known)
+    def _batch(self, group: CompleteGroup, reading: VersionReading, out: PartitionOutput) -> EmittedBatch:
+        batch = build_batch(group, reading.version, self._pad_value, version_known=reading.known)
         value = encode(batch)  # may raise: nothing queued yet
-        out.send(self._names.batches, value, key=groups[0].task_id.encode())
-        for group in groups:
-            self._outcome(group, out)
-        return EmittedBatch(groups, batch.trainer_version, batch.trainer_version_known)
+        out.send(self._names.batches, value, key=group.task_id.encode())
+        self._outcome(group, out)
+        return EmittedBatch(group, batch.trainer_version, batch.trainer_version_known)
 
     def _outcome(self, group: CompleteGroup | DroppedGroup, out: PartitionOutput) -> None:
         value = encode(outcome_record(group))

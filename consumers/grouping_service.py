@@ -17,9 +17,8 @@ partitioned) can commit anything for p, and everything such an owner committed b
 what the new owner reads (docs/GUARANTEES.md, "Fencing"). ``grouping.instance_id`` names the
 instance in logs and client ids only.
 
-With ``groups_per_batch > 1`` a batch holds groups of one input partition; a partial batch
-is flushed once its oldest group has waited ``PARTIAL_BATCH_FLUSH_FACTOR * commit_interval_ms``
-(1 s by default), and on shutdown.
+Every complete group becomes its own ``batch`` record in the cycle it completes, so nothing
+complete waits in memory: the committed offset is held back by open groups only.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from rollstream.consumers.changelog import read_outcomes
 from rollstream.consumers.emission import EmittedBatch, Emission, SlotReleaser
 from rollstream.consumers.group_filters import load_group_filters
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
-from rollstream.consumers.pending import PendingBatches
 from rollstream.consumers.trainer_version import TrainerVersion, VersionReading
 from rollstream import metrics
 from rollstream.config import RollstreamConfig
@@ -55,7 +53,6 @@ from rollstream.wire import TaskFailed, WireDecodeError, decode_scored
 log = logging.getLogger(__name__)
 
 TIER = "grouping"
-PARTIAL_BATCH_FLUSH_FACTOR = 10
 
 
 class GroupingTransform:
@@ -70,7 +67,6 @@ class GroupingTransform:
         eta = config.staleness.max_head_offpolicyness if g.drop_stale else None
         filters = GroupFilters(group_filters=load_group_filters(g), max_head_offpolicyness=eta)
         self.buffer = GroupBuffer(g.group_timeout_seconds, g.dedupe_window_seconds, filters)
-        self.pending = PendingBatches(g.groups_per_batch, PARTIAL_BATCH_FLUSH_FACTOR * g.commit_interval_ms / 1000)
         keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
         self.version = TrainerVersion(VersionStore(redis, keys))
         budget = StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.batch_size)
@@ -79,6 +75,7 @@ class GroupingTransform:
         self.committed_offsets: dict[int, int] = {}  # partition -> input offset committed by this instance
         self._now = 0.0
         self._reading = VersionReading(0, known=False)  # the trainer version of this cycle
+        self._complete: dict[int, list[CompleteGroup]] = {}  # completed this cycle, per partition
         self._dropped: dict[int, list[DroppedGroup]] = {}  # ended this cycle, per partition
         self._emitted: dict[int, tuple[list[EmittedBatch], list[DroppedGroup]]] = {}
 
@@ -91,17 +88,17 @@ class GroupingTransform:
 
     def release(self, partitions: set[int]) -> None:
         self.buffer.revoke(partitions)
-        self.pending.revoke(partitions)
         for p in partitions:
             self.committed_offsets.pop(p, None)
+            self._complete.pop(p, None)
             self._dropped.pop(p, None)
-        metrics.OPEN_GROUPS.labels(TIER).set(self.buffer.open_count() + len(self.pending))
+        metrics.OPEN_GROUPS.labels(TIER).set(self.buffer.open_count())
 
     # -- one cycle --
 
     async def begin(self, records: dict[int, list[ConsumerRecord]]) -> None:
         self._now = time.monotonic()
-        if records or self.buffer.open_count() or len(self.pending):
+        if records or self.buffer.open_count():
             self._reading = await self.version.get()
         for drop in self.buffer.expire(self._now):
             self._dropped.setdefault(drop.partition, []).append(drop)
@@ -122,7 +119,7 @@ class GroupingTransform:
 
     async def finish(self, partition: int, out: PartitionOutput, final: bool) -> None:
         reading = self._reading
-        ready = self.pending.take_ready(partition, self._now, final)
+        ready = self._complete.pop(partition, [])
         drops = self._dropped.pop(partition, [])
         emitted, refused = self.emission.batches(ready, reading, out)  # refused: queued as drops already
         for drop in drops:
@@ -134,7 +131,7 @@ class GroupingTransform:
                 self.emission.tombstone(task_id, p, out)
         out.offset = self._next_offset(partition)
         self._emitted[partition] = (emitted, drops)
-        metrics.OPEN_GROUPS.labels(TIER).set(self.buffer.open_count() + len(self.pending))
+        metrics.OPEN_GROUPS.labels(TIER).set(self.buffer.open_count())
 
     async def committed(self, partition: int, out: PartitionOutput) -> None:
         if out.offset is not None:
@@ -148,29 +145,27 @@ class GroupingTransform:
     def _route(self, results: list[GroupResult]) -> None:
         for result in results:
             if isinstance(result, CompleteGroup):
-                self.pending.add(result, self._now)
+                self._complete.setdefault(result.partition, []).append(result)
             else:
                 self._dropped.setdefault(result.partition, []).append(result)
 
     def _next_offset(self, partition: int) -> int | None:
-        """The input offset to commit: below every open or waiting group; None if unchanged."""
-        marks = [m for m in (self.buffer.watermark(partition), self.pending.low_offset(partition)) if m is not None]
-        if marks and min(marks) > self.committed_offsets.get(partition, -1):
-            return min(marks)
+        """The input offset to commit: below every open group; None if unchanged."""
+        mark = self.buffer.watermark(partition)
+        if mark is not None and mark > self.committed_offsets.get(partition, -1):
+            return mark
         return None
 
     def _account(self, batches: list[EmittedBatch], drops: list[DroppedGroup]) -> None:
         now = self._now
         for batch in batches:
-            task_ids = [g.task_id for g in batch.groups]
-            version = batch.trainer_version
+            group, version = batch.group, batch.trainer_version
             known = "" if batch.version_known else ", not read from Redis at emission"
-            log.info("%s: emitted batch of %s (trainer version %d%s)", self.config.grouping.instance_id,
-                     task_ids, version, known, extra={"task_ids": task_ids, "trainer_version": version})
-            for group in batch.groups:
-                metrics.GROUPS.labels(TIER, "emitted").inc()
-                metrics.GROUP_LATENCY.labels(TIER).observe(max(0.0, now - group.first_seen))
-                metrics.STALENESS.labels(TIER).observe(staleness(version, group.head_version))
+            log.info("%s: emitted group %s (trainer version %d%s)", self.config.grouping.instance_id,
+                     group.task_id, version, known, extra={"task_id": group.task_id, "trainer_version": version})
+            metrics.GROUPS.labels(TIER, "emitted").inc()
+            metrics.GROUP_LATENCY.labels(TIER).observe(max(0.0, now - group.first_seen))
+            metrics.STALENESS.labels(TIER).observe(staleness(version, group.head_version))
         for drop in drops:
             log.info("dropped group %s: %s (%s)", drop.task_id, drop.reason, drop.detail,
                      extra={"task_id": drop.task_id, "drop_reason": drop.reason})

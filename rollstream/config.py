@@ -228,7 +228,6 @@ class RewardConfig(_Section):
 
 
 class GroupingConfig(_Section):
-    groups_per_batch: AtLeastOne = 1
     pad_value: float = 0.0
     # Group filters (rollstream.consumers.group_filters): import strings of fn(group) -> bool, run
     # in order on every complete train group; the first False drops it as "filtered" and returns
@@ -386,6 +385,8 @@ def load_config(
 MOVED_KEYS = {
     ("trainer", "batch_size"): "groups per trainer step are staleness.batch_size (one setting for the "
                                "trainer's steps and the staleness budget)",
+    ("grouping", "groups_per_batch"): "every batches record holds one group; groups per trainer step are "
+                                      "staleness.batch_size",
 }
 
 

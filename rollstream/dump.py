@@ -132,20 +132,18 @@ def _batch_rows(batch: Batch) -> list[DumpRow]:
     tensors = batch_arrays(batch)
     spans = row_spans(tensors, fallback_version=batch.tail_version)
     rewards = _rewards(tensors)
-    keys = [(task, batch.sample_idx[row]) for row, task in enumerate(batch.row_task)]
-    rows_of: dict[tuple[int, int], int] = defaultdict(int)
-    for key in keys:
-        rows_of[key] += 1
-    seen: dict[tuple[int, int], int] = defaultdict(int)
+    rows_of: dict[int, int] = defaultdict(int)
+    for sample_idx in batch.sample_idx:
+        rows_of[sample_idx] += 1
+    seen: dict[int, int] = defaultdict(int)
     out = []
-    for row, (key, span) in enumerate(zip(keys, spans)):
-        task, sample_idx = key
+    for row, (sample_idx, span) in enumerate(zip(batch.sample_idx, spans)):
         out.append(DumpRow(
-            batch.task_ids[task], sample_idx, seen[key], rows_of[key], batch.is_eval, span,
+            batch.task_id, sample_idx, seen[sample_idx], rows_of[sample_idx], batch.is_eval, span,
             _attended_ids(tensors, row), float(rewards[row]) if rewards is not None else None,
-            None, batch.group_sizes[task], batch.trainer_version,
+            None, batch.group_size, batch.trainer_version,
         ))
-        seen[key] += 1
+        seen[sample_idx] += 1
     return out
 
 

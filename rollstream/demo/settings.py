@@ -73,7 +73,7 @@ def demo_config_tree(
                     "fileroot": str(run_dir / "dumps"), "shutdown_grace_seconds": 5.0},
         "reward": {"reward_fn": REWARD_FN, "tokenizer_path": str(model_dir), "max_workers": 1,
                    "worker_id": "demo-reward-0"},
-        "grouping": {"groups_per_batch": 1, "instance_id": "demo-grouping-0"},
+        "grouping": {"instance_id": "demo-grouping-0"},
         "trainer": {"checkpoint_dir": str(run_dir / "ckpt"),
                     "group_id": f"{experiment}-trainer",
                     "model_path": str(model_dir), "learning_rate": settings.learning_rate,

@@ -25,12 +25,10 @@ from rollstream.wire.dtypes import to_float32
 
 
 def task_ids_of(message: Any) -> list[str]:
-    """The task ids a message belongs to (a batch can hold several groups)."""
+    """The task ids a message belongs to."""
     match message:
         case ScoredEpisode():
             return [message.episode.task_id]
-        case Batch():
-            return list(message.task_ids)
         case DeadLetter():
             return [message.key.decode("utf-8", "replace")] if message.key else []
     task_id = getattr(message, "task_id", None)

@@ -99,12 +99,11 @@ def _batch_summary(batch: Batch) -> str:
     rewards = tensors.get("rewards")
     mean = f"{float(rewards.float().mean()):.4g}" if rewards is not None and rewards.numel() else "-"
     shape = list(tensors["input_ids"].shape) if "input_ids" in tensors else []
-    tasks = ",".join(batch.task_ids[:4]) + ("..." if len(batch.task_ids) > 4 else "")
     return (
-        f"tasks={tasks} groups={len(batch.task_ids)} shape={shape} "
+        f"task={batch.task_id} group_size={batch.group_size} shape={shape} "
         f"{_versions(batch.head_version, batch.tail_version)} trainer={batch.trainer_version} "
-        f"staleness={batch.staleness} reward_mean={mean} rejected={sum(batch.rejected)} "
-        f"failed={sum(batch.failed)}{' eval' if batch.is_eval else ''}"
+        f"staleness={batch.staleness} reward_mean={mean} rejected={batch.rejected} "
+        f"failed={batch.failed}{' eval' if batch.is_eval else ''}"
     )
 
 

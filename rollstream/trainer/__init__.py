@@ -21,7 +21,7 @@ Synchronous, one process or every rank of a ``torchrun`` job (docs/TRAINER.md)::
 """
 
 from rollstream.trainer.accumulator import BatchAccumulator
-from rollstream.trainer.batch import GroupRows, TrainingBatch, assemble, split_groups
+from rollstream.trainer.batch import GroupRows, TrainingBatch, assemble, batch_group
 from rollstream.trainer.batches import CollectiveFailed, RankFailed, TrainerBatches
 from rollstream.trainer.checkpoints import Checkpoint, CheckpointError, Checkpoints
 from rollstream.trainer.dataset import BatchDataset
@@ -62,7 +62,7 @@ __all__ = [
     "ledger_path",
     "pack",
     "split_by_tokens",
-    "split_groups",
+    "batch_group",
     "to_areal",
     "to_verl",
     "unpack",

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from rollstream.trainer.batch import GroupRows, TrainingBatch, assemble, split_groups
+from rollstream.trainer.batch import GroupRows, TrainingBatch, assemble, batch_group
 from rollstream.wire import Batch, GroupDropped, WireDecodeError, decode_batch
 
 log = logging.getLogger(__name__)
@@ -53,8 +53,8 @@ class RecentTasks:
 class BatchAccumulator:
     """Collects groups record by record; hands out ``batch_size`` of them with commit offsets.
 
-    The offsets of a step cover every record taken so far, except a record whose groups were
-    split across two steps: it is committed with the step that uses its last group.
+    The offsets of a step cover every record taken so far (one group per record), except the
+    records of groups that wait for a later step: they are committed with that step.
 
     Second line of defence against training on a group twice (the first is the pipeline's
     exactly-once emission): a group whose task id was handed out in the last
@@ -115,7 +115,7 @@ class BatchAccumulator:
         self._progress[partition] = offset + 1
         try:
             message = decode_batch(value)
-            groups = split_groups(message) if isinstance(message, Batch) else []
+            groups = [batch_group(message)] if isinstance(message, Batch) else []
         except (WireDecodeError, ValueError) as exc:
             self.undecodable += 1
             log.warning("skipping undecodable batches record %d@%d: %s", partition, offset, exc)
@@ -142,7 +142,7 @@ class BatchAccumulator:
         for group in taken:
             self.trained.add(group.task_id)
         offsets = dict(self._progress)
-        for left in self._groups:  # a record split across two steps is not committed yet
+        for left in self._groups:  # waiting for a later step: its record is committed with it
             offsets[left.partition] = min(offsets.get(left.partition, left.offset), left.offset)
         return StepGroups(taken, offsets)
 

@@ -1,9 +1,9 @@
 """What a trainer step receives: groups padded into one ``[N, L]`` tensor dict.
 
-Pure, no I/O: :func:`split_groups` cuts a ``Batch`` record into its groups and
-:func:`assemble` pads groups from any number of records into one :class:`TrainingBatch`.
+Pure, no I/O: :func:`batch_group` reads the group of a ``Batch`` record (one group per record)
+and :func:`assemble` pads groups from any number of records into one :class:`TrainingBatch`.
 
-Vision: a group's images arrive once per group (``Batch.group_images``); each row says which it
+Vision: a group's images arrive once per group (``Batch.images``); each row says which it
 shows. With an image processor (the model's, as in the rollout: ``trainer.processor_path``,
 :func:`trainer_image_processor`), :func:`assemble` rebuilds the rows' ``pixel_values`` /
 ``image_grid_thw`` into ``TrainingBatch.vision`` (``rollstream.vision.inputs.VisionInputs``),
@@ -125,37 +125,17 @@ class TrainingBatch:
         return int(self.tensors["attention_mask"].sum().item()) if "attention_mask" in self.tensors else 0
 
 
-def split_groups(batch: Batch) -> list[GroupRows]:
-    """The groups of a ``Batch`` record; ``ValueError`` if its bookkeeping is inconsistent."""
+def batch_group(batch: Batch) -> GroupRows:
+    """The group a ``Batch`` record carries; ``ValueError`` if its bookkeeping is inconsistent."""
     tensors = batch_tensors(batch)
     n = tensors["input_ids"].shape[0] if "input_ids" in tensors else -1
-    if len(batch.row_task) != n or len(batch.sample_idx) != n:
-        raise ValueError(f"batch has {n} rows but {len(batch.row_task)} row_task entries")
-    if len(batch.group_sizes) != len(batch.task_ids) or any(not 0 <= t < len(batch.task_ids) for t in batch.row_task):
-        raise ValueError("batch row_task / group_sizes do not match its task_ids")
-    groups = []
-    for index, task_id in enumerate(batch.task_ids):
-        rows = [r for r, t in enumerate(batch.row_task) if t == index]
-        group_tensors = _rows_of(tensors, rows)
-        groups.append(GroupRows(
-            task_id, batch.group_sizes[index], batch.is_eval, batch.trainer_version,
-            group_tensors, [batch.sample_idx[r] for r in rows],
-            rejected=batch.rejected[index], failed=batch.failed[index],
-            images=list(batch.group_images[index]) if batch.group_images else [],
-            row_images=[list(batch.row_images[r]) for r in rows] if batch.row_images else [],
-            trainer_version_known=batch.trainer_version_known,
-        ))
-    return groups
-
-
-def _rows_of(tensors: dict[str, Tensor], rows: list[int]) -> dict[str, Tensor]:
-    """``rows`` of every batch tensor: views when they are one run of rows (the grouping tier
-    writes a group's rows together; ``assemble`` copies them once), else a gather."""
-    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
-        start, stop = rows[0], rows[0] + len(rows)
-        return {k: v[start:stop] if v.dim() else v for k, v in tensors.items()}
-    picked = torch.tensor(rows, dtype=torch.long)
-    return {k: v.index_select(0, picked) if v.dim() else v for k, v in tensors.items()}
+    if len(batch.sample_idx) != n:
+        raise ValueError(f"batch has {n} rows but {len(batch.sample_idx)} sample_idx entries")
+    return GroupRows(
+        batch.task_id, batch.group_size, batch.is_eval, batch.trainer_version, tensors, list(batch.sample_idx),
+        rejected=batch.rejected, failed=batch.failed, images=list(batch.images),
+        row_images=[list(r) for r in batch.row_images], trainer_version_known=batch.trainer_version_known,
+    )
 
 
 def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: Any = None) -> TrainingBatch:

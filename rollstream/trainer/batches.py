@@ -52,7 +52,7 @@ from rollstream.trainer.ranks import Ranks
 from rollstream.trainer.share import StepShare, decode_share, encode_share, group_rows, share_group
 from rollstream.trainer.split import split_by_tokens
 from rollstream.trainer.steps import Step, StepSource
-from rollstream.trainer.stream import StepBook, check_batch_size
+from rollstream.trainer.stream import StepBook
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,6 @@ class TrainerBatches:
         wait_seconds: float = 2.0,
         image_processor: Any = None,
     ) -> None:
-        check_batch_size(config)
         self.config = config
         self.ranks = Ranks.detect(group, config.trainer.collective_timeout_seconds)
         if config.staleness.batch_size < self.ranks.world_size:

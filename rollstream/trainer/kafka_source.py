@@ -237,8 +237,7 @@ class KafkaStepSource:
         if not entries:
             return
         await self.record(entries)
-        # Offsets only move forward: a step whose groups all came from a record split across
-        # steps commits what the step before did (commit skips offsets that did not move).
+        # Offsets only move forward (commit skips the ones that did not move).
         step = entries[-1].step
         try:
             await self._delivery.commit(entries[-1].offsets, what=f"committing trainer step {step}")

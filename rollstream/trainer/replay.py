@@ -35,7 +35,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.admin import topic_partitions
 from rollstream.kafka.scan import read_bounded
 from rollstream.trainer.accumulator import BatchAccumulator
-from rollstream.trainer.batch import GroupRows, split_groups
+from rollstream.trainer.batch import GroupRows, batch_group
 from rollstream.trainer.kafka_source import ledger_path
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
 from rollstream.trainer.steps import Step
@@ -233,9 +233,9 @@ class LedgerReplay(_Replay):
             value = await self._record(partition, offset)
             message = decode_batch(value)
             if isinstance(message, Batch):
-                for group in split_groups(message):
-                    group.partition, group.offset = partition, offset
-                    by_task[group.task_id] = group
+                group = batch_group(message)
+                group.partition, group.offset = partition, offset
+                by_task[group.task_id] = group
         missing = [t for t in entry.task_ids if t not in by_task]
         if missing:
             raise ReplayError(f"step {entry.step}: groups {missing} are not in the records the ledger names")

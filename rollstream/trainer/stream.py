@@ -11,9 +11,7 @@ stream polls Kafka on the same loop. A synchronous loop, or ``torchrun``, uses
 
 Delivery: a step's records are committed only by :meth:`BatchStream.commit`, so a trainer
 that dies before it gets the same groups again; commits are cumulative (committing a step
-commits every step handed out before it). Keep ``staleness.batch_size`` a multiple of
-``grouping.groups_per_batch``: a record split across two steps is committed with the second.
-Dropped groups are counted in ``drops_by_reason``, undecodable records in ``undecodable``
+commits every step handed out before it). Dropped groups are counted in ``drops_by_reason``, undecodable records in ``undecodable``
 (skipped with a warning, never raised), a group already handed out in a recent step in
 ``duplicates_skipped``.
 """
@@ -35,18 +33,6 @@ from rollstream.trainer.ledger import LedgerEntry
 from rollstream.trainer.steps import Step, StepSource
 
 log = logging.getLogger(__name__)
-
-
-def check_batch_size(config: RollstreamConfig) -> None:
-    """Warn when a ``batches`` record would be split across two steps."""
-    size, per_record = config.staleness.batch_size, config.grouping.groups_per_batch
-    if size % per_record:
-        log.warning(
-            "staleness.batch_size %d is not a multiple of grouping.groups_per_batch %d: a record split "
-            "across two steps is committed with the second, so a crash in between re-delivers the "
-            "groups of the first step too (they are skipped by task id, see duplicates_skipped)",
-            size, per_record,
-        )
 
 
 class StepBook:
@@ -102,7 +88,6 @@ class BatchStream:
         if poll_timeout_ms is not None:
             trainer = msgspec.structs.replace(config.trainer, poll_timeout_ms=poll_timeout_ms)
             config = msgspec.structs.replace(config, trainer=trainer)
-        check_batch_size(config)
         self.config = config
         self.batch_size = config.staleness.batch_size
         self.source: StepSource = source or KafkaStepSource(

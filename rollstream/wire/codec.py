@@ -176,18 +176,15 @@ def _check_batch_tensors(batch: Batch) -> None:
         check_packed(batch.packed)
     except TensorDecodeError as exc:
         raise WireDecodeError(str(exc)) from None
-    if batch.group_images or batch.row_images:
+    if batch.images or batch.row_images:
         _check_batch_images(batch)
 
 
 def _check_batch_images(batch: Batch) -> None:
-    if len(batch.group_images) != len(batch.task_ids) or len(batch.row_images) != len(batch.row_task):
-        raise WireDecodeError(
-            f"batch has images for {len(batch.group_images)} groups and {len(batch.row_images)} rows; "
-            f"expected {len(batch.task_ids)} and {len(batch.row_task)}"
-        )
-    for row, (group, images) in enumerate(zip(batch.row_task, batch.row_images)):
-        count = len(batch.group_images[group]) if 0 <= group < len(batch.group_images) else 0
+    if len(batch.row_images) != len(batch.sample_idx):
+        raise WireDecodeError(f"batch has images for {len(batch.row_images)} rows; expected {len(batch.sample_idx)}")
+    count = len(batch.images)
+    for row, images in enumerate(batch.row_images):
         if any(not 0 <= i < count for i in images):
             raise WireDecodeError(f"row {row} shows image {images} but its group has {count} images")
 

@@ -152,48 +152,42 @@ class ScoredEpisode(_Message, tag="scored"):
 
 
 class Batch(_Message, tag="batch", kw_only=True):
-    """One or more complete groups, padded to one ``[N, L]`` tensor dict in ``packed``.
+    """One complete group: its accepted samples' rows padded to one ``[N, L]`` tensor dict in
+    ``packed`` (read it with ``batch_arrays``, numpy, or ``batch_tensors``, torch).
 
-    ``row_task`` maps each row to its index in ``task_ids``. ``trainer_version`` is the
-    trainer's version at emission as the grouping tier knew it, never older than
-    ``tail_version``; ``trainer_version_known`` False says it is not what Redis answered at
-    emission (Redis failed or lagged: the last version seen, or the tail's); ``staleness =
-    trainer_version - head_version``. Read the tensors with ``batch_arrays`` (numpy) or
-    ``batch_tensors`` (torch).
-    ``rejected[i]`` / ``failed[i]``: how many samples of group ``i`` the workflow rejected /
-    failed; its accepted samples (those with rows) number ``group_sizes[i] - rejected[i] -
-    failed[i]``. Vision (empty for text): ``group_images[i]`` holds the distinct encoded
-    images of group ``i``, once each; ``row_images[r]`` indexes the images row ``r`` shows (in
-    its group's list, in the order of the row's image slots).
+    ``sample_idx[r]``: the sample row ``r`` comes from. ``trainer_version`` is the trainer's
+    version at emission as the grouping tier knew it, never older than ``tail_version``;
+    ``trainer_version_known`` False says it is not what Redis answered at emission (Redis
+    failed or lagged: the last version seen, or the tail's); ``staleness =
+    trainer_version - head_version`` (``rollstream.trajectory.versions``). ``rejected`` /
+    ``failed``: how many samples the workflow rejected / failed; the accepted ones (those with
+    rows) number ``group_size - rejected - failed``. Vision (empty for text): ``images`` holds
+    the group's distinct encoded images once each; ``row_images[r]`` indexes those row ``r``
+    shows, in the order of its image slots.
     """
 
     schema_version: int = BATCH_VERSION
-    task_ids: list[str]
-    group_sizes: list[int]
-    row_task: list[int]
-    sample_idx: list[int]
+    task_id: TaskId
+    group_size: GroupSize
+    sample_idx: list[SampleIdx]
     is_eval: bool = False
     trainer_version: int = 0
+    trainer_version_known: bool = True
     head_version: int = -1
     tail_version: int = -1
     staleness: int = 0
     emitted_at: float = 0.0
     packed: PackedTensors
-    rejected: list[int]
-    failed: list[int]
-    group_images: list[list[bytes]] = []
+    rejected: Annotated[int, msgspec.Meta(ge=0)] = 0
+    failed: Annotated[int, msgspec.Meta(ge=0)] = 0
+    images: list[bytes] = []
     row_images: list[list[int]] = []
-    trainer_version_known: bool = True
 
     def __post_init__(self) -> None:
-        groups = len(self.task_ids)
-        if not groups == len(self.group_sizes) == len(self.rejected) == len(self.failed):
-            raise ValueError(
-                f"batch of {groups} groups has {len(self.group_sizes)} group sizes, "
-                f"{len(self.rejected)} rejected and {len(self.failed)} failed counts"
-            )
-        if len(self.row_task) != len(self.sample_idx):
-            raise ValueError(f"batch has {len(self.row_task)} row_task and {len(self.sample_idx)} sample_idx entries")
+        if self.rejected + self.failed > self.group_size:
+            raise ValueError(f"group of {self.group_size} samples has {self.rejected} rejected and {self.failed} failed")
+        if self.row_images and len(self.row_images) != len(self.sample_idx):
+            raise ValueError(f"batch has {len(self.sample_idx)} rows but {len(self.row_images)} row_images entries")
 
 
 # The oldest version of a kind this reader reads (a kind not named: FIRST_VERSION).

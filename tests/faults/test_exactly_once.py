@@ -158,14 +158,14 @@ async def test_grouping_scaled_out_and_back_mid_run(
                                 "the second grouping instance to own a partition")
         at_scale_out = pipeline.progress()
         pipeline.hold_versions = False
-        await pipeline.wait_for(lambda: len(second.grep("emitted batch of")) >= 6, 180,
+        await pipeline.wait_for(lambda: len(second.grep(": emitted group ")) >= 6, 180,
                                 "groups emitted by the second instance")
         at_scale_in = pipeline.progress()
         assert await asyncio.to_thread(second.stop, 60.0) == 0, second.tail()
         await pipeline.wait_for(pipeline.finished, 240, "every admitted prompt to end")
         outcome = await pipeline.outcome()
     first_assignments = pipeline.tiers["grouping-0"].grep("assigned partitions")
-    second_emitted = len(second.grep("emitted batch of"))
+    second_emitted = len(second.grep(": emitted group "))
     text = report("grouping scaled 1 -> 2 -> 1", outcome, {
         "scaled out at": f"{at_scale_out:.0%}", "scaled in at": f"{at_scale_in:.0%}",
         "groups emitted by the second instance": second_emitted,

@@ -283,7 +283,7 @@ async def test_grouping_input(kafka_bootstrap: str, redis_url: str, unique_name:
     good = ScoredEpisode(episode=episode(task_id="good", sample_idx=0, group_size=1), reward=1.0)
     reasons = await feed_and_check(
         config, tier, names.scored, cases + [reused, ranked], ("good", encode(good)), run_grouping, names.batches,
-        lambda m: isinstance(m, Batch) and m.task_ids == ["good"], decode_batch,
+        lambda m: isinstance(m, Batch) and m.task_id == "good", decode_batch,
     )
     assert "differs" in reasons["reused"]
     ended = {m.task_id: m.reason for m in await read_topic(config.kafka, names.batches, decode_batch)

@@ -26,7 +26,7 @@ from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, VersionStore, connect
 from rollstream.retry import RetryPolicy
-from rollstream.trainer.batch import assemble, split_groups
+from rollstream.trainer.batch import assemble, batch_group
 from rollstream.wire import Batch, decode_batch, encode
 from tests.helpers import make_config
 from tests.unit.test_grouping_support import scored
@@ -94,7 +94,7 @@ async def publish(config: RollstreamConfig, version: int) -> None:
 def check_invariant(batch: Batch) -> None:
     """Never older than the newest token; staleness never negative; the trainer side agrees."""
     assert batch.trainer_version >= batch.tail_version and batch.staleness >= 0, batch
-    groups = split_groups(batch)
+    groups = [batch_group(batch)]
     assert [g.trainer_version_known for g in groups] == [batch.trainer_version_known]
     training = assemble(groups)
     assert training.trainer_versions == [batch.trainer_version]

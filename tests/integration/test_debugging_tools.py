@@ -447,18 +447,19 @@ async def test_replayed_batches_read_by_a_trainer_bit_for_bit(config: Rollstream
     from rollstream.trainer import BatchStream
 
     records = [
-        recorded_batch(["b1", "b2"], [single_turn("hello", "world <eos>", [3, 4], 1.0), multi_turn()] * 2),
-        recorded_batch(["b3"], [single_turn("what is two", "four", [4], 0.5), single_turn("two", "five five", [2, 4], 0.0)]),
+        recorded_batch("b1", [single_turn("hello", "world <eos>", [3, 4], 1.0), multi_turn()]),
+        recorded_batch("b2", [single_turn("hello", "world <eos>", [3, 4], 1.0), multi_turn()]),
+        recorded_batch("b3", [single_turn("what is two", "four", [4], 0.5), single_turn("two", "five five", [2, 4], 0.0)]),
     ]
     dropped = GroupDropped(task_id="b4", reason="stale", trainer_version=6)
-    values = [(b.task_ids[0].encode(), encode(b)) for b in records] + [(b"b4", encode(dropped))]
+    values = [(b.task_id.encode(), encode(b)) for b in records] + [(b"b4", encode(dropped))]
     await publish(config, "batches", values)
     await replay(config, "batches", ReplayOptions(to_experiment=f"{unique_name}-train"))
     trainer = make_config(
         config.kafka.bootstrap_servers, config.redis.url, f"{unique_name}-train",
         {"staleness": {"batch_size": 1}, "trainer": {"group_id": f"{unique_name}-trainer"}},
     )
-    expected = {task: rows for batch in records for task, rows in groups_of(batch).items()}
+    expected = {batch.task_id: batch_tensors(batch) for batch in records}
     async with BatchStream(trainer, ledger=False) as consumer:
         seen: dict[str, dict[str, torch.Tensor]] = {}
         for _ in range(len(expected)):
@@ -477,21 +478,10 @@ async def test_replayed_batches_read_by_a_trainer_bit_for_bit(config: Rollstream
             assert got.contiguous().view(torch.uint8).numpy().tobytes() == original.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def recorded_batch(task_ids: list[str], rows: list[dict[str, torch.Tensor]]) -> Batch:
-    """A ``Batch`` whose rows are split evenly over ``task_ids`` (in order), its tensors packed
-    as the grouping tier writes them."""
-    per = len(rows) // len(task_ids)
+def recorded_batch(task_id: str, rows: list[dict[str, torch.Tensor]]) -> Batch:
+    """The ``Batch`` of a group of ``rows`` (a row a sample), its tensors packed as the grouping
+    tier writes them."""
     return Batch(
-        task_ids=task_ids, group_sizes=[per] * len(task_ids), row_task=[r // per for r in range(len(rows))],
-        sample_idx=[r % per for r in range(len(rows))], trainer_version=5, head_version=2, tail_version=5,
-        staleness=3, rejected=[0] * len(task_ids), failed=[0] * len(task_ids),
-        packed=pack_tensor_dict(concat_padded_tensors(rows)),
+        task_id=task_id, group_size=len(rows), sample_idx=list(range(len(rows))), trainer_version=5,
+        head_version=2, tail_version=5, staleness=3, packed=pack_tensor_dict(concat_padded_tensors(rows)),
     )
-
-
-def groups_of(batch: Batch) -> dict[str, dict[str, torch.Tensor]]:
-    tensors = batch_tensors(batch)
-    return {
-        task: {key: value[[r for r, t in enumerate(batch.row_task) if t == index]] for key, value in tensors.items()}
-        for index, task in enumerate(batch.task_ids)
-    }

@@ -87,8 +87,7 @@ def outcome_per_task(records: list) -> dict[str, list[str]]:
     for record in records:
         message = decode_batch(record.value)
         if isinstance(message, Batch):
-            for task in message.task_ids:
-                seen.setdefault(task, []).append("batch")
+            seen.setdefault(message.task_id, []).append("batch")
         else:
             seen.setdefault(message.task_id, []).append(message.reason)
     return seen
@@ -135,7 +134,7 @@ async def test_groups_drops_and_dead_letters(kafka_bootstrap: str, redis_url: st
     for batch in (b for b in batches if isinstance(b, Batch)):
         tensors = batch_tensors(batch)
         assert batch.trainer_version == 3 and batch.packed.keys
-        if batch.task_ids == ["mixed"]:  # two accepted samples of 2 prompt + 3 generated tokens
+        if batch.task_id == "mixed":  # two accepted samples of 2 prompt + 3 generated tokens
             assert tensors["input_ids"].shape == (2, 5) and batch.sample_idx == [0, 2]
             assert tensors["rewards"].tolist() == [1.0, 0.0]
             assert (batch.head_version, batch.staleness) == (0, 3)
@@ -151,12 +150,12 @@ async def test_groups_drops_and_dead_letters(kafka_bootstrap: str, redis_url: st
     assert await budget.drops_by_reason() == {"all_rejected": 1, "task_failed": 2, "timeout": 1}
 
 
-async def test_groups_per_batch_partial_flush_and_tombstones(
+async def test_a_record_per_group_and_tombstones(
     kafka_bootstrap: str, redis_url: str, unique_name: str
 ) -> None:
-    """3 groups per batch: a full batch, an overdue partial one, eval apart; with a zero dedupe
-    window every outcome is tombstoned once the committed offset has passed its group."""
-    sections = {"grouping": {**GROUPING, "groups_per_batch": 3, "dedupe_window_seconds": 0}}
+    """Every complete group is its own batch record, eval ones too; with a zero dedupe window
+    every outcome is tombstoned once the committed offset has passed its group."""
+    sections = {"grouping": {**GROUPING, "dedupe_window_seconds": 0}}
     config = make_config(kafka_bootstrap, redis_url, unique_name, sections)
     names = names_of(config)
     await ensure_topics(config.kafka, names)
@@ -166,16 +165,15 @@ async def test_groups_per_batch_partial_flush_and_tombstones(
     stop = asyncio.Event()
     service = asyncio.create_task(run(config, stop))
     try:
-        records = await read_all(config, names.batches, until=3)
+        records = await read_all(config, names.batches, until=5)
         changelog = await read_all(config, names.grouping_changelog, until=10, settle_s=0.5)
     finally:
         stop.set()
         await asyncio.wait_for(service, 60)
-    batches = sorted((decode_batch(r.value) for r in records), key=lambda b: (b.is_eval, -len(b.task_ids)))
-    assert [b.task_ids for b in batches] == [["b0", "b1", "b2"], ["b3"], ["ev"]]
-    assert [b.is_eval for b in batches] == [False, False, True]
-    assert batch_tensors(batches[0])["input_ids"].shape == (6, 4)
-    assert batches[0].row_task == [0, 0, 1, 1, 2, 2]
+    batches = sorted((decode_batch(r.value) for r in records), key=lambda b: b.task_id)
+    assert [(b.task_id, b.is_eval) for b in batches] == [("b0", False), ("b1", False), ("b2", False), ("b3", False),
+                                                           ("ev", True)]
+    assert batch_tensors(batches[0])["input_ids"].shape == (2, 4) and batches[0].sample_idx == [0, 1]
     history: dict[str, list[str]] = {}
     for record in changelog:
         outcome = "tombstone" if record.value is None else decode_outcome(record.value).outcome
@@ -335,5 +333,5 @@ async def test_rebalance_between_two_instances_is_exactly_once(
         if b is not None and not b.done():
             await asyncio.wait_for(b, 60)
     assert outcome_per_task(records) == {t: ["batch"] for t in tasks}
-    emitters = {m.split(":")[0] for m in caplog.messages if ": emitted batch of" in m}
+    emitters = {m.split(":")[0] for m in caplog.messages if ": emitted group " in m}
     assert emitters == {"g-a", "g-b"}, "both instances should have owned partitions with groups"

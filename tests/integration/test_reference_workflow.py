@@ -180,10 +180,9 @@ async def test_reference_template_through_the_pipeline(
             outcomes[message.task_id] = (message.reason, message.detail)
         else:
             assert isinstance(message, Batch)
-            for i, task in enumerate(message.task_ids):
-                episodes = message.group_sizes[i] - message.rejected[i] - message.failed[i]
-                assert sum(1 for r in message.row_task if r == i) == episodes
-                outcomes[task] = ("batch", str(episodes), str(message.rejected[i]), str(message.failed[i]))
+            episodes = message.group_size - message.rejected - message.failed
+            assert len(message.sample_idx) == episodes
+            outcomes[message.task_id] = ("batch", str(episodes), str(message.rejected), str(message.failed))
     assert sorted(outcomes) == sorted(row_of), "every prompt ends exactly once"
     for task, outcome in outcomes.items():
         want = PLAN[row_of[task]][2]

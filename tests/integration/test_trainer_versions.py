@@ -162,7 +162,7 @@ async def test_the_example_trainer_resumes_after_a_crash_between_checkpoint_and_
     producer = make_producer(config.kafka, "test-batches")
     await producer.start()
     for task in "abcdef":
-        await producer.send_and_wait(names.batches, encode(build_batch([group(task)], trainer_version=0)))
+        await producer.send_and_wait(names.batches, encode(build_batch(group(task), trainer_version=0)))
     await producer.stop()
 
     steps_file = tmp_path / "steps.jsonl"

@@ -1,4 +1,4 @@
-"""split_groups / assemble / BatchAccumulator: groups across records, counts, commit offsets."""
+"""batch_group / assemble / BatchAccumulator: a group per record, steps across records, counts, commit offsets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup
-from rollstream.trainer import BatchAccumulator, assemble, split_groups
+from rollstream.trainer import BatchAccumulator, assemble, batch_group
 from rollstream.wire import GroupDropped, encode
 from tests.unit.test_grouping_support import scored
 
@@ -24,52 +24,16 @@ def record(value: bytes | None, offset: int, partition: int = 0) -> ConsumerReco
     return ConsumerRecord(TOPIC, partition, offset, 0, 0, b"k", value, None, 1, len(value or b""), ())
 
 
-def test_split_groups_recovers_each_groups_rows() -> None:
-    batch = build_batch([group("a", [1, 4]), group("b", [2, 2, 2])], trainer_version=3)
-    a, b = split_groups(batch)
-    assert (a.task_id, a.group_size, a.sample_idx, a.trainer_version) == ("a", 2, [0, 1], 3)
-    assert a.tensors["input_ids"].shape == (2, 6) and b.tensors["input_ids"].shape == (3, 6)
-    assert b.tensors["rewards"].tolist() == [0.0, 1.0, 2.0]
-
-
-@pytest.mark.parametrize("interleave", [False, True])
-def test_split_groups_takes_each_groups_rows_wherever_they_are(interleave: bool) -> None:
-    """Rows written group by group are sliced (views); rows of groups interleaved are gathered."""
-    batch = build_batch([group("a", [1, 4]), group("b", [2, 2, 2])], trainer_version=3)
-    if interleave:  # rows a0 b0 a1 b1 b2: a batch laid out by another writer
-        order = [0, 2, 1, 3, 4]
-        tensors = {k: v[order] if v.dim() else v for k, v in split_and_join(batch).items()}
-        batch = with_rows(batch, tensors, [batch.row_task[r] for r in order], [batch.sample_idx[r] for r in order])
-    full = split_and_join(batch)
-    for index, got in enumerate(split_groups(batch)):
-        rows = [r for r, t in enumerate(batch.row_task) if t == index]
-        assert got.sample_idx == [batch.sample_idx[r] for r in rows]
-        for key, value in got.tensors.items():
-            assert torch.equal(value, full[key][rows]), key
-    whole = assemble(split_groups(batch))
-    assert whole.sample_idx == sorted(whole.sample_idx[:2]) + sorted(whole.sample_idx[2:])
-    assert whole.tensors["input_ids"].shape == (5, 6)
-
-
-def split_and_join(batch) -> dict[str, torch.Tensor]:
-    from rollstream.wire.torch_tensors import batch_tensors
-
-    return {k: v.clone() for k, v in batch_tensors(batch).items()}
-
-
-def with_rows(batch, tensors: dict[str, torch.Tensor], row_task: list[int], sample_idx: list[int]):
-    """``batch`` with its rows in another order."""
-    import msgspec
-
-    from rollstream.wire.torch_tensors import pack_tensor_dict
-
-    return msgspec.structs.replace(batch, packed=pack_tensor_dict(tensors), row_task=row_task, sample_idx=sample_idx)
+def test_group_rows_recovers_the_groups_rows() -> None:
+    a = batch_group(build_batch(group("a", [1, 4, 2]), trainer_version=3))
+    assert (a.task_id, a.group_size, a.sample_idx, a.trainer_version) == ("a", 3, [0, 1, 2], 3)
+    assert a.tensors["input_ids"].shape == (3, 6) and a.tensors["rewards"].tolist() == [0.0, 1.0, 2.0]
 
 
 def test_assemble_pads_across_records_and_tracks_versions() -> None:
-    g1 = split_groups(build_batch([group("a", [1, 1], version=2)], trainer_version=5))
-    g2 = split_groups(build_batch([group("b", [4], version=4)], trainer_version=6))
-    batch = assemble(g1 + g2, pad_value=0.0)
+    g1 = batch_group(build_batch(group("a", [1, 1], version=2), trainer_version=5))
+    g2 = batch_group(build_batch(group("b", [4], version=4), trainer_version=6))
+    batch = assemble([g1, g2], pad_value=0.0)
     t = batch.tensors
     assert t["input_ids"].shape == (3, 6) and t["versions"][0].tolist() == [-1, -1, 2, -1, -1, -1]
     assert t["attention_mask"][0].tolist() == [True, True, True, False, False, False]
@@ -77,78 +41,75 @@ def test_assemble_pads_across_records_and_tracks_versions() -> None:
     assert batch.trainer_versions == [5, 6]
     assert (batch.head_version, batch.tail_version, batch.max_staleness) == (2, 4, 3)
     t["input_ids"][0, 0] = 99  # fresh, writable memory
-    single = assemble(g2)
+    single = assemble([g2])
     single.tensors["rewards"].add_(1)
     assert not single.is_eval and single.num_groups == 1
 
 
 def test_accumulator_counts_and_offsets() -> None:
     acc = BatchAccumulator(batch_size=2)
-    acc.take(record(encode(build_batch([group("a", [1])], 0)), 0))
+    acc.take(record(encode(build_batch(group("a", [1]), 0)), 0))
     acc.take(record(encode(GroupDropped(task_id="d", reason="timeout")), 1))
     acc.take(record(b"\x00garbage", 2))
-    acc.take(record(encode(build_batch([group("e", [1], is_eval=True)], 0)), 3))
+    acc.take(record(encode(build_batch(group("e", [1], is_eval=True), 0)), 3))
     assert not acc.ready()
-    acc.take(record(encode(build_batch([group("b", [1]), group("c", [1])], 0)), 4))  # two groups
+    acc.take(record(encode(build_batch(group("b", [1]), 0)), 4))
+    acc.take(record(encode(build_batch(group("c", [1]), 0)), 5))
     assert acc.ready()
     first = acc.hand_out()
     assert first.task_ids == ["a", "b"]
-    assert first.offsets == {TopicPartition(TOPIC, 0): 4}  # record 4 still has group "c" waiting
+    assert first.offsets == {TopicPartition(TOPIC, 0): 5}  # record 5 (group "c") waits for the next step
     assert (acc.drops_by_reason["timeout"], acc.undecodable, acc.eval_skipped) == (1, 1, 1)
-    acc.take(record(encode(build_batch([group("f", [1])], 0)), 0, partition=1))
+    acc.take(record(encode(build_batch(group("f", [1]), 0)), 0, partition=1))
     second = acc.hand_out()
     assert second.task_ids == ["c", "f"]
-    assert second.offsets == {TopicPartition(TOPIC, 0): 5, TopicPartition(TOPIC, 1): 1}
+    assert second.offsets == {TopicPartition(TOPIC, 0): 6, TopicPartition(TOPIC, 1): 1}
 
 
 def test_accumulator_can_include_eval() -> None:
     acc = BatchAccumulator(batch_size=1, include_eval=True)
-    acc.take(record(encode(build_batch([group("e", [1], is_eval=True)], 0)), 0))
+    acc.take(record(encode(build_batch(group("e", [1], is_eval=True), 0)), 0))
     batch = acc.hand_out()
     assert batch.is_eval and batch.group_is_eval == [True]
 
 
 def test_inconsistent_batch_is_rejected() -> None:
-    batch = build_batch([group("a", [1, 1])], 0)
-    batch.row_task = [0, 1]
+    batch = build_batch(group("a", [1, 1]), 0)
+    batch.sample_idx = [0]
     with pytest.raises(ValueError):
-        split_groups(batch)
+        batch_group(batch)
     acc = BatchAccumulator(batch_size=1)
     acc.take(record(encode(batch), 0))
     assert acc.undecodable == 1 and not acc.ready()
-    assert torch.is_tensor(split_groups(build_batch([group("a", [1])], 0))[0].tensors["rewards"])
+    assert torch.is_tensor(batch_group(build_batch(group("a", [1]), 0)).tensors["rewards"])
 
 
 def test_a_group_handed_out_before_is_skipped_and_counted_not_trained_twice() -> None:
     """Re-delivered records (an ack refused after a rebalance) never train a group twice."""
     acc = BatchAccumulator(batch_size=2, remember_steps=4)
-    first = [record(encode(build_batch([group(t, [1])], trainer_version=1)), i) for i, t in enumerate("ab")]
+    first = [record(encode(build_batch(group(t, [1]), trainer_version=1)), i) for i, t in enumerate("ab")]
     for r in first:
         acc.take(r)
     assert acc.hand_out().task_ids == ["a", "b"]
     acc.reset()  # the rebalance: positions go back, the same records come again
-    for r in first + [record(encode(build_batch([group(t, [1])], trainer_version=1)), 2 + i) for i, t in enumerate("cd")]:
+    for r in first + [record(encode(build_batch(group(t, [1]), trainer_version=1)), 2 + i) for i, t in enumerate("cd")]:
         acc.take(r)
     assert acc.duplicates_skipped == 2 and acc.ready()
     assert acc.hand_out().task_ids == ["c", "d"]
-    acc.take(record(encode(build_batch([group("c", [1]), group("e", [1])], trainer_version=1)), 4))
-    assert acc.duplicates_skipped == 3 and not acc.ready()  # "c" again inside a two-group record
+    acc.take(record(encode(build_batch(group("c", [1]), trainer_version=1)), 4))
+    assert acc.duplicates_skipped == 3 and not acc.ready()  # "c" again
 
 
 def test_the_memory_of_trained_groups_is_bounded() -> None:
     acc = BatchAccumulator(batch_size=1, remember_steps=2)
     for i, t in enumerate("abc"):
-        acc.take(record(encode(build_batch([group(t, [1])], trainer_version=1)), i))
+        acc.take(record(encode(build_batch(group(t, [1]), trainer_version=1)), i))
         acc.hand_out()
     assert "a" not in acc.trained and "b" in acc.trained and "c" in acc.trained
 
 
 def test_training_batch_has_rejected_and_failed_per_group() -> None:
-    from rollstream.consumers.batching import build_batch
-    from rollstream.trainer import assemble, split_groups
-    from tests.unit.test_grouping_support import scored
-
     groups = [CompleteGroup("a", 3, False, (scored("a", 0, group_size=3),), 1, 0, 0, 2, 0.0, 1),
               CompleteGroup("b", 1, False, (scored("b", 0, group_size=1),), 0, 0, 3, 3, 0.0)]
-    batch = assemble(split_groups(build_batch(groups, trainer_version=0)))
+    batch = assemble([batch_group(build_batch(g, trainer_version=0)) for g in groups])
     assert (batch.group_rejected, batch.group_failed) == ([1, 0], [1, 0])

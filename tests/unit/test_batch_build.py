@@ -1,5 +1,6 @@
-"""build_batch: shapes, dtypes, padding, rewards, row bookkeeping, versions and staleness;
-its packed tensors equal what ``concat_padded_tensors`` pads from the episodes' rows."""
+"""build_batch: one record per group; shapes, dtypes, padding, rewards, row bookkeeping,
+versions and staleness; its packed tensors equal what ``concat_padded_tensors`` pads from the
+episodes' rows."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ def group(task: str, episodes: list, is_eval: bool = False) -> CompleteGroup:
 
 
 def test_shapes_dtypes_and_padding() -> None:
-    g1 = group("a", [scored("a", 0, reward=1.0, gen_len=3, version=2), scored("a", 2, reward=0.0, gen_len=5, version=3)])
-    g2 = group("b", [scored("b", 1, reward=0.5, gen_len=1, version=4, rows=2)])
-    batch = decode_batch(encode(build_batch([g1, g2], trainer_version=6, pad_value=7.0)))
+    g = group("a", [scored("a", 0, reward=1.0, gen_len=3, version=2), scored("a", 2, reward=0.0, gen_len=5, version=3),
+                    scored("a", 1, reward=0.5, gen_len=1, version=4, rows=2)])
+    batch = decode_batch(encode(build_batch(g, trainer_version=6, pad_value=7.0)))
     t = batch_tensors(batch)
     assert t["input_ids"].shape == (4, 7) and t["input_ids"].dtype == torch.int32
     assert t["attention_mask"].dtype == torch.bool and t["versions"].dtype == torch.int32
@@ -31,22 +32,18 @@ def test_shapes_dtypes_and_padding() -> None:
     assert row0 == [-1, -1, 2, 2, 2, -1, -1]  # prompt -1, generated 2, padding -1 (never pad_value)
     assert t["attention_mask"][0].tolist() == [True] * 5 + [False] * 2
     assert t["input_ids"][0, 5:].tolist() == [7, 7] and t["logprobs"][3, 3:].tolist() == [7.0] * 4
-    assert batch.task_ids == ["a", "b"] and batch.group_sizes == [3, 2]
-    assert batch.row_task == [0, 0, 1, 1] and batch.sample_idx == [0, 2, 1, 1]
+    assert batch.task_id == "a" and batch.group_size == 4 and batch.sample_idx == [0, 2, 1, 1]
     assert (batch.head_version, batch.tail_version, batch.staleness) == (2, 4, 4)
     assert batch.trainer_version == 6 and not batch.is_eval
 
 
 @pytest.mark.parametrize("pad_value", [0.0, 7.0])
 def test_packed_tensors_equal_concat_padded_tensors(pad_value: float) -> None:
-    groups = [
-        group("a", [scored("a", 0, gen_len=3, version=2), scored("a", 1, gen_len=9, version=3, rows=2)]),
-        group("b", [scored("b", 0, gen_len=0), scored("b", 2, gen_len=5, version=4)]),
-        group("c", [scored("c", 1, gen_len=1, version=1)]),
-    ]
-    batch = build_batch(groups, trainer_version=5, pad_value=pad_value)
+    g = group("a", [scored("a", 0, gen_len=3, version=2), scored("a", 1, gen_len=9, version=3, rows=2),
+                    scored("a", 2, gen_len=0), scored("a", 3, gen_len=5, version=4)])
+    batch = build_batch(g, trainer_version=5, pad_value=pad_value)
     assert batch.schema_version == 3
-    rows = [{k: torch.from_numpy(v) for k, v in episode_rows(e).items()} for g in groups for e in g.episodes]
+    rows = [{k: torch.from_numpy(v) for k, v in episode_rows(e).items()} for e in g.episodes]
     want = concat_padded_tensors(align_keys(rows, pad_value), pad_value)
     for got in (batch_tensors(batch), batch_tensors(decode_batch(encode(batch)))):
         assert list(got) == list(want)
@@ -57,14 +54,14 @@ def test_packed_tensors_equal_concat_padded_tensors(pad_value: float) -> None:
 
 def test_one_episode_batch_equals_its_rows() -> None:
     ep = scored("a", 0, gen_len=4, version=1, rows=3)
-    batch = build_batch([group("a", [ep])], trainer_version=1)
+    batch = build_batch(group("a", [ep]), trainer_version=1)
     want = episode_rows(ep)
     got = batch_tensors(decode_batch(encode(batch)))
     assert list(got) == list(want) and all(numpy.array_equal(got[k].numpy(), want[k]) for k in want)
 
 
 def test_no_generated_tokens_means_no_staleness() -> None:
-    batch = build_batch([group("a", [scored("a", 0, gen_len=0)])], trainer_version=5)
+    batch = build_batch(group("a", [scored("a", 0, gen_len=0)]), trainer_version=5)
     assert (batch.head_version, batch.tail_version, batch.staleness) == (-1, -1, 0)
 
 
@@ -73,24 +70,21 @@ def test_scalar_reward_when_trajectory_has_none() -> None:
     trajectory = dict(ep.episode.trajectory)
     del trajectory["rewards"]
     ep.episode.trajectory = trajectory
-    batch = build_batch([group("a", [ep])], trainer_version=0)
+    batch = build_batch(group("a", [ep]), trainer_version=0)
     assert batch_tensors(batch)["rewards"].tolist() == [0.25, 0.25]
 
 
-def test_eval_and_train_are_not_mixed() -> None:
-    with pytest.raises(ValueError, match="eval"):
-        build_batch([group("a", [scored("a", 0)]), group("e", [scored("e", 0)], is_eval=True)], 0)
-    with pytest.raises(ValueError):
-        build_batch([], 0)
+def test_an_eval_group_is_an_eval_batch() -> None:
+    assert build_batch(group("e", [scored("e", 0)], is_eval=True), 0).is_eval
 
 
 def test_versions_are_the_groups_and_the_tag_is_never_below_the_tail() -> None:
-    g1 = group("a", [scored("a", 0, version=3), scored("a", 1, version=5)])
-    g2 = group("b", [scored("b", 0, version=1), scored("b", 1, gen_len=0)])
-    batch = build_batch([g1, g2], trainer_version=4)
-    assert (batch.head_version, batch.tail_version) == (1, 5) == (min(g1.versions[0], g2.versions[0]), g1.versions[1])
+    g = group("a", [scored("a", 0, version=3), scored("a", 1, version=5), scored("a", 2, version=1),
+                    scored("a", 3, gen_len=0)])
+    batch = build_batch(g, trainer_version=4)
+    assert (batch.head_version, batch.tail_version) == (1, 5) == tuple(g.versions)
     assert (batch.trainer_version, batch.trainer_version_known, batch.staleness) == (5, False, 4)
-    kept = build_batch([g1, g2], trainer_version=5)
+    kept = build_batch(g, trainer_version=5)
     assert (kept.trainer_version, kept.trainer_version_known, kept.staleness) == (5, True, 4)
 
 
@@ -102,8 +96,7 @@ def test_drop_record() -> None:
     )
 
 
-def test_batch_carries_rejected_and_failed_per_group() -> None:
-    g1 = CompleteGroup("a", 4, False, (scored("a", 0),), 2, 0, 0, 3, 0.0, 1)
-    g2 = CompleteGroup("b", 2, False, (scored("b", 0), scored("b", 1)), 0, 0, 4, 5, 0.0)
-    batch = decode_batch(encode(build_batch([g1, g2], trainer_version=0)))
-    assert (batch.rejected, batch.failed) == ([2, 0], [1, 0])
+def test_batch_carries_its_groups_rejected_and_failed_counts() -> None:
+    g = CompleteGroup("a", 4, False, (scored("a", 0),), 2, 0, 0, 3, 0.0, 1)
+    batch = decode_batch(encode(build_batch(g, trainer_version=0)))
+    assert (batch.rejected, batch.failed) == (2, 1)

@@ -107,18 +107,16 @@ def test_batches_dump_one_line_per_row_with_their_task() -> None:
         single_turn("hello", "world", [4], 1.0), single_turn("what", "is two", [5, 6], 0.0),
         single_turn("what", "four", [6], 0.5),
     ])
-    batch = Batch(
-        task_ids=["a", "b"], group_sizes=[1, 3], row_task=[0, 1, 1], sample_idx=[0, 2, 2], tail_version=6,
-        trainer_version=7, rejected=[0, 1], failed=[0, 0], packed=pack_tensor_dict(rows),
-    )
+    batch = Batch(task_id="b", group_size=3, sample_idx=[0, 2, 2], tail_version=6, trainer_version=7, rejected=1,
+                  packed=pack_tensor_dict(rows))
     lines = dump_lines(batch, make_tokenizer())
     assert [(line.task_id, line.tail_version, line.record["reward"]) for line in lines] == [
-        ("a", 4, 1.0), ("b", 6, 0.0), ("b", 6, 0.5)]
-    assert [line.record.get("row") for line in lines] == [None, 0, 1]  # b's sample 2 has two rows
+        ("b", 4, 1.0), ("b", 6, 0.0), ("b", 6, 0.5)]
+    assert [line.record.get("row") for line in lines] == [None, 0, 1]  # sample 2 has two rows
     extended = dump_lines(batch, make_tokenizer(), fields="extended")
     assert [list(line.record) for line in extended] == [[*DUMP_FIELDS, *EXTENDED_FIELDS]] * 3
     assert [(r.record["row"], r.record["group_size"], r.record["trainer_version"], r.record["stop_reason"])
-            for r in extended] == [(0, 1, 7, None), (0, 3, 7, None), (1, 3, 7, None)]
+            for r in extended] == [(0, 3, 7, None), (0, 3, 7, None), (1, 3, 7, None)]
 
 
 def test_rejections_are_not_dumped() -> None:

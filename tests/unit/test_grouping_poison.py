@@ -37,15 +37,15 @@ def emitted(out: PartitionOutput) -> tuple[list[Batch], list[GroupDropped]]:
     return [m for m in messages if isinstance(m, Batch)], [m for m in messages if isinstance(m, GroupDropped)]
 
 
-def test_a_group_whose_samples_do_not_concatenate_is_dead_lettered_and_its_batch_mates_emitted() -> None:
+def test_a_group_whose_samples_do_not_concatenate_is_dead_lettered_and_the_others_emitted() -> None:
     bad = group("bad", [with_extra(scored("bad", 0, 2), "x", torch.zeros(1, 2)),
                         with_extra(scored("bad", 1, 2), "x", torch.zeros(1, 2, 2))], offset=10)
     good = [group(t, [with_extra(scored(t, i, 2), "x", torch.zeros(1, 2)) for i in range(2)]) for t in ("a", "b")]
     out = PartitionOutput(0, 16 * 1024 * 1024)
-    _, refused = Emission(NAMES, 0.0).batches([[good[0], bad, good[1]]], VersionReading(3, known=True), out)
+    _, refused = Emission(NAMES, 0.0).batches([good[0], bad, good[1]], VersionReading(3, known=True), out)
     assert [(d.task_id, d.reason) for d in refused] == [("bad", "dead_lettered")]
     batches, drops = emitted(out)
-    assert sorted(t for b in batches for t in b.task_ids) == ["a", "b"]
+    assert sorted(b.task_id for b in batches) == ["a", "b"]
     assert [(d.task_id, d.reason) for d in drops] == [("bad", "dead_lettered")]
     assert "cannot concatenate 'x'" in drops[0].detail
     [letter] = out.dead_letters
@@ -57,7 +57,7 @@ def test_a_group_whose_samples_do_not_concatenate_is_dead_lettered_and_its_batch
 def test_a_batch_larger_than_the_producer_may_send_is_dead_lettered() -> None:
     big = group("big", [scored("big", 0, 1, gen_len=5000)])
     out = PartitionOutput(0, max_record_bytes=20_000)
-    _, refused = Emission(NAMES, 0.0).batches([[big]], VersionReading(0, known=True), out)
+    _, refused = Emission(NAMES, 0.0).batches([big], VersionReading(0, known=True), out)
     assert [d.reason for d in refused] == ["dead_lettered"]
     assert "exceeds kafka.max_message_bytes=20000" in refused[0].detail
     assert emitted(out)[0] == [] and len(out.dead_letters) == 1
@@ -76,10 +76,9 @@ def extra_tensor(draw: st.DrawFn) -> torch.Tensor | None:
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(extras=st.lists(st.lists(extra_tensor(), min_size=1, max_size=4), min_size=1, max_size=3),
-       per_batch=st.integers(1, 3))
+@given(extras=st.lists(st.lists(extra_tensor(), min_size=1, max_size=4), min_size=1, max_size=3))
 def test_any_mix_of_per_sample_shapes_ranks_and_dtypes_ends_every_group_once(
-    extras: list[list[torch.Tensor | None]], per_batch: int
+    extras: list[list[torch.Tensor | None]],
 ) -> None:
     """Each group is emitted (and its batch decodes) or dead-lettered; emission never raises."""
     groups = []
@@ -97,11 +96,10 @@ def test_any_mix_of_per_sample_shapes_ranks_and_dtypes_ends_every_group_once(
         if members:
             groups.append(group(task, members))
     out = PartitionOutput(0, 16 * 1024 * 1024)
-    batches = [groups[i:i + per_batch] for i in range(0, len(groups), per_batch)]
-    _, refused = Emission(NAMES, 0.0).batches(batches, VersionReading(1, known=True), out)
+    _, refused = Emission(NAMES, 0.0).batches(groups, VersionReading(1, known=True), out)
     good, drops = emitted(out)
     for batch in good:
         batch_tensors(batch)  # what the trainer reads
-    ended = [t for b in good for t in b.task_ids] + [d.task_id for d in drops]
+    ended = [b.task_id for b in good] + [d.task_id for d in drops]
     assert sorted(ended) == sorted(g.task_id for g in groups)
     assert {d.task_id for d in refused} == {d.task_id for d in drops} and len(out.dead_letters) == len(drops)

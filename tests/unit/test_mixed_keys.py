@@ -23,7 +23,7 @@ from rollstream.consumers.grouping import CompleteGroup
 from rollstream.normalize import episode_tensors
 from rollstream.trajectory.padding import PRESENT_SUFFIX, align_keys, concat_padded_arrays
 from rollstream.trajectory.rows import trajectory_row
-from rollstream.trainer.batch import assemble, split_groups
+from rollstream.trainer.batch import assemble, batch_group
 from rollstream.rollout_workers.episodes import to_episode
 from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_batch, encode
 from rollstream.wire.torch_tensors import batch_tensors
@@ -60,10 +60,9 @@ def test_a_batch_of_typed_and_literal_results_keeps_every_key_and_says_where_it_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    typed = group("typed", [typed_result([8, 9], truncated=True), typed_result([8], truncated=False)])
-    literal = group("literal", [literal_result([8, 9, 10], engine_saw_it=True),
-                                literal_result([9], engine_saw_it=False)])
-    batch = decode_batch(encode(build_batch([typed, literal], trainer_version=4)))
+    mixed = group("mixed", [typed_result([8, 9], truncated=True), typed_result([8], truncated=False),
+                            literal_result([8, 9, 10], engine_saw_it=True), literal_result([9], engine_saw_it=False)])
+    batch = decode_batch(encode(build_batch(mixed, trainer_version=4)))
     tensors = batch_tensors(batch)
     assert tensors["is_truncated"].tolist() == [True, False, False, False]
     assert tensors["is_truncated_present"].tolist() == [True, True, False, False]
@@ -80,86 +79,20 @@ def test_a_batch_of_typed_and_literal_results_keeps_every_key_and_says_where_it_
 def test_a_trainer_step_across_batches_keeps_the_key_and_the_mask() -> None:
     """One batch whose episodes all have is_truncated (no mask on it), one whose episodes have
     none, one that is mixed (its own mask): the step has every row's truth."""
-    all_typed = build_batch([group("a", [typed_result([8], truncated=True)])], trainer_version=1)
-    all_literal = build_batch([group("b", [literal_result([8, 9], engine_saw_it=True)])], trainer_version=1)
-    mixed = build_batch([group("c", [typed_result([9], truncated=True)]),
-                         group("d", [literal_result([9], engine_saw_it=True)])], trainer_version=1)
+    all_typed = build_batch(group("a", [typed_result([8], truncated=True)]), trainer_version=1)
+    all_literal = build_batch(group("b", [literal_result([8, 9], engine_saw_it=True)]), trainer_version=1)
+    mixed = build_batch(group("c", [typed_result([9], truncated=True), literal_result([9], engine_saw_it=True)]),
+                        trainer_version=1)
     assert "is_truncated_present" not in batch_tensors(all_typed)
-    groups = [g for b in (all_typed, all_literal, mixed) for g in split_groups(decode_batch(encode(b)))]
-    step = assemble(groups)
-    assert step.task_ids == ["a", "b", "c", "d"]
+    step = assemble([batch_group(decode_batch(encode(b))) for b in (all_typed, all_literal, mixed)])
+    assert step.task_ids == ["a", "b", "c"]
     assert step.tensors["is_truncated"].tolist() == [True, False, True, False]
     assert step.tensors["is_truncated_present"].tolist() == [True, False, True, False]
-    # the same rows batched at once give the same tensors
-    at_once = batch_tensors(build_batch([g for b in (all_typed, all_literal, mixed)
-                                         for g in _groups_of(b)], trainer_version=1))
+    # the same rows batched as one group give the same tensors
+    at_once = batch_tensors(build_batch(group("all", [
+        typed_result([8], truncated=True), literal_result([8, 9], engine_saw_it=True),
+        typed_result([9], truncated=True), literal_result([9], engine_saw_it=True),
+    ]), trainer_version=1))
     assert list(step.tensors) == list(at_once)
     for key, value in at_once.items():
         assert torch.equal(step.tensors[key], value), key
-
-
-def _groups_of(batch: object) -> list[CompleteGroup]:
-    return [g for g in GROUPS if g.task_id in batch.task_ids]  # type: ignore[attr-defined]
-
-
-GROUPS = [
-    group("a", [typed_result([8], truncated=True)]),
-    group("b", [literal_result([8, 9], engine_saw_it=True)]),
-    group("c", [typed_result([9], truncated=True)]),
-    group("d", [literal_result([9], engine_saw_it=True)]),
-]
-
-
-def test_parts_that_agree_are_left_as_they_are() -> None:
-    parts = [{"input_ids": numpy.zeros((1, 2), numpy.int32), "x": numpy.ones(1, bool)} for _ in range(2)]
-    assert align_keys(parts) is parts
-
-
-DTYPES = ["int32", "int64", "float32", "bool", "uint16"]  # uint16: bfloat16 words
-
-
-@st.composite
-def trajectories(draw: st.DrawFn) -> list[dict[str, numpy.ndarray]]:
-    keys = {"x": draw(st.sampled_from(DTYPES)), "y": draw(st.sampled_from(DTYPES))}
-    ranks = {"x": draw(st.integers(1, 3)), "y": draw(st.integers(1, 2))}
-    parts = []
-    for _ in range(draw(st.integers(1, 4))):
-        rows, length = draw(st.integers(1, 3)), draw(st.integers(1, 4))
-        part = {"input_ids": numpy.arange(rows * length, dtype=numpy.int32).reshape(rows, length)}
-        for key, dtype in keys.items():
-            if draw(st.booleans()):
-                shape = (rows, *[draw(st.integers(1, 3)) for _ in range(ranks[key] - 1)])
-                part[key] = numpy.ones(shape, dtype=dtype)
-        parts.append(part)
-    return parts
-
-
-@settings(max_examples=60, deadline=None, derandomize=True)
-@given(parts=trajectories(), pad_value=st.sampled_from([0.0, 7.0]))
-def test_numpy_and_torch_align_alike_and_padding_loses_nothing(parts: list[dict[str, numpy.ndarray]], pad_value: float) -> None:
-    aligned = align_keys(parts, pad_value)
-    union = {k for p in parts for k in p}
-    assert union <= set(aligned[0]) and all(list(a) == list(aligned[0]) for a in aligned)
-    for key in union:
-        if any(key not in p for p in parts):
-            present = numpy.concatenate([a[key + PRESENT_SUFFIX] for a in aligned])
-            assert present.tolist() == [key in p for p in parts for _ in range(p["input_ids"].shape[0])]
-    words = {k for p in parts for k, v in p.items() if v.dtype == numpy.uint16}  # bfloat16: numpy-only form
-    torch_parts = [{k: torch.from_numpy(v) for k, v in p.items() if k not in words} for p in parts]
-    torch_aligned = align_keys(torch_parts, pad_value)
-    numpy_aligned = [{k: v for k, v in p.items() if k not in words and k[: -len(PRESENT_SUFFIX)] not in words}
-                     for p in align_keys([{k: v for k, v in p.items() if k not in words} for p in parts], pad_value)]
-    assert [list(p) for p in torch_aligned] == [list(p) for p in numpy_aligned]
-    for mine, theirs in zip(numpy_aligned, torch_aligned):
-        for key, value in mine.items():
-            assert numpy.array_equal(value, theirs[key].numpy()) and value.dtype == theirs[key].numpy().dtype, key
-    try:
-        padded = concat_padded_arrays(numpy_aligned, pad_value)
-    except ValueError:
-        return  # ranks that cannot pad together: refused (a dead letter in the tier)
-    row = 0
-    for part in numpy_aligned:  # every part's values are in its rows of the padded result
-        rows = part["input_ids"].shape[0]
-        for key, value in part.items():
-            assert numpy.array_equal(padded[key][(slice(row, row + rows), *map(slice, value.shape[1:]))], value), key
-        row += rows

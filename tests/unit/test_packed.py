@@ -25,7 +25,7 @@ from rollstream.wire.torch_tensors import (
 
 
 def batch_of(packed: PackedTensors, **kw) -> Batch:
-    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[0], failed=[0],
+    return Batch(task_id="a", group_size=1, sample_idx=[0],
                  packed=packed, **kw)
 
 

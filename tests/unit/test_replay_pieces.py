@@ -51,18 +51,18 @@ def test_filter_by_task_version_eval_and_reward() -> None:
 
 
 def two_row_batch() -> Batch:
-    """A batch of two one-row groups."""
+    """A batch of a group of two one-row samples."""
     rows = concat_padded_tensors([single_turn("hello", "world", [4], reward=0.5), single_turn("hi", "there", [4], 1.5)])
     return decode_batch(encode(Batch(
-        task_ids=["a", "b"], group_sizes=[1, 1], row_task=[0, 1], sample_idx=[0, 0], tail_version=4,
-        rejected=[0, 0], failed=[0, 0], packed=pack_tensor_dict(rows),
+        task_id="b", group_size=2, sample_idx=[0, 1], tail_version=4, packed=pack_tensor_dict(rows),
     )))
 
 
-def test_filter_batches_by_any_task_and_mean_reward() -> None:
+def test_filter_batches_by_task_and_mean_reward() -> None:
     batch = two_row_batch()
     assert RecordFilter(min_reward=1.0, max_reward=1.0).accepts(batch)  # mean of 0.5 and 1.5
     assert RecordFilter(task_ids=frozenset({"b", "z"}), min_version=4, min_reward=0.5).accepts(batch)
+    assert not RecordFilter(task_ids=frozenset({"a"})).accepts(batch)
     letter = DeadLetter(tier="x", source_topic="t", partition=0, offset=1, key=b"a", value=b"", reason="r")
     assert RecordFilter(task_ids=frozenset({"a"})).accepts(letter)
 
@@ -123,7 +123,7 @@ def test_batches_render_their_tensors() -> None:
     full = json.loads(message_json(two_row_batch()))
     assert full["tensors"]["rewards"]["values"] == [0.5, 1.5]
     line = summary_line(two_row_batch())
-    assert "groups=2 shape=[2, " in line and "reward_mean=1" in line, line
+    assert "task=b group_size=2 shape=[2, " in line and "reward_mean=1" in line, line
 
 
 def test_summary_lines() -> None:
@@ -137,6 +137,6 @@ def test_summary_lines() -> None:
 
 
 def test_batch_lines_show_rejected_and_failed_counts() -> None:
-    batch = msgspec.structs.replace(two_row_batch(), rejected=[1, 0], failed=[0, 2])
+    batch = msgspec.structs.replace(two_row_batch(), group_size=5, rejected=1, failed=2)
     assert summary_line(batch).endswith("rejected=1 failed=2")
     assert summary_line(two_row_batch()).endswith("rejected=0 failed=0")

@@ -19,7 +19,7 @@ from rollstream.consumers.grouping import CompleteGroup, GroupFilters, apply_fil
 from rollstream.dump import dump_lines
 from rollstream.rollout_workers.episodes import to_episode
 from rollstream.tools.filters import RecordFilter, tail_version_of
-from rollstream.trainer.batch import assemble, split_groups
+from rollstream.trainer.batch import assemble, batch_group
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import TrajectoryBuilder
 from rollstream.trajectory.versions import RowSpan, Versions, batch_trainer_version, head_and_tail, row_spans, staleness
@@ -162,10 +162,10 @@ def test_a_group_passes_the_stale_filter_exactly_when_its_batch_is_within_the_bo
     step, assembled from the record, says the same."""
     group = group_of("g", versions)
     passed = apply_filters(group, GroupFilters(max_head_offpolicyness=eta), read) is group
-    batch = decode_batch(encode(build_batch([group], read)))
+    batch = decode_batch(encode(build_batch(group, read)))
     assert (batch.head_version, batch.tail_version) == group.versions
     assert passed == (batch.staleness <= eta), (batch.trainer_version, batch.head_version)
-    step = assemble(split_groups(batch))
+    step = assemble([batch_group(batch)])
     assert (step.head_version, step.tail_version, step.max_staleness) == (
         batch.head_version, batch.tail_version, batch.staleness)
 

@@ -117,7 +117,7 @@ def test_messages_round_trip(message: msgspec.Struct, decoder) -> None:
 
 
 def one_group_batch(**fields: Any) -> Batch:
-    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[0], failed=[0], **fields)
+    return Batch(task_id="a", group_size=1, sample_idx=[0], **fields)
 
 
 def test_batch_round_trip_keeps_tensors() -> None:
@@ -144,10 +144,9 @@ def test_batches_written_before_0_3_are_refused_naming_their_version(version: in
         decode_batch(msgspec.msgpack.encode({**raw, "schema_version": version}))
 
 
-def test_a_batch_has_one_count_per_group() -> None:
-    with pytest.raises(ValueError, match="1 groups has 1 group sizes, 0 rejected and 0 failed"):
-        Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[], failed=[],
-              packed=pack_tensor_dict({}))
+def test_a_batch_cannot_count_more_rejected_and_failed_samples_than_its_group_has() -> None:
+    with pytest.raises(ValueError, match="group of 2 samples has 2 rejected and 1 failed"):
+        Batch(task_id="a", group_size=2, sample_idx=[0], rejected=2, failed=1, packed=pack_tensor_dict({}))
 
 
 def bad_messages() -> list[tuple[str, bytes]]:

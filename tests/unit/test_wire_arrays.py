@@ -83,7 +83,7 @@ def test_the_wire_refuses_what_it_does_not_carry() -> None:
 
 
 def batch_of(arrays: dict[str, numpy.ndarray]) -> Batch:
-    return Batch(task_ids=["a"], group_sizes=[1], row_task=[0], sample_idx=[0], rejected=[0], failed=[0],
+    return Batch(task_id="a", group_size=1, sample_idx=[0],
                  packed=pack_arrays(arrays))
 
 
