@@ -44,10 +44,9 @@ class Ledger:
             self.drop_reasons[message.reason] += 1
             return
         self.batches += 1
-        for task_id in message.task_ids:
-            self.emitted[task_id] += 1
-        for row, idx in zip(message.row_task, message.sample_idx):
-            self.rows[(message.task_ids[row], idx)] += 1
+        self.emitted[message.task_id] += 1
+        for idx in message.sample_idx:
+            self.rows[(message.task_id, idx)] += 1
 
     @property
     def accounted(self) -> set[str]:
