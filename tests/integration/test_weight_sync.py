@@ -3,8 +3,9 @@
 Leases: one owner at a time, fencing tokens that only grow, a stale owner that can neither
 renew nor write. Owners: of three competing for a server exactly one loads each version; a
 graceful stop hands the server over; a takeover releases a server its predecessor left paused;
-a failed load resumes the server and is retried; the pause is bounded. (A SIGKILLed owner is
-in tests/faults/test_sglang_faults.py.)
+a failed load resumes the server and is retried; the pause is bounded; an owner stops when
+cancelled even if a Redis call loses the cancellation. (A SIGKILLed owner is in
+tests/faults/test_sglang_faults.py.) Every wait is bounded and names its step when it fails.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,21 +24,15 @@ from rollstream.config import SGLangConfig
 from rollstream.engines.sglang_admin import SGLangAdmin
 from rollstream.engines.sglang_http import SGLangHttp
 from rollstream.redis_state import RedisKeys
-from rollstream.server_lease import ServerLeases, ServerSyncState
+from rollstream.server_lease import Lease, ServerLeases, ServerSyncState
 from rollstream.rollout_workers.weight_sync import ServerOwner
 from tests.fakes import FakeSGLangServer
+from tests.helpers import until, within
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(90)]
 
 SETTINGS = SGLangConfig(lease_ttl_seconds=1.5, reconcile_seconds=0.3, pause_timeout_seconds=2.0,
                         health_probe_timeout_seconds=2.0)
-
-
-async def until(predicate: Callable[[], Any], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -93,7 +88,7 @@ async def owners(server: FakeSGLangServer, admin: SGLangAdmin, client: aioredis.
     finally:
         for _, task in running:
             task.cancel()
-        await asyncio.gather(*(t for _, t in running), return_exceptions=True)
+        await within(asyncio.gather(*(t for _, t in running), return_exceptions=True), 10, "stopping the owners")
 
 
 def holders(running: list[tuple[ServerOwner, asyncio.Task[None]]]) -> list[ServerOwner]:
@@ -105,15 +100,16 @@ async def test_exactly_one_of_three_owners_loads_each_version(
 ) -> None:
     async with FakeSGLangServer(token_delay=0.005) as server, \
             owners(server, admin, redis_client, unique_name) as running:
-        await until(lambda: len(holders(running)) == 1)
+        await until(lambda: len(holders(running)) == 1, "one lease holder")
         for version in (1, 2, 3):
             for owner, _ in running:
                 owner.offer(WeightUpdate(version, f"/ckpt/v{version}"))
-            await until(lambda: server.weight_version == str(version) and not server.paused)
+            await until(lambda: server.weight_version == str(version) and not server.paused,
+                        f"the server running on v{version}")
         await asyncio.sleep(3 * SETTINGS.reconcile_seconds)  # reconciles load nothing more
         assert [load.weight_version for load in server.loads] == ["1", "2", "3"]
         assert server.hits["pause"] == 3 and sum(o.loads for o, _ in running) == 3
-        states = await leases(redis_client, unique_name, "reader").states()
+        states = await within(leases(redis_client, unique_name, "reader").states(), 5, "reading the states")
         assert states[server.url].phase == "serving" and states[server.url].version == 3
 
 
@@ -122,14 +118,15 @@ async def test_graceful_stop_hands_over_and_the_successor_releases_a_paused_serv
 ) -> None:
     async with FakeSGLangServer(token_delay=0.005) as server, \
             owners(server, admin, redis_client, unique_name) as running:
-        await until(lambda: len(holders(running)) == 1)
+        await until(lambda: len(holders(running)) == 1, "one lease holder")
         (first,) = holders(running)
-        await admin.pause(server.url)  # as if the owner had died right after its pause
+        await within(admin.pause(server.url), 5, "pausing the server")  # as if its owner died right after its pause
         task = next(t for o, t in running if o is first)
         task.cancel()  # a graceful stop releases the lease at once
-        await asyncio.gather(task, return_exceptions=True)
-        await until(lambda: len(holders(running)) == 1 and holders(running)[0] is not first, timeout=5)
-        await until(lambda: not server.paused, timeout=5)  # the successor's first reconcile continues it
+        await within(asyncio.gather(task, return_exceptions=True), 5, "stopping the first owner")
+        await until(lambda: len(holders(running)) == 1 and holders(running)[0] is not first,
+                    "another lease holder", timeout=5)
+        await until(lambda: not server.paused, "the successor continuing the server", timeout=5)
         assert server.loads == []
 
 
@@ -141,30 +138,35 @@ async def test_failed_load_resumes_the_server_and_is_retried(
         owner = running[0][0]
         server.fail_updates = True
         owner.offer(WeightUpdate(1, "/ckpt/v1"))
-        await until(lambda: server.hits["update"] >= 2)  # retried
-        await until(lambda: not server.paused)  # and never left paused meanwhile
+        await until(lambda: server.hits["update"] >= 2, "a second load (the retry)")
+        await until(lambda: not server.paused, "the server running")  # and never left paused meanwhile
         assert owner.failed_loads >= 2 and server.weight_version == "default"
         server.fail_updates = False
-        await until(lambda: server.weight_version == "1" and not server.paused)
+        await until(lambda: server.weight_version == "1" and not server.paused, "the server running on v1")
         assert len(server.loads) == 1
 
 
 async def test_the_pause_is_bounded(admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str) -> None:
     """A server whose pause does not answer in pause_timeout_seconds: the owner gives up on
-    this try, continues the server and retries later, instead of hanging."""
+    this try, continues the server and retries later, instead of hanging; the request the pause
+    aborted gets its answer; the owner stops when told to."""
     async with FakeSGLangServer(token_delay=0.02, pause_poll_seconds=30.0) as server:
         http = SGLangHttp(SETTINGS)
-        generating = asyncio.create_task(http.post(server.url, "/generate", {
-            "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 500}}, 60))
-        await until(lambda: server.tokens_out > 0)
-        async with owners(server, admin, redis_client, unique_name, n=1) as running:
-            owner = running[0][0]
-            started = time.monotonic()
-            owner.offer(WeightUpdate(1, "/ckpt/v1"))
-            await until(lambda: owner.failed_loads >= 1, timeout=10)
-            assert time.monotonic() - started < SETTINGS.pause_timeout_seconds + 3
-        assert (await generating)["meta_info"]["finish_reason"]["type"] == "abort"
-        await http.close()
+        try:
+            generating = asyncio.create_task(http.post(server.url, "/generate", {
+                "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 500}}, 60))
+            await until(lambda: server.tokens_out > 0, "the request generating")
+            async with owners(server, admin, redis_client, unique_name, n=1) as running:
+                owner = running[0][0]
+                started = time.monotonic()
+                owner.offer(WeightUpdate(1, "/ckpt/v1"))
+                await until(lambda: owner.failed_loads >= 1, "the owner giving up on the pause", timeout=10)
+                assert time.monotonic() - started < SETTINGS.pause_timeout_seconds + 3
+            answer = await within(generating, 5, "the aborted request's answer")
+            assert answer["meta_info"]["finish_reason"]["type"] == "abort"
+        finally:
+            await within(http.close(), 5, "closing the client")
+    assert server.handlers_running == 0  # the 30 s pause poll ended with the server
 
 
 async def test_a_stray_pause_is_continued_by_the_owner(
@@ -174,9 +176,58 @@ async def test_a_stray_pause_is_continued_by_the_owner(
     sees it up but not generating while no update runs, and continues it."""
     async with FakeSGLangServer(token_delay=0.005, health_pause_timeout=30.0) as server, \
             owners(server, admin, redis_client, unique_name, n=1) as running:
-        await until(lambda: len(holders(running)) == 1)
-        await asyncio.sleep(2 * SETTINGS.reconcile_seconds)  # past the takeover's own continue
-        continues = server.hits["continue"]
-        await admin.pause(server.url)
-        await until(lambda: not server.paused, timeout=3 * SETTINGS.health_probe_timeout_seconds)
-        assert server.hits["continue"] == continues + 1 and server.loads == []
+        await until(lambda: len(holders(running)) == 1 and server.hits["continue"] == 1,
+                    "the takeover's own continue")
+        await within(admin.pause(server.url), 5, "pausing the server")
+        await until(lambda: not server.paused, "the owner continuing the server",
+                    timeout=3 * SETTINGS.health_probe_timeout_seconds)
+        assert server.hits["continue"] == 2 and server.loads == []
+
+
+class LossyLeases(ServerLeases):
+    """Leases whose first ``lossy`` call (acquire, renew or write_state) loses a cancellation that
+    arrives after Redis answered, as redis-py 8 does on Python 3.11: it sends every command
+    through ``asyncio.wait_for``, which then returns the finished result instead of raising
+    (bpo-42130, fixed in 3.12). ``answered`` is set while that call waits for the cancellation."""
+
+    def __init__(self, client: aioredis.Redis, name: str, lossy: str) -> None:
+        super().__init__(client, RedisKeys(name, "t0"), "w0", ttl_seconds=9.0)
+        self.lossy = lossy
+        self.answered = asyncio.Event()
+
+    async def acquire(self, url: str) -> Lease | None:
+        return await self._answer("acquire", await super().acquire(url))
+
+    async def renew(self, lease: Lease) -> bool:
+        return await self._answer("renew", await super().renew(lease))
+
+    async def write_state(self, lease: Lease, state: ServerSyncState) -> bool:
+        return await self._answer("write_state", await super().write_state(lease, state))
+
+    async def _answer(self, call: str, answer: Any) -> Any:
+        if call == self.lossy and not self.answered.is_set():
+            self.answered.set()
+            with contextlib.suppress(asyncio.CancelledError):  # what 3.11's wait_for does
+                await asyncio.Event().wait()
+        return answer
+
+
+@pytest.mark.parametrize("lossy", ["acquire", "renew", "write_state"])
+async def test_an_owner_stops_even_when_redis_loses_the_cancellation(
+    lossy: str, admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str
+) -> None:
+    """A rollout worker stops its owners by cancelling them. The cancellation lands during a
+    Redis call that drops it (``LossyLeases``): the owner still stops at once and releases its
+    lease, instead of renewing it (or serving) on until its lease expires, or forever."""
+    async with FakeSGLangServer(token_delay=0.005) as server:
+        leases = LossyLeases(redis_client, unique_name, lossy)
+        task = asyncio.create_task(ServerOwner(server.url, admin, leases, SETTINGS).run())
+        try:
+            await within(leases.answered.wait(), 10, f"the owner's first {lossy}")
+            task.cancel()
+            await within(asyncio.wait({task}), 3, f"the owner stopping after its {lossy} lost the cancellation")
+        finally:
+            task.cancel()  # a second cancellation always lands (the first was the lost one)
+            await within(asyncio.gather(task, return_exceptions=True), 5, "stopping the owner")
+        assert task.cancelled()
+        assert await within(leases.holder(server.url), 5, "reading the lease") is None
