@@ -200,10 +200,11 @@ class ServerOwner:
             self.failed_loads += 1
             log.error("%s: loading weight version %d failed (%s: %s); it resumes on its old weights and "
                       "is not used until it caught up", self.url, target.version, type(exc).__name__, exc)
-        finally:
+        finally:  # also when stopped (cancelled) mid-update: continue the server it paused
             if lease.valid():  # never continue a server that is no longer ours
                 with contextlib.suppress(*SERVER_ERRORS):
-                    await self._step(lease, "continuing", target.version if loaded else version, self._admin.resume)
+                    await self._record(lease, "continuing", target.version if loaded else version)
+                    await self._admin.resume(self.url)
         if not loaded:
             await self._record(lease, "failed", version, f"loading v{target.version} failed")
             return False
@@ -215,8 +216,10 @@ class ServerOwner:
 
     async def _step(self, lease: Lease, phase: Phase, version: int | None,
                     op: Callable[[str], Awaitable[None]]) -> None:
+        """Record ``phase`` and run ``op``, only while the lease holds and no stop was asked."""
         self._check(lease)
         await self._record(lease, phase, version)
+        raise_if_cancelled()  # the record may have lost a stop: neither pause nor load after one
         await op(self.url)
 
     def _check(self, lease: Lease) -> None:

@@ -212,16 +212,21 @@ class LossyLeases(ServerLeases):
         return answer
 
 
-@pytest.mark.parametrize("lossy", ["acquire", "renew", "write_state"])
+@pytest.mark.parametrize("lossy, update", [
+    ("acquire", False), ("renew", False), ("write_state", False), ("write_state", True)])
 async def test_an_owner_stops_even_when_redis_loses_the_cancellation(
-    lossy: str, admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str
+    lossy: str, update: bool, admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str
 ) -> None:
     """A rollout worker stops its owners by cancelling them. The cancellation lands during a
     Redis call that drops it (``LossyLeases``): the owner still stops at once and releases its
-    lease, instead of renewing it (or serving) on until its lease expires, or forever."""
+    lease, instead of renewing it (or serving) on until its lease expires, or forever. With an
+    update to do, the lost cancellation lands as it records "pausing": it pauses nothing."""
     async with FakeSGLangServer(token_delay=0.005) as server:
         leases = LossyLeases(redis_client, unique_name, lossy)
-        task = asyncio.create_task(ServerOwner(server.url, admin, leases, SETTINGS).run())
+        owner = ServerOwner(server.url, admin, leases, SETTINGS)
+        if update:
+            owner.offer(WeightUpdate(1, "/ckpt/v1"))
+        task = asyncio.create_task(owner.run())
         try:
             await within(leases.answered.wait(), 10, f"the owner's first {lossy}")
             task.cancel()
@@ -231,3 +236,4 @@ async def test_an_owner_stops_even_when_redis_loses_the_cancellation(
             await within(asyncio.gather(task, return_exceptions=True), 5, "stopping the owner")
         assert task.cancelled()
         assert await within(leases.holder(server.url), 5, "reading the lease") is None
+        assert server.hits["pause"] == 0 and not server.paused
