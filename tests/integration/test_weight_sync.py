@@ -162,6 +162,8 @@ async def test_the_pause_is_bounded(admin: SGLangAdmin, redis_client: aioredis.R
                 owner.offer(WeightUpdate(1, "/ckpt/v1"))
                 await until(lambda: owner.failed_loads >= 1, "the owner giving up on the pause", timeout=10)
                 assert time.monotonic() - started < SETTINGS.pause_timeout_seconds + 3
+                # its continue waits for the server's pause lock (held by the 30 s poll): stop it there
+                await until(lambda: server.hits["continue"] >= 1, "the owner continuing the server", timeout=5)
             answer = await within(generating, 5, "the aborted request's answer")
             assert answer["meta_info"]["finish_reason"]["type"] == "abort"
         finally:
