@@ -3,9 +3,10 @@
 Leases: one owner at a time, fencing tokens that only grow, a stale owner that can neither
 renew nor write. Owners: of three competing for a server exactly one loads each version; a
 graceful stop hands the server over; a takeover releases a server its predecessor left paused;
-a failed load resumes the server and is retried; the pause is bounded; an owner stops when
-cancelled even if a Redis call loses the cancellation. (A SIGKILLed owner is in
-tests/faults/test_sglang_faults.py.) Every wait is bounded and names its step when it fails.
+a failed load resumes the server and is retried; the pause is bounded; an owner, and the
+follower of shared servers, stop when cancelled even if a Redis call loses the cancellation.
+(A SIGKILLed owner is in tests/faults/test_sglang_faults.py.) Every wait is bounded and names
+its step when it fails.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import redis.asyncio as aioredis
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import SGLangConfig
+from rollstream.engines.sglang import SGLangEngine
 from rollstream.engines.sglang_admin import SGLangAdmin
 from rollstream.engines.sglang_http import SGLangHttp
-from rollstream.redis_state import RedisKeys
+from rollstream.redis_state import RedisKeys, VersionStore
 from rollstream.server_lease import Lease, ServerLeases, ServerSyncState
-from rollstream.rollout_workers.weight_sync import ServerOwner
+from rollstream.rollout_workers.weight_sync import ServerOwner, SharedServerFollower, WeightSync
 from tests.fakes import FakeSGLangServer
 from tests.helpers import until, within
 
@@ -191,11 +193,19 @@ async def test_a_stray_pause_is_continued_by_the_owner(
         assert server.hits["continue"] == 2 and server.loads == []
 
 
+async def lose_the_cancellation(answered: asyncio.Event) -> None:
+    """Set ``answered``, wait to be cancelled and return normally: what redis-py 8 does on Python
+    3.11 when a cancellation arrives just after Redis answered. It sends every command through
+    ``asyncio.wait_for``, which then returns the finished result instead of raising (bpo-42130,
+    fixed in 3.12)."""
+    answered.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.Event().wait()
+
+
 class LossyLeases(ServerLeases):
-    """Leases whose first ``lossy`` call (acquire, renew or write_state) loses a cancellation that
-    arrives after Redis answered, as redis-py 8 does on Python 3.11: it sends every command
-    through ``asyncio.wait_for``, which then returns the finished result instead of raising
-    (bpo-42130, fixed in 3.12). ``answered`` is set while that call waits for the cancellation."""
+    """Leases whose first ``lossy`` call (acquire, renew or write_state) loses the cancellation
+    (``lose_the_cancellation``); ``answered`` is set while that call waits for it."""
 
     def __init__(self, client: aioredis.Redis, name: str, lossy: str) -> None:
         super().__init__(client, RedisKeys(name, "t0"), "w0", ttl_seconds=9.0)
@@ -213,9 +223,7 @@ class LossyLeases(ServerLeases):
 
     async def _answer(self, call: str, answer: Any) -> Any:
         if call == self.lossy and not self.answered.is_set():
-            self.answered.set()
-            with contextlib.suppress(asyncio.CancelledError):  # what 3.11's wait_for does
-                await asyncio.Event().wait()
+            await lose_the_cancellation(self.answered)
         return answer
 
 
@@ -244,3 +252,56 @@ async def test_an_owner_stops_even_when_redis_loses_the_cancellation(
         assert task.cancelled()
         assert await within(leases.holder(server.url), 5, "reading the lease") is None
         assert server.hits["pause"] == 0 and not server.paused
+
+
+class LossyStore(VersionStore):
+    """A version store whose next ``lossy`` call (get_version or get_update) after ``arm()``
+    loses the cancellation (``lose_the_cancellation``); ``answered`` is set meanwhile."""
+
+    def __init__(self, client: aioredis.Redis, name: str, lossy: str) -> None:
+        super().__init__(client, RedisKeys(name, "t0"))
+        self.lossy, self.armed = lossy, False
+        self.answered = asyncio.Event()
+
+    def arm(self) -> None:
+        self.armed = True
+
+    async def get_version(self) -> int:
+        return await self._answer("get_version", await super().get_version())
+
+    async def get_update(self, version: int | None = None) -> WeightUpdate | None:
+        return await self._answer("get_update", await super().get_update(version))
+
+    async def _answer(self, call: str, answer: Any) -> Any:
+        if call == self.lossy and self.armed and not self.answered.is_set():
+            await lose_the_cancellation(self.answered)
+        return answer
+
+
+@pytest.mark.parametrize("lossy", ["get_version", "get_update"])
+async def test_a_follower_stops_even_when_redis_loses_the_cancellation(
+    lossy: str, redis_client: aioredis.Redis, unique_name: str
+) -> None:
+    """A rollout worker on shared servers stops its follower (version watch, version apply,
+    server owners) by cancelling it. The cancellation lands in the watch's poll of the version
+    (get_version) or in the apply's read of the weights (get_update), which drop it: the
+    follower still stops at once, instead of polling on, or waiting for the next version."""
+    async with FakeSGLangServer(token_delay=0.005) as server:
+        engine = SGLangEngine([server.url], settings=STEADY)
+        store = LossyStore(redis_client, unique_name, lossy)
+        sync = WeightSync([server.url], engine.admin, leases(redis_client, unique_name, "w0", 10.0), STEADY)
+        follower = SharedServerFollower(engine, store, sync, poll_seconds=0.05)
+        task = asyncio.create_task(follower.run())
+        try:
+            await within(store.publish(WeightUpdate(1, "/ckpt/v1")), 5, "publishing v1")
+            await until(lambda: server.weight_version == "1" and not server.paused, "the server running on v1")
+            store.arm()
+            await within(store.publish(WeightUpdate(2, "/ckpt/v2")), 5, "publishing v2")
+            await within(store.answered.wait(), 10, f"the follower's next {lossy}")
+            task.cancel()
+            await within(asyncio.wait({task}), 3, f"the follower stopping after its {lossy} lost the cancellation")
+        finally:
+            task.cancel()  # a second cancellation always lands (the first was the lost one)
+            await within(asyncio.gather(task, return_exceptions=True), 5, "stopping the follower")
+            await within(engine.close(), 5, "closing the engine")
+        assert task.cancelled()
