@@ -48,8 +48,8 @@ import random
 import socket
 import time
 from collections import Counter
-from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
