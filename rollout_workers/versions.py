@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.metrics import WEIGHT_VERSION
 from rollstream.retry import RetryPolicy
-from rollstream.together import run_together
+from rollstream.together import raise_if_cancelled, run_together
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,7 @@ class VersionFollower:
             self._changed.clear()
             while self._target > self._engine.get_version():
                 outcome = await self._try_load(self._target)
+                raise_if_cancelled()  # its Redis read may have lost a cancellation (see raise_if_cancelled)
                 if outcome == "loaded":
                     backoff.succeeded()
                 elif outcome == "no_weights":

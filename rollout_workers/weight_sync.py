@@ -48,7 +48,7 @@ from rollstream.engines.sglang_http import TRANSPORT_ERRORS, EngineRequestError,
 from rollstream.metrics import WEIGHT_VERSION
 from rollstream.server_lease import Lease, Phase, ServerLeases, ServerSyncState
 from rollstream.retry import RetryPolicy
-from rollstream.together import run_together
+from rollstream.together import raise_if_cancelled, run_together
 from rollstream.rollout_workers.versions import TIER, VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
@@ -87,10 +87,12 @@ class ServerOwner:
         try:
             while True:
                 lease = await self._try_acquire()
+                if lease is not None:
+                    self.lease = lease  # before the check below, so that stopping releases it
+                raise_if_cancelled()  # after each Redis call (see raise_if_cancelled)
                 if lease is None:
                     await asyncio.sleep(period)
                     continue
-                self.lease = lease
                 log.info("weight-sync owner of %s (fencing token %d)", self.url, lease.token)
                 await self._own(lease)
                 log.warning("no longer the weight-sync owner of %s", self.url)
@@ -135,6 +137,7 @@ class ServerOwner:
                     return
             except REDIS_ERRORS as exc:
                 log.warning("cannot renew the lease of %s (%s)", self.url, exc)
+            raise_if_cancelled()
             if not lease.valid():
                 return
 
@@ -143,11 +146,14 @@ class ServerOwner:
         taken_over = True
         while True:
             self._changed.clear()
-            if await self._reconcile(lease, taken_over):
+            reconciled = await self._reconcile(lease, taken_over)
+            raise_if_cancelled()  # its Redis calls may have lost one; and no wait_for below, for that reason
+            if reconciled:
                 taken_over = False
                 backoff.succeeded()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), self._settings.reconcile_seconds)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._settings.reconcile_seconds):
+                        await self._changed.wait()
             else:
                 await backoff.sleep()
 
@@ -194,10 +200,11 @@ class ServerOwner:
             self.failed_loads += 1
             log.error("%s: loading weight version %d failed (%s: %s); it resumes on its old weights and "
                       "is not used until it caught up", self.url, target.version, type(exc).__name__, exc)
-        finally:
+        finally:  # also when stopped (cancelled) mid-update: continue the server it paused
             if lease.valid():  # never continue a server that is no longer ours
                 with contextlib.suppress(*SERVER_ERRORS):
-                    await self._step(lease, "continuing", target.version if loaded else version, self._admin.resume)
+                    await self._record(lease, "continuing", target.version if loaded else version)
+                    await self._admin.resume(self.url)
         if not loaded:
             await self._record(lease, "failed", version, f"loading v{target.version} failed")
             return False
@@ -209,8 +216,10 @@ class ServerOwner:
 
     async def _step(self, lease: Lease, phase: Phase, version: int | None,
                     op: Callable[[str], Awaitable[None]]) -> None:
+        """Record ``phase`` and run ``op``, only while the lease holds and no stop was asked."""
         self._check(lease)
         await self._record(lease, phase, version)
+        raise_if_cancelled()  # the record may have lost a stop: neither pause nor load after one
         await op(self.url)
 
     def _check(self, lease: Lease) -> None:

@@ -34,6 +34,7 @@ from redis.exceptions import RedisError
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RedisConfig
 from rollstream.retry import REDIS_RETRY
+from rollstream.together import raise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,7 @@ class VersionStore:
             while True:
                 await pubsub.get_message(ignore_subscribe_messages=True, timeout=poll_seconds)
                 current = await self.get_version()
+                raise_if_cancelled()  # redis-py may have lost a cancellation (see raise_if_cancelled)
                 if current != last:
                     last = current
                     yield current

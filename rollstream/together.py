@@ -1,4 +1,5 @@
-"""Run several never-ending coroutines as one: the first error ends them all and is raised."""
+"""Run several never-ending coroutines as one: the first error ends them all and is raised;
+and make a never-ending loop stop when cancelled even if a library lost the cancellation."""
 
 from __future__ import annotations
 
@@ -19,3 +20,18 @@ async def run_together(coroutines: dict[str, Coroutine[Any, Any, Any]]) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def raise_if_cancelled() -> None:
+    """Raise ``CancelledError`` if the running task was cancelled but carries on regardless.
+
+    Python 3.11's ``asyncio.wait_for`` returns its finished result when the cancellation arrives
+    just after the awaited call completed, dropping the cancellation (bpo-42130, fixed in
+    3.12), and redis-py 8 sends every command through it (``socket_timeout`` defaults to 5 s).
+    The task still counts the request (``Task.cancelling()``). A never-ending loop calls this
+    after each such call, so that cancelling it always ends it. Not for ``finally`` blocks: a
+    task that runs its clean-up after a cancellation counts the request too.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()

@@ -1,10 +1,16 @@
-"""Shared test helpers: configs that point at the session's real broker and Redis."""
+"""Shared test helpers: configs that point at the session's real broker and Redis, and bounded
+waits that name the step that did not finish."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from rollstream.config import RollstreamConfig, config_from_dict
+
+T = TypeVar("T")
 
 
 def make_config(
@@ -25,3 +31,25 @@ def make_config(
         else:
             tree[section] = values
     return config_from_dict(tree)
+
+
+async def within(awaitable: Awaitable[T], seconds: float, step: str) -> T:
+    """``await awaitable``, or fail naming ``step`` once ``seconds`` passed (it is then cancelled).
+    A ``TimeoutError`` the awaitable raises itself propagates unchanged."""
+    bound = asyncio.timeout(seconds)
+    try:
+        async with bound:
+            return await awaitable
+    except TimeoutError:
+        if bound.expired():
+            raise AssertionError(f"{step}: not done within {seconds:g}s") from None
+        raise
+
+
+async def until(predicate: Callable[[], Any], what: str, timeout: float = 20.0,
+                logs: Callable[[], str] = lambda: "") -> None:
+    """Poll ``predicate`` every 10 ms; fail naming ``what`` (and showing ``logs()``) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{logs()}"
+        await asyncio.sleep(0.01)

@@ -24,6 +24,9 @@ by point; ``scripts/check_sglang.py`` runs the same checks against a real server
   (SGLang: ~20 s). ``/model_info`` (and ``/get_weight_version``) answer at once, paused or not.
 * A NaN logprob is written as JSON ``null`` (hook ``null_logprob_next``).
 * Any number of clients at once; per request, one token every ``token_delay`` seconds.
+* ``go_down`` (and leaving ``async with``) ends every handler at once, as a crash would: none
+  keeps running on (aiohttp alone lets a handler whose client left run to its end, e.g. a pause
+  polling every ``pause_poll_seconds``, which would outlive the test and hold the pause lock).
 
 Tokens are pseudo-random ids in ``[3, vocab_size)`` drawn from the weights, the context and
 (unless greedy) the rid; logprobs are negative multiples of 2**-16 (exact in float32). Every
@@ -45,6 +48,7 @@ import random
 import socket
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +139,7 @@ class FakeSGLangServer:
         self._control = asyncio.Lock()  # SGLang's is_pause_cond: pause and continue exclude each other
         self._runner: web.AppRunner | None = None
         self._open: set[asyncio.BaseTransport] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()  # tasks running a request handler now
 
     @property
     def url(self) -> str:
@@ -155,14 +160,24 @@ class FakeSGLangServer:
         self._drop = n
 
     async def go_down(self) -> None:
-        """Stop listening and cut open connections at once, like a crash."""
+        """Stop listening, cut open connections and end every running handler at once, like a crash."""
         if self._runner is not None:
             for transport in list(self._open):  # a graceful shutdown would let handlers finish
                 transport.abort()
             for running in self._running.values():
                 running.abort = "server down"
+            handlers = list(self._handlers)
+            for task in handlers:
+                task.cancel()
+            if handlers:  # none awaits anything on its way out: one loop turn or two
+                await asyncio.wait(handlers, timeout=5.0)
             await self._runner.cleanup()
             self._runner = None
+
+    @property
+    def handlers_running(self) -> int:
+        """Request handlers running now (0 after ``go_down``)."""
+        return len(self._handlers)
 
     async def come_up(self, *, fresh: bool = False) -> None:
         """Listen again on the same port; ``fresh``: as a restarted process, back on the
@@ -174,7 +189,7 @@ class FakeSGLangServer:
             self._held.clear()
             self._running.clear()
         if self._runner is None:
-            app = web.Application()
+            app = web.Application(middlewares=[self._track])
             app.add_routes(self._routes())
             self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.05)
             await self._runner.setup()
@@ -203,6 +218,17 @@ class FakeSGLangServer:
             web.post("/update_weights_from_disk", self._update_weights),
         ]
 
+    @web.middleware
+    async def _track(self, request: web.Request,
+                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            return await handler(request)
+        finally:
+            self._handlers.discard(task)
+
     # -------------------------------------------------------------- control
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -210,8 +236,9 @@ class FakeSGLangServer:
         if not self.healthy:
             return web.Response(status=503)
         try:  # SGLang's health check generates one token: it waits at the gate like any request
-            await asyncio.wait_for(self._open_gate.wait(), self.health_pause_timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.health_pause_timeout):  # not wait_for: it can lose a cancel on 3.11
+                await self._open_gate.wait()
+        except TimeoutError:
             return web.Response(status=503)
         await asyncio.sleep(self.token_delay)
         return web.Response(status=200)

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
@@ -30,7 +28,7 @@ from rollstream.server_lease import ServerLeases
 from tests.fakes import FakeSGLangServer
 from tests.fakes.tag_audit import audit
 from tests.faults.tiers import TierProcess
-from tests.helpers import make_config
+from tests.helpers import make_config, until, within
 from tests.shared_sglang import (
     PromptFeed, loads_per_version, names_of, publish_versions, samples, shared_config, worker_settings,
 )
@@ -68,7 +66,7 @@ async def test_failover_then_no_server_left(
             assert all(isinstance(m, Episode) for m in both.values())
             assert a.hits["generate"] and b.hits["generate"]  # both servers took work
 
-            await a.go_down()  # a crash: in-flight and new requests move to b
+            await within(a.go_down(), 10, "server a going down")  # a crash: in-flight and new requests move to b
             served_by_b = b.hits["generate"]
             one, _ = await samples(config, await publish(config, "failover", 4))
             assert all(isinstance(m, Episode) for m in one.values()), one
@@ -94,17 +92,9 @@ async def test_failover_then_no_server_left(
             assert not worker.done()
         finally:
             stop.set()
-            await asyncio.wait_for(worker, 60)
+            await within(worker, 60, "the rollout worker stopping")
     print(f"no server left: {requests} requests to the failing server for 4 samples in {spent:.1f}s, "
           "then none while idle and none for a later prompt")
-
-
-async def until(predicate: Callable[[], Any], what: str, timeout: float = 60.0,
-                logs: Callable[[], str] = lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{logs()}"
-        await asyncio.sleep(0.02)
 
 
 async def test_sigkilled_weight_sync_owner_is_replaced(
@@ -134,35 +124,35 @@ async def test_sigkilled_weight_sync_owner_is_replaced(
             await until(lambda: all(w.grep("consuming") for w in workers.values()), "3 workers up", 120, logs)
             await publish_versions(config, range(1, 2), every=0.0)
             await until(lambda: a.weight_version == b.weight_version == "1" and not (a.paused or b.paused),
-                        "both servers at v1", logs=logs)
+                        "both servers at v1", 60, logs)
 
             await publish_versions(config, range(2, 3), every=0.0)
-            await until(lambda: a.loading.is_set() or b.loading.is_set(), "a load of v2", logs=logs)
+            await until(lambda: a.loading.is_set() or b.loading.is_set(), "a load of v2", 60, logs)
             victim_server = a if a.loading.is_set() else b
-            owner, token = await leases.holder(victim_server.url)
+            owner, token = await within(leases.holder(victim_server.url), 5, "reading the lease holder")
             victim = workers[owner.split(":")[0]]
             victim.kill()  # mid-update: the server is paused and loading
             killed_at = time.monotonic()
             assert victim_server.paused, "the kill should land between pause and continue"
 
             await until(lambda: a.weight_version == b.weight_version == "2" and not (a.paused or b.paused),
-                        "every server at v2 and running again", logs=logs)
+                        "every server at v2 and running again", 60, logs)
             taken_over = time.monotonic() - killed_at
-            successor, new_token = await leases.holder(victim_server.url)
+            successor, new_token = await within(leases.holder(victim_server.url), 5, "reading the lease holder")
             assert successor.split(":")[0] != victim.name and new_token > token
 
-            await publish_versions(config, range(3, 5), every=1.0)
+            await within(publish_versions(config, range(3, 5), every=1.0), 30, "publishing v3 and v4")
             await until(lambda: a.weight_version == b.weight_version == "4" and not (a.paused or b.paused),
-                        "every server at the newest version", logs=logs)
+                        "every server at the newest version", 60, logs)
             feed.stop()
-            await feeding
+            await within(feeding, 30, "the prompt feed stopping")
             found, published = await samples(config, feed.wanted, timeout=150)
         finally:
             feed.stop()
-            await asyncio.gather(feeding, return_exceptions=True)
+            await within(asyncio.gather(feeding, return_exceptions=True), 30, "the prompt feed stopping")
             for worker in workers.values():
                 worker.stop()
-            await leases._redis.aclose()
+            await within(leases._redis.aclose(), 5, "closing the Redis client")
 
         failed = [m for m in found.values() if not isinstance(m, Episode)]
         assert not failed, failed[:3]

@@ -23,6 +23,7 @@ from rollstream.wire import Episode
 from rollstream.rollout_workers.service import run
 from tests.fakes import FakeSGLangServer
 from tests.fakes.tag_audit import audit
+from tests.helpers import within
 from tests.shared_sglang import (
     ENGINES, PromptFeed, loads_per_version, names_of, owners_elected, publish_versions, samples, shared_config,
     worker_settings,
@@ -58,16 +59,16 @@ async def test_three_workers_two_shared_servers_exact_tags(
         feeding = asyncio.create_task(feed.run())
         try:
             await owners_elected(configs[0], [a, b])
-            await publish_versions(configs[0], VERSIONS, every=1.0)
+            await within(publish_versions(configs[0], VERSIONS, every=1.0), 120, "publishing the versions")
             feed.stop()
-            await feeding
+            await within(feeding, 30, "the prompt feed stopping")
             found, published = await samples(configs[0], feed.wanted)
             assert not any(w.done() for w in workers), [w.exception() for w in workers if w.done()]
         finally:
             feed.stop()
             stop.set()
-            await asyncio.gather(*workers, return_exceptions=True)
-            await asyncio.gather(feeding, return_exceptions=True)
+            await within(asyncio.gather(*workers, return_exceptions=True), 60, "the rollout workers stopping")
+            await within(asyncio.gather(feeding, return_exceptions=True), 30, "the prompt feed stopping")
 
         episodes = [m for m in found.values() if isinstance(m, Episode)]
         assert len(episodes) == len(found), [m for m in found.values() if not isinstance(m, Episode)][:3]

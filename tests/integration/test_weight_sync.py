@@ -3,8 +3,10 @@
 Leases: one owner at a time, fencing tokens that only grow, a stale owner that can neither
 renew nor write. Owners: of three competing for a server exactly one loads each version; a
 graceful stop hands the server over; a takeover releases a server its predecessor left paused;
-a failed load resumes the server and is retried; the pause is bounded. (A SIGKILLed owner is
-in tests/faults/test_sglang_faults.py.)
+a failed load resumes the server and is retried; the pause is bounded; an owner, and the
+follower of shared servers, stop when cancelled even if a Redis call loses the cancellation.
+(A SIGKILLed owner is in tests/faults/test_sglang_faults.py.) Every wait is bounded and names
+its step when it fails.
 """
 
 from __future__ import annotations
@@ -12,32 +14,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import SGLangConfig
+from rollstream.engines.sglang import SGLangEngine
 from rollstream.engines.sglang_admin import SGLangAdmin
 from rollstream.engines.sglang_http import SGLangHttp
-from rollstream.redis_state import RedisKeys
-from rollstream.server_lease import ServerLeases, ServerSyncState
-from rollstream.rollout_workers.weight_sync import ServerOwner
+from rollstream.redis_state import RedisKeys, VersionStore
+from rollstream.server_lease import Lease, ServerLeases, ServerSyncState
+from rollstream.rollout_workers.weight_sync import ServerOwner, SharedServerFollower, WeightSync
 from tests.fakes import FakeSGLangServer
+from tests.helpers import until, within
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(90)]
 
 SETTINGS = SGLangConfig(lease_ttl_seconds=1.5, reconcile_seconds=0.3, pause_timeout_seconds=2.0,
                         health_probe_timeout_seconds=2.0)
-
-
-async def until(predicate: Callable[[], Any], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
+# For tests that are not about leases: with 1.5 s a process starved of CPU for ~1 s lost its
+# lease mid-update and the update ran again (seen at load average 27 on two cores).
+STEADY = msgspec.structs.replace(SETTINGS, lease_ttl_seconds=10.0)
 
 
 @pytest.fixture
@@ -83,17 +84,18 @@ async def test_an_expired_lease_goes_to_the_next_owner(redis_client: aioredis.Re
 
 @contextlib.asynccontextmanager
 async def owners(server: FakeSGLangServer, admin: SGLangAdmin, client: aioredis.Redis, name: str,
-                 n: int = 3) -> AsyncIterator[list[tuple[ServerOwner, asyncio.Task[None]]]]:
+                 n: int = 3, settings: SGLangConfig = STEADY,
+                 ) -> AsyncIterator[list[tuple[ServerOwner, asyncio.Task[None]]]]:
     running = []
     for i in range(n):
-        owner = ServerOwner(server.url, admin, leases(client, name, f"w{i}"), SETTINGS)
+        owner = ServerOwner(server.url, admin, leases(client, name, f"w{i}", settings.lease_ttl_seconds), settings)
         running.append((owner, asyncio.create_task(owner.run())))
     try:
         yield running
     finally:
         for _, task in running:
             task.cancel()
-        await asyncio.gather(*(t for _, t in running), return_exceptions=True)
+        await within(asyncio.gather(*(t for _, t in running), return_exceptions=True), 10, "stopping the owners")
 
 
 def holders(running: list[tuple[ServerOwner, asyncio.Task[None]]]) -> list[ServerOwner]:
@@ -105,15 +107,16 @@ async def test_exactly_one_of_three_owners_loads_each_version(
 ) -> None:
     async with FakeSGLangServer(token_delay=0.005) as server, \
             owners(server, admin, redis_client, unique_name) as running:
-        await until(lambda: len(holders(running)) == 1)
+        await until(lambda: len(holders(running)) == 1, "one lease holder")
         for version in (1, 2, 3):
             for owner, _ in running:
                 owner.offer(WeightUpdate(version, f"/ckpt/v{version}"))
-            await until(lambda: server.weight_version == str(version) and not server.paused)
+            await until(lambda: server.weight_version == str(version) and not server.paused,
+                        f"the server running on v{version}")
         await asyncio.sleep(3 * SETTINGS.reconcile_seconds)  # reconciles load nothing more
         assert [load.weight_version for load in server.loads] == ["1", "2", "3"]
         assert server.hits["pause"] == 3 and sum(o.loads for o, _ in running) == 3
-        states = await leases(redis_client, unique_name, "reader").states()
+        states = await within(leases(redis_client, unique_name, "reader").states(), 5, "reading the states")
         assert states[server.url].phase == "serving" and states[server.url].version == 3
 
 
@@ -121,15 +124,16 @@ async def test_graceful_stop_hands_over_and_the_successor_releases_a_paused_serv
     admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str
 ) -> None:
     async with FakeSGLangServer(token_delay=0.005) as server, \
-            owners(server, admin, redis_client, unique_name) as running:
-        await until(lambda: len(holders(running)) == 1)
+            owners(server, admin, redis_client, unique_name, settings=SETTINGS) as running:
+        await until(lambda: len(holders(running)) == 1, "one lease holder")
         (first,) = holders(running)
-        await admin.pause(server.url)  # as if the owner had died right after its pause
+        await within(admin.pause(server.url), 5, "pausing the server")  # as if its owner died right after its pause
         task = next(t for o, t in running if o is first)
         task.cancel()  # a graceful stop releases the lease at once
-        await asyncio.gather(task, return_exceptions=True)
-        await until(lambda: len(holders(running)) == 1 and holders(running)[0] is not first, timeout=5)
-        await until(lambda: not server.paused, timeout=5)  # the successor's first reconcile continues it
+        await within(asyncio.gather(task, return_exceptions=True), 5, "stopping the first owner")
+        await until(lambda: len(holders(running)) == 1 and holders(running)[0] is not first,
+                    "another lease holder", timeout=5)
+        await until(lambda: not server.paused, "the successor continuing the server", timeout=5)
         assert server.loads == []
 
 
@@ -141,30 +145,37 @@ async def test_failed_load_resumes_the_server_and_is_retried(
         owner = running[0][0]
         server.fail_updates = True
         owner.offer(WeightUpdate(1, "/ckpt/v1"))
-        await until(lambda: server.hits["update"] >= 2)  # retried
-        await until(lambda: not server.paused)  # and never left paused meanwhile
+        await until(lambda: server.hits["update"] >= 2, "a second load (the retry)")
+        await until(lambda: not server.paused, "the server running")  # and never left paused meanwhile
         assert owner.failed_loads >= 2 and server.weight_version == "default"
         server.fail_updates = False
-        await until(lambda: server.weight_version == "1" and not server.paused)
+        await until(lambda: server.weight_version == "1" and not server.paused, "the server running on v1")
         assert len(server.loads) == 1
 
 
 async def test_the_pause_is_bounded(admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str) -> None:
     """A server whose pause does not answer in pause_timeout_seconds: the owner gives up on
-    this try, continues the server and retries later, instead of hanging."""
+    this try, continues the server and retries later, instead of hanging; the request the pause
+    aborted gets its answer; the owner stops when told to."""
     async with FakeSGLangServer(token_delay=0.02, pause_poll_seconds=30.0) as server:
         http = SGLangHttp(SETTINGS)
-        generating = asyncio.create_task(http.post(server.url, "/generate", {
-            "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 500}}, 60))
-        await until(lambda: server.tokens_out > 0)
-        async with owners(server, admin, redis_client, unique_name, n=1) as running:
-            owner = running[0][0]
-            started = time.monotonic()
-            owner.offer(WeightUpdate(1, "/ckpt/v1"))
-            await until(lambda: owner.failed_loads >= 1, timeout=10)
-            assert time.monotonic() - started < SETTINGS.pause_timeout_seconds + 3
-        assert (await generating)["meta_info"]["finish_reason"]["type"] == "abort"
-        await http.close()
+        try:
+            generating = asyncio.create_task(http.post(server.url, "/generate", {
+                "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 500}}, 60))
+            await until(lambda: server.tokens_out > 0, "the request generating")
+            async with owners(server, admin, redis_client, unique_name, n=1) as running:
+                owner = running[0][0]
+                started = time.monotonic()
+                owner.offer(WeightUpdate(1, "/ckpt/v1"))
+                await until(lambda: owner.failed_loads >= 1, "the owner giving up on the pause", timeout=10)
+                assert time.monotonic() - started < SETTINGS.pause_timeout_seconds + 3
+                # its continue waits for the server's pause lock (held by the 30 s poll): stop it there
+                await until(lambda: server.hits["continue"] >= 1, "the owner continuing the server", timeout=5)
+            answer = await within(generating, 5, "the aborted request's answer")
+            assert answer["meta_info"]["finish_reason"]["type"] == "abort"
+        finally:
+            await within(http.close(), 5, "closing the client")
+    assert server.handlers_running == 0  # the 30 s pause poll ended with the server
 
 
 async def test_a_stray_pause_is_continued_by_the_owner(
@@ -174,9 +185,123 @@ async def test_a_stray_pause_is_continued_by_the_owner(
     sees it up but not generating while no update runs, and continues it."""
     async with FakeSGLangServer(token_delay=0.005, health_pause_timeout=30.0) as server, \
             owners(server, admin, redis_client, unique_name, n=1) as running:
-        await until(lambda: len(holders(running)) == 1)
-        await asyncio.sleep(2 * SETTINGS.reconcile_seconds)  # past the takeover's own continue
-        continues = server.hits["continue"]
-        await admin.pause(server.url)
-        await until(lambda: not server.paused, timeout=3 * SETTINGS.health_probe_timeout_seconds)
-        assert server.hits["continue"] == continues + 1 and server.loads == []
+        await until(lambda: len(holders(running)) == 1 and server.hits["continue"] == 1,
+                    "the takeover's own continue")
+        await within(admin.pause(server.url), 5, "pausing the server")
+        await until(lambda: not server.paused, "the owner continuing the server",
+                    timeout=3 * SETTINGS.health_probe_timeout_seconds)
+        assert server.hits["continue"] == 2 and server.loads == []
+
+
+async def lose_the_cancellation(answered: asyncio.Event) -> None:
+    """Set ``answered``, wait to be cancelled and return normally: what redis-py 8 does on Python
+    3.11 when a cancellation arrives just after Redis answered. It sends every command through
+    ``asyncio.wait_for``, which then returns the finished result instead of raising (bpo-42130,
+    fixed in 3.12)."""
+    answered.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.Event().wait()
+
+
+class LossyLeases(ServerLeases):
+    """Leases whose first ``lossy`` call (acquire, renew or write_state) loses the cancellation
+    (``lose_the_cancellation``); ``answered`` is set while that call waits for it."""
+
+    def __init__(self, client: aioredis.Redis, name: str, lossy: str) -> None:
+        super().__init__(client, RedisKeys(name, "t0"), "w0", ttl_seconds=9.0)
+        self.lossy = lossy
+        self.answered = asyncio.Event()
+
+    async def acquire(self, url: str) -> Lease | None:
+        return await self._answer("acquire", await super().acquire(url))
+
+    async def renew(self, lease: Lease) -> bool:
+        return await self._answer("renew", await super().renew(lease))
+
+    async def write_state(self, lease: Lease, state: ServerSyncState) -> bool:
+        return await self._answer("write_state", await super().write_state(lease, state))
+
+    async def _answer(self, call: str, answer: Any) -> Any:
+        if call == self.lossy and not self.answered.is_set():
+            await lose_the_cancellation(self.answered)
+        return answer
+
+
+@pytest.mark.parametrize("lossy, update", [
+    ("acquire", False), ("renew", False), ("write_state", False), ("write_state", True)])
+async def test_an_owner_stops_even_when_redis_loses_the_cancellation(
+    lossy: str, update: bool, admin: SGLangAdmin, redis_client: aioredis.Redis, unique_name: str
+) -> None:
+    """A rollout worker stops its owners by cancelling them. The cancellation lands during a
+    Redis call that drops it (``LossyLeases``): the owner still stops at once and releases its
+    lease, instead of renewing it (or serving) on until its lease expires, or forever. With an
+    update to do, the lost cancellation lands as it records "pausing": it pauses nothing."""
+    async with FakeSGLangServer(token_delay=0.005) as server:
+        leases = LossyLeases(redis_client, unique_name, lossy)
+        owner = ServerOwner(server.url, admin, leases, SETTINGS)
+        if update:
+            owner.offer(WeightUpdate(1, "/ckpt/v1"))
+        task = asyncio.create_task(owner.run())
+        try:
+            await within(leases.answered.wait(), 10, f"the owner's first {lossy}")
+            task.cancel()
+            await within(asyncio.wait({task}), 3, f"the owner stopping after its {lossy} lost the cancellation")
+        finally:
+            task.cancel()  # a second cancellation always lands (the first was the lost one)
+            await within(asyncio.gather(task, return_exceptions=True), 5, "stopping the owner")
+        assert task.cancelled()
+        assert await within(leases.holder(server.url), 5, "reading the lease") is None
+        assert server.hits["pause"] == 0 and not server.paused
+
+
+class LossyStore(VersionStore):
+    """A version store whose next ``lossy`` call (get_version or get_update) after ``arm()``
+    loses the cancellation (``lose_the_cancellation``); ``answered`` is set meanwhile."""
+
+    def __init__(self, client: aioredis.Redis, name: str, lossy: str) -> None:
+        super().__init__(client, RedisKeys(name, "t0"))
+        self.lossy, self.armed = lossy, False
+        self.answered = asyncio.Event()
+
+    def arm(self) -> None:
+        self.armed = True
+
+    async def get_version(self) -> int:
+        return await self._answer("get_version", await super().get_version())
+
+    async def get_update(self, version: int | None = None) -> WeightUpdate | None:
+        return await self._answer("get_update", await super().get_update(version))
+
+    async def _answer(self, call: str, answer: Any) -> Any:
+        if call == self.lossy and self.armed and not self.answered.is_set():
+            await lose_the_cancellation(self.answered)
+        return answer
+
+
+@pytest.mark.parametrize("lossy", ["get_version", "get_update"])
+async def test_a_follower_stops_even_when_redis_loses_the_cancellation(
+    lossy: str, redis_client: aioredis.Redis, unique_name: str
+) -> None:
+    """A rollout worker on shared servers stops its follower (version watch, version apply,
+    server owners) by cancelling it. The cancellation lands in the watch's poll of the version
+    (get_version) or in the apply's read of the weights (get_update), which drop it: the
+    follower still stops at once, instead of polling on, or waiting for the next version."""
+    async with FakeSGLangServer(token_delay=0.005) as server:
+        engine = SGLangEngine([server.url], settings=STEADY)
+        store = LossyStore(redis_client, unique_name, lossy)
+        sync = WeightSync([server.url], engine.admin, leases(redis_client, unique_name, "w0", 10.0), STEADY)
+        follower = SharedServerFollower(engine, store, sync, poll_seconds=0.05)
+        task = asyncio.create_task(follower.run())
+        try:
+            await within(store.publish(WeightUpdate(1, "/ckpt/v1")), 5, "publishing v1")
+            await until(lambda: server.weight_version == "1" and not server.paused, "the server running on v1")
+            store.arm()
+            await within(store.publish(WeightUpdate(2, "/ckpt/v2")), 5, "publishing v2")
+            await within(store.answered.wait(), 10, f"the follower's next {lossy}")
+            task.cancel()
+            await within(asyncio.wait({task}), 3, f"the follower stopping after its {lossy} lost the cancellation")
+        finally:
+            task.cancel()  # a second cancellation always lands (the first was the lost one)
+            await within(asyncio.gather(task, return_exceptions=True), 5, "stopping the follower")
+            await within(engine.close(), 5, "closing the engine")
+        assert task.cancelled()
