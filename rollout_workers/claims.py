@@ -20,6 +20,11 @@ random id per process), renewed every third of ``rollout.failure_detection_secon
 expires that long after the process died. A restarted worker with the same ``worker_id``
 overwrites the key at once, so its predecessor's claims are taken over without waiting.
 
+While Redis cannot be reached a record cannot be claimed (:meth:`PromptClaims.claim` answers
+None): the worker runs it anyway rather than leave its GPU idle, so a rebalance during a Redis
+outage can run a prompt twice (the duplicates are removed downstream); marking a prompt done
+waits for Redis, so whoever reads it after the outage finds it done.
+
 Every claim carries the hash tag of the trial's keys (``rollstream.redis_state.RedisKeys``),
 so each script touches one slot.
 """
@@ -36,6 +41,7 @@ import redis.asyncio as aioredis
 
 from rollstream.redis_state import RedisKeys
 from rollstream.retry import REDIS_RETRY
+from rollstream.together import raise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +147,7 @@ class PromptClaims:
                 await self.heartbeat()
             except REDIS_FAULTS as exc:
                 log.warning("renewing the liveness of worker %s failed: %s", self.worker_id, exc)
+            raise_if_cancelled()  # redis-py's wait_for can lose a cancellation (Python 3.11)
             await asyncio.sleep(self._ttl_ms / 3000)
 
     async def retire(self) -> None:
@@ -152,25 +159,36 @@ class PromptClaims:
         except REDIS_FAULTS as exc:
             log.warning("retiring worker %s: %s (its liveness key expires by itself)", self.worker_id, exc)
 
-    # -- claims (Redis faults are waited out with the shared retry policy, stop or not: a
-    #    finished prompt must be marked done) --
+    # -- claims --
 
-    async def claim(self, partition: int, offset: int) -> Claim:
-        """Claim the prompt at ``partition``/``offset``, or say who has it (module docstring)."""
-        return await self._retrying(lambda: self._claim_once(partition, offset), f"claiming {partition}@{offset}")
+    async def claim(self, partition: int, offset: int) -> Claim | None:
+        """Claim the prompt at ``partition``/``offset``, or say who has it (module docstring);
+        None while Redis cannot be reached (one try: the caller decides what that means)."""
+        try:
+            claim = await self._claim_once(partition, offset)
+        except REDIS_FAULTS as exc:
+            log.warning("cannot claim prompt %d@%d (%s: %s)", partition, offset, type(exc).__name__, exc)
+            claim = None
+        raise_if_cancelled()
+        return claim
 
     async def done(self, partition: int, offset: int) -> None:
-        """Every sample of the prompt is published: whoever reads it again commits past it."""
+        """Every sample of the prompt is published: whoever reads it again commits past it.
+        Waits out Redis faults (the shared retry policy): the offset waits for it."""
         args = [self.worker_id, self.incarnation, CLAIM_TTL_SECONDS]
-        await self._retrying(lambda: self._done(keys=[self._claim_key(partition, offset)], args=args),
-                             f"marking {partition}@{offset} done")
+        await REDIS_RETRY.call(lambda: self._done(keys=[self._claim_key(partition, offset)], args=args),
+                               retry_on=REDIS_FAULTS, what=f"marking prompt {partition}@{offset} done")
+        raise_if_cancelled()
 
     async def release(self, partition: int, offset: int) -> None:
         """Give up a running claim of ours (the prompt was cancelled): it runs again at once
-        on the partition's owner instead of after this worker's liveness expired."""
+        on the partition's owner instead of after this worker's liveness expired. A Redis
+        fault leaves that to the liveness key's expiry."""
         args = [self.worker_id, self.incarnation]
-        await self._retrying(lambda: self._release(keys=[self._claim_key(partition, offset)], args=args),
-                             f"releasing {partition}@{offset}")
+        try:
+            await self._release(keys=[self._claim_key(partition, offset)], args=args)
+        except REDIS_FAULTS as exc:
+            log.warning("cannot release the claim of prompt %d@%d (%s)", partition, offset, exc)
 
     async def _claim_once(self, partition: int, offset: int) -> Claim:
         key = self._claim_key(partition, offset)
@@ -185,9 +203,6 @@ class PromptClaims:
             (answer,) = _strings(await self._take_over(keys=keys, args=args))
             if answer != "changed":
                 return Claim(Outcome(answer), worker)
-
-    async def _retrying(self, call, what: str):  # type: ignore[no-untyped-def]
-        return await REDIS_RETRY.call(call, retry_on=REDIS_FAULTS, what=what)
 
 
 def _strings(values: list[bytes | str]) -> list[str]:

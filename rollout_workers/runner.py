@@ -111,6 +111,10 @@ class PromptRunner:
             claim = await self._claims.claim(tp.partition, record.offset)
         finally:
             self.claiming -= 1
+        if claim is None:  # Redis unreachable: run it rather than idle (claims.py's docstring)
+            log.warning("prompt %s[%d]@%d runs without a claim while Redis is unreachable",
+                        record.topic, record.partition, record.offset)
+            claim = Claim(Outcome.RUN)
         self._follow(tp, record, claim)
 
     def _follow(self, tp: TopicPartition, record: ConsumerRecord, claim: Claim) -> None:
@@ -137,7 +141,7 @@ class PromptRunner:
                 self.held.pop((tp, offset), None)
                 continue
             claim = await self._claims.claim(tp.partition, offset)
-            if (tp, offset) in self.held and claim.outcome is not Outcome.HELD:
+            if claim is not None and (tp, offset) in self.held and claim.outcome is not Outcome.HELD:
                 self._follow(tp, record, claim)
 
     def forget(self, tps: set[TopicPartition]) -> None:

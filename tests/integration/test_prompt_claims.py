@@ -70,3 +70,14 @@ async def test_a_released_claim_runs_again_at_once_and_a_retired_worker_counts_a
     assert (await b.claim(0, 1)).outcome is Outcome.HELD
     await a.retire()
     assert (await b.claim(0, 1)).outcome is Outcome.TAKEN
+
+
+async def test_without_redis_a_claim_is_unknown_at_once_not_a_wait(unique_name: str) -> None:
+    """A worker whose Redis is gone is told at once (None) and keeps its GPU busy."""
+    gone = aioredis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
+    try:
+        claims = worker(gone, unique_name, "a")
+        assert await asyncio.wait_for(claims.claim(0, 0), 10) is None
+        await asyncio.wait_for(claims.release(0, 0), 10)  # logged, not raised
+    finally:
+        await gone.aclose()
