@@ -68,7 +68,7 @@ from rollstream.engines.sglang_http import (
     parse_weight_version,
 )
 from rollstream.engines.sglang_pool import Server, ServerPool, SGLangEngineStats
-from rollstream.retry import RetryPolicy
+from rollstream.retry import RetriesExhausted, RetryPolicy
 from rollstream.vision.images import ImageError, image_bytes, to_base64
 
 __all__ = [
@@ -309,7 +309,7 @@ class SGLangEngine(InferenceEngine):
         if empty_aborts > self.settings.max_retries:
             raise EngineRequestError(f"rid {rid} aborted {empty_aborts} times without progress: {finish!r}")
         if empty_aborts:
-            await asyncio.sleep(self._backoff(empty_aborts - 1))  # shedding load: do not spin
+            await asyncio.sleep(self._retry_policy().pause(empty_aborts))  # shedding load: do not spin
 
     def _payload(self, req: ModelRequest, generated: list[int], budget: int, images: list[str] | None) -> dict[str, Any]:
         payload: dict[str, Any] = {
@@ -324,9 +324,11 @@ class SGLangEngine(InferenceEngine):
     async def _generate(
         self, rid: str, payload: dict[str, Any], attempts: itertools.count[int],
     ) -> tuple[Server, Span, int]:
-        """POST /generate with retries and failover: the server, its span, the minimum version."""
+        """POST /generate with retries and failover: the server, its span, the minimum version.
+        ``rollout.sglang.max_retries`` retries, paused by :meth:`_retry_policy`."""
+        backoff = self._retry_policy().limited(max_attempts=self.settings.max_retries + 1).backoff()
         last_error: BaseException | None = None
-        for attempt in range(self.settings.max_retries + 1):
+        while True:
             server, minimum = await self.pool.pick(rid, last_error)
             body = {**payload, "rid": f"{rid}.{next(attempts)}"}
             try:
@@ -341,11 +343,12 @@ class SGLangEngine(InferenceEngine):
             except (*TRANSPORT_ERRORS, Retryable) as exc:
                 last_error = exc
                 self.pool.record_failure(server, exc)
-            if attempt < self.settings.max_retries:
-                await asyncio.sleep(self._backoff(attempt))
-        raise EngineUnavailableError(
-            f"/generate for rid {rid} failed after {self.settings.max_retries + 1} attempts: {last_error!r}"
-        )
+            try:
+                await backoff.sleep(last_error)
+            except RetriesExhausted:
+                raise EngineUnavailableError(
+                    f"/generate for rid {rid} failed after {backoff.failures} attempts: {last_error!r}"
+                ) from None
 
     async def _tracked_post(self, server: Server, body: dict[str, Any]) -> Any:
         server.inflight += 1
@@ -358,11 +361,10 @@ class SGLangEngine(InferenceEngine):
         self.pool.record_success(server)
         return data
 
-    def _backoff(self, attempt: int) -> float:
-        """The shared retry policy's pause before retry ``attempt`` + 1 (0 = the first retry)."""
-        policy = RetryPolicy(initial=self.settings.backoff_base_seconds, maximum=self.settings.backoff_max_seconds,
-                             jitter=self.settings.backoff_base_seconds)
-        return policy.pause(attempt + 1)
+    def _retry_policy(self) -> RetryPolicy:
+        """The shared policy's shape with the pauses of ``rollout.sglang`` (backoff settings)."""
+        return RetryPolicy(initial=self.settings.backoff_base_seconds, maximum=self.settings.backoff_max_seconds,
+                           jitter=self.settings.backoff_base_seconds)
 
     def server_for(self, rid: str) -> str | None:
         """The URL a request's ``rid`` is pinned to, if any (for tests and debugging)."""
