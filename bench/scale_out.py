@@ -38,7 +38,8 @@ from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.launcher import dev_stack
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
 from rollstream.wire import decode_prompt
 from tests.faults.ledger import BatchesWatcher, read_topic
 

@@ -38,7 +38,7 @@ def cache_dir() -> Path:
 
 def tokenizer_path() -> Path:
     """The project's offline tiny model (its tokenizer is what the tiers load), built once."""
-    from rollstream.tiny_model import ensure_tiny_model
+    from rollstream.tiny.text_model import ensure_tiny_model
 
     return ensure_tiny_model(cache_dir() / "tiny-model")
 

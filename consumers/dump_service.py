@@ -2,9 +2,9 @@
 
 Each poll's lines are merged into their files before the poll's offsets are committed, so a
 crash never loses a line. Records re-read after a crash change nothing: a task's file keeps
-one line per ``(sample_idx, row)`` (:mod:`rollstream.dump_files`). Undecodable records go to
+one line per ``(sample_idx, row)`` (:mod:`rollstream.dump.files`). Undecodable records go to
 the dead-letter topic (delivered before the commit) and the tier keeps running. Line format:
-:mod:`rollstream.dump`; with ``dump.fields: extended`` the tier reads the trainer version and
+:mod:`rollstream.dump.lines`; with ``dump.fields: extended`` the tier reads the trainer version and
 weight paths from Redis.
 
 One writer per sample: with ``rollout.dump_to_file`` true the rollout workers write the
@@ -22,14 +22,15 @@ from aiokafka.errors import CommitFailedError
 from aiokafka.structs import ConsumerRecord
 
 from rollstream.config import ConfigError, RollstreamConfig
-from rollstream.dump import DumpWriter
-from rollstream.health import mark_ready
+from rollstream.dump.lines import DumpWriter
+from rollstream.runtime.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer, start_client
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.topics import TopicNames
-from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT
-from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.runtime.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
 from rollstream.wire import ScoredEpisode, WireDecodeError, decode_scored
 
 log = logging.getLogger(__name__)

@@ -29,10 +29,11 @@ from rollstream.consumers.batching import build_batch, drop_record
 from rollstream.consumers.changelog import outcome_record
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
 from rollstream.consumers.trainer_version import VersionReading
-from rollstream import metrics
+from rollstream.runtime import metrics
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import StalenessBudget, StateMissingError
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import StateMissingError
 from rollstream.wire import DeadLetter, encode
 
 log = logging.getLogger(__name__)

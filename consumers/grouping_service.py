@@ -36,16 +36,18 @@ from rollstream.consumers.emission import EmittedBatch, Emission, SlotReleaser
 from rollstream.consumers.group_filters import load_group_filters
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
 from rollstream.consumers.trainer_version import TrainerVersion, VersionReading
-from rollstream import metrics
+from rollstream.runtime import metrics
 from rollstream.config import RollstreamConfig
-from rollstream.health import mark_ready
+from rollstream.runtime.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, start_client
 from rollstream.kafka.consume_transform_produce import ExactlyOnce, PartitionOutput
 from rollstream.kafka.partition_loop import PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import PartitionProducers
-from rollstream.redis_state import RedisKeys, StalenessBudget, VersionStore, connect
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
 from rollstream.retry import transaction_retry
 from rollstream.trajectory.versions import staleness
 from rollstream.wire import TaskFailed, WireDecodeError, decode_scored

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from rollstream.metrics import WEIGHT_VERSION
-from rollstream.redis_state import VersionStore
+from rollstream.runtime.metrics import WEIGHT_VERSION
+from rollstream.state.versions import VersionStore
 from rollstream.retry import REDIS_RETRY, RetryPolicy
 
 log = logging.getLogger(__name__)

@@ -52,7 +52,7 @@ import torch.distributed as dist
 from rollstream.trainer.grpo import Staleness, UpdateStats, group_advantages, policy_update, staleness_stats
 from rollstream.config import ConfigError, RollstreamConfig, require
 from rollstream.demo.report import StepRecord, StepsLog  # one step's figures: the --steps-file lines the demo reads
-from rollstream.metrics import STALENESS, WEIGHT_VERSION
+from rollstream.runtime.metrics import STALENESS, WEIGHT_VERSION
 from rollstream.trainer import Checkpoint, Checkpoints, SyncVersionPublisher, TrainerBatches, TrainingBatch
 
 log = logging.getLogger(__name__)
@@ -284,7 +284,7 @@ def exit_with_launcher() -> None:
 def main(argv: list[str] | None = None) -> int:
     from rollstream.cli import add_config_arguments
     from rollstream.config import load_config
-    from rollstream.logs import setup_logging
+    from rollstream.runtime.logs import setup_logging
 
     parser = argparse.ArgumentParser(description="GRPO trainer reading the batches topic (torchrun-ready)")
     add_config_arguments(parser)

@@ -27,13 +27,8 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 
-from rollstream.redis_state import (
-    GenerationChanged,
-    RedisStateError,
-    StalenessBudget,
-    StateMissingError,
-    wait_for_redis,
-)
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import GenerationChanged, RedisStateError, StateMissingError, wait_for_redis
 
 log = logging.getLogger(__name__)
 

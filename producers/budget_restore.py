@@ -38,7 +38,7 @@ from rollstream.kafka.clients import start_client
 from rollstream.kafka.scan import scan_topic
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer
-from rollstream.redis_state import StalenessBudget
+from rollstream.state.budget import StalenessBudget
 from rollstream.wire import GroupDropped, WireDecodeError, decode_batch, decode_prompt
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from rollstream.kafka.dead_letter import send_dead_letter
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer, TransactionFailed, TransactionFenced
 from rollstream.retry import RetryPolicy
-from rollstream.metrics import DEAD_LETTERS, MESSAGES_OUT
+from rollstream.runtime.metrics import DEAD_LETTERS, MESSAGES_OUT
 from rollstream.wire import DeadLetter, ProducerCursor, PromptTask
 
 log = logging.getLogger(__name__)

@@ -32,14 +32,15 @@ from rollstream.producers.dataset import iter_samples, load_rows, next_position,
 from rollstream.producers.prompt_images import image_sizes, with_encoded_images
 from rollstream.producers.publisher import TIER, PendingBatch, PromptPublisher, transactional_id
 from rollstream.config import RollstreamConfig, require
-from rollstream.health import mark_ready
+from rollstream.runtime.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import start_client
 from rollstream.kafka.consume_transform_produce import RecordTooLargeError
 from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer
-from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
 from rollstream.retry import KAFKA_RETRY
 from rollstream.wire import DeadLetter, ProducerCursor, PromptTask, encode
 

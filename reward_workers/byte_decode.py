@@ -9,7 +9,7 @@ ids, which was the largest part of the reward worker's work per episode (bench/R
 
 :meth:`ByteLevelDecoder.for_tokenizer` builds one only for a tokenizer whose decode it has shown
 to reproduce: a tokenizer whose ``backend_tokenizer`` (a ``tokenizers.Tokenizer``: transformers'
-fast tokenizers and ``rollstream.dump_tokenizer.FileTokenizer`` have one) decodes with exactly
+fast tokenizers and ``rollstream.tokenizer_file.FileTokenizer`` have one) decodes with exactly
 ``ByteLevel`` and which cleans up no tokenization spaces; then its decode of the whole vocabulary in random orders and of
 random sequences (which split multi-byte characters, so invalid UTF-8 is checked too) must be
 identical. Otherwise it returns None and callers keep the tokenizer's own decode.

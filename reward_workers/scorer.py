@@ -11,7 +11,7 @@ process, their token ids as raw bytes (``PackedIds``; the function still gets li
 themselves; an episode without rewards then fails with a reason saying so.
 
 Texts: the tokenizer is read from ``tokenizer.json`` with the ``tokenizers`` library
-(``rollstream.dump_tokenizer``, as the dump tier does), so the reward tier never imports torch.
+(``rollstream.tokenizer_file``, as the dump tier does), so the reward tier never imports torch.
 The samples of a group share their prompt, so prompt texts are remembered (``decode_prompt``,
 the last ``PROMPT_TEXTS_KEPT``); byte-level BPE tokenizers are decoded with a table checked
 against the tokenizer at start (``rollstream.reward_workers.byte_decode``), others with the
@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 import numpy
 
-from rollstream import dump_tokenizer
+from rollstream import tokenizer_file
 from rollstream.config import ConfigError, RewardConfig
-from rollstream.dump_tokenizer import Tokenizer
+from rollstream.tokenizer_file import Tokenizer
 from rollstream.imports import import_object
 from rollstream.reward_workers.byte_decode import ByteLevelDecoder
 from rollstream.rewards.pool_worker import PackedIds
@@ -171,11 +171,11 @@ class Scorer:
 
 
 def load_tokenizer(path: str) -> Tokenizer | None:
-    """The tokenizer at ``path`` (``rollstream.dump_tokenizer.load_tokenizer``: a local model
+    """The tokenizer at ``path`` (``rollstream.tokenizer_file.load_tokenizer``: a local model
     directory or a hub id, without torch), or None for an empty path."""
     if not path:
         return None
     try:
-        return dump_tokenizer.load_tokenizer(path)
+        return tokenizer_file.load_tokenizer(path)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"reward.tokenizer_path {path!r} cannot be loaded: {exc}") from None

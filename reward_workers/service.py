@@ -26,7 +26,7 @@ import socket
 from rollstream.reward_workers.scorer import Scorer
 from rollstream.reward_workers.transform import TIER, RewardTransform
 from rollstream.config import RollstreamConfig
-from rollstream.health import mark_ready
+from rollstream.runtime.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, start_client
 from rollstream.kafka.consume_transform_produce import ExactlyOnce

@@ -20,7 +20,7 @@ from aiokafka.structs import ConsumerRecord
 from rollstream.reward_workers.scoring import RewardScorer, ScoreResult, score_message
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
-from rollstream.metrics import EPISODES, REWARD
+from rollstream.runtime.metrics import EPISODES, REWARD
 from rollstream.wire import (
     Episode,
     SampleRejected,

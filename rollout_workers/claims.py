@@ -25,7 +25,7 @@ None): the worker runs it anyway rather than leave its GPU idle, so a rebalance 
 outage can run a prompt twice (the duplicates are removed downstream); marking a prompt done
 waits for Redis, so whoever reads it after the outage finds it done.
 
-Every claim carries the hash tag of the trial's keys (``rollstream.redis_state.RedisKeys``),
+Every claim carries the hash tag of the trial's keys (``rollstream.state.client.RedisKeys``),
 so each script touches one slot.
 """
 
@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from rollstream.redis_state import RedisKeys
+from rollstream.state.client import RedisKeys
 from rollstream.retry import REDIS_RETRY
-from rollstream.together import raise_if_cancelled
+from rollstream.runtime.tasks import raise_if_cancelled
 
 log = logging.getLogger(__name__)
 

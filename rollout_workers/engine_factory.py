@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from rollstream.api.engine import InferenceEngine
 from rollstream.config import ConfigError, RolloutConfig, require
 from rollstream.imports import import_object
-from rollstream.redis_state import RedisKeys
+from rollstream.state.client import RedisKeys
 from rollstream.rollout_workers.versions import VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def build_follower(
 
     if not isinstance(engine, SGLangEngine):
         return VersionFollower(engine, store)
-    from rollstream.server_lease import ServerLeases, owner_id
+    from rollstream.state.server_lease import ServerLeases, owner_id
     from rollstream.rollout_workers.weight_sync import SharedServerFollower, WeightSync
 
     leases = ServerLeases(redis, keys, owner_id(worker_id), config.sglang.lease_ttl_seconds)

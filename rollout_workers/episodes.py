@@ -2,7 +2,7 @@
 
 Pure functions, no I/O. Every return form of ``arun_episode`` maps to exactly one message:
 
-* a tensor dict -> :class:`Episode`, after ``rollstream.normalize.episode_tensors`` made it
+* a tensor dict -> :class:`Episode`, after ``rollstream.trajectory.normalize.episode_tensors`` made it
   standard (dtypes converted exactly, batch dim and attention mask added, the ``input_ids`` +
   ``output_ids`` + ``reward`` form joined into one row with the engine's logprobs and versions);
   what cannot be made standard -> failed :class:`SampleRejected` naming the key;
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rollstream.api.io_struct import ModelResponse
-from rollstream.normalize import TrajectoryError, episode_tensors
+from rollstream.trajectory.normalize import TrajectoryError, episode_tensors
 from rollstream.trajectory.versions import PROMPT_VERSION, head_and_tail, row_spans
 from rollstream.vision.images import IMAGES_KEY
 from rollstream.wire import Episode, PromptTask, SampleRejected

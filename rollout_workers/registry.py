@@ -48,7 +48,7 @@ from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.api.workflow import RolloutWorkflow, resolve_workflow
 from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
 from rollstream.imports import import_object
-from rollstream.logs import restore_standard_logging
+from rollstream.runtime.logs import restore_standard_logging
 from rollstream.rewards.wrapper import close_workflow
 
 log = logging.getLogger(__name__)

@@ -36,11 +36,11 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from rollstream.api.context import workflow_context
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.workflow import RolloutWorkflow
-from rollstream.dump import DumpWriter
+from rollstream.dump.lines import DumpWriter
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.topics import TopicNames
-from rollstream.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT, PROMPT_CLAIMS, TOKENS
+from rollstream.runtime.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT, PROMPT_CLAIMS, TOKENS
 from rollstream.wire import Episode, PromptTask, SampleRejected, TaskFailed, WireDecodeError, decode_prompt, encode
 from rollstream.rollout_workers.claims import Claim, Outcome, PromptClaims
 from rollstream.rollout_workers.data_copies import copier

@@ -34,14 +34,15 @@ from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitio
 from redis.asyncio import Redis
 
 from rollstream.config import RollstreamConfig
-from rollstream.dump import DumpWriter
-from rollstream.health import mark_ready
+from rollstream.dump.lines import DumpWriter
+from rollstream.runtime.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer, start_client
 from rollstream.kafka.partition_loop import AtLeastOnce, PartitionLoop
 from rollstream.kafka.topics import TopicNames
-from rollstream.metrics import WEIGHT_VERSION
-from rollstream.redis_state import RedisKeys, VersionStore, connect, wait_for_redis
+from rollstream.runtime.metrics import WEIGHT_VERSION
+from rollstream.state.client import RedisKeys, connect, wait_for_redis
+from rollstream.state.versions import VersionStore
 from rollstream.retry import KAFKA_RETRY
 from rollstream.rollout_workers.claims import PromptClaims
 from rollstream.rollout_workers.prompt_intake import PromptIntake

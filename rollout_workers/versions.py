@@ -24,9 +24,9 @@ from typing import Protocol
 from redis.exceptions import RedisError
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
-from rollstream.metrics import WEIGHT_VERSION
+from rollstream.runtime.metrics import WEIGHT_VERSION
 from rollstream.retry import RetryPolicy
-from rollstream.together import raise_if_cancelled, run_together
+from rollstream.runtime.tasks import raise_if_cancelled, run_together
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ REDIS_ERRORS = (RedisError, OSError)
 
 
 class VersionSource(Protocol):
-    """What the follower needs of :class:`rollstream.redis_state.VersionStore`."""
+    """What the follower needs of :class:`rollstream.state.versions.VersionStore`."""
 
     def watch(self, poll_seconds: float = 2.0) -> AsyncIterator[int]: ...
 

@@ -6,7 +6,7 @@ Every rollout worker with ``rollout.engine: sglang`` runs a :class:`SharedServer
   each version to its engine (which then sends calls only to servers that report it, and tags
   tokens with what the servers report); it never pauses or reloads a server;
 * it runs one :class:`ServerOwner` per server URL in its config. All workers' owners of a URL
-  compete for one Redis lease (``rollstream.server_lease``); the holder is the server's only
+  compete for one Redis lease (``rollstream.state.server_lease``); the holder is the server's only
   weight-sync owner. A dead owner's lease expires after ``rollout.sglang.lease_ttl_seconds``
   and another worker's owner takes the server over.
 
@@ -45,10 +45,10 @@ from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.config import SGLangConfig
 from rollstream.engines.sglang_admin import ServerHealth, SGLangAdmin
 from rollstream.engines.sglang_http import TRANSPORT_ERRORS, EngineRequestError, Retryable
-from rollstream.metrics import WEIGHT_VERSION
-from rollstream.server_lease import Lease, Phase, ServerLeases, ServerSyncState
+from rollstream.runtime.metrics import WEIGHT_VERSION
+from rollstream.state.server_lease import Lease, Phase, ServerLeases, ServerSyncState
 from rollstream.retry import RetryPolicy
-from rollstream.together import raise_if_cancelled, run_together
+from rollstream.runtime.tasks import raise_if_cancelled, run_together
 from rollstream.rollout_workers.versions import TIER, VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)

@@ -16,10 +16,10 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from rollstream.config import ConfigError, RollstreamConfig, load_config, redacted, secret_values
-from rollstream.health import HEALTH, heartbeat, mark_not_ready
-from rollstream.logs import setup_logging
-from rollstream.metrics import serve_metrics
-from rollstream.shutdown import ShutdownSignal
+from rollstream.runtime.health import HEALTH, heartbeat, mark_not_ready
+from rollstream.runtime.logs import setup_logging
+from rollstream.runtime.metrics import serve_metrics
+from rollstream.runtime.shutdown import ShutdownSignal
 
 log = logging.getLogger(__name__)
 

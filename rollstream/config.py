@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
-from rollstream.dump_files import is_plain_name
+from rollstream.dump.files import is_plain_name
 
 
 class ConfigError(ValueError):
@@ -293,7 +293,7 @@ class DumpConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    port: int | None = None  # serves /metrics, /livez and /readyz (rollstream/health.py)
+    port: int | None = None  # serves /metrics, /livez and /readyz (rollstream/runtime/health.py)
     liveness_timeout_seconds: Seconds = 60.0  # /livez fails once the event loop is stuck this long
 
 
@@ -310,7 +310,7 @@ class RollstreamConfig(_Section):
     dump: DumpConfig = msgspec.field(default_factory=DumpConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     log_level: str = "INFO"
-    # "text": one readable line per event; "json": one JSON object per line (rollstream/logs.py)
+    # "text": one readable line per event; "json": one JSON object per line (rollstream/runtime/logs.py)
     log_format: Literal["text", "json"] = "text"
 
 

@@ -2,7 +2,7 @@
 
 Only configuration names code to import; messages never do (see the workflow allow-list).
 Code imported here may replace Python's logger hierarchy (AReaL's modules do); it is put back
-at once (``rollstream.logs.restore_standard_logging``).
+at once (``rollstream.runtime.logs.restore_standard_logging``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from rollstream.logs import restore_standard_logging
+from rollstream.runtime.logs import restore_standard_logging
 
 
 def import_object(path: str) -> Any:

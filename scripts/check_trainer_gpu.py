@@ -36,7 +36,7 @@ def write_inputs(workdir: Path, ranks: int) -> tuple[Path, Path]:
 
     from rollstream.consumers.batching import build_batch
     from rollstream.consumers.grouping import CompleteGroup
-    from rollstream.tiny_model import build_tiny_model, default_corpus
+    from rollstream.tiny.text_model import build_tiny_model, default_corpus
     from rollstream.tools.render import message_json
     from rollstream.wire import Episode, ScoredEpisode
     from rollstream.wire.torch_tensors import encode_tensor_dict

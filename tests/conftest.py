@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from rollstream.dev.kafka_jars import KAFKA_VERSION
 from rollstream.dev.launcher import DevStack, Services, dev_stack as start_dev_stack
-from rollstream.logs import restore_standard_logging
+from rollstream.runtime.logs import restore_standard_logging
 
 # The workflow authors' fixtures (tiny_model_dir, tiny_tokenizer, gconfig, scripted_engine).
 pytest_plugins = ["rollstream.testing.fixtures"]

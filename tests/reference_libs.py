@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from rollstream.logs import restore_standard_logging
+from rollstream.runtime.logs import restore_standard_logging
 
 
 def import_reference(module: str) -> ModuleType:
@@ -16,7 +16,7 @@ def import_reference(module: str) -> ModuleType:
 
     Import AReaL (and modules that import it) only through this: importing it replaces Python's
     logger hierarchy, which is put back at once, before the next test module creates its loggers
-    (``rollstream.logs.restore_standard_logging``)."""
+    (``rollstream.runtime.logs.restore_standard_logging``)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:

@@ -14,8 +14,9 @@ from rollstream.config import RolloutConfig, RollstreamConfig
 from rollstream.engines.sglang import SGLangEngine
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, VersionStore, connect
-from rollstream.server_lease import ServerLeases
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
+from rollstream.state.server_lease import ServerLeases
 from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode, encode
 from tests.fakes import FakeSGLangServer
 from tests.faults.ledger import read_topic

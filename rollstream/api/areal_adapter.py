@@ -22,7 +22,7 @@ before ``arun_episode``, and nothing of AReaL is changed:
   (``rollstream.api.request_check``, ``rollstream.api.io_struct``).
 * Logging: importing AReaL replaces Python's logger hierarchy (``areal.utils.logging``); the
   standard one is put back when an AReaL workflow is wrapped and after each of its episodes
-  (``rollstream.logs.restore_standard_logging``). AReaL's own loggers keep AReaL's handlers.
+  (``rollstream.runtime.logs.restore_standard_logging``). AReaL's own loggers keep AReaL's handlers.
 
 Nothing here imports ``areal``: a class is AReaL's when ``areal.api.workflow_api`` is already
 imported (it must be, for such a class to exist) and the class derives from its
@@ -41,7 +41,7 @@ from typing import Any
 from rollstream.api.context import workflow_context
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.workflow import EpisodeResult, RolloutWorkflow
-from rollstream.logs import restore_standard_logging
+from rollstream.runtime.logs import restore_standard_logging
 
 _AREAL_WORKFLOW_MODULE = "areal.api.workflow_api"
 _TASK_ID_BYTES = 7  # 56 bits: a positive int in every integer type AReaL's tracer writes

@@ -4,7 +4,7 @@ The rollout worker (and ``rollstream.testing``) hands each episode its own
 :class:`EpisodeEngine`, so concurrent episodes never see each other's responses. After the
 workflow returns, ``last_response`` tells how the last generation ended (the episode's stop
 reason), ``output_tokens`` how many tokens it generated (for metrics), and ``responses`` let
-the episode's result be matched to what the engine returned (``rollstream.normalize``).
+the episode's result be matched to what the engine returned (``rollstream.trajectory.normalize``).
 ``image_data`` holds, per ``agenerate`` call in order, the images the request sent (a copy of
 ``ModelRequest.image_data``; ``[]`` for none): what the model saw, which the rollout worker
 ships to the trainer side.

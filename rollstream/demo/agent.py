@@ -35,7 +35,7 @@ from typing import Any
 
 from rollstream.demo.model import PreparedModel, WARMUP_BATCH, warm_up
 from rollstream.demo.task import problems, prompt_text, tokenizer_corpus, warmup_texts
-from rollstream.tiny_model import CHAT_TEMPLATE, build_tiny_model
+from rollstream.tiny.text_model import CHAT_TEMPLATE, build_tiny_model
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rollstream.demo.task import tokenizer_corpus, warmup_texts
-from rollstream.tiny_model import build_tiny_model
+from rollstream.tiny.text_model import build_tiny_model
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from typing import Protocol
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from rollstream import metrics
+from rollstream.runtime import metrics
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.ownership import PartitionOwnership
 from rollstream.kafka.partition_loop import PartitionLoop

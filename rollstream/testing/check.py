@@ -4,7 +4,7 @@
 with one prompt of ``n`` samples, without Kafka: the ``data`` row goes through the prompt's
 wire encoding (so the workflow sees what it will see in production), each sample runs in its
 own task, its own ``workflow_context`` scope and its own recording view of the engine; each
-result is normalized (``rollstream.normalize``) and sent through the episode's wire encoding
+result is normalized (``rollstream.trajectory.normalize``) and sent through the episode's wire encoding
 and back. A sample ends as an episode (standard tensors, as the reward tier will read them),
 a rejection (the workflow returned ``None``) or a failure (it raised, or its result cannot be
 made standard), exactly as in a pipeline.
@@ -25,7 +25,7 @@ from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import ModelResponse
 from rollstream.api.recording import EpisodeEngine
 from rollstream.api.workflow import resolve_workflow
-from rollstream.normalize import TrajectoryError, episode_tensors
+from rollstream.trajectory.normalize import TrajectoryError, episode_tensors
 from rollstream.rewards.wrapper import close_workflow
 from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, encode
 from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict

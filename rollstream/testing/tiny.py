@@ -1,11 +1,11 @@
 """The tiny offline model and the tokenizer and generation settings workflows receive.
 
 ``tiny_model_dir()`` builds the project's tiny Qwen2 model and byte-level BPE tokenizer
-(``rollstream.tiny_model``, no hub access) once into ``$ROLLSTREAM_CACHE_DIR/tiny-model``
+(``rollstream.tiny.text_model``, no hub access) once into ``$ROLLSTREAM_CACHE_DIR/tiny-model``
 (default ``~/.cache/rollstream``) and returns it. ``workflow_tokenizer`` and
 ``workflow_gconfig`` give what a rollout worker hands to a workflow for ``"$tokenizer"`` and
 ``"$gconfig"``. ``tiny_vlm_dir()`` does the same for the tiny vision-language model
-(``rollstream.tiny_vlm``) in ``tiny-vlm``; ``workflow_processor`` is what a workflow receives
+(``rollstream.tiny.vlm``) in ``tiny-vlm``; ``workflow_processor`` is what a workflow receives
 for ``"$processor"``.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.dev.kafka_jars import cache_dir
-from rollstream.tiny_model import ensure_tiny_model
-from rollstream.tiny_vlm import ensure_tiny_vlm
+from rollstream.tiny.text_model import ensure_tiny_model
+from rollstream.tiny.vlm import ensure_tiny_vlm
 
 
 def tiny_model_dir(path: Path | str | None = None) -> Path:

@@ -19,8 +19,8 @@ from typing import Any
 
 from rollstream.cli import add_config_arguments
 from rollstream.config import ConfigError, RollstreamConfig, load_config, secret_values
-from rollstream.logs import setup_logging
-from rollstream.shutdown import ShutdownSignal
+from rollstream.runtime.logs import setup_logging
+from rollstream.runtime.shutdown import ShutdownSignal
 from rollstream.tools.filters import RecordFilter
 from rollstream.tools.positions import parse_offset_specs, parse_since
 from rollstream.tools.roles import ROLES

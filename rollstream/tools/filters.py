@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollstream.dump import message_rows
+from rollstream.dump.lines import message_rows
 from rollstream.trajectory.versions import head_and_tail
 from rollstream.wire import (
     Batch,

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from rollstream.dump import Tokenizer, message_rows, row_record
+from rollstream.dump.lines import Tokenizer, message_rows, row_record
 from rollstream.wire import (
     Batch,
     DeadLetter,

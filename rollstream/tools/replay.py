@@ -27,7 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from rollstream.config import RollstreamConfig
-from rollstream.dump import DumpWriter, load_tokenizer, tokenizer_path_for
+from rollstream.dump.lines import DumpWriter, load_tokenizer, tokenizer_path_for
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames

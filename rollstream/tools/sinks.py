@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
-from rollstream.dump import DumpWriter
+from rollstream.dump.lines import DumpWriter
 from rollstream.tools.render import TensorMode, message_json
 
 

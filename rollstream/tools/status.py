@@ -29,7 +29,8 @@ from rich.table import Table
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_admin, make_consumer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
 from rollstream.tools.emitted import EmittedCount, EmittedCounter
 from rollstream.tools.roles import ROLES, topic_for
 from rollstream.wire import ScoredEpisode, WireDecodeError, decode_scored

@@ -18,7 +18,7 @@ from typing import TextIO
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from rollstream.config import RollstreamConfig
-from rollstream.dump import Tokenizer, load_tokenizer
+from rollstream.dump.lines import Tokenizer, load_tokenizer
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.tools.render import message_json, summary_line

@@ -22,7 +22,8 @@ from types import TracebackType
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
-from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
 from rollstream.trainer.checkpoints import Checkpoint, CheckpointError, Checkpoints
 from rollstream.trainer.loop_thread import LoopThread
 

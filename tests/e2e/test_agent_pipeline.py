@@ -27,7 +27,8 @@ import yaml
 from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
 from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
 from tests.agent_model import agent_base_model, perturbed_copy, tool_model
 from tests.e2e.test_pipeline import Tier, _check_logprobs, _read_all, _tails, _watch_budget

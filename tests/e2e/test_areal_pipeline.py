@@ -64,7 +64,7 @@ PROMPTS = PROMPTS_PER_WORKFLOW * len(WORKFLOWS)
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    from rollstream.tiny_model import build_tiny_model, default_corpus
+    from rollstream.tiny.text_model import build_tiny_model, default_corpus
 
     root = tmp_path_factory.mktemp("areal-e2e-model")
     base = build_tiny_model(root / "v0", default_corpus(), vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)

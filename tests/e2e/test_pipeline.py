@@ -31,8 +31,9 @@ from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, StalenessBudget, connect
-from rollstream.tiny_model import build_tiny_model, default_corpus
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
+from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

@@ -29,7 +29,8 @@ from rollstream.config import KafkaConfig, RollstreamConfig
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.processes import MissingToolError
 from rollstream.kafka.clients import make_admin
-from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.tiny_model import build_tiny_model, default_corpus
+from rollstream.tiny.text_model import build_tiny_model, default_corpus
 
 
 def build_model(tmp_path_factory: pytest.TempPathFactory) -> Path:

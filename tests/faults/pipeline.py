@@ -28,8 +28,9 @@ from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, VersionStore, connect
-from rollstream.redis_state import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
+from rollstream.state.budget import StalenessBudget
 from rollstream.wire import Episode, SampleRejected, decode_episode, decode_prompt
 from tests.faults.ledger import BatchesWatcher, Ledger, read_topic
 from tests.faults.tiers import TierProcess

@@ -24,7 +24,9 @@ from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, StalenessBudget, VersionStore, connect
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
 from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, encode
 from rollstream.rollout_workers.service import run as run_rollout_worker
 from tests.faults.ledger import read_topic

@@ -22,7 +22,8 @@ import redis.asyncio as aioredis
 
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.clients import make_consumer
-from rollstream.redis_state import RedisKeys, StalenessBudget
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys
 from rollstream.wire import GroupDropped, decode_batch, decode_prompt
 from tests.faults.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report

@@ -23,8 +23,8 @@ from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.wire import Episode, PromptTask, SampleRejected, encode
-from rollstream.redis_state import RedisKeys, connect
-from rollstream.server_lease import ServerLeases
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.server_lease import ServerLeases
 from tests.fakes import FakeSGLangServer
 from tests.fakes.tag_audit import audit
 from tests.faults.tiers import TierProcess

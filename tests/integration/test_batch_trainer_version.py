@@ -24,7 +24,8 @@ from rollstream.consumers.trainer_version import TrainerVersion
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
 from rollstream.retry import RetryPolicy
 from rollstream.trainer.batch import assemble, batch_group
 from rollstream.wire import Batch, decode_batch, encode

@@ -28,7 +28,8 @@ from rollstream.producers.budget_restore import restore_budget
 from rollstream.producers.cursor import advance
 from rollstream.producers.publisher import PendingBatch, PromptPublisher, transactional_id
 from rollstream.producers.service import run_producer
-from rollstream.redis_state import RedisKeys, StalenessBudget
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys
 from rollstream.retry import RetryPolicy
 from rollstream.wire import ProducerCursor, PromptTask, encode
 from tests.integration.test_producer_service import names_of, producer_config, read_prompts, write_dataset

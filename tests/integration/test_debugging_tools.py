@@ -22,12 +22,13 @@ from aiokafka import TopicPartition
 from rollstream.consumers import dump_service
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
-from rollstream.dump import dump_record, read_task
+from rollstream.dump.lines import dump_record, read_task
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.metrics import serve_metrics
-from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.runtime.metrics import serve_metrics
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
 from rollstream.tools.positions import ALL_PARTITIONS
 from rollstream.tools.replay import ReplayOptions, replay
 from rollstream.kafka.admin import topic_partitions
@@ -287,7 +288,7 @@ async def test_tail_stop_at_end_prints_what_there_is_and_exits(config: Rollstrea
 
 
 async def test_status_in_flight_is_admitted_minus_emitted_minus_dropped(config: RollstreamConfig) -> None:
-    from rollstream.redis_state import StalenessBudget
+    from rollstream.state.budget import StalenessBudget
 
     rows = [single_turn("what is two plus two", "four <eos>", [1, 2])] * 4
     records = [(b"a", encode(recorded_batch(["a", "b"], rows))),

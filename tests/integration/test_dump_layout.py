@@ -21,11 +21,12 @@ from rollstream.consumers import dump_service
 from rollstream.rollout_workers.episodes import to_episode
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import ConfigError, RollstreamConfig
-from rollstream.dump import DUMP_FIELDS, EXTENDED_FIELDS, read_task
+from rollstream.dump.lines import DUMP_FIELDS, EXTENDED_FIELDS, read_task
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, VersionStore, connect
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.tools.replay import ReplayOptions, replay
 from rollstream.wire import Episode, PromptTask, SampleRejected, ScoredEpisode, encode

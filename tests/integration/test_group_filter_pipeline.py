@@ -22,7 +22,8 @@ from rollstream.config import RollstreamConfig
 from rollstream.consumers import grouping_service
 from rollstream.kafka.topics import TopicNames
 from rollstream.producers import service as producer_service
-from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
 from rollstream.reward_workers import service as reward_service
 from rollstream.rollout_workers import service as rollout_service
 from rollstream.trainer import BatchStream, VersionPublisher

@@ -25,7 +25,9 @@ from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, StalenessBudget, VersionStore
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys
+from rollstream.state.versions import VersionStore
 from rollstream.wire import Batch, GroupDropped, decode_batch, decode_dead_letter, decode_outcome, encode
 from rollstream.wire.torch_tensors import batch_tensors
 from tests.helpers import make_config

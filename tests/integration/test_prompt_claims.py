@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from rollstream.redis_state import RedisKeys
+from rollstream.state.client import RedisKeys
 from rollstream.rollout_workers.claims import Outcome, PromptClaims
 
 pytestmark = pytest.mark.broker

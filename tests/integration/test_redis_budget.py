@@ -10,7 +10,9 @@ from rollstream.api.engine import WeightUpdate
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, GenerationChanged, RedisStateError, StalenessBudget, StateMissingError, VersionStore
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import GenerationChanged, RedisKeys, RedisStateError, StateMissingError
+from rollstream.state.versions import VersionStore
 from rollstream.wire import GroupDropped, ProducerCursor, PromptTask, encode
 from tests.helpers import make_config
 

@@ -30,9 +30,10 @@ from rollstream.rollout_workers import service as rollout_service
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
 from rollstream.testing import workflow_tokenizer
-from rollstream.tiny_model import build_tiny_model, default_corpus
+from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_batch, decode_prompt, decode_scored
 from tests.helpers import make_config
 from tests.workflow_pkg.reward import number_reward

@@ -29,8 +29,9 @@ from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, VersionStore, connect
-from rollstream.tiny_model import build_tiny_model, default_corpus
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
+from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.wire import Episode, PromptTask, TaskFailed, decode_dead_letter, decode_episode, encode
 from rollstream.wire.torch_tensors import decode_tensor_dict
 from rollstream.rollout_workers.service import run

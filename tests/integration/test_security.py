@@ -32,7 +32,8 @@ from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import KafkaAuthenticationError, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, StalenessBudget, connect
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
 from rollstream.wire import PromptTask, decode_prompt, encode
 from tests.faults.ledger import read_topic
 

@@ -37,7 +37,7 @@ WORKERS = ("w0", "w1", "w2")
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rollstream.tiny_model import build_tiny_model, default_corpus
+    from rollstream.tiny.text_model import build_tiny_model, default_corpus
 
     return build_tiny_model(tmp_path_factory.mktemp("shared-sglang") / "tiny", default_corpus(),
                             vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)

@@ -10,7 +10,8 @@ import pytest
 
 from rollstream.consumers.emission import SlotReleaser
 from rollstream.consumers.grouping import DroppedGroup
-from rollstream.redis_state import RedisKeys, StalenessBudget
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys
 
 pytestmark = pytest.mark.broker
 

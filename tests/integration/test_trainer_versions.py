@@ -22,8 +22,9 @@ from rollstream.consumers.grouping import CompleteGroup
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.redis_state import RedisKeys, VersionStore
-from rollstream.tiny_model import build_tiny_model, default_corpus
+from rollstream.state.client import RedisKeys
+from rollstream.state.versions import VersionStore
+from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.trainer import Checkpoint, CheckpointError, Checkpoints, StepLedger, VersionPublisher, VersionRefused
 from rollstream.wire import encode
 from tests.helpers import make_config

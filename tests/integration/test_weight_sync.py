@@ -26,8 +26,9 @@ from rollstream.config import SGLangConfig
 from rollstream.engines.sglang import SGLangEngine
 from rollstream.engines.sglang_admin import SGLangAdmin
 from rollstream.engines.sglang_http import SGLangHttp
-from rollstream.redis_state import RedisKeys, VersionStore
-from rollstream.server_lease import Lease, ServerLeases, ServerSyncState
+from rollstream.state.client import RedisKeys
+from rollstream.state.versions import VersionStore
+from rollstream.state.server_lease import Lease, ServerLeases, ServerSyncState
 from rollstream.rollout_workers.weight_sync import ServerOwner, SharedServerFollower, WeightSync
 from tests.fakes import FakeSGLangServer
 from tests.helpers import until, within

@@ -9,7 +9,7 @@ import numpy
 import pytest
 from transformers import AutoTokenizer
 
-from rollstream.dump_tokenizer import FileTokenizer, load_tokenizer
+from rollstream.tokenizer_file import FileTokenizer, load_tokenizer
 from rollstream.reward_workers.byte_decode import ByteLevelDecoder
 from tests.unit.fakes import make_tokenizer
 

@@ -166,7 +166,7 @@ def test_prometheus_scrapes_every_tier_on_the_metrics_port() -> None:
 
 
 def _exported_metric_names() -> set[str]:
-    import rollstream.metrics as metrics
+    import rollstream.runtime.metrics as metrics
     from prometheus_client.metrics import MetricWrapperBase
 
     names: set[str] = set()

@@ -4,7 +4,7 @@ health checks, offline.
 The three nodes are checked as compose would configure them (the env file interpolated), the
 nodes' start guard and the tiers' health check commands are run as written (compose's ``$$``
 made ``$``): the guard with a stand-in for the image's start script, the health checks against
-a real ``rollstream.health`` server.
+a real ``rollstream.runtime.health`` server.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rollstream.config import load_config
-from rollstream.health import Health
+from rollstream.runtime.health import Health
 from tests.unit.test_compose import ROOT, load_compose, rollstream_services
 from tests.unit.test_health import serving
 

@@ -9,8 +9,8 @@ from urllib.parse import unquote
 
 import pytest
 
-from rollstream.dump import DumpWriter
-from rollstream.dump_files import MAX_NAME_BYTES, TaskFiles, dump_path, file_stem, is_plain_name, read_task, task_files
+from rollstream.dump.lines import DumpWriter
+from rollstream.dump.files import MAX_NAME_BYTES, TaskFiles, dump_path, file_stem, is_plain_name, read_task, task_files
 from tests.unit.fakes import make_tokenizer
 from tests.unit.test_dump_record import scored, single_turn
 

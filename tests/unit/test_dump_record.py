@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rollstream.config import ConfigError, config_from_dict
-from rollstream.dump import DUMP_FIELDS, EXTENDED_FIELDS, DumpWriter, dump_lines, dump_record
+from rollstream.dump.lines import DUMP_FIELDS, EXTENDED_FIELDS, DumpWriter, dump_lines, dump_record
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import TrajectoryBuilder
 from rollstream.wire import Batch, Episode, SampleRejected, ScoredEpisode

@@ -1,4 +1,4 @@
-"""The tokenizer of the dump and reward tiers (``rollstream.dump_tokenizer``): read from tokenizer.json without
+"""The tokenizer of the dump and reward tiers (``rollstream.tokenizer_file``): read from tokenizer.json without
 transformers, decoding exactly as transformers' tokenizer does; transformers only where the
 file alone would decode differently."""
 
@@ -16,7 +16,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer
 
-from rollstream.dump_tokenizer import FileTokenizer, load_tokenizer
+from rollstream.tokenizer_file import FileTokenizer, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def test_decodes_as_transformers_does(model: str, skip_special_tokens: bool, req
 
 
 def test_loading_it_imports_neither_torch_nor_transformers(tiny_model_dir: Path) -> None:
-    code = ("import sys\nfrom rollstream.dump_tokenizer import load_tokenizer\n"
+    code = ("import sys\nfrom rollstream.tokenizer_file import load_tokenizer\n"
             f"print(load_tokenizer({str(tiny_model_dir)!r}).decode([1, 2, 3]))\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -55,7 +55,7 @@ def test_a_hub_id_is_read_from_the_hugging_face_cache(tmp_path: Path, tiny_model
         shutil.copy(tiny_model_dir / name, snapshot / name)
     (model / "refs").mkdir()
     (model / "refs" / "main").write_text("0123abcd")
-    code = ("import sys\nfrom rollstream.dump_tokenizer import FileTokenizer, load_tokenizer\n"
+    code = ("import sys\nfrom rollstream.tokenizer_file import FileTokenizer, load_tokenizer\n"
             "tokenizer = load_tokenizer('someorg/tiny')\n"
             "assert isinstance(tokenizer, FileTokenizer), tokenizer\n"
             "print(tokenizer.decode([1, 2, 3]))\n"
@@ -99,7 +99,7 @@ def test_tokens_only_the_config_names_need_transformers(tmp_path: Path, tiny_mod
     config = json.loads((directory / "tokenizer_config.json").read_text())
     config["extra_special_tokens"] = [*config.get("extra_special_tokens", []), "<|only_in_config|>"]
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    with caplog.at_level(logging.WARNING, logger="rollstream.dump_tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="rollstream.tokenizer_file"):
         tokenizer = load_tokenizer(directory)
     assert not isinstance(tokenizer, FileTokenizer)
     added = tokenizer.convert_tokens_to_ids("<|only_in_config|>")  # transformers added it: we decode it too

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-import rollstream.metrics  # noqa: F401 (registers the tiers' metrics, as every tier does)
-from rollstream.health import Health, heartbeat, serve_health
+import rollstream.runtime.metrics  # noqa: F401 (registers the tiers' metrics, as every tier does)
+from rollstream.runtime.health import Health, heartbeat, serve_health
 from tests.fakes import free_port
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,7 +12,7 @@ import torch
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.engines.hf import HFEngine
-from rollstream.tiny_model import build_tiny_model, default_corpus
+from rollstream.tiny.text_model import build_tiny_model, default_corpus
 
 pytestmark = pytest.mark.timeout(120)
 

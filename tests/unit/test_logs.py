@@ -15,7 +15,7 @@ import pytest
 
 from rollstream.cli import run_tier
 from rollstream.config import ConfigError, RollstreamConfig, load_config, redacted, secret_values
-from rollstream.logs import setup_logging
+from rollstream.runtime.logs import setup_logging
 
 
 def test_secrets_are_masked_in_messages_arguments_and_tracebacks(capfd: pytest.CaptureFixture[str]) -> None:

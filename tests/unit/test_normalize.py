@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rollstream.api.io_struct import ModelResponse
-from rollstream.normalize import TrajectoryError, episode_tensors
+from rollstream.trajectory.normalize import TrajectoryError, episode_tensors
 from rollstream.trajectory.rows import trajectory_dtypes, trajectory_row
 
 PROMPT, OUTPUT = [5, 6, 7], [8, 9]

@@ -10,8 +10,8 @@ import redis.asyncio as aioredis
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RolloutConfig, SGLangConfig
 from rollstream.engines.sglang import SGLangEngine
-from rollstream.redis_state import RedisKeys
-from rollstream.server_lease import ServerLeases
+from rollstream.state.client import RedisKeys
+from rollstream.state.server_lease import ServerLeases
 from rollstream.rollout_workers.engine_factory import build_follower
 from rollstream.rollout_workers.versions import VersionFollower
 from rollstream.rollout_workers.weight_sync import SharedServerFollower, WeightSync

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup, GroupFilters, apply_filters
-from rollstream.dump import dump_lines
+from rollstream.dump.lines import dump_lines
 from rollstream.rollout_workers.episodes import to_episode
 from rollstream.tools.filters import RecordFilter, tail_version_of
 from rollstream.trainer.batch import assemble, batch_group

@@ -9,7 +9,7 @@ import torch
 
 from rollstream.api.context import workflow_context
 from rollstream.api.io_struct import GenerationHyperparameters
-from rollstream.stats import stats_tracker
+from rollstream.api.stats import stats_tracker
 from rollstream.trajectory.rows import trajectory_dtypes, validate_trajectory
 from rollstream.workflows.multi_turn import MultiTurnWorkflow
 from rollstream.workflows.rlvr import RLVRWorkflow

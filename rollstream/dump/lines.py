@@ -1,6 +1,6 @@
 """Trajectory dumps: one JSON line per trajectory row, one file per group (the reference's layout).
 
-Where lines go (file names, the group's directory, merging): :mod:`rollstream.dump_files`.
+Where lines go (file names, the group's directory, merging): :mod:`rollstream.dump.files`.
 
 Each line starts with the reference's nine fields, in this order and with these meanings:
 ``task_id``, ``sample_idx`` (the sample's index in its group), ``seqlen`` (attended tokens),
@@ -45,8 +45,8 @@ from redis.exceptions import RedisError
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import ConfigError, RollstreamConfig
-from rollstream.dump_files import TaskFiles, dump_path, file_stem, read_task, scope_dir
-from rollstream.dump_tokenizer import Tokenizer, load_tokenizer
+from rollstream.dump.files import TaskFiles, dump_path, file_stem, read_task, scope_dir
+from rollstream.tokenizer_file import Tokenizer, load_tokenizer
 from rollstream.trajectory.versions import RowSpan, row_spans
 from rollstream.wire import Batch, Episode, ScoredEpisode, batch_arrays, decode_arrays
 from rollstream.wire.dtypes import to_float32
@@ -67,7 +67,7 @@ DumpFields = Literal["reference", "extended"]
 
 
 class VersionLookup(Protocol):
-    """What extended dumps read from Redis (``rollstream.redis_state.VersionStore`` has it)."""
+    """What extended dumps read from Redis (``rollstream.state.versions.VersionStore`` has it)."""
 
     async def get_version(self) -> int: ...
 
@@ -219,7 +219,7 @@ def tokenizer_path_for(config: RollstreamConfig) -> str | None:
 
 
 class DumpWriter:
-    """Writes dump lines under ``{fileroot}/{experiment}/{trial}`` (:mod:`rollstream.dump_files`).
+    """Writes dump lines under ``{fileroot}/{experiment}/{trial}`` (:mod:`rollstream.dump.files`).
 
     ``await write(message)`` decodes (in a worker thread) and buffers the message's lines; the
     buffer is merged into the files when it reaches ``flush_every`` lines, on ``flush()`` and on

@@ -32,7 +32,7 @@ from typing import Literal
 import msgspec
 import redis.asyncio as aioredis
 
-from rollstream.redis_state import RedisKeys
+from rollstream.state.client import RedisKeys
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ variable, so concurrently running episodes never see each other's scope names.
 ``export()`` yields, per recorded key, ``<key>/mean``, ``<key>/min``, ``<key>/max`` and
 ``<key>/count``; per counter, ``<key>`` with its total. ``totals()`` gives the same keys' sums
 and counts since the tracker was made, never reset: what the rollout worker's metrics endpoint
-serves for :data:`stats_tracker` (``rollstream.metrics``: ``rollstream_workflow_stat`` and
+serves for :data:`stats_tracker` (``rollstream.runtime.metrics``: ``rollstream_workflow_stat`` and
 ``rollstream_workflow_count_total``, labelled by key).
 """
 

@@ -12,7 +12,7 @@ Callers may rely on:
 * The tokenizer's eos and pad token are ``<|endoftext|>``; ``<|im_start|>`` and ``<|im_end|>``
   are special tokens, and ``apply_chat_template`` produces Qwen-style chat text, with tools
   (``tools=``), assistant tool calls and ``tool`` messages (see :data:`CHAT_TEMPLATE`).
-* ``python -m rollstream.tiny_model OUT_DIR`` builds the default model into ``OUT_DIR``.
+* ``python -m rollstream.tiny.text_model OUT_DIR`` builds the default model into ``OUT_DIR``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One HTTP server per process on ``metrics.port`` (none without a port) answers:
 
-- ``GET /metrics``: the Prometheus metrics (``rollstream.metrics``);
+- ``GET /metrics``: the Prometheus metrics (``rollstream.runtime.metrics``);
 - ``GET /livez``: 200 while the tier's event loop turns (a heartbeat task stamps the time every
   second); 503 once the loop has not turned for ``metrics.liveness_timeout_seconds`` (stuck:
   restart the process). A process that ended answers nothing, which probes count as a failure;

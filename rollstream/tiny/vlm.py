@@ -1,7 +1,7 @@
 """A tiny Qwen2-VL-style vision-language model and processor built offline, for CPU tests.
 
 Model hubs are unreachable in the test environment, so the project builds its own: the byte-level
-BPE tokenizer of ``rollstream.tiny_model`` with Qwen2-VL's vision special tokens added, a
+BPE tokenizer of ``rollstream.tiny.text_model`` with Qwen2-VL's vision special tokens added, a
 randomly initialised ``Qwen2VLForConditionalGeneration`` (a one-block vision tower, a two-layer
 language model), and a Qwen2-VL image processor that keeps images small. The result is a normal
 Hugging Face directory (``config.json``, ``model.safetensors``, tokenizer files,
@@ -19,7 +19,7 @@ Callers may rely on:
   contents as text; eos and pad are ``<|endoftext|>``;
 * the image processor resizes every image to between ``min_pixels`` and ``max_pixels``
   (defaults 28x28 and 56x56 pixels: 1 to 4 image tokens per image);
-* ``python -m rollstream.tiny_vlm OUT_DIR`` builds the default model into ``OUT_DIR``.
+* ``python -m rollstream.tiny.vlm OUT_DIR`` builds the default model into ``OUT_DIR``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rollstream.tiny_model import (
+from rollstream.tiny.text_model import (
     EOS_TOKEN, IM_END, IM_START, MARKER_FILE, _config_hash, _install, _is_complete, _train_tokenizer, default_corpus,
 )
 
