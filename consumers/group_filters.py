@@ -1,6 +1,6 @@
 """Group filters: functions named in the grouping config that see each complete train group.
 
-The reference system's dynamic filtering (``should_accept_fn``, DAPO's zero-variance filter)
+AReaL's dynamic filtering (``should_accept_fn``, DAPO's zero-variance filter)
 has its home here. ``grouping.group_filters`` lists import strings
 (``"pkg.module:fn"``; configuration names code, messages never do); each names
 ``fn(group) -> bool``, called once per complete train group, in order, until one answers False:
@@ -12,11 +12,11 @@ place). Eval groups are never filtered. ``grouping.drop_equal_rewards: true`` pu
 What a filter gets is a :class:`GroupTrajectory`: a read-only mapping of the group's rows, padded
 as the trainer will get them (``input_ids``, ``attention_mask``, ``loss_mask``, ``logprobs``,
 ``versions``, ``rewards`` ``[rows]``, ...: numpy arrays, as the torch-free grouping tier holds
-them, bfloat16 as its 2-byte words), so the reference's ``lambda traj: traj["rewards"].std() > 0``
+them, bfloat16 as its 2-byte words), so AReaL's ``lambda traj: traj["rewards"].std() > 0``
 works as written; plus the group's ``task_id``, ``group_size``, ``rejected``, ``failed`` and
 ``head_version``. Only ``rewards`` is cheap; other keys are padded on first use. A filter that
 raises drops the group as ``filtered`` with the error in the drop's detail (logged as an error):
-a group nobody could judge is not trained on, as the reference rejects such a trajectory.
+a group nobody could judge is not trained on, as AReaL rejects such a trajectory.
 """
 
 from __future__ import annotations

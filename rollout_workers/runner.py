@@ -87,7 +87,7 @@ class PromptRunner:
         self._tracker = tracker
         self._claims = claims
         self._worker_id = worker_id
-        self._dump = dump  # rollout.dump_to_file: the reference system's in-worker dumps
+        self._dump = dump  # rollout.dump_to_file: AReaL's in-worker dumps
         self._max_message_bytes = max_message_bytes  # kafka.max_message_bytes (None: unchecked)
         self._rollouts = asyncio.Semaphore(max_concurrent_rollouts)
         self.tasks = TaskSet()

@@ -287,7 +287,7 @@ class DumpConfig(_Section):
     ``dump`` tier, or the rollout workers when ``rollout.dump_to_file`` is true (the dump tier
     then refuses to start, so no sample is written twice)."""
 
-    # "reference": the reference system's nine fields (plus "row" on lines of multi-row
+    # "reference": AReaL's nine fields (plus "row" on lines of multi-row
     # episodes); "extended": also row, stop_reason, group_size, trainer_version, weight_path
     fields: Literal["reference", "extended"] = "reference"
 

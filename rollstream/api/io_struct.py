@@ -1,6 +1,6 @@
 """Requests, responses and sampling settings exchanged between workflows and engines.
 
-These mirror the reference system's contracts so that existing workflows port unchanged:
+These mirror AReaL's contracts so that existing workflows port unchanged:
 ``ModelRequest`` and ``ModelResponse`` have every field AReaL's have (``areal.api.io_struct``,
 AReaL 1.0.4), and ``ModelResponse`` its ``end_with_stop`` and ``output_tokens_without_stop``.
 Engines also take AReaL's own request and settings objects (``rollstream.api.request_check``).
@@ -24,7 +24,7 @@ class TokenizerLike(Protocol):
 
 @dataclass
 class GenerationHyperparameters:
-    """Sampling settings for one request. Defaults follow the reference system.
+    """Sampling settings for one request. Defaults follow AReaL.
 
     ``top_k`` of 1e8 means "off"; engines treat ``top_k <= 0`` or ``>= vocab`` as off too.
     The generation budget is ``min(max_tokens - prompt_len, max_new_tokens)``.
@@ -86,7 +86,7 @@ class ModelRequest:
     image_data: list[str] | None = None
     tokenizer: Any = None
     processor: Any = None  # a VLM's processor, handed back on the response
-    vision_msg_vllm: list[Any] | None = None  # the reference's vLLM-only chat form; engines here ignore it
+    vision_msg_vllm: list[Any] | None = None  # AReaL's vLLM-only chat form; engines here ignore it
 
     def copy(self) -> ModelRequest:
         return replace(

@@ -78,7 +78,7 @@ def accepted_settings(gconfig: Any) -> GenerationHyperparameters:
     if n != 1:
         raise InvalidRequestError(
             f"gconfig.n_samples is {n}: one engine call generates one sequence; call agenerate once per "
-            "sample (gconfig.new(n_samples=1)), as the reference system's engines require too"
+            "sample (gconfig.new(n_samples=1)), as AReaL's engines require too"
         )
     if isinstance(gconfig, GenerationHyperparameters):
         return gconfig

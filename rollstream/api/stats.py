@@ -1,4 +1,4 @@
-"""A small statistics tracker for rollout code (the reference's ``stats_tracker``).
+"""A small statistics tracker for rollout code (AReaL's ``stats_tracker``).
 
 Keys are prefixed at record time with the episode's ``workflow_context.stat_scope()``
 ("rollout" or "eval-rollout") and then with the names of the enclosing :meth:`StatsTracker.scope`

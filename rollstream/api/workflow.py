@@ -182,7 +182,7 @@ def _resolve_areal(workflow: Any, workflow_kwargs: dict[str, Any] | None) -> Any
 def resolve_workflow(
     workflow: Any, workflow_kwargs: dict[str, Any] | None = None, group_size: int = 1
 ) -> RolloutWorkflow:
-    """Turn what a user configured into a runnable workflow (the reference resolution table).
+    """Turn what a user configured into a runnable workflow (AReaL's resolution table).
 
     - a :class:`RolloutWorkflow` instance: used as is (``workflow_kwargs`` ignored, with a warning);
     - a :class:`RolloutWorkflow` subclass: ``cls(**workflow_kwargs)``; ``None`` kwargs -> ``ValueError``;

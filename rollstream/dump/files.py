@@ -1,6 +1,6 @@
 """Dump files on disk: one file per task (its whole group), in the directory of the group's version.
 
-Layout (the reference system's)::
+Layout (AReaL's)::
 
     {fileroot}/{experiment}/{trial}/{rollout|eval-rollout}/{version}/{task_id}.jsonl
 
@@ -108,7 +108,7 @@ def dump_path(
 
 def group_version(tail_versions: Iterable[int]) -> int:
     """The version that names a group's directory: the newest ``tail_version`` of its lines
-    (the reference's choice: the group's global tail), -1 when none has a generated token."""
+    (AReaL's choice: the group's global tail), -1 when none has a generated token."""
     return max(tail_versions, default=-1)
 
 

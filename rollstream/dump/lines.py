@@ -1,15 +1,15 @@
-"""Trajectory dumps: one JSON line per trajectory row, one file per group (the reference's layout).
+"""Trajectory dumps: one JSON line per trajectory row, one file per group (AReaL's layout).
 
 Where lines go (file names, the group's directory, merging): :mod:`rollstream.dump.files`.
 
-Each line starts with the reference's nine fields, in this order and with these meanings:
+Each line starts with AReaL's nine fields, in this order and with these meanings:
 ``task_id``, ``sample_idx`` (the sample's index in its group), ``seqlen`` (attended tokens),
 ``prompt_len``, ``head_version``, ``tail_version``, ``reward``, ``prompt``, ``completion``
 (text decoded with special tokens kept; ``null`` without a tokenizer). ``seqlen``,
 ``prompt_len`` and the versions come from :func:`rollstream.trajectory.versions.row_spans`, the one
 computation the episode message and the replay filters use too; a row whose generated
 tokens carry no version gets the message's own tail version (for an episode, the engine's
-version when it ended: the reference's fallback).
+version when it ended: AReaL's fallback).
 
 Then, only where needed or asked for (``dump.fields``):
 
@@ -23,7 +23,7 @@ Then, only where needed or asked for (``dump.fields``):
   are, from Redis; ``null`` when unknown).
 
 Only rows with a trajectory are dumped: rejections, failures and drops produce no line (the
-reference dumped rows its acceptance filter had removed). Unlike the reference, rows whose
+AReaL dumped rows its acceptance filter had removed). Unlike AReaL, rows whose
 last token is not generated (a multi-turn row ending in a tool reply) are dumped too.
 
 :class:`DumpWriter` buffers lines and merges them into their files from a worker thread

@@ -32,7 +32,7 @@ Callers may rely on:
   for a single ``input_ids`` prompt: base64 text, data URIs, paths or URLs go as they are (the
   server reads them); image bytes, PIL images and datasets' ``{"bytes", "path"}`` dicts are
   sent as base64. The prompt holds the placeholder tokens the model's processor made for the
-  images, as the reference system sends it. Anything else raises ``InvalidRequestError``.
+  images, as AReaL sends it. Anything else raises ``InvalidRequestError``.
 * **Faults.** Connection errors, timeouts and HTTP 5xx are retried up to ``max_retries`` times
   with capped exponential backoff and jitter; ``failure_threshold`` failures in a row mark a
   server down for ``down_cooldown_seconds`` and its calls move to the others. With no server

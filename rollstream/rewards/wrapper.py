@@ -1,6 +1,6 @@
 """Run synchronous reward functions in worker processes, with timeouts and retries.
 
-Semantics follow the reference system (AReaL's ``AsyncRewardWrapper``): each attempt has a
+Semantics follow AReaL's ``AsyncRewardWrapper``: each attempt has a
 timeout (``timeout_seconds``); there are ``max_retries`` retries after the first attempt; a
 timeout on the last attempt yields the float 0.0 (logged); any other failure (the function's
 exception, or ``BrokenProcessPool`` when the worker process running the call died) is retried
@@ -10,7 +10,7 @@ caller with its own policy (the reward tier's ``reward.on_timeout``) can tell it
 genuine 0.0 reward; ``await wrapper(...)`` catches it at this boundary.
 
 The processes are a :class:`rollstream.rewards.pool.RewardPool`, which is better than the
-reference's executor in three ways a caller can rely on (the pool's docstring has the details):
+AReaL's executor in three ways a caller can rely on (the pool's docstring has the details):
 
 - concurrent calls leave in one chunk per worker process, not one executor task each (about
   345 µs of CPU per call before, for a 3 µs reward function; see bench/README.md);
@@ -155,7 +155,7 @@ class AsyncRewardWrapper:
 
 async def close_workflow(workflow: Any) -> None:
     """Release what a workflow holds: its own ``aclose`` if it has one, then every
-    ``AsyncRewardWrapper`` it keeps as an attribute (workflows written for the reference system
+    ``AsyncRewardWrapper`` it keeps as an attribute (workflows written for AReaL
     create one and never close it, so its share of the process pool would outlive them).
     Closing a wrapper twice is harmless. Raises the first error after trying them all."""
     closers = [getattr(workflow, "aclose", None)]

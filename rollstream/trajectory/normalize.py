@@ -6,7 +6,7 @@ publishes an episode, ``rollstream.testing`` when it checks a workflow). Callers
 * ``None`` is never passed in (a rejection is not a result); a dict of ``Interaction`` becomes
   one row per interaction (``interactions_to_tensors``).
 * ``reward`` is taken as ``rewards``.
-* The reference guide's form ``{"input_ids": prompt, "output_ids": completion, ...}`` (each
+* AReaL's guide form ``{"input_ids": prompt, "output_ids": completion, ...}`` (each
   ``[L]`` or ``[1, L]``) becomes one standard row: prompt then completion in ``input_ids``,
   ``loss_mask`` 1 on the completion, ``attention_mask`` ones, and ``logprobs``/``versions``
   from the engine response of this episode whose prompt and output are exactly these tokens

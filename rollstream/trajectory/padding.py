@@ -2,7 +2,7 @@
 shape, into one buffer in the packed wire layout.
 
 One implementation, in numpy (:func:`concat_padded_arrays`), so the tiers that run no model
-(grouping, dump) pad without torch. :func:`concat_padded_tensors`, the reference system's
+(grouping, dump) pad without torch. :func:`concat_padded_tensors`, AReaL's
 function, is the same padding handed back as torch tensors that are views of the numpy
 result: nothing is padded twice, and both send without a copy. This module imports torch only
 inside :func:`concat_padded_tensors`, for its torch callers.
@@ -47,7 +47,7 @@ PRESENT_SUFFIX = "_present"  # ``<key>_present``: [B] bool, True on the rows tha
 def pad_value_for(key: str, pad_value: float) -> float:
     """What ``key`` pads with: ``attention_mask`` 0 (False); ``versions`` -1, the prompt
     version, never ``pad_value`` (DECISION: a padded position can never be mistaken for output
-    of policy version 0; the reference pads with 0); every other key ``pad_value``."""
+    of policy version 0; AReaL pads with 0); every other key ``pad_value``."""
     if key == "attention_mask":
         return 0
     if key == "versions":
@@ -76,7 +76,7 @@ def concat_padded_arrays(dicts: Sequence[Mapping[str, Any]], pad_value: float = 
 
 
 def concat_padded_tensors(dicts: Sequence[Mapping[str, Any]], pad_value: float = 0.0) -> dict[str, Tensor]:
-    """The reference system's ``concat_padded_tensors``: :func:`concat_padded_arrays` on the
+    """AReaL's ``concat_padded_tensors``: :func:`concat_padded_arrays` on the
     tensors' values (read without a copy from CPU tensors), handed back as tensors that view
     its one buffer (no copy back; ``pack_tensor_dict`` sends them without a copy either).
 

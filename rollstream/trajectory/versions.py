@@ -15,7 +15,7 @@ only on **generated positions**:
 - known: a version of ``-1`` on a generated position is "unknown" and left out. Where a row
   has generated positions but no known version (no ``versions`` tensor, or all -1), the
   caller's ``fallback_version`` stands for them: the rollout worker passes its engine's
-  version when the episode ended (the reference system's fallback), which is the only place
+  version when the episode ended (AReaL's fallback), which is the only place
   that knows it. The grouping tier combines the episodes' spans (:func:`head_and_tail`)
   instead of reading the tokens again, so the episode, its group's staleness filter, its batch
   and the dump agree; the trainer reads its tensors with these same functions (without a
@@ -66,7 +66,7 @@ class RowSpan(NamedTuple):
 def row_spans(td: Mapping[str, Any], fallback_version: int = PROMPT_VERSION) -> list[RowSpan]:
     """The :class:`RowSpan` of every row of a ``[B, L]`` trajectory dict (arrays or tensors),
     by the rule of the module docstring. ``prompt_len`` is the number of attended positions
-    before the first generated one (the reference's ``seqlen - sum(loss_mask)`` is wrong for
+    before the first generated one (AReaL's ``seqlen - sum(loss_mask)`` is wrong for
     multi-turn rows); a row with no generated position gets ``(-1, -1)``; a row with generated
     positions of no known version (or without any way to tell them) gets ``fallback_version``
     for both."""

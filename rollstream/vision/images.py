@@ -1,6 +1,6 @@
 """Images as the pipeline carries them: encoded image files (PNG, JPEG, ...) as bytes.
 
-A data row may give an image in any of the forms the reference system's datasets use; every
+A data row may give an image in any of the forms AReaL's datasets use; every
 tier turns it into the same thing, the bytes of an image file, with :func:`image_bytes`:
 
 * ``bytes`` (or ``bytearray``/``memoryview``): an encoded image file, taken as is;
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-IMAGES_KEY = "images"  # where a prompt's images live in its data row (as in the reference system)
+IMAGES_KEY = "images"  # where a prompt's images live in its data row (as in AReaL)
 DIGEST_CHARS = 32  # hex characters of sha256 kept: 128 bits name an image
 
 

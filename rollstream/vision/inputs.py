@@ -17,8 +17,8 @@ from torch import Tensor
 
 from rollstream.vision.images import open_image
 
-MULTI_MODAL_KEY = "multi_modal_input"  # the reference's per-row list of vision-input dicts
-# What a workflow may return beside the trajectory for a VLM trainer: the reference's
+MULTI_MODAL_KEY = "multi_modal_input"  # AReaL's per-row list of vision-input dicts
+# What a workflow may return beside the trajectory for a VLM trainer: AReaL's
 # multi_modal_input, or (its older form) pixel_values / image_grid_thw as keys of their own.
 VISION_RESULT_KEYS = (MULTI_MODAL_KEY, "pixel_values", "image_grid_thw")
 

@@ -26,9 +26,9 @@ class MultiTurnWorkflow(RLVRWorkflow):
 
     Each turn generates on the whole history and scores the completion. A reward > 0 ends the
     episode. Otherwise the retry prompt is appended (after an eos when the answer did not end
-    with one, as the reference does) with prompt-position values (loss_mask 0, logprob 0.0,
+    with one, as AReaL does) with prompt-position values (loss_mask 0, logprob 0.0,
     version -1), and the final reward is multiplied by ``turn_discount`` once per retry.
-    Unlike the reference, retries stop early when the history leaves no generation budget.
+    Unlike AReaL, retries stop early when the history leaves no generation budget.
 
     Keys as in :class:`RLVRWorkflow`, always with ``rewards``; ``is_truncated`` is the last
     turn's. ``reward_fn`` is required (the retry decision needs it).
@@ -56,7 +56,7 @@ class MultiTurnWorkflow(RLVRWorkflow):
         self.retry_prompt_ids = self._encode_retry_prompt(retry_prompt)
 
     def _encode_retry_prompt(self, text: str) -> list[int]:
-        """As the reference: a user turn through the chat template, else the plain text."""
+        """As AReaL: a user turn through the chat template, else the plain text."""
         if getattr(self.tokenizer, "chat_template", None):
             return self.prompt_ids({self.data_key: [{"role": "user", "content": text}]})
         return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]

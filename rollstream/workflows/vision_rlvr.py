@@ -1,10 +1,10 @@
 """RLVR with images: the prompt's images go through the model's processor and to the engine.
 
-Parity with the reference system's vision workflow: the processor turns the chat and the
+Parity with AReaL's vision workflow: the processor turns the chat and the
 images into prompt ids (holding the image placeholder tokens) and the vision inputs a VLM
 trainer needs; the engine gets the ids and the images as base64 ``image_data``; the result
 holds, beside RLVR's keys, ``multi_modal_input`` (one dict per row with the processor's
-``pixel_values`` and ``image_grid_thw``, the reference's form).
+``pixel_values`` and ``image_grid_thw``, AReaL's form).
 
 In the pipeline the vision inputs do not travel: the rollout worker ships the encoded images
 the engine saw, once per group, and the trainer side rebuilds ``pixel_values`` and
