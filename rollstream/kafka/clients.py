@@ -28,7 +28,7 @@ from aiokafka.errors import (
 from aiokafka.helpers import create_ssl_context
 
 from rollstream.config import KafkaConfig
-from rollstream.retry import KAFKA_RETRY, RetryPolicy
+from rollstream.retry import KAFKA_RETRY
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rollstream.config import KafkaConfig
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import (
     decode_batch,

@@ -16,7 +16,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from aiokafka.structs import TopicPartition
 from torch import Tensor
 

@@ -18,18 +18,17 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-import yaml
 
 from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
-from rollstream.config import RollstreamConfig, config_from_dict
+from rollstream.config import RollstreamConfig
 from rollstream.kafka.topics import TopicNames
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
+from tests.e2e.trees import pipeline_tree, write_tree
 from tests.agent_model import agent_base_model, perturbed_copy, tool_model
 from tests.e2e.test_pipeline import Tier, _check_logprobs, _read_all, _tails, _watch_budget
 
@@ -63,28 +62,19 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
         a, b = i % 5, i % 4
         rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b), "index": i, **({"fault": FAULTS[i]} if i in FAULTS else {})})
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tree: dict[str, Any] = {
-        "kafka": {"bootstrap_servers": kafka, "partitions": 2, "transaction_timeout_ms": 15000},
-        "redis": {"url": redis_url},
-        "experiment": {"experiment_name": name, "trial_name": "agent-e2e"},
-        "staleness": {"max_head_offpolicyness": ETA, "batch_size": STEP_GROUPS},
-        "producer": {"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
-        "rollout": {
-            "model_path": str(model), "seed": 0, "max_concurrent_rollouts": MAX_CONCURRENT, "worker_id": "rw-0",
-            "commit_interval_seconds": 0.2, "shutdown_grace_seconds": 20,
+    tree = pipeline_tree(
+        name, kafka, redis_url, model, trial="agent-e2e", step_groups=STEP_GROUPS, eta=ETA,
+        producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
+        rollout={
+            "max_concurrent_rollouts": MAX_CONCURRENT,
             # Greedy: the model taught one calculator conversation calls the tool on every question.
             "workflows": {"calculator": {"path": "tests.e2e.agent_faults:FaultyCalculator", "kwargs": {
                 "record_to": str(tmp / "peak-agents"), "max_tokens": 40, "temperature": 0.0}}},
             "default_workflow": "calculator",
             "agent": {"timeout_seconds": HANG_TIMEOUT},
         },
-        "reward": {"tokenizer_path": str(model), "worker_id": "rew-0", "max_workers": 1, "session_timeout_ms": 6000},
-        "grouping": {"instance_id": "g-0", "commit_interval_ms": 50, "session_timeout_ms": 6000},
-        "trainer": {"group_id": f"{name}-trainer"},
-    }
-    path = tmp / "rollstream.yaml"
-    path.write_text(yaml.safe_dump(tree))
-    return path, config_from_dict(tree)
+    )
+    return write_tree(tmp / "rollstream.yaml", tree)
 
 
 def _check_rows(batch: TrainingBatch) -> None:

@@ -37,7 +37,8 @@ from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
 from rollstream.kafka.topics import TopicNames
 from rollstream.testing import tiny_vlm_dir
-from rollstream.wire import Batch, GroupDropped, ScoredEpisode, batch_arrays, decode_batch, decode_prompt, decode_scored
+from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_batch, decode_prompt, decode_scored
+from tests.e2e.trees import pipeline_tree
 from tests.areal_pkg.rewards import answer_reward
 from tests.e2e.test_pipeline import Tier, _check_batch_tensors, _check_logprobs, _read_all, _save_versions, _tails
 from tests.e2e.test_vision_pipeline import _check_vision_logprobs
@@ -72,19 +73,12 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 def _tree(name: str, kafka: str, redis_url: str, model: Path, workflows: dict[str, Any], **rollout: Any) -> dict[str, Any]:
-    return {
-        "kafka": {"bootstrap_servers": kafka, "partitions": 2, "transaction_timeout_ms": 15000},
-        "redis": {"url": redis_url},
-        "experiment": {"experiment_name": name, "trial_name": "areal"},
-        "staleness": {"max_head_offpolicyness": 1, "batch_size": STEP_GROUPS},
-        "rollout": {"model_path": str(model), "seed": 0, "max_concurrent_rollouts": 4, "worker_id": "rw-areal",
-                    "commit_interval_seconds": 0.2, "shutdown_grace_seconds": 20,
-                    "gconfig": {"max_new_tokens": 8, "temperature": 1.0}, "workflows": workflows,
-                    "default_workflow": next(iter(workflows)), **rollout},
-        "reward": {"reward_fn": "", "worker_id": "rew-areal", "max_workers": 1, "session_timeout_ms": 6000},
-        "grouping": {"instance_id": "g-areal", "commit_interval_ms": 50, "session_timeout_ms": 6000},
-        "trainer": {"group_id": f"{name}-trainer"},
-    }
+    return pipeline_tree(
+        name, kafka, redis_url, model, trial="areal", step_groups=STEP_GROUPS, eta=1,
+        rollout={"max_concurrent_rollouts": 4, "gconfig": {"max_new_tokens": 8, "temperature": 1.0},
+                 "workflows": workflows, "default_workflow": next(iter(workflows)), **rollout},
+        reward={"reward_fn": "", "tokenizer_path": ""},
+    )
 
 
 def _write(tmp: Path, file: str, tree: dict[str, Any]) -> Path:

@@ -24,17 +24,17 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from transformers import AutoModelForCausalLM
 
 from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
-from rollstream.config import RollstreamConfig, config_from_dict
+from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
+from tests.e2e.trees import pipeline_tree, write_tree
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -74,28 +74,16 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
     dataset = tmp / "prompts.jsonl"
     rows = [{"prompt": f"What is {i % 5}+{i % 4}? Answer:", "answer": str(i % 5 + i % 4)} for i in range(PROMPTS)]
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tree: dict[str, Any] = {
-        "kafka": {"bootstrap_servers": kafka, "partitions": 2, "transaction_timeout_ms": 15000},
-        "redis": {"url": redis_url},
-        "experiment": {"experiment_name": name, "trial_name": "e2e"},
-        "staleness": {"max_head_offpolicyness": ETA, "batch_size": STEP_GROUPS},
-        "producer": {"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
-        "rollout": {
-            # two samples at a time: a step's samples take several waves, so a published version
-            # lands while some sample is mid-generation (rows spanning two versions, checked
-            # below) rather than only between waves. (No min_new_tokens: it masks EOS, and the
-            # logprobs recorded are then not those of the plain forward pass checked below.)
-            "model_path": str(model), "seed": 0, "max_concurrent_rollouts": 2, "worker_id": "rw-0",
-            "commit_interval_seconds": 0.2, "shutdown_grace_seconds": 20,
-            "gconfig": {"max_new_tokens": 32, "temperature": 1.0},
-        },
-        "reward": {"tokenizer_path": str(model), "worker_id": "rew-0", "max_workers": 1, "session_timeout_ms": 6000},
-        "grouping": {"instance_id": "g-0", "commit_interval_ms": 50, "session_timeout_ms": 6000},
-        "trainer": {"group_id": f"{name}-trainer"},
-    }
-    path = tmp / "rollstream.yaml"
-    path.write_text(yaml.safe_dump(tree))
-    return path, config_from_dict(tree)
+    tree = pipeline_tree(
+        name, kafka, redis_url, model, trial="e2e", step_groups=STEP_GROUPS, eta=ETA,
+        producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
+        # two samples at a time: a step's samples take several waves, so a published version
+        # lands while some sample is mid-generation (rows spanning two versions, checked
+        # below) rather than only between waves. (No min_new_tokens: it masks EOS, and the
+        # logprobs recorded are then not those of the plain forward pass checked below.)
+        rollout={"max_concurrent_rollouts": 2, "gconfig": {"max_new_tokens": 32, "temperature": 1.0}},
+    )
+    return write_tree(tmp / "rollstream.yaml", tree)
 
 
 class Tier:

@@ -23,15 +23,15 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 
 from rollstream.trainer import BatchStream, TrainingBatch
-from rollstream.config import RollstreamConfig, config_from_dict
+from rollstream.config import RollstreamConfig
 from rollstream.kafka.topics import TopicNames
 from rollstream.vision.forward import trajectory_logits
 from rollstream.wire import (
     Batch, Episode, GroupDropped, ScoredEpisode, decode_batch, decode_dead_letter, decode_episode, decode_prompt, decode_scored,
 )
+from tests.e2e.trees import pipeline_tree, write_tree
 from tests.e2e.test_pipeline import Tier, _read_all, _tails
 from tests.unit.vision_helpers import noise_png
 
@@ -65,25 +65,15 @@ def _rows() -> list[dict[str, Any]]:
 def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path) -> tuple[Path, RollstreamConfig]:
     dataset = tmp / "vision.jsonl"
     dataset.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
-    tree: dict[str, Any] = {
-        "kafka": {"bootstrap_servers": kafka, "partitions": 2, "transaction_timeout_ms": 15000, "max_message_bytes": LIMIT},
-        "redis": {"url": redis_url},
-        "experiment": {"experiment_name": name, "trial_name": "vision"},
-        "staleness": {"max_head_offpolicyness": 3, "batch_size": STEP_GROUPS},
-        "producer": {"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
-        "rollout": {
-            "model_path": str(model), "seed": 0, "max_concurrent_rollouts": 8, "worker_id": "rw-v",
-            "commit_interval_seconds": 0.2, "shutdown_grace_seconds": 20,
-            "gconfig": {"max_new_tokens": 8, "temperature": 1.0},
-            "workflows": {"vision": {"path": "vision_rlvr"}}, "default_workflow": "vision",
-        },
-        "reward": {"tokenizer_path": str(model), "worker_id": "rew-v", "max_workers": 1, "session_timeout_ms": 6000},
-        "grouping": {"instance_id": "g-v", "commit_interval_ms": 50, "session_timeout_ms": 6000},
-        "trainer": {"group_id": f"{name}-trainer", "processor_path": str(model)},
-    }
-    path = tmp / "rollstream.yaml"
-    path.write_text(yaml.safe_dump(tree))
-    return path, config_from_dict(tree)
+    tree = pipeline_tree(
+        name, kafka, redis_url, model, trial="vision", step_groups=STEP_GROUPS, eta=3,
+        kafka={"max_message_bytes": LIMIT},
+        producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
+        rollout={"max_concurrent_rollouts": 8, "gconfig": {"max_new_tokens": 8, "temperature": 1.0},
+                 "workflows": {"vision": {"path": "vision_rlvr"}}, "default_workflow": "vision"},
+        trainer={"processor_path": str(model)},
+    )
+    return write_tree(tmp / "rollstream.yaml", tree)
 
 
 async def _train_side(config: RollstreamConfig, tiers: dict[str, Tier]) -> list[TrainingBatch]:

@@ -235,7 +235,7 @@ async def test_worker_follows_published_weight_versions(
                 WeightUpdate(1, str(weights)))
             await _publish(config, *later)
             wanted = {(p.task_id, i) for p in first + later for i in range(2)}
-            msgs = await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
+            await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
     finally:
         await redis.aclose()
     await _stop_service(service, stop)

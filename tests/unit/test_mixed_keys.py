@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import logging
 
-import numpy
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from rollstream.api.io_struct import ModelResponse
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.trajectory.normalize import episode_tensors
-from rollstream.trajectory.padding import PRESENT_SUFFIX, align_keys, concat_padded_arrays
 from rollstream.trajectory.rows import trajectory_row
 from rollstream.trainer.batch import assemble, batch_group
 from rollstream.rollout_workers.episodes import to_episode
