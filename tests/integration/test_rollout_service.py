@@ -235,7 +235,7 @@ async def test_worker_follows_published_weight_versions(
                 WeightUpdate(1, str(weights)))
             await _publish(config, *later)
             wanted = {(p.task_id, i) for p in first + later for i in range(2)}
-            await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
+            msgs = await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
     finally:
         await redis.aclose()
     await _stop_service(service, stop)
@@ -270,7 +270,7 @@ async def test_rebalance_between_two_workers_loses_nothing(
         # the move itself, before the rest of the run: on a loaded machine worker b may take
         # longer to join than worker a takes to finish, and then nothing would move
         await reader.until(lambda _: revoked(caplog), timeout=120, what="worker a's partitions revoked")
-        msgs = await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
+        await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
         # Prompts that were running when their partition moved publish from the old owner;
         # the new owner finds their claims, waits for them and then commits past them.
         await _until_committed_to_end(config_a, timeout=120)
