@@ -27,6 +27,7 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 
+from rollstream.runtime.tasks import wait_event
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import GenerationChanged, RedisStateError, StateMissingError, wait_for_redis
 
@@ -163,10 +164,7 @@ class Admission:
             await self._wait_for_redis()
 
     async def _sleep(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._stop.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
+        await wait_event(self._stop, seconds)
 
     async def _wait_for_redis(self) -> bool:
         """Wait until Redis answers again; False when ``stop`` was set first."""

@@ -33,6 +33,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from rollstream.runtime.tasks import wait_event
 from rollstream.api.context import workflow_context
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.workflow import RolloutWorkflow
@@ -180,11 +181,7 @@ class PromptRunner:
     async def wait_for_room(self, timeout: float) -> None:
         """Return when a sample ends (room for more work), or after ``timeout`` seconds."""
         self._room.clear()
-        try:  # asyncio.timeout, not wait_for: a cancellation that meets the timeout is not swallowed
-            async with asyncio.timeout(timeout):
-                await self._room.wait()
-        except TimeoutError:
-            pass
+        await wait_event(self._room, timeout)
 
     async def _publish(self, task_id: str, message: msgspec.Struct) -> None:
         """Send ``message`` to ``episodes`` keyed by ``task_id`` and wait for the broker's ack."""

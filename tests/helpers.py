@@ -53,3 +53,24 @@ async def until(predicate: Callable[[], Any], what: str, timeout: float = 20.0,
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}\n{logs()}"
         await asyncio.sleep(0.01)
+
+
+async def stop_in_process_tiers(tiers: list, stop, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    """Set ``stop`` and wait for tier tasks run in this process; each must end by itself,
+    without an error, within ``timeout``."""
+    import asyncio
+
+    stop.set()
+    done, pending = await asyncio.wait(tiers, timeout=timeout)
+    for tier in pending:
+        tier.cancel()
+    assert not pending, "a tier did not stop when asked"
+    errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+    assert not errors, errors
+
+
+async def read_topic(config: RollstreamConfig, topic: str, decode):  # type: ignore[no-untyped-def]
+    """Every committed record of ``topic``, decoded (the product's one bounded read)."""
+    from rollstream.kafka.scan import scan_topic
+
+    return [decode(r.value) async for r in scan_topic(config.kafka, topic, "test-reader")]

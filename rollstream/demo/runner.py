@@ -35,6 +35,7 @@ from typing import Any
 
 from rich.console import Console
 
+from rollstream.runtime.tasks import wait_event
 from rollstream.config import RollstreamConfig, load_config
 from rollstream.demo.agent import child_env as agent_child_env, prepare_agent_model, with_agent
 from rollstream.demo.children import ChildGroup, tier_argv
@@ -257,8 +258,7 @@ async def _pipeline(config: RollstreamConfig, children: ChildGroup, options: Dem
         try:
             while trainer.running() and not stop.is_set():
                 follow()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), FOLLOW_SECONDS)
+                await wait_event(stop, FOLLOW_SECONDS)
             if trainer.running():  # stopped early: the trainer finishes its step first (bounded)
                 assert trainer.proc is not None
                 trainer.proc.send_signal(signal.SIGTERM)
@@ -309,5 +309,4 @@ async def _watch(config: RollstreamConfig, children: ChildGroup, progress: DemoP
             with contextlib.suppress(Exception):  # lag is for display only
                 progress.lags = await asyncio.wait_for(probe.lags(), WATCH_SECONDS * 2)
             view.refresh()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), WATCH_SECONDS)
+            await wait_event(stop, WATCH_SECONDS)

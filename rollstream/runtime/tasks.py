@@ -35,3 +35,14 @@ def raise_if_cancelled() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError()
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``event``; True when it is set. ``asyncio.timeout``,
+    not ``wait_for``: a cancellation that meets the timeout is never swallowed (Python 3.11)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

@@ -26,6 +26,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from rollstream.runtime.tasks import wait_event
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_admin, make_consumer
 from rollstream.kafka.topics import TopicNames
@@ -257,8 +258,7 @@ async def status(config: RollstreamConfig, *, once: bool, interval: float = 2.0,
             return snapshot
         with Live(render(snapshot), console=console, refresh_per_second=4) as live:
             while not (stop is not None and stop.is_set()):
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for((stop or asyncio.Event()).wait(), interval)
+                await wait_event((stop or asyncio.Event()), interval)
                 snapshot = await collector.collect()
                 live.update(render(snapshot))
     return snapshot

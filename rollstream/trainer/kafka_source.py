@@ -28,6 +28,7 @@ from pathlib import Path
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from rollstream.runtime.tasks import wait_event
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, start_client
@@ -71,11 +72,7 @@ class StepIntake:
 
     async def wait_for_room(self, timeout: float) -> None:
         self._room.clear()
-        try:  # asyncio.timeout, not wait_for: a cancellation that meets the timeout is not swallowed
-            async with asyncio.timeout(timeout):
-                await self._room.wait()
-        except TimeoutError:
-            pass
+        await wait_event(self._room, timeout)
 
     def handed_out(self) -> None:
         self._room.set()

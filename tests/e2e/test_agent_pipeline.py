@@ -30,7 +30,8 @@ from rollstream.state.client import RedisKeys, connect
 from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
 from tests.e2e.trees import pipeline_tree, write_tree
 from tests.agent_model import agent_base_model, perturbed_copy, tool_model
-from tests.e2e.test_pipeline import Tier, _check_logprobs, _read_all, _tails, _watch_budget
+from tests.e2e.support import Tier, check_logprobs, tails, watch_budget
+from tests.helpers import read_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -98,7 +99,7 @@ async def test_agent_pipeline_end_to_end(
     budget = StalenessBudget(redis, RedisKeys(names.experiment, names.trial), ETA, STEP_GROUPS)
     violations: list[dict[str, int]] = []
     watching = asyncio.Event()
-    watcher = asyncio.create_task(_watch_budget(budget, violations, watching))
+    watcher = asyncio.create_task(watch_budget(budget, violations, watching))
     tiers = {n: Tier(n, config_path, tmp_path) for n in ("grouping", "reward-worker", "rollout-worker", "producer")}
     batches: list[TrainingBatch] = []
     try:
@@ -109,17 +110,17 @@ async def test_agent_pipeline_end_to_end(
                     and time.monotonic() < deadline:
                 batch = await consumer.next_batch(timeout=5)
                 if batch is None:
-                    assert all(t.proc.poll() in (None, 0) for t in tiers.values()), _tails(tiers)
+                    assert all(t.proc.poll() in (None, 0) for t in tiers.values()), tails(tiers)
                     continue
                 _check_rows(batch)
                 batches.append(batch)
                 assert await consumer.ack(batch)
                 await publisher.publish(len(batches), str(weights[len(batches)]))
             drops = dict(consumer.drops_by_reason)
-        assert len(batches) == STEPS, f"only {len(batches)} steps\n{_tails(tiers)}"
+        assert len(batches) == STEPS, f"only {len(batches)} steps\n{tails(tiers)}"
         assert tiers["producer"].proc.wait(30) == 0, tiers["producer"].tail()
         codes = {name: tier.terminate() for name, tier in tiers.items() if name != "producer"}
-        assert all(code == 0 for code in codes.values()), (codes, _tails(tiers))
+        assert all(code == 0 for code in codes.values()), (codes, tails(tiers))
     finally:
         for tier in tiers.values():
             if tier.proc.poll() is None:
@@ -128,8 +129,8 @@ async def test_agent_pipeline_end_to_end(
         await watcher
         await redis.aclose()
 
-    prompts = {m.task_id: m.data for m in await _read_all(config, names.prompts, decode_prompt)}
-    outcomes = await _read_all(config, names.batches, decode_batch)
+    prompts = {m.task_id: m.data for m in await read_topic(config, names.prompts, decode_prompt)}
+    outcomes = await read_topic(config, names.batches, decode_batch)
     emitted = [tid for m in outcomes if isinstance(m, Batch) for tid in m.task_ids]
     dropped = {m.task_id: m for m in outcomes if isinstance(m, GroupDropped)}
     print(f"\nagent e2e: admitted={len(prompts)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)} "
@@ -148,7 +149,7 @@ async def test_agent_pipeline_end_to_end(
     assert 2 <= peak <= MAX_CONCURRENT, f"agents running at once: {peak}"
     turns = [int(row.sum()) for b in batches for row in _turn_starts(b)]
     assert max(turns) >= 2, "some agent talked to the model twice (a tool call, then an answer)"
-    checked = _check_logprobs(batches, weights)
+    checked = check_logprobs(batches, weights)
     versions = [sorted({int(v) for v in row.tolist() if v >= 0}) for b in batches for row in b.tensors["versions"]]
     print(f"agent e2e: logprobs checked={checked} max turns={max(turns)} peak agents={peak} "
           f"rows spanning two versions={sum(len(v) > 1 for v in versions)}")

@@ -40,8 +40,8 @@ from rollstream.testing import tiny_vlm_dir
 from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_batch, decode_prompt, decode_scored
 from tests.e2e.trees import pipeline_tree
 from tests.areal_pkg.rewards import answer_reward
-from tests.e2e.test_pipeline import Tier, _check_batch_tensors, _check_logprobs, _read_all, _save_versions, _tails
-from tests.e2e.test_vision_pipeline import _check_vision_logprobs
+from tests.e2e.support import Tier, check_batch_tensors, check_logprobs, check_vision_logprobs, save_versions, tails
+from tests.helpers import read_topic
 from tests.reference_libs import import_reference
 from tests.unit.vision_helpers import noise_png
 
@@ -49,7 +49,7 @@ import_reference("areal")
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 GROUP_SIZE = 4
-STEP_GROUPS = 4  # = tests.e2e.test_pipeline.STEP_GROUPS, which _check_batch_tensors checks
+STEP_GROUPS = 4
 WORKFLOWS = {
     "areal_rlvr": {"path": "areal.workflow.rlvr:RLVRWorkflow", "kwargs": {
         "reward_fn": "tests.areal_pkg.rewards.answer_reward", "gconfig": "$gconfig", "tokenizer": "$tokenizer"}},
@@ -69,7 +69,7 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
     root = tmp_path_factory.mktemp("areal-e2e-model")
     base = build_tiny_model(root / "v0", default_corpus(), vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
-    return _save_versions(base, root)[: PROMPTS // STEP_GROUPS + 1]
+    return save_versions(base, root, PROMPTS // STEP_GROUPS)
 
 
 def _tree(name: str, kafka: str, redis_url: str, model: Path, workflows: dict[str, Any], **rollout: Any) -> dict[str, Any]:
@@ -102,26 +102,26 @@ async def _train(config: RollstreamConfig, tiers: dict[str, Tier], steps: int, w
         while len(batches) < steps and time.monotonic() < deadline:
             batch = await consumer.next_batch(timeout=10)
             if batch is None:
-                assert all(t.proc.poll() in (None, 0) for t in tiers.values()), _tails(tiers)
+                assert all(t.proc.poll() in (None, 0) for t in tiers.values()), tails(tiers)
                 continue
             batches.append(batch)
             assert await consumer.ack(batch)
             if weights is not None:  # the worker reloads: later tokens come from the new weights
                 await publisher.publish(len(batches), str(weights[len(batches)]))
-    assert len(batches) == steps, f"only {len(batches)} of {steps} steps\n{_tails(tiers)}"
+    assert len(batches) == steps, f"only {len(batches)} of {steps} steps\n{tails(tiers)}"
     return batches
 
 
 def _stop(tiers: dict[str, Tier]) -> None:
     codes = {name: tier.terminate() for name, tier in tiers.items()}
-    assert all(code == 0 for code in codes.values()), (codes, _tails(tiers))
+    assert all(code == 0 for code in codes.values()), (codes, tails(tiers))
 
 
 async def _ended_once(config: RollstreamConfig, prompts: int) -> tuple[dict[str, Any], list[Batch]]:
     """Every admitted prompt ended exactly once; the prompts by task id and the batch records."""
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    admitted = {m.task_id: m for m in await _read_all(config, names.prompts, decode_prompt)}
-    ended = await _read_all(config, names.batches, decode_batch)
+    admitted = {m.task_id: m for m in await read_topic(config, names.prompts, decode_prompt)}
+    ended = await read_topic(config, names.batches, decode_batch)
     records = [m for m in ended if isinstance(m, Batch)]
     tasks = [t for m in records for t in m.task_ids] + [m.task_id for m in ended if isinstance(m, GroupDropped)]
     assert len(admitted) == prompts and sorted(tasks) == sorted(admitted), "every prompt ends exactly once"
@@ -149,15 +149,15 @@ async def test_areal_workflows_through_the_pipeline(
 
     admitted, records = await _ended_once(config, PROMPTS)
     for batch in batches:
-        _check_batch_tensors(batch)
-    checked = _check_logprobs(batches, weights)
+        check_batch_tensors(batch, STEP_GROUPS)
+    checked = check_logprobs(batches, weights)
     versions = {int(v) for b in batches for v in b.tensors["versions"].flatten().tolist() if v >= 0}
     print(f"\nareal e2e: {PROMPTS} prompts, {len(batches)} steps, logprobs checked={checked}, versions={sorted(versions)}")
     assert checked > 0 and max(versions) >= 1, "tokens of later versions: the worker followed the trainer"
 
     tokenizer = AutoTokenizer.from_pretrained(str(weights[0]))
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    scored = [m for m in await _read_all(config, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
+    scored = [m for m in await read_topic(config, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
     assert scored and all(m.reward_source == "workflow" for m in scored), "AReaL's workflows scored themselves"
     seen = set()
     for message in scored:
@@ -223,5 +223,5 @@ async def test_areal_vision_workflow_through_the_pipeline(
 
     admitted, _ = await _ended_once(config, STEP_GROUPS)
     images_of = {task: [images[int(prompt.data["answer"]) - 1]] for task, prompt in admitted.items()}
-    checked = _check_vision_logprobs(batches, model, images_of)
+    checked = check_vision_logprobs(batches, model, images_of)
     assert checked > 0 and "mm_token_type_ids" in batches[0].tensors  # AReaL's extra key travelled

@@ -22,17 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from rollstream.trainer import BatchStream, TrainingBatch
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.topics import TopicNames
-from rollstream.vision.forward import trajectory_logits
 from rollstream.wire import (
     Batch, Episode, GroupDropped, ScoredEpisode, decode_batch, decode_dead_letter, decode_episode, decode_prompt, decode_scored,
 )
 from tests.e2e.trees import pipeline_tree, write_tree
-from tests.e2e.test_pipeline import Tier, _read_all, _tails
+from tests.e2e.support import Tier, check_vision_logprobs, tails
+from tests.helpers import read_topic
 from tests.unit.vision_helpers import noise_png
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -83,34 +82,11 @@ async def _train_side(config: RollstreamConfig, tiers: dict[str, Tier]) -> list[
         while len(batches) * STEP_GROUPS < PROMPTS and time.monotonic() < deadline:
             batch = await consumer.next_batch(timeout=10)
             if batch is None:
-                assert all(t.proc.poll() in (None, 0) for t in tiers.values()), _tails(tiers)
+                assert all(t.proc.poll() in (None, 0) for t in tiers.values()), tails(tiers)
                 continue
             batches.append(batch)
             assert await consumer.ack(batch)
     return batches
-
-
-def _check_vision_logprobs(batches: list[TrainingBatch], model_dir: Path, images_of: dict[str, list[bytes]]) -> int:
-    """Every row gets its prompt's images; a fresh pass with them reproduces its logprobs."""
-    from transformers import AutoModelForImageTextToText
-
-    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
-    checked = 0
-    for batch in batches:
-        vision = batch.vision
-        assert vision is not None
-        for row, group in enumerate(batch.row_task):
-            shown = [batch.group_images[group][i] for i in batch.row_images[row]]
-            assert shown == images_of[batch.task_ids[group]], "the row shows its prompt's images, in order"
-            assert len(vision.row_images[row]) == len(shown)
-        with torch.no_grad():
-            logits = trajectory_logits(model, batch.tensors, vision).float()
-        t = batch.tensors
-        expected = torch.log_softmax(logits[:, :-1], -1).gather(-1, t["input_ids"][:, 1:].long().unsqueeze(-1)).squeeze(-1)
-        generated = t["loss_mask"][:, 1:].bool()
-        torch.testing.assert_close(t["logprobs"][:, 1:][generated], expected[generated], atol=1e-4, rtol=0)
-        checked += int(generated.sum())
-    return checked
 
 
 async def test_vision_pipeline_end_to_end(
@@ -121,30 +97,30 @@ async def test_vision_pipeline_end_to_end(
     tiers = {n: Tier(n, config_path, tmp_path) for n in ("grouping", "reward-worker", "rollout-worker", "producer")}
     try:
         batches = await _train_side(config, tiers)
-        assert len(batches) * STEP_GROUPS == PROMPTS, f"only {len(batches)} steps\n{_tails(tiers)}"
+        assert len(batches) * STEP_GROUPS == PROMPTS, f"only {len(batches)} steps\n{tails(tiers)}"
         assert tiers["producer"].proc.wait(30) == 0, tiers["producer"].tail()
         codes = {name: tier.terminate() for name, tier in tiers.items() if name != "producer"}
-        assert all(code == 0 for code in codes.values()), (codes, _tails(tiers))
+        assert all(code == 0 for code in codes.values()), (codes, tails(tiers))
     finally:
         for tier in tiers.values():
             if tier.proc.poll() is None:
                 tier.proc.kill()
 
-    prompts = await _read_all(config, names.prompts, decode_prompt)
+    prompts = await read_topic(config, names.prompts, decode_prompt)
     images_of = {p.task_id: p.data["images"] for p in prompts}
     assert sorted(p.index for p in prompts) == [i for i in range(PROMPTS + 1) if i != OVERSIZED_ROW]
-    [letter] = await _read_all(config, names.dead_letter, decode_dead_letter)
+    [letter] = await read_topic(config, names.dead_letter, decode_dead_letter)
     assert letter.tier == "producer" and letter.offset == OVERSIZED_ROW
     assert "too large for the prompts topic" in letter.reason and f"kafka.max_message_bytes={LIMIT}" in letter.reason
-    outcomes = await _read_all(config, names.batches, decode_batch)
+    outcomes = await read_topic(config, names.batches, decode_batch)
     emitted = [tid for m in outcomes if isinstance(m, Batch) for tid in m.task_ids]
     dropped = [m.task_id for m in outcomes if isinstance(m, GroupDropped)]
     assert sorted(emitted + dropped) == sorted(images_of), "every admitted prompt ends exactly once"
     assert sorted(tid for b in batches for tid in b.task_ids) == sorted(emitted)
 
-    checked = _check_vision_logprobs(batches, tiny_vlm_dir, images_of)
-    episodes = [m for m in await _read_all(config, names.episodes, decode_episode) if isinstance(m, Episode)]
-    scored = [m.episode for m in await _read_all(config, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
+    checked = check_vision_logprobs(batches, tiny_vlm_dir, images_of)
+    episodes = [m for m in await read_topic(config, names.episodes, decode_episode) if isinstance(m, Episode)]
+    scored = [m.episode for m in await read_topic(config, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
     assert all("images" not in e.data for e in episodes), "episodes do not copy the prompt's images"
     on_broker = {
         "prompts": sum(len(i) for p in prompts for i in p.data["images"]),

@@ -28,8 +28,7 @@ from rollstream.reward_workers import service as reward_service
 from rollstream.rollout_workers import service as rollout_service
 from rollstream.trainer import BatchStream, VersionPublisher
 from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
-from tests.helpers import make_config
-from tests.integration.test_reference_workflow import _read_all
+from tests.helpers import make_config, read_topic, stop_in_process_tiers
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 
@@ -81,13 +80,7 @@ async def _run(config: RollstreamConfig, weights: Path) -> list[list[str]]:
     try:
         return await _train(config, weights, tiers)
     finally:
-        stop.set()
-        done, pending = await asyncio.wait(tiers, timeout=60)
-        for tier in pending:
-            tier.cancel()
-        assert not pending, "a tier did not stop when asked"
-        errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
-        assert not errors, errors
+        await stop_in_process_tiers(tiers, stop)
 
 
 async def test_steps_stay_full_while_half_the_groups_are_filtered(
@@ -102,11 +95,11 @@ async def test_steps_stay_full_while_half_the_groups_are_filtered(
     steps = await _run(config, tiny_model_dir)
 
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    constant = {p.task_id: bool(p.data["constant"]) for p in await _read_all(config, names.prompts, decode_prompt)}
+    constant = {p.task_id: bool(p.data["constant"]) for p in await read_topic(config, names.prompts, decode_prompt)}
     assert [len(step) for step in steps] == [STEP] * STEPS, "every step is full"
     trained = [task for step in steps for task in step]
     assert not any(constant[task] for task in trained), "no zero-variance group is trained on"
-    ended = await _read_all(config, names.batches, decode_batch)
+    ended = await read_topic(config, names.batches, decode_batch)
     emitted = [m.task_id for m in ended if isinstance(m, Batch)]
     dropped = {m.task_id: m for m in ended if isinstance(m, GroupDropped)}
     assert set(trained) <= set(emitted) and not set(emitted) & set(dropped), "each group ends once"

@@ -28,14 +28,13 @@ from rollstream.producers import service as producer_service
 from rollstream.reward_workers import service as reward_service
 from rollstream.rollout_workers import service as rollout_service
 from rollstream.config import RollstreamConfig
-from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.testing import workflow_tokenizer
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_batch, decode_prompt, decode_scored
-from tests.helpers import make_config
+from tests.helpers import make_config, read_topic, stop_in_process_tiers
 from tests.workflow_pkg.reward import number_reward
 from tests.workflow_pkg.variants import FORMS
 
@@ -91,18 +90,6 @@ def _config(kafka: str, redis_url: str, name: str, model: Path, dataset: Path, f
     })
 
 
-async def _read_all(config: RollstreamConfig, topic: str, decode: Callable[[bytes], Any]) -> list[Any]:
-    consumer = make_consumer(config.kafka, "reference-test", topic, group_id=None, read_committed=True)
-    await consumer.start()
-    try:
-        messages: list[Any] = []
-        while fetched := await consumer.getmany(timeout_ms=1500):
-            messages += [decode(r.value) for records in fetched.values() for r in records]
-        return messages
-    finally:
-        await consumer.stop()
-
-
 async def _train(config: RollstreamConfig, tiers: list[asyncio.Task[None]]) -> list[TrainingBatch]:
     """Take every emitted group as a trainer would (one group per step), failing fast if a tier died."""
     batches: list[TrainingBatch] = []
@@ -129,13 +116,7 @@ async def _run_pipeline(config: RollstreamConfig) -> list[TrainingBatch]:
     try:
         return await _train(config, tiers)
     finally:
-        stop.set()
-        done, pending = await asyncio.wait(tiers, timeout=60)
-        for tier in pending:
-            tier.cancel()
-        assert not pending, "a tier did not stop when asked"
-        errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
-        assert not errors, errors
+        await stop_in_process_tiers(tiers, stop)
 
 
 def _check_row(batch: TrainingBatch, row: int, data: dict[str, Any], tokenizer: Any, model: Any) -> None:
@@ -173,10 +154,10 @@ async def test_reference_template_through_the_pipeline(
     batches = await _run_pipeline(config)
 
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    row_of = {p.task_id: p.index for p in await _read_all(config, names.prompts, decode_prompt)}
+    row_of = {p.task_id: p.index for p in await read_topic(config, names.prompts, decode_prompt)}
     assert sorted(row_of.values()) == list(range(len(PLAN)))
     outcomes: dict[str, tuple[str, ...]] = {}
-    for message in await _read_all(config, names.batches, decode_batch):
+    for message in await read_topic(config, names.batches, decode_batch):
         if isinstance(message, GroupDropped):
             outcomes[message.task_id] = (message.reason, message.detail)
         else:
@@ -190,7 +171,7 @@ async def test_reference_template_through_the_pipeline(
         assert outcome[0] == want[0] and (outcome[1:] == want[1:] if want[0] == "batch" else outcome[1].startswith(want[1])), (
             row_of[task], outcome)
 
-    scored = [m for m in await _read_all(config, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
+    scored = [m for m in await read_topic(config, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
     assert scored and all(m.reward_source == "workflow" for m in scored), "the reward tier kept the workflow's rewards"
     redis = connect(config.redis)
     try:

@@ -17,7 +17,7 @@ from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode
 from rollstream.workflows.vision_rlvr import VisionRLVRWorkflow
 from rollstream.rollout_workers.service import run
 from tests.helpers import make_config
-from tests.integration.test_rollout_service import TopicReader, _names, _publish, _stop_service
+from tests.integration.rollout_support import TopicReader, names_of, publish_prompts, stop_worker
 from tests.unit.vision_helpers import noise_png
 
 pytestmark = pytest.mark.broker
@@ -57,7 +57,7 @@ async def test_images_go_out_once_per_group_and_an_oversized_episode_fails_alone
     }
     config = make_config(kafka_bootstrap, redis_url, unique_name,
                          {"rollout": rollout, "kafka": {"max_message_bytes": LIMIT}})
-    names = _names(config)
+    names = names_of(config)
     await ensure_topics(config.kafka, names)
     cat, dog, big = noise_png(51), noise_png(52, 30, 40), noise_png(53, 90, 90)  # big: ~24 KB, ~177 KB upscaled
     prompts = [
@@ -65,12 +65,12 @@ async def test_images_go_out_once_per_group_and_an_oversized_episode_fails_alone
         PromptTask(task_id="img-1", group_size=2, data={"messages": _chat(1), "images": [big], "upscale": True}),
         PromptTask(task_id="img-2", group_size=2, data={"messages": _chat(1), "images": [dog]}),
     ]
-    await _publish(config, *prompts)
+    await publish_prompts(config, *prompts)
     stop = asyncio.Event()
     service = asyncio.create_task(run(config, stop))
     async with TopicReader(config, names.episodes, decode_episode) as reader:
         messages = await reader.until(lambda m: len(m) >= 8, timeout=120, what="8 sample messages")
-    await _stop_service(service, stop)
+    await stop_worker(service, stop)
 
     by_task: dict[str, list[Any]] = {}
     for message in messages:

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,14 @@ from aiokafka.structs import TopicPartition
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_admin, make_consumer, make_producer
-from rollstream.kafka.topics import TopicNames
+from rollstream.kafka.clients import make_admin, make_consumer
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
-from rollstream.wire import Episode, PromptTask, TaskFailed, decode_dead_letter, decode_episode, encode
+from rollstream.wire import Episode, PromptTask, TaskFailed, decode_dead_letter, decode_episode
 from rollstream.wire.torch_tensors import decode_tensor_dict
 from rollstream.rollout_workers.service import run
+from tests.integration.rollout_support import TopicReader, names_of, publish_prompts, stop_worker
 from tests.helpers import make_config
 
 pytestmark = pytest.mark.broker
@@ -55,66 +54,9 @@ def _config(kafka_bootstrap: str, redis_url: str, name: str, model: Path, **roll
     return make_config(kafka_bootstrap, redis_url, name, {"rollout": settings})
 
 
-def _names(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-
-
 def _prompt(task_id: str, group_size: int = 2, **extra: Any) -> PromptTask:
     n = int(task_id.rsplit("-", 1)[-1])
     return PromptTask(task_id=task_id, group_size=group_size, data={"prompt": f"What is {n}+{n}?"}, **extra)
-
-
-async def _publish(config: RollstreamConfig, *records: PromptTask | tuple[bytes, bytes]) -> dict[bytes, tuple[int, int]]:
-    """Prompts (or raw ``(key, value)`` records) to the prompts topic, without a transaction.
-
-    Returns each key's ``(partition, offset)``.
-    """
-    producer = make_producer(config.kafka, "test-prompts")
-    await producer.start()
-    placed: dict[bytes, tuple[int, int]] = {}
-    try:
-        for record in records:
-            key, value = (record.task_id.encode(), encode(record)) if isinstance(record, PromptTask) else record
-            meta = await producer.send_and_wait(_names(config).prompts, value, key=key)
-            placed[key] = (meta.partition, meta.offset)
-    finally:
-        await producer.stop()
-    return placed
-
-
-class TopicReader:
-    """Reads a topic from the start (read_committed) and keeps every decoded message."""
-
-    def __init__(self, config: RollstreamConfig, topic: str, decode: Callable[[bytes], Any]) -> None:
-        self.consumer = make_consumer(config.kafka, "test-reader", topic, group_id=None)
-        self.decode = decode
-        self.messages: list[Any] = []
-
-    async def __aenter__(self) -> TopicReader:
-        await self.consumer.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.consumer.stop()
-
-    async def until(self, done: Callable[[list[Any]], bool], timeout: float,
-                    what: str | Callable[[], str]) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not done(self.messages):
-            if loop.time() > deadline:
-                text = what if isinstance(what, str) else what()
-                pytest.fail(f"timed out waiting for {text}; have {len(self.messages)} messages")
-            for batch in (await self.consumer.getmany(timeout_ms=200)).values():
-                self.messages.extend(self.decode(r.value) for r in batch)
-        return self.messages
-
-
-    async def drain(self, idle_ms: int = 1000) -> None:
-        """Read until nothing new arrives for ``idle_ms``."""
-        while batches := await self.consumer.getmany(timeout_ms=idle_ms):
-            for batch in batches.values():
-                self.messages.extend(self.decode(r.value) for r in batch)
 
 
 def episodes(messages: list[Any]) -> list[Episode]:
@@ -126,7 +68,7 @@ def sample_keys(messages: list[Any]) -> set[tuple[str, int]]:
 
 
 async def _committed_vs_end(config: RollstreamConfig) -> tuple[dict[int, int], dict[int, int]]:
-    names = _names(config)
+    names = names_of(config)
     admin = make_admin(config.kafka)
     await admin.start()
     try:
@@ -158,19 +100,14 @@ def _check_episode(ep: Episode, version: int | None = 0) -> dict[str, torch.Tens
     return td
 
 
-async def _stop_service(task: asyncio.Task[None], stop: asyncio.Event) -> None:
-    stop.set()
-    await asyncio.wait_for(task, 60)
-
-
 async def test_prompts_become_episodes_and_offsets_are_committed(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path
 ) -> None:
     config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model)
-    names = _names(config)
+    names = names_of(config)
     await ensure_topics(config.kafka, names)
     prompts = [_prompt(f"task-{i}") for i in range(6)]
-    await _publish(config, *prompts[:3], (b"bad-1", b"\x93not a prompt"),
+    await publish_prompts(config, *prompts[:3], (b"bad-1", b"\x93not a prompt"),
                    _prompt("task-9", workflow="os.system"), *prompts[3:])
     stop = asyncio.Event()
     service = asyncio.create_task(run(config, stop))
@@ -181,7 +118,7 @@ async def test_prompts_become_episodes_and_offsets_are_committed(
             lambda m: sample_keys(m) >= wanted and {x.task_id for x in m if isinstance(x, TaskFailed)} >= failed_ids,
             timeout=120, what="12 samples and 2 TaskFailed",
         )
-    await _stop_service(service, stop)
+    await stop_worker(service, stop)
     assert len(episodes(msgs)) == 12  # no failures, no duplicates in a clean run
     for ep in episodes(msgs):
         td = _check_episode(ep)
@@ -219,12 +156,12 @@ async def test_worker_follows_published_weight_versions(
     # Two samples at a time: four prompts of two samples take several waves, so the update
     # lands while some sample is mid-generation; the later prompts queue behind them.
     config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=long, max_concurrent_rollouts=2)
-    names = _names(config)
+    names = names_of(config)
     await ensure_topics(config.kafka, names)
     weights = _perturbed_copy(tiny_model, tmp_path / "v1")
     first = [_prompt(f"a-{i}") for i in range(4)]
     later = [_prompt(f"b-{i}") for i in range(2)]
-    await _publish(config, *first)
+    await publish_prompts(config, *first)
     stop = asyncio.Event()
     service = asyncio.create_task(run(config, stop))
     redis = connect(config.redis)
@@ -233,12 +170,12 @@ async def test_worker_follows_published_weight_versions(
             await reader.until(lambda m: len(episodes(m)) >= 1, timeout=120, what="a first episode")
             await VersionStore(redis, RedisKeys(config.experiment.experiment_name, "t0")).publish(
                 WeightUpdate(1, str(weights)))
-            await _publish(config, *later)
+            await publish_prompts(config, *later)
             wanted = {(p.task_id, i) for p in first + later for i in range(2)}
             msgs = await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
     finally:
         await redis.aclose()
-    await _stop_service(service, stop)
+    await stop_worker(service, stop)
     eps = episodes(msgs)
     for ep in eps:
         td = _check_episode(ep, version=None)
@@ -257,10 +194,10 @@ async def test_rebalance_between_two_workers_loses_nothing(
     config_a = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=slow,
                        max_concurrent_rollouts=2, worker_id="w-a")
     config_b = msgspec.structs.replace(config_a, rollout=msgspec.structs.replace(config_a.rollout, worker_id="w-b"))
-    names = _names(config_a)
+    names = names_of(config_a)
     await ensure_topics(config_a.kafka, names)
     prompts = [_prompt(f"task-{i}") for i in range(12)]
-    await _publish(config_a, *prompts)
+    await publish_prompts(config_a, *prompts)
     wanted = {(p.task_id, i) for p in prompts for i in range(2)}
     stop_a, stop_b = asyncio.Event(), asyncio.Event()
     worker_a = asyncio.create_task(run(config_a, stop_a))
@@ -274,8 +211,8 @@ async def test_rebalance_between_two_workers_loses_nothing(
         # Prompts that were running when their partition moved publish from the old owner;
         # the new owner finds their claims, waits for them and then commits past them.
         await _until_committed_to_end(config_a, timeout=120)
-        await _stop_service(worker_a, stop_a)
-        await _stop_service(worker_b, stop_b)
+        await stop_worker(worker_a, stop_a)
+        await stop_worker(worker_b, stop_b)
         await reader.drain()
     assert revoked(caplog)
     for ep in episodes(reader.messages):
@@ -318,12 +255,12 @@ async def test_crashed_worker_prompts_are_rerun_and_a_sigterm_finishes_its_own(
     slow = {"max_new_tokens": 128, "min_new_tokens": 128}
     config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=slow,
                      max_concurrent_rollouts=1, shutdown_grace_seconds=20)
-    names = _names(config)
+    names = names_of(config)
     await ensure_topics(config.kafka, names)
     config_file = tmp_path / "worker.yaml"
     config_file.write_text(yaml.safe_dump(msgspec.to_builtins(config)))
     prompts = [_prompt(f"task-{i}") for i in range(6)]
-    placed = await _publish(config, *prompts)
+    placed = await publish_prompts(config, *prompts)
     wanted = {(p.task_id, i) for p in prompts for i in range(2)}
     log = tmp_path / "workers.log"
     first = _start_worker(config_file, log)
@@ -338,7 +275,7 @@ async def test_crashed_worker_prompts_are_rerun_and_a_sigterm_finishes_its_own(
                 await reader.until(lambda m: sample_keys(m) >= wanted, timeout=240,
                                    what=lambda: f"all samples after the restart\n{_log_tail(log)}")
                 more = [_prompt(f"task-{i}") for i in range(6, 9)]
-                placed.update(await _publish(config, *more))
+                placed.update(await publish_prompts(config, *more))
                 await reader.until(lambda m: any(k[0] in {"task-6", "task-7", "task-8"} for k in sample_keys(m)),
                                    timeout=120, what="a sample of the later prompts")
                 second.send_signal(signal.SIGTERM)  # mid-run: it leaves the group, its prompts finish
@@ -375,14 +312,14 @@ async def test_dump_to_file_writes_the_reference_layout(
     """``rollout.dump_to_file`` writes one JSONL line per sample under the reference layout."""
     config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model,
                      dump_to_file=True, fileroot=str(tmp_path / "dumps"))
-    names = _names(config)
+    names = names_of(config)
     await ensure_topics(config.kafka, names)
-    await _publish(config, _prompt("task-1"), _prompt("task-2"))
+    await publish_prompts(config, _prompt("task-1"), _prompt("task-2"))
     stop = asyncio.Event()
     service = asyncio.create_task(run(config, stop))
     async with TopicReader(config, names.episodes, decode_episode) as reader:
         await reader.until(lambda m: len(sample_keys(m)) >= 4, timeout=120, what="4 samples")
-    await _stop_service(service, stop)
+    await stop_worker(service, stop)
     root = tmp_path / "dumps" / unique_name / config.experiment.trial_name / "rollout"
     lines = [json.loads(line) for path in sorted(root.glob("*/*.jsonl")) for line in path.read_text().splitlines()]
     assert sorted((d["task_id"], d["sample_idx"]) for d in lines) == [

@@ -3,12 +3,15 @@ tiny offline tokenizer."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+from collections.abc import AsyncIterator
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from rollstream.api.engine import InferenceEngine
+from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import ModelRequest
 from rollstream.api.workflow import RolloutWorkflow
 from rollstream.trajectory.rows import trajectory_row
@@ -79,3 +82,73 @@ class SilentAgent:
 
 
 not_a_workflow = 42
+
+
+class FakeSource:
+    """Versions published with ``publish``; ``down`` makes every call raise like a lost Redis."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.paths: dict[int, str] = {}
+        self.down = False
+        self._changed = asyncio.Event()
+        self.watch_calls = 0
+
+    def publish(self, version: int, path: str | None = "/w") -> None:
+        if path is not None:
+            self.paths[version] = path
+        self.version = version
+        self._changed.set()
+
+    def _check(self) -> None:
+        if self.down:
+            raise RedisConnectionError("connection refused")
+
+    async def get_update(self, version: int | None = None) -> WeightUpdate | None:
+        self._check()
+        v = self.version if version is None else version
+        return WeightUpdate(v, self.paths[v]) if v in self.paths else None
+
+    async def watch(self, poll_seconds: float = 2.0) -> AsyncIterator[int]:
+        self.watch_calls += 1
+        self._check()
+        last = self.version
+        yield last
+        while True:
+            try:
+                await asyncio.wait_for(self._changed.wait(), poll_seconds)
+            except asyncio.TimeoutError:
+                pass
+            self._changed.clear()
+            self._check()
+            if self.version != last:
+                last = self.version
+                yield last
+
+
+class RecordingEngine(FakeEngine):
+    def __init__(self, fail_loads: int = 0) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.fail_loads = fail_loads
+        self.paused = False
+
+    async def pause(self) -> None:
+        self.paused = True
+        self.calls.append("pause")
+
+    async def resume(self) -> None:
+        self.paused = False
+        self.calls.append("resume")
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        self.calls.append(f"update:{update.version}")
+        if self.fail_loads:
+            self.fail_loads -= 1
+            raise OSError(f"cannot read {update.path}")
+
+
+async def until_true(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)

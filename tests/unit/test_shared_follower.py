@@ -7,6 +7,7 @@ import asyncio
 
 import redis.asyncio as aioredis
 
+from tests.unit.fakes import FakeSource, RecordingEngine, until_true
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RolloutConfig, SGLangConfig
 from rollstream.engines.sglang import SGLangEngine
@@ -15,7 +16,6 @@ from rollstream.state.server_lease import ServerLeases
 from rollstream.rollout_workers.engine_factory import build_follower
 from rollstream.rollout_workers.versions import VersionFollower
 from rollstream.rollout_workers.weight_sync import SharedServerFollower, WeightSync
-from tests.unit.test_rollout_versions import FakeSource, RecordingEngine, _until
 
 URLS = ["http://gpu0:30000", "http://gpu1:30000/"]
 
@@ -37,7 +37,7 @@ async def test_catch_up_and_new_versions_are_declared_not_loaded() -> None:
     await asyncio.sleep(0.3)
     assert engine.get_version() == 4
     source.publish(6, "/ckpt/v6")
-    await _until(lambda: engine.get_version() == 6)
+    await until_true(lambda: engine.get_version() == 6)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert engine.calls == []  # never paused, loaded or resumed anything
