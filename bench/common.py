@@ -9,6 +9,7 @@ target passed (or the script has none), 1 when one failed; the CI smoke test ign
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import logging
@@ -16,7 +17,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,20 @@ def base_parser(name: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON results (default bench/results/{name}.json; '-' for none)")
     return parser
+
+
+def run_bench(
+    name: str, doc: str | None, arguments: Callable[[argparse.ArgumentParser], None],
+    measure: Callable[[argparse.Namespace, Report], Awaitable[None]], argv: list[str] | None,
+) -> int:
+    """A benchmark's ``main``: its parser (``--quick``, ``--out`` and what ``arguments`` adds),
+    ``measure(args, report)`` on an event loop, then the report printed and saved."""
+    parser = base_parser(name, (doc or name).splitlines()[0])
+    arguments(parser)
+    args = parser.parse_args(argv)
+    report = Report(name, args.quick)
+    asyncio.run(measure(args, report))
+    return report.finish(args.out)
 
 
 def load_average() -> tuple[float, float, float]:

@@ -11,6 +11,7 @@ Target: p99 <= 250 ms at the default commit interval (100 ms).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 import tempfile
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from bench.common import Report, base_parser, percentiles
+from bench.common import Report, percentiles, run_bench
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, scored_episode, trajectory
 from bench.kafka_tools import wait_for_groups
 from bench.stack import Sampler, TierProcess, services, unique_name, wait_until_consuming, write_config
@@ -73,6 +74,7 @@ async def measure_interval(svc: Services, workdir: Path, interval_ms: int, group
         "redis": {"url": svc.redis_url},
         "experiment": {"experiment_name": name, "trial_name": "t0"},
         "grouping": {"instance_id": "bench-grouping-0", "commit_interval_ms": interval_ms},
+        "staleness": {"batch_size": 1},  # a trainer step per group: each group's latency on its own
         "trainer": {"group_id": "bench-trainer"},
     }
     config = config_from_dict(tree)
@@ -104,7 +106,7 @@ async def measure_interval(svc: Services, workdir: Path, interval_ms: int, group
             "max": max(measured), "grouping peak RSS MB": grouping.peak_rss / 1e6}
 
 
-async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
+async def measure(args: argparse.Namespace, report: Report) -> None:
     intervals = args.intervals or ([DEFAULT_INTERVAL_MS] if args.quick else [20, DEFAULT_INTERVAL_MS, 500])
     groups = args.groups or (5 if args.quick else 120)
     lengths = (64, 128) if args.quick else (PROMPT_TOKENS, COMPLETION_TOKENS)
@@ -121,15 +123,14 @@ async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
                       higher_is_better=False, unit=" ms")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = base_parser("latency", __doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intervals", type=int, nargs="*", help="commit intervals in ms (default 20 100 500)")
     parser.add_argument("--groups", type=int, default=None, help="measured groups per interval (default 120)")
     parser.add_argument("--spacing-ms", type=float, default=50.0, help="time between groups written")
-    args = parser.parse_args(argv)
-    report = Report("latency", args.quick)
-    asyncio.run(measure(args, report))
-    return report.finish(args.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_bench("latency", __doc__, arguments, measure, argv)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Target: the pipeline moves >= 40% of the bytes per second of the bare aiokafka l
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import re
 import resource
@@ -28,7 +29,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from bench.common import Report, base_parser
+from bench.common import Report, run_bench
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, trajectory
 from bench.kafka_tools import kafka_tool
 from bench.pipeline_run import PipelineResult, PipelineSettings, memory_rows, run_pipeline
@@ -173,7 +174,7 @@ def cpu_rows(r: PipelineResult) -> list[dict]:
             for k, v in sorted(r.cpu_seconds.items(), key=lambda kv: -kv[1])]
 
 
-async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
+async def measure(args: argparse.Namespace, report: Report) -> None:
     size = episode_record_size()
     raw_records = args.raw_records or (60 if args.quick else 3000)
     settings = PipelineSettings(prompts=args.prompts or (4 if args.quick else 300),
@@ -253,16 +254,15 @@ async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
                         topic_bytes=result.topic_bytes, peak_rss=result.peak_rss, peak_tree_rss=result.peak_tree_rss)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = base_parser("pipeline", __doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=None, help="groups through the pipeline (default 300; --quick 4)")
     parser.add_argument("--raw-records", type=int, default=None, help="records for the raw anchors (default 3000)")
     parser.add_argument("--tokens-per-second", type=float, default=0.0, help="load generator rate (0: unlimited)")
     parser.add_argument("--max-concurrent-rollouts", type=int, default=64)
-    args = parser.parse_args(argv)
-    report = Report("pipeline", args.quick)
-    asyncio.run(measure(args, report))
-    return report.finish(args.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_bench("pipeline", __doc__, arguments, measure, argv)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ Run the same script on two commits in alternation to compare them (bench/README.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import random
@@ -38,7 +39,7 @@ from pathlib import Path
 import torch
 from aiokafka.structs import ConsumerRecord
 
-from bench.common import Report, base_parser, time_interleaved
+from bench.common import Report, run_bench, time_interleaved
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, trajectory
 from bench.kafka_tools import wait_for_groups
 from bench.procstats import cpu_seconds, tree_pids
@@ -152,7 +153,7 @@ async def tier_run(services_: Services, workdir: Path, warm: list[ConsumerRecord
         worker.stop()
 
 
-async def measure_tier(args, report: Report) -> None:  # type: ignore[no-untyped-def]
+async def measure_tier(args: argparse.Namespace, report: Report) -> None:
     prompt = 64 if args.quick else PROMPT_TOKENS
     completion = 128 if args.quick else COMPLETION_TOKENS
     groups = 4 if args.quick else args.groups
@@ -172,7 +173,7 @@ async def measure_tier(args, report: Report) -> None:  # type: ignore[no-untyped
                 "no pool): the loop's and Kafka's share of the tier")
 
 
-async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
+async def measure(args: argparse.Namespace, report: Report) -> None:
     if args.tier:
         await measure_tier(args, report)
         return
@@ -214,16 +215,15 @@ async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
         await scorer.aclose()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = base_parser("reward", __doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--groups", type=int, default=100, help="groups of 8 per round (default 100)")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds (default 3)")
     parser.add_argument("--cycle", type=int, default=16, help="records per cycle (default 16)")
     parser.add_argument("--tier", action="store_true", help="the reward-worker process on a broker, with a floor")
-    args = parser.parse_args(argv)
-    report = Report("reward", args.quick)
-    asyncio.run(measure(args, report))
-    return report.finish(args.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_bench("reward", __doc__, arguments, measure, argv)
 
 
 if __name__ == "__main__":

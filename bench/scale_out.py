@@ -20,6 +20,7 @@ counted drop; no row twice.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import sys
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import Report, base_parser
+from bench.common import Report, run_bench
 from bench.load_engine import ENV_MIN_SHARE, ENV_RATE, ENV_VOCAB
 from bench.pipeline_run import PipelineSettings, config_tree
 from bench.stack import TierProcess, stop_all, unique_name, wait_until_consuming, write_config
@@ -182,7 +183,7 @@ async def drain(watcher: BatchesWatcher, replicas: Replicas, config: RollstreamC
     return admitted, time.monotonic() - began
 
 
-async def measure(args: Any, report: Report) -> None:
+async def measure(args: argparse.Namespace, report: Report) -> None:
     phase_seconds = args.phase_seconds or (4.0 if args.quick else 30.0)
     settings = PipelineSettings(prompts=args.prompts, group_size=args.group_size, prompt_tokens=args.prompt_tokens,
                                 completion_tokens=args.completion_tokens, partitions=4,
@@ -244,8 +245,7 @@ async def measure(args: Any, report: Report) -> None:
         raise SystemExit("accounting broken:\n" + "\n".join(problems))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = base_parser("scale_out", __doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phase-seconds", type=float, default=None, help="measured seconds per phase (default 30; --quick 4)")
     parser.add_argument("--backlog", type=int, default=64, help="prompts admitted beyond those ended (default 64)")
     parser.add_argument("--prompts", type=int, default=20000, help="dataset rows (more than a run can use)")
@@ -258,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--brokers", type=int, default=1, help="local Kafka nodes (3: a replicated cluster)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any one phase may take")
     parser.add_argument("--workdir", type=Path, default=None, help="keep configs, tier logs and services here")
-    args = parser.parse_args(argv)
-    report = Report("scale_out", args.quick)
-    asyncio.run(measure(args, report))
-    return report.finish(args.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_bench("scale_out", __doc__, arguments, measure, argv)
 
 
 if __name__ == "__main__":

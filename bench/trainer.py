@@ -12,6 +12,7 @@ one clock for every process of the machine). The first ``--warmup`` steps are no
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -26,7 +27,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from bench.common import Report, base_parser, percentiles
+from bench.common import Report, percentiles, run_bench
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, scored_episode, trajectory
 from bench.stack import REPO, services, tail, unique_name, write_config
 from rollstream.consumers.batching import build_batch
@@ -131,7 +132,7 @@ async def measure_ranks(svc: Services, workdir: Path, ranks: int, steps: int, wa
     return {"ranks": ranks, "groups": len(everyone), **percentiles(everyone, (50, 99)), "max": max(everyone), **per_rank}
 
 
-async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
+async def measure(args: argparse.Namespace, report: Report) -> None:
     ranks = args.ranks or ([1, 2] if args.quick else [1, 2, 4])
     steps = args.steps or (3 if args.quick else 60)
     warmup = 1 if args.quick else 5
@@ -145,15 +146,14 @@ async def measure(args, report: Report) -> None:  # type: ignore[no-untyped-def]
     report.note("each group arrives on one rank (its share); 'rank r' columns are the groups rank r trained")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = base_parser("trainer", __doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, nargs="*", help="rank counts (default 1 2 4)")
     parser.add_argument("--steps", type=int, default=None, help="measured steps per rank count (default 60)")
     parser.add_argument("--spacing-ms", type=float, default=100.0, help="time between steps written")
-    args = parser.parse_args(argv)
-    report = Report("trainer", args.quick)
-    asyncio.run(measure(args, report))
-    return report.finish(args.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_bench("trainer", __doc__, arguments, measure, argv)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy
 
-from rollstream.config import ConfigError, GroupingConfig
+from rollstream.config import GroupingConfig
 from rollstream.consumers.batching import episode_rows
 from rollstream.consumers.grouping import CompleteGroup, GroupFilter
-from rollstream.imports import import_object
+from rollstream.imports import import_callable
 from rollstream.trajectory.padding import align_keys, concat_padded_arrays
 
 log = logging.getLogger(__name__)
@@ -102,16 +102,7 @@ def load_group_filters(config: GroupingConfig) -> tuple[GroupFilter, ...]:
     :class:`ConfigError` naming the setting when one cannot be imported or is not callable."""
     named = [("grouping.drop_equal_rewards", DISTINCT_REWARDS)] if config.drop_equal_rewards else []
     named += [(f"grouping.group_filters[{i}]", path) for i, path in enumerate(config.group_filters)]
-    filters = []
-    for key, path in named:
-        try:
-            fn = import_object(path)
-        except (ValueError, ImportError) as exc:
-            raise ConfigError(f"invalid configuration: {key} {path!r}: {exc}") from None
-        if not callable(fn):
-            raise ConfigError(f"invalid configuration: {key} {path!r} is not callable")
-        filters.append(_judge(path, fn))
-    return tuple(filters)
+    return tuple(_judge(path, import_callable(path, key)) for key, path in named)
 
 
 def _judge(path: str, fn: Callable[[GroupTrajectory], Any]) -> GroupFilter:

@@ -35,7 +35,7 @@ import numpy
 from rollstream import tokenizer_file
 from rollstream.config import ConfigError, RewardConfig
 from rollstream.tokenizer_file import Tokenizer
-from rollstream.imports import import_object
+from rollstream.imports import import_callable
 from rollstream.reward_workers.byte_decode import ByteLevelDecoder
 from rollstream.rewards.pool_worker import PackedIds
 from rollstream.rewards.wrapper import AsyncRewardWrapper
@@ -57,15 +57,7 @@ def resolve_reward_fn(spec: str, allowed: Iterable[str]) -> Callable[..., Any]:
         raise ConfigError(
             f"reward function {spec!r} is not allow-listed (reward.reward_fn, reward.allowed_reward_fns)"
         )
-    try:
-        target: Any = import_object(spec)
-    except ValueError:
-        raise ConfigError(f"reward.reward_fn {spec!r} must look like 'module:function' or 'module.function'") from None
-    except ImportError as exc:
-        raise ConfigError(f"reward.reward_fn {spec!r} cannot be imported: {exc}") from None
-    if not callable(target):
-        raise ConfigError(f"reward.reward_fn {spec!r} is not callable")
-    return target
+    return import_callable(spec, "reward.reward_fn")
 
 
 class NoRewardFunctionError(RuntimeError):

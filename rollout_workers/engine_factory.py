@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from rollstream.api.engine import InferenceEngine
 from rollstream.config import ConfigError, RolloutConfig, require
-from rollstream.imports import import_object
+from rollstream.imports import import_callable
 from rollstream.state.client import RedisKeys
 from rollstream.rollout_workers.versions import VersionFollower, VersionSource
 
@@ -72,13 +72,7 @@ def build_engine(config: RolloutConfig) -> InferenceEngine:
 def _custom_engine(config: RolloutConfig) -> InferenceEngine:
     spec = config.engine_factory
     require(spec, "rollout.engine_factory", "must be set when rollout.engine is 'custom'")
-    try:
-        factory = import_object(spec)
-    except (ValueError, ImportError) as exc:
-        raise ConfigError(f"invalid configuration: rollout.engine_factory {spec!r}: {exc}") from None
-    if not callable(factory):
-        raise ConfigError(f"invalid configuration: rollout.engine_factory {spec!r} is not callable")
-    engine = factory(config)
+    engine = import_callable(spec, "rollout.engine_factory")(config)
     if not isinstance(engine, InferenceEngine):
         raise ConfigError(
             f"invalid configuration: rollout.engine_factory {spec!r} returned a {type(engine).__name__}, "

@@ -67,7 +67,7 @@ class PromptIntake:
         return max(0, self._limit - self._runner.inflight_samples - self._runner.claiming)
 
     async def wait_for_room(self, timeout: float) -> None:
-        await self._runner.wait_for_room(timeout)
+        await self._runner.wait_for_room(timeout, lambda: self.room() > 0)
 
     def take(self, records: dict[int, list[ConsumerRecord]]) -> None:
         for _, batch in sorted(records.items()):

@@ -178,10 +178,12 @@ class PromptRunner:
                  task.workflow or self._registry.default_key, where, extra={"task_id": task.task_id})
         self.tasks.spawn(self._run_prompt(tp, record.offset, task, workflow), f"prompt-{task.task_id}")
 
-    async def wait_for_room(self, timeout: float) -> None:
-        """Return when a sample ends (room for more work), or after ``timeout`` seconds."""
+    async def wait_for_room(self, timeout: float, has_room: Callable[[], bool]) -> None:
+        """Return when a sample ends (room for more work), or after ``timeout`` seconds; at once
+        when ``has_room()`` (a sample that ended before the wait began)."""
         self._room.clear()
-        await wait_event(self._room, timeout)
+        if not has_room():
+            await wait_event(self._room, timeout)
 
     async def _publish(self, task_id: str, message: msgspec.Struct) -> None:
         """Send ``message`` to ``episodes`` keyed by ``task_id`` and wait for the broker's ack."""

@@ -8,8 +8,10 @@ at once (``rollstream.runtime.logs.restore_standard_logging``).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
+from rollstream.config import ConfigError
 from rollstream.runtime.logs import restore_standard_logging
 
 
@@ -33,3 +35,15 @@ def import_object(path: str) -> Any:
     except AttributeError:
         raise ImportError(f"cannot import {path!r}: module {module_name!r} has no {attr!r}") from None
     return obj
+
+
+def import_callable(path: str, setting: str) -> Callable[..., Any]:
+    """The callable ``path`` names for the configuration ``setting``; :class:`ConfigError`
+    naming the setting and the string when it is malformed, cannot be imported or is not callable."""
+    try:
+        target = import_object(path)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"invalid configuration: {setting} {path!r}: {exc}") from None
+    if not callable(target):
+        raise ConfigError(f"invalid configuration: {setting} {path!r} is not callable")
+    return target

@@ -58,7 +58,9 @@ class Delivery(Protocol):
         """Records wanted now: None no limit, 0 none (the owned partitions are paused)."""
 
     async def wait_for_room(self, timeout: float) -> None:
-        """Return when there may be room again, or after ``timeout`` seconds."""
+        """Return when there may be room again, or after ``timeout`` seconds; at once when there
+        is room already (room made between ``room()`` and this call must not wait out the
+        timeout)."""
 
     async def process(self, records: Records, final: bool) -> float:
         """Records still owned, by partition (called with the guard's lock held); returns the
@@ -106,12 +108,14 @@ class PartitionLoop:
         self.ownership.raise_error()
         self.cycles += 1
         room = self.delivery.room()
+        if room == 0:
+            async with self.ownership.lock:
+                self._flow(full=True)
+            await self.delivery.wait_for_room(self._poll_timeout_ms / 1000)
+            room = self.delivery.room()  # room made during the wait is used in this cycle
         async with self.ownership.lock:
             self._flow(full=room == 0)
-        timeout_ms = self._poll_timeout_ms
-        if room == 0:
-            await self.delivery.wait_for_room(self._poll_timeout_ms / 1000)
-            timeout_ms = 0  # paused: this poll only keeps the membership
+        timeout_ms = 0 if room == 0 else self._poll_timeout_ms  # paused: the poll only keeps the membership
         limit = self._max_records if room is None else max(1, min(room, self._max_records or room))
         fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=limit)
         snapshot = self.ownership.snapshot()  # no await since getmany returned

@@ -2,7 +2,7 @@
 
 Every reader that reads a topic to an end and stops (the budget rebuild, the cursor read, the
 grouping changelog's restore, trainer replays, ``rollstream replay``) goes through
-:func:`read_bounded`. It reads each partition in turn with a group-less ``read_committed``
+:func:`read_bounded`. It reads the partitions together with one group-less ``read_committed``
 consumer, from ``start`` (default: the beginning) to an end fixed when the read starts:
 
 - ``end`` given: those offsets;
@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
@@ -32,6 +33,7 @@ from rollstream.kafka.admin import topic_partitions
 from rollstream.kafka.clients import make_consumer, start_client
 
 FETCH_TIMEOUT_MS = 200
+BOUNDED_FETCH_WAIT_MS = 50
 
 
 @dataclass
@@ -56,18 +58,32 @@ async def read_bounded(
     stall_seconds: float | None = None,
 ) -> AsyncIterator[Chunk]:
     """The committed records of ``topic`` (``partitions``, default all) between ``start`` and
-    the end (see the module docstring), partition by partition in offset order."""
-    consumer = make_consumer(config, client_id, group_id=None, read_committed=True)
+    the end (see the module docstring), each partition in offset order."""
+    # A bounded read wants what is there, not to wait for more: the broker answers an empty
+    # fetch at once rather than after fetch_max_wait_ms (a restore reads every partition).
+    quick = msgspec.structs.replace(config, fetch_max_wait_ms=min(config.fetch_max_wait_ms, BOUNDED_FETCH_WAIT_MS))
+    consumer = make_consumer(quick, client_id, group_id=None, read_committed=True)
     await start_client(consumer, config, f"a reader of {topic}")
     try:
         tps = await _partitions(config, topic, partitions)
-        begins = await consumer.beginning_offsets(tps) if tps else {}
-        ends = {} if settled else (await consumer.end_offsets(tps) if tps else {})
-        for tp in tps:
-            first = max((start or {}).get(tp.partition, 0), begins[tp])
-            last = (end or {}).get(tp.partition)
-            async for chunk in _read_partition(consumer, tp, first, last, ends.get(tp), settled, stall_seconds):
-                yield chunk
+        if not tps:
+            return
+        begins = await consumer.beginning_offsets(tps)
+        stable = {} if settled else await consumer.end_offsets(tps)
+        reads = {tp: _PartitionRead(tp, max((start or {}).get(tp.partition, 0), begins[tp]),
+                                    (end or {}).get(tp.partition, stable.get(tp)), settled) for tp in tps}
+        consumer.assign(tps)
+        for tp, read in reads.items():
+            consumer.seek(tp, read.position)
+        while True:
+            remaining = [tp for tp, read in reads.items() if not read.done(consumer)]
+            if not remaining:
+                return
+            fetched = await consumer.getmany(*remaining, timeout_ms=FETCH_TIMEOUT_MS)
+            for tp in remaining:
+                chunk = reads[tp].advance(fetched.get(tp, []), await consumer.position(tp), consumer, stall_seconds)
+                if chunk is not None:
+                    yield chunk
     finally:
         await consumer.stop()
 
@@ -81,31 +97,39 @@ async def scan_topic(config: KafkaConfig, topic: str, client_id: str) -> AsyncIt
                 yield record
 
 
-async def _read_partition(
-    consumer: AIOKafkaConsumer, tp: TopicPartition, first: int, end: int | None, stable_end: int | None,
-    settled: bool, stall_seconds: float | None,
-) -> AsyncIterator[Chunk]:
-    consumer.assign([tp])
-    consumer.seek(tp, first)
-    position, progressed = first, time.monotonic()
-    while True:
-        limit = end if end is not None else (consumer.highwater(tp) if settled else stable_end)
-        if limit is not None and position >= limit:
-            return
-        fetched = (await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)).get(tp, [])
-        limit = end if end is not None else (consumer.highwater(tp) if settled else stable_end)
+class _PartitionRead:
+    """One partition's progress in a bounded read: its position and where it ends."""
+
+    def __init__(self, tp: TopicPartition, first: int, end: int | None, settled: bool) -> None:
+        self.tp = tp
+        self.position = first
+        self._end = end  # fixed offsets, or the stable end taken at the start
+        self._settled = settled
+        self._progressed = time.monotonic()
+
+    def limit(self, consumer: AIOKafkaConsumer) -> int | None:
+        """Where the read ends; None while a settled read has not seen the high watermark."""
+        return consumer.highwater(self.tp) if self._settled and self._end is None else self._end
+
+    def done(self, consumer: AIOKafkaConsumer) -> bool:
+        limit = self.limit(consumer)
+        return limit is not None and self.position >= limit
+
+    def advance(
+        self, fetched: list[ConsumerRecord], moved: int, consumer: AIOKafkaConsumer, stall_seconds: float | None,
+    ) -> Chunk | None:
+        """Take one fetch's records below the end; the chunk, or None when nothing moved."""
+        limit = self.limit(consumer)
         records = [r for r in fetched if limit is None or r.offset < limit]
-        moved = await consumer.position(tp)
         if limit is not None:
             moved = min(moved, limit)
-        if moved > position or records:
-            progressed = time.monotonic()
-        elif stall_seconds is not None and time.monotonic() - progressed > stall_seconds:
-            raise TimeoutError(f"reading {tp.topic}[{tp.partition}] made no progress at offset {position} "
-                               f"for {stall_seconds:.0f}s (end {limit})")
-        position = max(position, moved)
-        if records or moved:
-            yield Chunk(tp.partition, position, records)
+        if moved > self.position or records:
+            self._progressed = time.monotonic()
+        elif stall_seconds is not None and time.monotonic() - self._progressed > stall_seconds:
+            raise TimeoutError(f"reading {self.tp.topic}[{self.tp.partition}] made no progress at offset "
+                               f"{self.position} for {stall_seconds:.0f}s (end {limit})")
+        before, self.position = self.position, max(self.position, moved)
+        return Chunk(self.tp.partition, self.position, records) if records or self.position > before else None
 
 
 async def _partitions(config: KafkaConfig, topic: str, wanted: Collection[int] | None) -> list[TopicPartition]:

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rollstream.vision.forward import trajectory_logits
+from rollstream.vision.inputs import VisionInputs
+
 DEFAULT_CLIP = 0.2
 DEFAULT_EPS = 1e-6
 
@@ -132,6 +135,7 @@ def policy_update(
     tensors: dict[str, Tensor],
     advantages: Tensor,
     *,
+    vision: VisionInputs | None = None,
     temperature: float = 1.0,
     clip: float = DEFAULT_CLIP,
     epochs: int = 1,
@@ -140,18 +144,32 @@ def policy_update(
     """``epochs`` optimizer steps of :func:`clipped_policy_loss` on one batch.
 
     ``tensors`` needs ``input_ids``, ``attention_mask``, ``loss_mask`` and ``logprobs`` (the
-    behaviour policy's, which the ratio is taken against in every epoch). The model is left in
-    eval mode.
+    behaviour policy's, which the ratio is taken against in every epoch). With ``vision``
+    (``TrainingBatch.vision``, a VLM's batch) the forward pass shows each row its images
+    (``rollstream.vision.forward.trajectory_logits``, the recipe the engine generated with). The
+    model is left in eval mode.
     """
-    device = next(model.parameters()).device
-    input_ids = tensors["input_ids"].to(device=device, dtype=torch.long)
-    attention = tensors["attention_mask"].to(device=device, dtype=torch.long)
+    if vision is not None:
+        def new_logprobs() -> Tensor:
+            return vision_token_logprobs(model, tensors, vision, temperature)
+    else:
+        device = next(model.parameters()).device
+        input_ids = tensors["input_ids"].to(device=device, dtype=torch.long)
+        attention = tensors["attention_mask"].to(device=device, dtype=torch.long)
 
-    def new_logprobs() -> Tensor:
-        return token_logprobs(model(input_ids=input_ids, attention_mask=attention).logits, input_ids, temperature)
+        def new_logprobs() -> Tensor:
+            return token_logprobs(model(input_ids=input_ids, attention_mask=attention).logits, input_ids, temperature)
 
     return ppo_epochs(model, optimizer, new_logprobs, tensors, advantages,
                       clip=clip, epochs=epochs, max_grad_norm=max_grad_norm)
+
+
+def vision_token_logprobs(
+    model: torch.nn.Module, tensors: dict[str, Tensor], vision: VisionInputs | None, temperature: float = 1.0,
+) -> Tensor:
+    """``[N, L]`` logprobs of the rows' tokens (aligned like the batch's ``logprobs``) with their images."""
+    logits = trajectory_logits(model, tensors, vision)
+    return token_logprobs(logits, tensors["input_ids"].to(logits.device), temperature)
 
 
 def ppo_epochs(

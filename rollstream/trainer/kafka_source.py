@@ -72,7 +72,8 @@ class StepIntake:
 
     async def wait_for_room(self, timeout: float) -> None:
         self._room.clear()
-        await wait_event(self._room, timeout)
+        if self.room() == 0:  # a step handed out before the clear made room already
+            await wait_event(self._room, timeout)
 
     def handed_out(self) -> None:
         self._room.set()

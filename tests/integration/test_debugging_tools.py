@@ -291,8 +291,8 @@ async def test_status_in_flight_is_admitted_minus_emitted_minus_dropped(config: 
     from rollstream.state.budget import StalenessBudget
 
     rows = [single_turn("what is two plus two", "four <eos>", [1, 2])] * 4
-    records = [(b"a", encode(recorded_batch(["a", "b"], rows))),
-               (b"e", encode(msgspec.structs.replace(recorded_batch(["e"], rows[:1]), is_eval=True))),
+    records = [(b"a", encode(recorded_batch("a", rows[:2]))), (b"b", encode(recorded_batch("b", rows[2:]))),
+               (b"e", encode(msgspec.structs.replace(recorded_batch("e", rows[:1]), is_eval=True))),
                (b"c", encode(GroupDropped(task_id="c", reason="all_failed")))]
     await publish(config, "batches", records)
     client = connect(config.redis)

@@ -177,7 +177,7 @@ async def test_grouping_emits_a_batch_without_torch(
         await write_scored(tier.config, [(m, 0) for m in group_messages("t0", size=4, version=1)])
         records = await read_all(tier.config, TopicNames(unique_name, "t0").batches, until=1)
         batch = decode_batch(records[0].value)
-        assert isinstance(batch, Batch) and batch.task_ids == ["t0"] and batch.packed.keys
+        assert isinstance(batch, Batch) and batch.task_id == "t0" and batch.packed.keys
         check_small(tier)
     finally:
         tier.stop()

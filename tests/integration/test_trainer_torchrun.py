@@ -49,10 +49,11 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def kafka_job(name: str, ranks: int, tree: dict[str, Any], workdir: Path, max_restarts: int) -> TrainerJob:
     """A trainer job in its own consumer group, with its own ledger."""
     ledger = workdir / name / "ledger.jsonl"
-    trainer = {"batch_size": BATCH, "group_id": f"{tree['experiment']['experiment_name']}-{name}",
+    trainer = {"group_id": f"{tree['experiment']['experiment_name']}-{name}",
                "ledger_path": str(ledger), "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
                "poll_timeout_ms": 200, "rank_timeout_seconds": RANK_TIMEOUT}
-    return TrainerJob(name, ranks, {**tree, "trainer": trainer}, workdir, steps=STEPS, max_restarts=max_restarts,
+    staleness = {**tree.get("staleness", {}), "batch_size": BATCH}
+    return TrainerJob(name, ranks, {**tree, "staleness": staleness, "trainer": trainer}, workdir, steps=STEPS, max_restarts=max_restarts,
                       job_args=["--step-seconds", "1.5"])
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -9,6 +11,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.trainer import BatchAccumulator, assemble, batch_group
+from rollstream.trainer.kafka_source import StepIntake
 from rollstream.wire import GroupDropped, encode
 from tests.unit.test_grouping_support import scored
 
@@ -113,3 +116,16 @@ def test_training_batch_has_rejected_and_failed_per_group() -> None:
               CompleteGroup("b", 1, False, (scored("b", 0, group_size=1),), 0, 0, 3, 3, 0.0)]
     batch = assemble([batch_group(build_batch(g, trainer_version=0)) for g in groups])
     assert (batch.group_rejected, batch.group_failed) == ([1, 0], [1, 0])
+
+
+async def test_room_made_before_the_loop_waits_is_taken_at_once() -> None:
+    """The trainer hands a step out between the loop's ``room()`` check and its wait: the wait
+    returns at once (it once waited out the poll timeout, 0.5 s, in the latency tail)."""
+    intake = StepIntake(BatchAccumulator(batch_size=1), limit=1)
+    intake.take({0: [record(encode(build_batch(group("a", [2]), trainer_version=0)), 0)]})
+    assert intake.room() == 0 and intake.arrived.is_set()
+    intake.accumulator.hand_out()
+    intake.handed_out()
+    async with asyncio.timeout(1.0):
+        await intake.wait_for_room(30.0)
+    assert intake.room() == 1

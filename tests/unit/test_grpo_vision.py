@@ -6,8 +6,7 @@ from pathlib import Path
 
 import torch
 
-from rollstream.trainer.grpo import group_advantages
-from rollstream.trainer.grpo_vision import vision_policy_update, vision_token_logprobs
+from rollstream.trainer.grpo import group_advantages, policy_update, vision_token_logprobs
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import trajectory_row
 from rollstream.vision.inputs import build_vision_inputs
@@ -34,7 +33,7 @@ def test_a_vlm_step_uses_the_images_and_starts_from_the_behaviour_logprobs(tiny_
     tensors["rewards"] = torch.tensor([1.0, 0.0, 1.0, 0.0])
     tower = [p.detach().clone() for p in model.model.visual.parameters()]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    stats = vision_policy_update(model, optimizer, tensors, vision, group_advantages(tensors["rewards"], [0, 0, 1, 1]))
+    stats = policy_update(model, optimizer, tensors, group_advantages(tensors["rewards"], [0, 0, 1, 1]), vision=vision)
     assert abs(stats.loss.ratio_mean - 1.0) < 1e-5 and stats.loss.approx_kl < 1e-5  # same recipe as generation
     assert stats.loss.tokens == int(tensors["loss_mask"].sum()) and stats.grad_norm > 0
     changed = [not torch.equal(before, after) for before, after in zip(tower, model.model.visual.parameters())]

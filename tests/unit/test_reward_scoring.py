@@ -297,6 +297,6 @@ async def test_passing_through_with_a_reward_fn_warns_once_naming_rescore(caplog
 def test_scorer_from_config_errors_name_the_setting(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="reward.tokenizer_path"):
         load_tokenizer(str(tmp_path / "missing"))
-    with pytest.raises(ConfigError, match="not allow-listed|cannot be imported"):
+    with pytest.raises(ConfigError, match="not allow-listed|cannot import"):
         Scorer.from_config(RewardConfig(reward_fn="nope_mod:fn"), "w")
     assert load_tokenizer("") is None
