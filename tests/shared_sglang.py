@@ -18,7 +18,7 @@ from rollstream.redis_state import RedisKeys, VersionStore, connect
 from rollstream.server_lease import ServerLeases
 from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode, encode
 from tests.fakes import FakeSGLangServer
-from tests.faults.ledger import read_topic
+from bench.harness.ledger import read_topic
 from tests.helpers import make_config
 
 ENGINES: dict[str, SGLangEngine] = {}  # by worker id, filled by make_engine (in-process workers)

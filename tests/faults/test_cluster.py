@@ -47,9 +47,9 @@ from rollstream.kafka.admin import describe_topics, ensure_topics
 from rollstream.kafka.clients import make_admin
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import Batch, decode_batch
-from tests.faults.cluster import BudgetWatch, ClusterProbe, FaultRecord, kafka_cluster  # noqa: F401 (fixture)
-from tests.faults.ledger import read_topic
-from tests.faults.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
+from bench.harness.cluster import BudgetWatch, ClusterProbe, FaultRecord
+from bench.harness.ledger import read_topic
+from bench.harness.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -27,7 +27,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, StalenessBudget, VersionStore, connect
 from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, encode
 from rollstream.rollout_workers.service import run as run_rollout_worker
-from tests.faults.ledger import read_topic
+from bench.harness.ledger import read_topic
 from tests.helpers import make_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]

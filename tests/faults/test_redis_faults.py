@@ -24,7 +24,7 @@ from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.clients import make_consumer
 from rollstream.redis_state import RedisKeys, StalenessBudget
 from rollstream.wire import GroupDropped, decode_batch, decode_prompt
-from tests.faults.pipeline import Pipeline, pipeline_config, write_dataset
+from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

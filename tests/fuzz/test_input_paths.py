@@ -48,7 +48,7 @@ from rollstream.wire import (
     encode,
     encode_tensor_dict,
 )
-from tests.faults.ledger import read_topic
+from bench.harness.ledger import read_topic
 from tests.fuzz.strategies import BUDGET, as_dict, broken_bytes, episode, float_tensor, raw, trajectory, valid_messages
 from tests.helpers import make_config
 

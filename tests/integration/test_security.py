@@ -34,7 +34,7 @@ from rollstream.kafka.clients import KafkaAuthenticationError, make_consumer, ma
 from rollstream.kafka.topics import TopicNames
 from rollstream.redis_state import RedisKeys, StalenessBudget, connect
 from rollstream.wire import PromptTask, decode_prompt, encode
-from tests.faults.ledger import read_topic
+from bench.harness.ledger import read_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
