@@ -52,9 +52,10 @@ def write_dataset(path: Path, n: int) -> Path:
 
 
 def pipeline_config(kafka_bootstrap: str, redis_url: str, name: str, model: Path, dataset: Path,
-                    prompts: int) -> dict[str, Any]:
-    """Settings for a quick recovery: short transaction and session timeouts, stable ids."""
-    return {
+                    prompts: int | None) -> dict[str, Any]:
+    """Settings for a quick recovery: short transaction and session timeouts, stable ids; the
+    producer stops after ``prompts`` (None: when stopped)."""
+    tree: dict[str, Any] = {
         "kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": 2, "transaction_timeout_ms": 10000},
         "redis": {"url": redis_url},
         "experiment": {"experiment_name": name, "trial_name": "t0"},
@@ -68,6 +69,9 @@ def pipeline_config(kafka_bootstrap: str, redis_url: str, name: str, model: Path
                    "timeout_seconds": 10, "session_timeout_ms": 6000, "poll_timeout_ms": 200},
         "grouping": {"instance_id": "grouping-0", "session_timeout_ms": 6000, "commit_interval_ms": 200},
     }
+    if prompts is None:
+        del tree["producer"]["max_prompts"]
+    return tree
 
 
 @dataclass
