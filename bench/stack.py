@@ -133,7 +133,8 @@ class TierProcess:
         self.starts += 1
         profile_dir = os.environ.get(ENV_PROFILE_DIR)
         if profile_dir:  # py-spy (pip install py-spy) records collapsed stacks until the tier exits
-            out = Path(profile_dir) / f"{self.name}.{self.starts}.collapsed"
+            restart = f".{self.starts}" if self.starts > 1 else ""
+            out = Path(profile_dir) / f"{self.name}{restart}.collapsed"
             out.parent.mkdir(parents=True, exist_ok=True)  # py-spy writes nothing into a missing directory
             with self.log_path.open("ab") as log:
                 self._profiler = subprocess.Popen(

@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"workdir {workdir} (tier logs in {workdir / 'logs'})", flush=True)
+    out = Report("chaos", args.quick)  # now: the load average at the start is the run's
     result = asyncio.run(run_chaos(settings, workdir.resolve(), args.model or tokenizer_path()))
-    out = Report("chaos", args.quick)
     report(result, out)
     status = out.finish(args.out)
     if status == 0 and args.workdir is None:

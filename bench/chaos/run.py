@@ -90,19 +90,26 @@ def add_tiers(pipeline: Pipeline, fleet: Fleet, steps_file: Path) -> None:
     pipeline.add(TRAINER, "train", args=["--steps-file", str(steps_file)])
 
 
-async def run_chaos(s: Settings, workdir: Path, model: Path) -> Result:
-    """The whole run in ``workdir`` (cluster, Redis, logs, checkpoints) on the tiny ``model``."""
+async def run_chaos(s: Settings, workdir: Path, model: Path, cluster: LocalKafkaCluster | None = None) -> Result:
+    """The whole run in ``workdir`` (Redis, logs, checkpoints) on the tiny ``model``, on
+    ``cluster`` (its nodes all running; default: a cluster of its own in ``workdir``)."""
     planned = draw_schedule(s.seed, s.minutes * 60, s.fleet, s.mean_gap)
     print(f"{len(planned)} faults planned by seed {s.seed} over {s.minutes:g} minutes:", flush=True)
     for fault in planned:
         print("  " + fault.line())
-    cluster = LocalKafkaCluster(workdir / "cluster", brokers=s.fleet.nodes, heap="384m")
-    await asyncio.to_thread(cluster.start)
+    own = cluster is None
+    if cluster is None:
+        cluster = LocalKafkaCluster(workdir / "cluster", brokers=s.fleet.nodes, heap="384m")
+        await asyncio.to_thread(cluster.start)
+        print(f"cluster of {s.fleet.nodes} nodes up in {cluster.startup_seconds:.0f}s", flush=True)
+    elif len(cluster.running_nodes()) != s.fleet.nodes:
+        raise ValueError(f"the schedule needs {s.fleet.nodes} running nodes, the cluster has {cluster.running_nodes()}")
     try:
         with LocalRedisServer(workdir / "redis", appendonly=True) as redis:
             return await _on_stage(s, planned, workdir, model, cluster, redis)
     finally:
-        await asyncio.to_thread(cluster.stop)
+        if own:
+            await asyncio.to_thread(cluster.stop)
 
 
 async def _on_stage(s: Settings, planned: list[Fault], workdir: Path, model: Path, cluster: LocalKafkaCluster,
@@ -165,7 +172,7 @@ async def _drain(stage: Stage, s: Settings, prompts: TopicFollower) -> dict[str,
     for name, process in pipeline.tiers.items():
         if process.tier == "producer":
             await pipeline.in_thread(lambda p=process: p.stop(120.0), 180, f"{name} to stop")
-    records = [r for r in await read_records(pipeline.config.kafka, pipeline.names.prompts)]
+    records = await read_records(pipeline.config.kafka, pipeline.names.prompts)
     tasks = [decode_prompt(r.value) for r in records]
     admitted = {t.task_id for t in tasks if not t.is_eval}
     await pipeline.wait_for(lambda: observer.prompt_records >= len(records), 120, "the prompts follower")
@@ -175,9 +182,8 @@ async def _drain(stage: Stage, s: Settings, prompts: TopicFollower) -> dict[str,
     trained = await _until(pipeline, lambda: _waiting(observer, ledger) < s.batch_size, 300)
     lags = await _lags(stage)
     entries = observer.read_ledger()
-    trainer_left = [r for r in await unconsumed(pipeline.config.kafka, pipeline.names.batches,
-                                                pipeline.config.trainer.group_id)]
-    waiting = sum(len(m.task_ids) for m in map(lambda r: decode_batch(r.value), trainer_left) if isinstance(m, Batch))
+    trainer_left = await unconsumed(pipeline.config.kafka, pipeline.names.batches, pipeline.config.trainer.group_id)
+    waiting = sum(len(m.task_ids) for m in (decode_batch(r.value) for r in trainer_left) if isinstance(m, Batch))
     emitted = set(ledger.emitted)
     observer.report(inv.accounting(admitted, len(records), ledger))
     observer.report(inv.trained_twice(entries))

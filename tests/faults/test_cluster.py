@@ -1,9 +1,9 @@
 """Exactly-once accounting on a replicated 3-node cluster while its nodes are killed, restarted
 one by one and cut off, and while tiers are killed.
 
-The cluster (``tests/faults/cluster.py``): three local KRaft nodes, each a broker and a
-controller voter; the trial's topics and the internal ones (consumer offsets, transaction state)
-at replication 3 with ``min.insync.replicas`` 2; the tiers produce with ``acks=all`` and
+The cluster (the ``kafka_cluster`` fixture of ``tests/faults/conftest.py``, probed with
+``bench/harness/cluster.py``): three local KRaft nodes, each a broker and a controller voter;
+the trial's topics and the internal ones (consumer offsets, transaction state) at replication 3 with ``min.insync.replicas`` 2; the tiers produce with ``acks=all`` and
 idempotence. The pipeline is the one of ``test_exactly_once.py`` (the tiers as separate
 processes, the tiny HF model, a stand-in trainer pacing the producer), with
 ``grouping.drop_stale`` on so that the staleness bound is enforced at emission too.
