@@ -71,6 +71,7 @@ def chaos_config(bootstrap: str, redis_url: str, name: str, model: Path, dataset
     tree["producer"].update({"group_size": s.group_size, "epochs": 1000, "max_batch_prompts": s.batch_size})
     tree["rollout"].update({"gconfig": {"max_new_tokens": s.max_new_tokens}, "max_concurrent_rollouts": 8,
                             "failure_detection_seconds": 6, "shutdown_grace_seconds": 30})
+    tree["reward"]["reward_fn"] = "bench.chaos.rewards:exact_match_or_fail"  # one group in ~10 dropped
     tree["grouping"]["drop_stale"] = True
     tree["trainer"] = {"batch_size": s.batch_size, "group_id": f"{name}-trainer", "model_path": str(model),
                        "checkpoint_dir": str(workdir / "checkpoints"), "session_timeout_ms": 6000,
