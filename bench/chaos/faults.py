@@ -56,9 +56,13 @@ class Done:
 
 
 async def execute(stage: Stage, fault: Fault, began: float) -> Done:
-    """Carry ``fault`` out (``began``: its start, seconds after the faults began)."""
+    """Carry ``fault`` out (``began``: its start, seconds after the faults began). A fault that
+    cannot be carried out (a node that does not start again) says so in its note."""
     started = time.monotonic()
-    note = await _ACTIONS[fault.kind](stage, fault)
+    try:
+        note = await _ACTIONS[fault.kind](stage, fault)
+    except Exception as exc:  # noqa: BLE001 - a fault that could not be carried out is reported, the run goes on
+        note = f"FAILED to carry out: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return Done(fault, began, time.monotonic() - started, note or "")
 
 
