@@ -38,12 +38,12 @@ REDIS_SAMPLE_SECONDS = 0.5
 class Observer:
     """The run's eyes; :meth:`watch` runs the polling loops until cancelled."""
 
-    def __init__(self, config: RollstreamConfig, ledger_path: Path, ledger: Ledger) -> None:
+    def __init__(self, config: RollstreamConfig, ledger_path: Path) -> None:
         self.config = config
         self.eta = config.staleness.max_head_offpolicyness
         self.batch_size = config.staleness.batch_size
         self.ledger_file = StepLedger(ledger_path)
-        self.ledger = ledger  # the pipeline's ledger of batches, filled before on_batch is called
+        self.ledger = Ledger()  # of batches: the pipeline's (see follow), filled before on_batch is called
         self.violations: list[inv.Violation] = []
         self._reported: set[tuple[str, str]] = set()
         # prompts
@@ -61,7 +61,7 @@ class Observer:
         # redis
         self.redis_samples = 0
         self.redis_unreadable = 0
-        self.worst_budget: tuple[int, dict[str, int]] | None = None  # (admitted - dropped - capacity, sample)
+        self.worst_budget: tuple[int, str] | None = None  # (admitted - dropped - capacity, the sample)
         self.highest_version = 0
         self._wiped = False
         self._pending: deque[tuple[float, int, int]] = deque()  # (time, admitted, dropped)
@@ -79,6 +79,10 @@ class Observer:
             print(f"{time.strftime('%H:%M:%S')} VIOLATION [{violation.invariant}] {violation.saw}", flush=True)
 
     # -- topics --
+
+    def follow(self, ledger: Ledger) -> None:
+        """Read ``batches`` through ``ledger``, the one the pipeline's watcher fills."""
+        self.ledger = ledger
 
     def on_prompt(self, record: ConsumerRecord) -> None:
         task = decode_prompt(record.value)
@@ -141,7 +145,17 @@ class Observer:
             self.report(inv.budget_excess(admitted, dropped, version, self.eta, self.batch_size, at))
             over = admitted - dropped - inv.capacity(self.eta, version, self.batch_size)
             if self.worst_budget is None or over > self.worst_budget[0]:
-                self.worst_budget = (over, {"admitted": admitted, "dropped": dropped, "trainer version": version})
+                self.worst_budget = (over, f"admitted {admitted}, dropped {dropped}, trainer version {version}")
+
+    def sampled(self, at: float, admitted: int, dropped: int, version: int) -> None:
+        """One reading of Redis taken by ``at``: the version is checked now, the budget once the
+        ledger has been read after ``at``."""
+        self.redis_samples += 1
+        self._pending.append((at, admitted, dropped))
+        self.report(inv.version_regression(self.highest_version, version, self._wiped, at))
+        if version > 0:
+            self._wiped = False
+        self.highest_version = max(self.highest_version, version)
 
     async def _sample_redis(self) -> None:
         exp = self.config.experiment
@@ -154,14 +168,7 @@ class Observer:
                 except (RedisError, OSError, ValueError):
                     self.redis_unreadable += 1
                 else:
-                    at = time.time()
-                    self.redis_samples += 1
-                    self._pending.append((at, usage["admitted"], usage["dropped"]))
-                    version = usage["version"]
-                    self.report(inv.version_regression(self.highest_version, version, self._wiped, at))
-                    if version > 0:
-                        self._wiped = False
-                    self.highest_version = max(self.highest_version, version)
+                    self.sampled(time.time(), usage["admitted"], usage["dropped"], usage["version"])
                 await asyncio.sleep(REDIS_SAMPLE_SECONDS)
         finally:
             await redis.aclose()

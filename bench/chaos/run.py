@@ -24,6 +24,7 @@ from bench.chaos.schedule import TRAINER, Fault, Fleet, draw_schedule
 from bench.harness.cluster import ClusterProbe
 from bench.harness.ledger import TopicFollower, read_records, unconsumed
 from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
+from rollstream.config import config_from_dict
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.wire import Batch, decode_batch, decode_prompt
@@ -118,10 +119,9 @@ async def _on_stage(s: Settings, planned: list[Fault], workdir: Path, model: Pat
     name = f"chaos{s.seed}"
     dataset = write_dataset(workdir / "prompts.jsonl", DATASET_LINES)
     tree = chaos_config(cluster.bootstrap, redis.url, name, model, dataset, workdir, s)
-    observer: Observer | None = None
-    pipeline = Pipeline(tree, workdir, model, stand_in_trainer=False,
-                        on_batch=lambda record, message: observer.on_batch(record, message) if observer else None)
-    observer = Observer(pipeline.config, Path(tree["trainer"]["checkpoint_dir"]) / "ledger.jsonl", pipeline.ledger)
+    observer = Observer(config_from_dict(tree), Path(tree["trainer"]["checkpoint_dir"]) / "ledger.jsonl")
+    pipeline = Pipeline(tree, workdir, model, stand_in_trainer=False, on_batch=observer.on_batch)
+    observer.follow(pipeline.ledger)
     stage = Stage(pipeline, cluster, ClusterProbe(cluster, pipeline.config.kafka), redis, observer)
     began = time.monotonic()
     async with pipeline, TopicFollower(pipeline.config.kafka, pipeline.names.prompts, observer.on_prompt) as prompts:
@@ -249,7 +249,8 @@ def _figures(stage: Stage) -> dict[str, Any]:
         "highest version in redis": observer.highest_version,
         "batches checked": observer.batches_checked, "tokens checked": observer.tokens_checked,
         "redis samples": observer.redis_samples, "redis unreadable": observer.redis_unreadable,
-        "worst admitted - dropped - capacity": observer.worst_budget,
+        "worst admitted - dropped - capacity in redis": (
+            f"{observer.worst_budget[0]} ({observer.worst_budget[1]})" if observer.worst_budget else "no sample"),
         "budget rebuilds (producers' logs)": rebuilds,
         "kills": {n: p.kills for n, p in pipeline.tiers.items() if p.kills},
         "pauses": {n: p.pauses for n, p in pipeline.tiers.items() if p.pauses},
