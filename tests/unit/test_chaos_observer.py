@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import msgspec
 from aiokafka import ConsumerRecord
 
 from bench.chaos import invariants as inv
@@ -64,7 +65,8 @@ def test_prompts_and_batches_are_checked_as_they_arrive(tmp_path: Path) -> None:
     seen.on_prompt(record(prompt, 1600))
     assert seen.prompts == {"p:0:1": 1.5} and seen.prompt_records == 2
     assert [v.saw for v in seen.violations] == ["prompt p:0:1 published twice"]
-    batch = build_batch([group("a", [2, 3])], trainer_version=2)  # older than its tail 3, "known"
+    # a trainer version older than the batch's tail 3 that the batch says it knows
+    batch = msgspec.structs.replace(build_batch([group("a", [2, 3])], trainer_version=3), trainer_version=2, staleness=0)
     seen.follow(seen.ledger)
     seen.ledger.add(batch)
     seen.on_batch(record(b""), batch)
