@@ -138,6 +138,9 @@ async def _on_stage(s: Settings, planned: list[Fault], workdir: Path, model: Pat
             drain = await _drain(stage, s, prompts)
             result = Result(s, planned, done, [], exits=_exits(pipeline))
             result.figures = {"startup seconds": round(startup), **drain, **_figures(stage)}
+            if watching.done():  # the live checks stopped: the run proves nothing
+                watching.result()
+                raise RuntimeError("the observer stopped watching before the end")
         finally:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
