@@ -133,6 +133,8 @@ async def _redis_restart(stage: Stage, fault: Fault, wipe: bool = False) -> str:
         _forget(redis.workdir)
     await stage.pipeline.sleep(fault.seconds)
     await stage.pipeline.in_thread(redis.start, 60, "redis to start")
+    if wipe:
+        stage.observer.redis_back()
     return ""
 
 

@@ -63,7 +63,8 @@ class Observer:
         self.redis_unreadable = 0
         self.worst_budget: tuple[int, str] | None = None  # (admitted - dropped - capacity, the sample)
         self.highest_version = 0
-        self._wiped = False
+        self._forgetting = False  # Redis lost its data (or is about to): the version may read 0
+        self._back_at: float | None = None  # when Redis came back from the last such restart
         self._pending: deque[tuple[float, int, int]] = deque()  # (time, admitted, dropped)
 
     # -- violations --
@@ -112,9 +113,13 @@ class Observer:
     # -- polling --
 
     def redis_wiped(self) -> None:
-        """The run is about to restart Redis without its data: the version may read 0 until the
-        trainer publishes again."""
-        self._wiped = True
+        """The run is about to restart Redis without its data: from now on the version may read 0,
+        until a version is read from the Redis that came back (:meth:`redis_back`)."""
+        self._forgetting, self._back_at = True, None
+
+    def redis_back(self) -> None:
+        """Redis answers again after a restart without its data."""
+        self._back_at = time.time()
 
     async def watch(self) -> None:
         await asyncio.gather(self._poll_ledger(), self._sample_redis())
@@ -152,9 +157,9 @@ class Observer:
         ledger has been read after ``at``."""
         self.redis_samples += 1
         self._pending.append((at, admitted, dropped))
-        self.report(inv.version_regression(self.highest_version, version, self._wiped, at))
-        if version > 0:
-            self._wiped = False
+        self.report(inv.version_regression(self.highest_version, version, self._forgetting, at))
+        if version > 0 and self._back_at is not None and at > self._back_at:
+            self._forgetting = False  # read from the Redis that came back: it holds a version again
         self.highest_version = max(self.highest_version, version)
 
     async def _sample_redis(self) -> None:

@@ -51,10 +51,13 @@ def test_the_version_in_redis_may_read_nothing_only_after_a_wipe(tmp_path: Path)
     seen = observer(tmp_path)
     seen.sampled(1.0, 0, 0, version=5)
     seen.redis_wiped()
-    seen.sampled(2.0, 0, 0, version=0)
-    seen.sampled(3.0, 0, 0, version=6)
+    seen.sampled(time.time(), 0, 0, version=9)  # read just before the stop: the wipe is still coming
+    seen.sampled(time.time(), 0, 0, version=0)
+    seen.redis_back()
+    seen.sampled(time.time(), 0, 0, version=0)
+    seen.sampled(time.time() + 1, 0, 0, version=10)  # the trainer published again
     assert seen.violations == []
-    seen.sampled(4.0, 0, 0, version=0)  # no wipe this time
+    seen.sampled(time.time() + 2, 0, 0, version=0)  # no wipe this time
     assert [v.invariant for v in seen.violations] == [inv.VERSIONS_UP]
 
 
