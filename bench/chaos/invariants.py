@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -54,6 +55,11 @@ def floor_ms(seconds: float) -> float:
     """``seconds`` cut to whole milliseconds, as Kafka stamps records: a version compared with a
     record's timestamp must not look later than it was."""
     return math.floor(seconds * 1000) / 1000
+
+
+def clock(seconds: float) -> str:
+    """A wall time as the logs write it (UTC, milliseconds)."""
+    return time.strftime("%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds * 1000) % 1000:03d}"
 
 
 # -- ends exactly once --
@@ -183,7 +189,7 @@ def admission_excess(prompt_times: Sequence[float], drop_times: Sequence[float],
         dropped = bisect.bisect_right(drops, t)
         limit = capacity(eta, version, batch_size)
         if n - dropped > limit:
-            found.append(Violation(STALENESS, f"admission {n} at {t:.3f}: {n} admitted - {dropped} dropped = "
+            found.append(Violation(STALENESS, f"admission {n} at {clock(t)}: {n} admitted - {dropped} dropped = "
                                               f"{n - dropped} > (eta {eta} + v {version} + 1) * B {batch_size} = "
                                               f"{limit} (excess {n - dropped - limit})", t))
     return found
