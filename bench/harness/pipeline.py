@@ -142,6 +142,8 @@ class Pipeline:
             self._trainer.cancel()
             await asyncio.gather(self._trainer, return_exceptions=True)
         for process in self.tiers.values():
+            process.signal_stop()  # all at once: each drains in parallel
+        for process in self.tiers.values():
             await asyncio.to_thread(process.stop, 30.0)
         await self.watcher.__aexit__()
         await self._redis.aclose()
