@@ -5,5 +5,6 @@ while it runs and at the end (``python -m bench.chaos --minutes M --seed S``; be
 - :mod:`bench.chaos.invariants`: the checks, plain functions of what was observed;
 - :mod:`bench.chaos.observe`: what is watched while the run goes on;
 - :mod:`bench.chaos.faults`: carrying a fault out and putting things back;
-- :mod:`bench.chaos.run`: the stage, the schedule, the drain, the verdict.
+- :mod:`bench.chaos.run`: the stage, the schedule, the drain, the verdict;
+- :mod:`bench.chaos.report`: what is printed and written.
 """

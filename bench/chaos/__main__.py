@@ -24,42 +24,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bench.chaos import invariants as inv
-from bench.chaos.run import Result, Settings, run_chaos
-from bench.chaos.schedule import KINDS
+from bench.chaos.report import FOREIGN_ENV, report
+from bench.chaos.run import Settings, run_chaos
 from bench.common import Report, base_parser
 from bench.stack import tokenizer_path
 
 DEFAULT_SEED = 20261201
-FAULTS_PER_MINUTE = 2  # the target: 60 in 30 minutes
-# the tiers read these before their config file: the run's own cluster and Redis must win
-FOREIGN_ENV = ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")
-
-
-def report(result: Result, report: Report) -> None:
-    s = result.settings
-    kinds = result.by_kind()
-    report.table("Faults by kind", [{"kind": k, "carried out": kinds.get(k, 0)} for k in KINDS]
-                 + [{"kind": "total", "carried out": len(result.done)}])
-    report.table("Faults as they happened", [
-        {"at (s)": d.began, "fault": d.fault.kind, "target": d.fault.target, "lasting (s)": d.fault.seconds,
-         "took (s)": d.took, "note": d.note} for d in result.done])
-    counts = inv.by_invariant(result.violations)
-    report.table("Invariants", [{"invariant": name, "violations": counts.get(name, 0)} for name in inv.INVARIANTS])
-    for violation in result.violations:
-        report.note(f"VIOLATION [{violation.invariant}] {violation.saw}")
-    for name, lines in result.exits.items():
-        report.note(f"{name} exited unasked (restarted): " + " | ".join(lines))
-    report.extra.update({"seed": s.seed, "minutes": s.minutes, "mean gap (s)": s.mean_gap,
-                         "faults planned": len(result.planned), "faults carried out": len(result.done),
-                         "faults by kind": dict(kinds), "violations": len(result.violations),
-                         "violations by invariant": dict(counts), "unasked exits": result.exits,
-                         **result.figures})
-    print("\nFigures")
-    for key, value in report.extra.items():
-        print(f"  {key}: {value}")
-    report.target("faults carried out", len(result.done), FAULTS_PER_MINUTE * s.minutes)
-    report.target("violations", len(result.violations), 0, higher_is_better=False)
 
 
 def main(argv: list[str] | None = None) -> int:

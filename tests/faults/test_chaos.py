@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos.__main__ import FOREIGN_ENV, report
+from bench.chaos.report import FOREIGN_ENV, report
 from bench.chaos.run import Settings, run_chaos
 from bench.common import Report
 from rollstream.dev.cluster import LocalKafkaCluster
