@@ -34,7 +34,7 @@ def report(result: Result, out: Report) -> None:
                          "violations by invariant": dict(counts), "unasked exits": result.exits,
                          **result.figures})
     print("\nFigures")
-    for key, value in report.extra.items():
+    for key, value in out.extra.items():
         print(f"  {key}: {value}")
     out.target("faults carried out", len(result.done), FAULTS_PER_MINUTE * s.minutes)
     out.target("violations", len(result.violations), 0, higher_is_better=False)
