@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import tempfile
 import time
 from collections import defaultdict
@@ -89,7 +88,7 @@ class Fleet:
     def start(self, worker_id: str) -> TierProcess:
         worker = self.workers.setdefault(worker_id, Worker(worker_id, self.workdir / f"{worker_id}.log"))
         env = {"ROLLSTREAM__ROLLOUT__WORKER_ID": worker_id, ENV_RATE: str(self.sizes.tokens_per_second)}
-        process = TierProcess("rollout-worker", self.config_path, worker.log_path, env=env)
+        process = TierProcess("rollout-worker", self.config_path, worker.log_path, env=env).start()
         worker.processes.append(process)
         return process
 
@@ -106,8 +105,7 @@ class Fleet:
 
     def kill(self, worker_id: str) -> None:
         worker = self.workers[worker_id]
-        worker.process.proc.send_signal(signal.SIGKILL)
-        worker.process.proc.wait(10)
+        worker.process.kill()
         worker.killed_at = time.time()
 
     def all_processes(self) -> list[TierProcess]:
@@ -330,7 +328,7 @@ async def measure(sizes: Sizes, report: Report) -> None:
         names = TopicNames(name, "t0")
         await ensure_topics(config.kafka, names)
         config_path = write_config(workdir / "elastic.yaml", tree)
-        producer = TierProcess("producer", config_path, workdir / "producer.log")
+        producer = TierProcess("producer", config_path, workdir / "producer.log").start()
         fleet = Fleet(config_path, workdir, sizes)
         try:
             await run_schedule(fleet, sizes)

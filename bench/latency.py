@@ -82,7 +82,7 @@ async def measure_interval(svc: Services, workdir: Path, interval_ms: int, group
     await ensure_topics(config.kafka, names)
     path = write_config(workdir / f"{name}.yaml", tree)
     batches = [(f"{name}:0:{i}", group_records(f"{name}:0:{i}", lengths)) for i in range(warmup + groups)]
-    grouping = TierProcess("grouping", path, workdir / f"{name}.grouping.log")
+    grouping = TierProcess("grouping", path, workdir / f"{name}.grouping.log").start()
     producer = make_producer(config.kafka, "bench-scorer", transactional_id=f"{name}.bench-scorer")
     consumer = BatchStream(config, ledger=False, client_id="bench-trainer", poll_timeout_ms=500)
     written: dict[str, float] = {}

@@ -163,7 +163,7 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
     names = TopicNames(name, "t0")
     env = {ENV_RATE: str(s.tokens_per_second), ENV_MIN_SHARE: str(s.min_length_share), ENV_VOCAB: str(s.vocab_size)}
     tiers = (*TIERS, *s.extra_tiers)
-    procs = [TierProcess(t, path, workdir / f"{name}.{t}.log", env=env) for t in tiers]
+    procs = [TierProcess(t, path, workdir / f"{name}.{t}.log", env=env).start() for t in tiers]
     # counted while the tiers start (a JVM each way, in parallel with other work)
     # (skipped by smoke runs: two JVM starts)
     count_records = s.confirm_ready
@@ -176,7 +176,7 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
         try:
             with Sampler(procs) as sampler:
                 if not s.confirm_ready:  # a smoke run: no figures, so no waiting either
-                    procs.append(TierProcess("producer", path, workdir / f"{name}.producer.log"))
+                    procs.append(TierProcess("producer", path, workdir / f"{name}.producer.log").start())
                 # every tier is in its consumer group before the first prompt: the figures are
                 # the pipeline's, not the start-up of four Python processes
                 groups = [names.group_id(t) for t in tiers]
@@ -186,7 +186,7 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
                 ready_rss = {p.tier: rss_bytes(p.pid) for p in procs}
                 cpu_before.update(_own_cpu(broker_pid, sampler))
                 if s.confirm_ready:
-                    procs.append(TierProcess("producer", path, workdir / f"{name}.producer.log"))
+                    procs.append(TierProcess("producer", path, workdir / f"{name}.producer.log").start())
                 started = time.monotonic()
                 times, episodes, generated, total = await _consume(consumer, s, procs, started + s.timeout_s)
                 drops = dict(consumer.drops_by_reason)

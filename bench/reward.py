@@ -118,7 +118,7 @@ async def tier_run(services_: Services, workdir: Path, warm: list[ConsumerRecord
     names = TopicNames(name, "t0")
     await ensure_topics(config.kafka, names)
     path = write_config(workdir / f"{name}.yaml", tree)
-    worker = TierProcess("reward-worker", path, workdir / f"{name}.log")
+    worker = TierProcess("reward-worker", path, workdir / f"{name}.log").start()
     counter = make_consumer(config.kafka, "bench-scored", names.scored, group_id=None)
     producer = make_producer(config.kafka, "bench-episodes")
     await counter.start()

@@ -14,7 +14,7 @@ leaves with SIGTERM (it finishes in-flight work, commits and leaves the group). 
 groups/s over the window from every new replica consuming to the phase's end, and the
 transition (start-up and rebalance) separately. Then versions stop, the producer stops, and the
 pipeline drains. The accounting is read from the topics (read_committed,
-``tests.faults.ledger``): every admitted prompt ended exactly once, as an emitted group or a
+``bench.harness.ledger``): every admitted prompt ended exactly once, as an emitted group or a
 counted drop; no row twice.
 """
 
@@ -42,7 +42,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.wire import decode_prompt
-from tests.faults.ledger import BatchesWatcher, read_topic
+from bench.harness.ledger import BatchesWatcher, read_topic
 
 TIERS = ("rollout-worker", "reward-worker", "grouping")
 ID_SETTING = {"rollout-worker": "ROLLOUT__WORKER_ID", "reward-worker": "REWARD__WORKER_ID",
@@ -98,7 +98,7 @@ class Replicas:
             index = self.started
             self.started += 1
             env = {**self.env, f"ROLLSTREAM__{ID_SETTING[tier]}": f"bench-{tier}-{index}"}
-            new.append(TierProcess(tier, self.path, self.workdir / f"{tier}-{index}.log", env=env))
+            new.append(TierProcess(tier, self.path, self.workdir / f"{tier}-{index}.log", env=env).start())
             procs.append(new[-1])
         leaving = procs[count:]
         del procs[count:]
@@ -214,7 +214,7 @@ async def measure(args: argparse.Namespace, report: Report) -> None:
             for tier in reversed(TIERS):  # consumers first
                 replicas.scale(tier, 1)
             await wait_until_consuming(replicas.all(), args.timeout)
-            producer = TierProcess("producer", path, workdir / "producer.log")
+            producer = TierProcess("producer", path, workdir / "producer.log").start()
             await first_group(watcher, replicas, args.timeout)  # the first phase measures a running pipeline
             results = await run_phases(watcher, replicas, phase_seconds, args.timeout)
             pacer.cancel()

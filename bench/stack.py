@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,44 +60,173 @@ def write_config(path: Path, tree: dict[str, Any]) -> Path:
     return path
 
 
+try:  # loaded here: no dlopen between fork and exec
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:
+    _LIBC = None
+
+
 def _die_with_parent() -> None:
-    """In the child: SIGTERM when the benchmark process dies, so no tier outlives a crashed run."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    """In the child: SIGTERM when the thread that started it ends (PR_SET_PDEATHSIG), so no tier
+    outlives a crashed run. Start tiers from a thread that lives as long as the run (the main
+    thread), not from a short-lived worker thread."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM)
 
 
 class TierProcess:
-    """One tier in its own process; logs to ``log_path``; ``stop()`` sends SIGTERM."""
+    """One tier replica in its own process (``rollstream <tier>``): the one way the benchmarks
+    and the fault tests start a tier.
 
-    def __init__(self, tier: str, config: Path, log_path: Path, env: dict[str, str] | None = None) -> None:
+    Not started by the constructor: ``start()`` (again after ``kill()`` or ``stop()``: a restart
+    with the same settings and log). Each start runs in its own session (process group), so a
+    kill, pause or stop reaches what the tier started (the reward worker's process pool; the
+    trainer's ``torchrun`` workers, which run in sessions of their own, through the process
+    tree), as the death of a container would. Output is appended to ``log_path``, a line per
+    start; ``tail()`` and ``grep()`` read it. ``sample()`` tracks memory and CPU time (with the
+    children). ``args`` follow the config on the command line (``rollstream train``'s
+    ``--steps-file``); ``overrides`` become ``--set`` options; ``env`` adds to the environment.
+    """
+
+    def __init__(self, tier: str, config: Path, log_path: Path, *, overrides: list[str] | None = None,
+                 env: dict[str, str] | None = None, args: list[str] | None = None, name: str | None = None) -> None:
         self.tier = tier
+        self.name = name or tier
+        self.config = config
         self.log_path = log_path
-        argv = [sys.executable, "-m", "rollstream.cli", tier, "--config", str(config)]  # = `rollstream <tier>`
-        self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
-        self._profiler: subprocess.Popen[bytes] | None = None
-        self._signalled = False
-        profile_dir = os.environ.get(ENV_PROFILE_DIR)
-        if profile_dir:  # py-spy (pip install py-spy) records collapsed stacks until the tier exits
-            out = Path(profile_dir) / f"{tier}.collapsed"
-            out.parent.mkdir(parents=True, exist_ok=True)  # py-spy writes nothing into a missing directory
-            self._profiler = subprocess.Popen(
-                ["py-spy", "record", "--format", "raw", "--rate", "200", "--subprocesses", "--pid", str(self.pid),
-                 "-o", str(out)], stdout=subprocess.DEVNULL, stderr=self._log)
+        self.overrides = list(overrides or [])
+        self.args = list(args or [])
+        self.env = dict(env or {})
+        self.starts = 0
+        self.kills = 0
+        self.pauses = 0
+        self.unexpected_exits: list[int] = []  # exit codes of exits nobody asked for (a supervisor fills it)
+        self.held_down = False  # killed or stopped on purpose: not to be restarted by a supervisor
         self.peak_rss = 0  # own VmHWM, refreshed by sample()
         self.peak_tree_rss = 0  # max over samples of the RSS summed over the process and its children
         self.peak_private = 0  # max over samples of the process's private memory
         self._cpu: dict[int, float] = {}  # pid (the process and its children) -> CPU seconds seen
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._profiler: subprocess.Popen[bytes] | None = None
+        self._signalled = False
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "rollstream.cli", self.tier, "--config", str(self.config), *self.args]
+        for item in self.overrides:  # = `rollstream <tier> --config F ... --set K=V`
+            argv += ["--set", item]
+        return argv
+
+    def start(self) -> TierProcess:
+        """Start (or restart) the tier; returns self."""
+        if self.running():
+            raise RuntimeError(f"{self.name} is already running")
+        self.held_down = False
+        self._signalled = False
+        env = {**os.environ, "PYTHONPATH": str(REPO), **self.env}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"\n==== {time.strftime('%H:%M:%S')} start #{self.starts + 1} of {self.name}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(self.argv(), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=_die_with_parent)
+        self.starts += 1
+        profile_dir = os.environ.get(ENV_PROFILE_DIR)
+        if profile_dir:  # py-spy (pip install py-spy) records collapsed stacks until the tier exits
+            restart = f".{self.starts}" if self.starts > 1 else ""
+            out = Path(profile_dir) / f"{self.name}{restart}.collapsed"
+            out.parent.mkdir(parents=True, exist_ok=True)  # py-spy writes nothing into a missing directory
+            with self.log_path.open("ab") as log:
+                self._profiler = subprocess.Popen(
+                    ["py-spy", "record", "--format", "raw", "--rate", "200", "--subprocesses", "--pid",
+                     str(self.pid), "-o", str(out)], stdout=subprocess.DEVNULL, stderr=log)
+        return self
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} was never started")
+        return self._proc
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        """None while it runs (or before its first start)."""
+        return None if self._proc is None else self._proc.poll()
+
+    def check_alive(self) -> None:
+        """Raise if the tier exited with a non-zero code."""
+        code = self.exit_code()
+        if code is not None and code != 0:
+            raise RuntimeError(f"{self.name} exited with {code}; log {self.log_path}:\n{tail(self.log_path)}")
+
+    # -- faults and stops --
+
+    def kill(self) -> None:
+        """SIGKILL the tier and everything it started; reaped before returning."""
+        self.held_down = True
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        self.sample()
+        _signal_tree(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        self.kills += 1
+
+    def pause(self) -> None:
+        """SIGSTOP the tier and its children: a GC pause, a stalled VM, a network hiccup."""
+        if self.running():
+            _signal_tree(self.pid, signal.SIGSTOP)
+            self.pauses += 1
+
+    def resume(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            _signal_tree(self._proc.pid, signal.SIGCONT)
+
+    def signal_stop(self) -> None:
+        """Ask the tier to stop (SIGTERM to its main process, as an orchestrator does: it stops
+        taking work, finishes or hands back what is in flight, commits and closes). Once: a second
+        SIGTERM makes a tier exit at once."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None or self._signalled:
+            return
+        self.sample()
+        self._signalled = True
+        _signal_tree(proc.pid, signal.SIGCONT)  # a paused tier cannot stop gracefully
+        proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """:meth:`signal_stop`, SIGKILL after ``timeout``; returns the exit code (None if never
+        started). Nothing it started outlives it."""
+        self.held_down = True
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            self.signal_stop()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_tree(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+        _signal_group(proc.pid, signal.SIGKILL)  # a graceful stop leaves no orphans behind either
+        if self._profiler is not None:
+            try:
+                self._profiler.wait(30)
+            except subprocess.TimeoutExpired:
+                self._profiler.kill()
+            self._profiler = None
+        return proc.returncode
+
+    # -- what it did --
+
     def sample(self) -> None:
-        if self.proc.poll() is not None:
+        if not self.running():
             return
         self.peak_rss = max(self.peak_rss, peak_rss_bytes(self.pid))
         self.peak_private = max(self.peak_private, private_bytes(self.pid))
@@ -107,7 +237,7 @@ class TierProcess:
 
     @property
     def cpu_seconds(self) -> float:
-        """CPU seconds of the process and its children, as last sampled."""
+        """CPU seconds of the process and its children (every start), as last sampled."""
         return sum(self._cpu.values())
 
     def logged(self, text: str) -> bool:
@@ -117,36 +247,39 @@ class TierProcess:
         except OSError:
             return False
 
-    def running(self) -> bool:
-        return self.proc.poll() is None
+    def grep(self, needle: str) -> list[str]:
+        """The log's lines that hold ``needle`` (every start)."""
+        try:
+            return [line for line in self.log_path.read_text(errors="replace").splitlines() if needle in line]
+        except FileNotFoundError:
+            return []
 
-    def check_alive(self) -> None:
-        code = self.proc.poll()
-        if code is not None and code != 0:
-            raise RuntimeError(f"{self.tier} exited with {code}; log {self.log_path}:\n{tail(self.log_path)}")
+    def tail(self, lines: int = 30) -> str:
+        """The log's last ``lines`` lines, headed by its path (for assertion messages)."""
+        try:
+            with self.log_path.open("r", errors="replace") as handle:
+                return f"--- {self.log_path}:\n" + "".join(deque(handle, maxlen=lines))
+        except FileNotFoundError:
+            return f"(no log at {self.log_path})"
 
-    def signal_stop(self) -> None:
-        """Ask the tier to stop (SIGTERM: it finishes in-flight work, commits, closes)."""
-        self.sample()
-        if self.proc.poll() is None and not self._signalled:
-            self._signalled = True  # once: a second SIGTERM makes a tier exit at once
-            self.proc.send_signal(signal.SIGTERM)
 
-    def stop(self, timeout: float = 30.0) -> int | None:
-        self.signal_stop()
-        if self.proc.poll() is None:
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self._profiler is not None:
-            try:
-                self._profiler.wait(30)
-            except subprocess.TimeoutExpired:
-                self._profiler.kill()
-        self._log.close()
-        return self.proc.returncode
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_tree(pid: int, sig: signal.Signals) -> None:
+    """``sig`` to the process group of ``pid`` and to every descendant (some run in sessions of
+    their own: torchrun's workers); the tree is read before anything is signalled."""
+    pids = tree_pids(pid)
+    _signal_group(pid, sig)
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def stop_all(procs: list[TierProcess], timeout: float = 30.0) -> None:

@@ -139,6 +139,12 @@ class PromptClaims:
             log.warning("worker id %s was held by incarnation %s (a predecessor, or a second worker with this "
                         "rollout.worker_id); its running prompts count as gone", self.worker_id, previous.decode())
 
+    async def register(self) -> None:
+        """The first heartbeat, at start: Redis down or restarting is waited out (the shared
+        retry policy), not a reason to exit."""
+        await REDIS_RETRY.call(self.heartbeat, retry_on=REDIS_FAULTS, what=f"registering worker {self.worker_id}")
+        raise_if_cancelled()
+
     async def keep_alive(self) -> None:
         """Renew the liveness key every third of its lifetime until cancelled; Redis faults
         are logged and retried (a key that expires meanwhile only lets others re-run)."""

@@ -94,7 +94,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         await start_client(producer, config.kafka, f"the producer of rollout worker {worker_id}")
         stack.push_async_callback(producer.stop)
         claims = PromptClaims(redis, keys, worker_id, rollout.failure_detection_seconds)
-        await claims.heartbeat()
+        await claims.register()
         stack.push_async_callback(claims.retire)
         alive = asyncio.create_task(claims.keep_alive(), name="claims-liveness")
         stack.push_async_callback(_cancel, alive)

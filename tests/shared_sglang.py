@@ -19,7 +19,7 @@ from rollstream.state.versions import VersionStore
 from rollstream.state.server_lease import ServerLeases
 from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode, encode
 from tests.fakes import FakeSGLangServer
-from tests.faults.ledger import read_topic
+from bench.harness.ledger import read_topic
 from tests.helpers import make_config
 
 ENGINES: dict[str, SGLangEngine] = {}  # by worker id, filled by make_engine (in-process workers)

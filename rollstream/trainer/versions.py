@@ -12,22 +12,38 @@
 
 ``current_version()`` and ``current()`` (the version and where its weights are) are what a
 restarted trainer resumes from.
+
+Redis down or restarting is waited out (the one retry policy, ``REDIS_RETRY``), not raised: a
+trainer must not die on an outage of Redis between two steps. A publish whose answer was lost
+and that finds its own version current on the retry counts as published.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
+
+from redis.exceptions import RedisError
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
+from rollstream.retry import REDIS_RETRY
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.trainer.checkpoints import Checkpoint, CheckpointError, Checkpoints
 from rollstream.trainer.loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+REDIS_FAULTS = (RedisError, OSError)
+
+
+async def _waiting_out(call: Callable[[], Awaitable[T]], what: str) -> T:
+    return await REDIS_RETRY.call(call, retry_on=REDIS_FAULTS, what=what)
 
 
 class VersionRefused(ValueError):
@@ -89,11 +105,11 @@ class VersionPublisher:
 
     async def current_version(self) -> int:
         """The published version (0 when none was)."""
-        return await self.store.get_version()
+        return await _waiting_out(self.store.get_version, "reading the weight version")
 
     async def current(self) -> WeightUpdate | None:
         """The published version and where its weights are; None when none was published."""
-        return await self.store.get_update()
+        return await _waiting_out(self.store.get_update, "reading the weight version")
 
     async def publish(self, version: int, weights: str | Path | Checkpoint) -> None:
         """Make ``version`` (weights at ``weights``) current and announce it; see the module
@@ -101,8 +117,15 @@ class VersionPublisher:
         if version < 0:
             raise ValueError(f"weight version must be >= 0, got {version}")
         location = _location(version, weights)
-        current = await self.store.publish_newer(WeightUpdate(version, location))
-        if current is not None:
+        tries = 0
+
+        async def once() -> int | None:
+            nonlocal tries
+            tries += 1
+            return await self.store.publish_newer(WeightUpdate(version, location))
+
+        current = await _waiting_out(once, f"publishing weight version {version}")
+        if current is not None and not (tries > 1 and current == version):  # a retry may find its own
             raise VersionRefused(version, current)
         if self.checkpoints is not None:
             await self.retain(version)
@@ -114,7 +137,7 @@ class VersionPublisher:
         versions = [c.version for c in self.checkpoints.complete() if c.version <= published]
         old = versions[:-self.keep]
         if old:
-            await self.store.forget(old)
+            await _waiting_out(lambda: self.store.forget(old), f"forgetting versions {old}")
             for version in old:
                 self.checkpoints.delete(version)
             log.info("retention: deleted checkpoints %s and their redis entries", old)

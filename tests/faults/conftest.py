@@ -1,11 +1,15 @@
-"""Fixtures of the fault tests: the tiny offline model (hidden 32, 2 layers, vocab 300)."""
+"""Fixtures of the fault tests: the tiny offline model (hidden 32, 2 layers, vocab 300) and a
+3-node Kafka cluster."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from rollstream.dev.cluster import LocalKafkaCluster
+from rollstream.dev.processes import MissingToolError
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
 
 
@@ -18,3 +22,17 @@ def build_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
+    """Three local KRaft nodes for the module's tests (small heaps: 2-core CI)."""
+    cluster = LocalKafkaCluster(tmp_path_factory.mktemp("cluster"), brokers=3, heap="384m")
+    try:
+        cluster.start()
+    except MissingToolError as exc:
+        pytest.skip(f"no local Kafka cluster: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

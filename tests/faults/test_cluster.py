@@ -1,9 +1,9 @@
 """Exactly-once accounting on a replicated 3-node cluster while its nodes are killed, restarted
 one by one and cut off, and while tiers are killed.
 
-The cluster (``tests/faults/cluster.py``): three local KRaft nodes, each a broker and a
-controller voter; the trial's topics and the internal ones (consumer offsets, transaction state)
-at replication 3 with ``min.insync.replicas`` 2; the tiers produce with ``acks=all`` and
+The cluster (the ``kafka_cluster`` fixture of ``tests/faults/conftest.py``, probed with
+``bench/harness/cluster.py``): three local KRaft nodes, each a broker and a controller voter;
+the trial's topics and the internal ones (consumer offsets, transaction state) at replication 3 with ``min.insync.replicas`` 2; the tiers produce with ``acks=all`` and
 idempotence. The pipeline is the one of ``test_exactly_once.py`` (the tiers as separate
 processes, the tiny HF model, a stand-in trainer pacing the producer), with
 ``grouping.drop_stale`` on so that the staleness bound is enforced at emission too.
@@ -47,9 +47,9 @@ from rollstream.kafka.admin import describe_topics, ensure_topics
 from rollstream.kafka.clients import make_admin
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import Batch, decode_batch
-from tests.faults.cluster import BudgetWatch, ClusterProbe, FaultRecord, kafka_cluster  # noqa: F401 (fixture)
-from tests.faults.ledger import read_topic
-from tests.faults.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
+from bench.harness.cluster import BudgetWatch, ClusterProbe, FaultRecord
+from bench.harness.ledger import read_topic
+from bench.harness.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

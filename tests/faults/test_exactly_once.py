@@ -30,7 +30,7 @@ import pytest
 
 from rollstream.dev.launcher import DevStack
 from rollstream.dev.redis_server import LocalRedisServer
-from tests.faults.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
+from bench.harness.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

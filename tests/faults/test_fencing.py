@@ -23,7 +23,7 @@ import pytest
 
 from rollstream.trainer import BatchStream
 from rollstream.config import config_from_dict
-from tests.faults.pipeline import Pipeline, pipeline_config, write_dataset
+from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

@@ -26,8 +26,8 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer, start_client
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer
-from tests.faults.pipeline import Pipeline, pipeline_config, write_dataset
-from tests.faults.tiers import TierProcess
+from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
+from bench.stack import TierProcess
 from tests.helpers import make_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

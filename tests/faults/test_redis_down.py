@@ -29,7 +29,7 @@ from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, encode
 from rollstream.rollout_workers.service import run as run_rollout_worker
-from tests.faults.ledger import read_topic
+from bench.harness.ledger import read_topic
 from tests.helpers import make_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]

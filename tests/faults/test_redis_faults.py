@@ -25,7 +25,7 @@ from rollstream.kafka.clients import make_consumer
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys
 from rollstream.wire import GroupDropped, decode_batch, decode_prompt
-from tests.faults.pipeline import Pipeline, pipeline_config, write_dataset
+from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

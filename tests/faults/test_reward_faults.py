@@ -24,7 +24,7 @@ from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import Episode, SampleRejected, ScoredEpisode, decode_scored, encode
 from rollstream.wire.torch_tensors import encode_tensor_dict
-from tests.faults.ledger import read_topic
+from bench.harness.ledger import read_topic
 from tests.helpers import make_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.pipeline import Pipeline, pipeline_config, write_dataset
+from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
-from tests.faults.tiers import TierProcess
+from bench.stack import TierProcess
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

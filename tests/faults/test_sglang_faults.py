@@ -27,7 +27,7 @@ from rollstream.state.client import RedisKeys, connect
 from rollstream.state.server_lease import ServerLeases
 from tests.fakes import FakeSGLangServer
 from tests.fakes.tag_audit import audit
-from tests.faults.tiers import TierProcess
+from bench.stack import TierProcess
 from tests.helpers import make_config, until, within
 from tests.shared_sglang import (
     PromptFeed, loads_per_version, names_of, publish_versions, samples, shared_config, worker_settings,
@@ -112,8 +112,8 @@ async def test_sigkilled_weight_sync_owner_is_replaced(
         config_file = tmp_path / "workers.yaml"
         config_file.write_text(yaml.safe_dump(msgspec.to_builtins(config)))
         await ensure_topics(config.kafka, names_of(config))
-        workers = {f"w{i}": TierProcess("rollout-worker", config_file, tmp_path, [f"rollout.worker_id=w{i}"],
-                                        name=f"w{i}") for i in range(3)}
+        workers = {f"w{i}": TierProcess("rollout-worker", config_file, tmp_path / f"w{i}.log",
+                                        overrides=[f"rollout.worker_id=w{i}"], name=f"w{i}") for i in range(3)}
         logs = lambda: "\n".join(w.tail(15) for w in workers.values())  # noqa: E731
         leases = ServerLeases(connect(config.redis), RedisKeys(unique_name, "t0"), "observer", 1.0)
         feed = PromptFeed(config, interval=0.2)

@@ -49,7 +49,7 @@ from rollstream.wire import (
 )
 from rollstream.wire.messages import SCHEMA_VERSION
 from rollstream.wire.torch_tensors import encode_tensor_dict
-from tests.faults.ledger import read_topic
+from bench.harness.ledger import read_topic
 from tests.fuzz.strategies import BUDGET, as_dict, broken_bytes, episode, float_tensor, raw, trajectory, valid_messages
 from tests.helpers import make_config
 

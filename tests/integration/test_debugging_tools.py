@@ -44,7 +44,7 @@ from rollstream.wire import (
     decode_scored,
     encode,
 )
-from rollstream.wire.torch_tensors import batch_tensors, decode_tensor, encode_tensor_dict, pack_tensor_dict
+from rollstream.wire.torch_tensors import batch_tensors, decode_tensor, pack_tensor_dict
 from tests.helpers import make_config
 from tests.unit.fakes import make_tokenizer
 from tests.unit.test_dump_record import multi_turn, scored, single_turn

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
+from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.state.client import RedisKeys
 from rollstream.rollout_workers.claims import Outcome, PromptClaims
 
@@ -81,3 +83,21 @@ async def test_without_redis_a_claim_is_unknown_at_once_not_a_wait(unique_name: 
         await asyncio.wait_for(claims.release(0, 0), 10)  # logged, not raised
     finally:
         await gone.aclose()
+
+
+async def test_a_worker_starting_while_redis_is_down_waits_for_it(unique_name: str, tmp_path: Path) -> None:
+    """Its first heartbeat waits Redis out (a chaos run saw a worker exit when Redis restarted
+    just as it started)."""
+    with LocalRedisServer(tmp_path / "redis") as redis:
+        client = aioredis.from_url(redis.url)
+        try:
+            a = worker(client, unique_name, "a")
+            redis.stop()
+            starting = asyncio.create_task(a.register())
+            await asyncio.sleep(1.0)
+            assert not starting.done()  # waiting, not failed
+            redis.start()
+            await asyncio.wait_for(starting, 30)
+            assert await client.get(RedisKeys(unique_name, "t0").key("worker:a")) == a.incarnation.encode()
+        finally:
+            await client.aclose()

@@ -35,7 +35,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.wire import PromptTask, decode_prompt, encode
-from tests.faults.ledger import read_topic
+from bench.harness.ledger import read_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 

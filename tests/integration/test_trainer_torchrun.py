@@ -29,7 +29,7 @@ from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.scan import scan_topic
 from rollstream.trainer import LedgerEntry, StepLedger
 from tests.faults.conftest import build_model
-from tests.faults.pipeline import Pipeline, pipeline_config, write_dataset
+from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.integration.trainer_jobs import TrainerJob, pid_gone
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

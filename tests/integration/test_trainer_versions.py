@@ -5,6 +5,7 @@ after such a crash, and after a crash between a commit and its steps-file line."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,7 +18,9 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
+from rollstream.api.engine import WeightUpdate
 from rollstream.consumers.batching import build_batch
+from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
@@ -128,6 +131,49 @@ async def test_a_crash_before_the_publish_leaves_redis_on_a_complete_checkpoint(
     assert [c.version for c in checkpoints.complete()] == ([1] if when == "mid-write" else [1, 2])
     assert crash_run(config_file, "none") == 0  # the next run goes on from what is published
     assert (await VersionStore(redis_client, keys).get_update()).version == 2  # type: ignore[union-attr]
+
+
+class AnswerLostOnce(VersionStore):
+    """A real store whose first publish is done in Redis but answered with a lost connection."""
+
+    calls = 0
+
+    async def publish_newer(self, update: WeightUpdate) -> int | None:
+        self.calls += 1
+        current = await super().publish_newer(update)
+        if self.calls == 1:
+            raise ConnectionError("the answer was lost")
+        return current
+
+
+async def test_a_publish_waits_out_a_redis_restart_and_one_whose_answer_was_lost_counts(
+    unique_name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The trainer's publish while Redis is down waits for it (the one retry policy, logged)
+    instead of raising out of the training loop (a chaos run found trainers exiting on every
+    Redis restart); a retried publish that finds its own version current is done."""
+    with LocalRedisServer(tmp_path / "redis", appendonly=True) as redis:
+        config = make_config("127.0.0.1:1", redis.url, unique_name)
+        checkpoints = Checkpoints(tmp_path / "ckpt")
+        async with VersionPublisher(config, checkpoints, keep=2) as publisher:
+            await publisher.publish(1, write_checkpoint(checkpoints, 1))
+            redis.stop()
+            second = asyncio.create_task(publisher.publish(2, write_checkpoint(checkpoints, 2)))
+            await asyncio.sleep(1.5)
+            assert not second.done()  # waiting, not failed
+            redis.start()
+            await asyncio.wait_for(second, 30)
+            assert await publisher.current_version() == 2
+            assert any("publishing weight version 2" in r.getMessage() for r in caplog.records)
+            client = aioredis.from_url(redis.url)
+            try:
+                publisher.store = lossy = AnswerLostOnce(client, RedisKeys(unique_name, "t0"))
+                await publisher.publish(3, write_checkpoint(checkpoints, 3))
+                assert lossy.calls == 2 and await publisher.current_version() == 3
+                with pytest.raises(VersionRefused):  # not a retry: versions only go up
+                    await publisher.publish(3, checkpoints.get(3))  # type: ignore[arg-type]
+            finally:
+                await client.aclose()
 
 
 # -- the example trainer across a crash between its checkpoint and its commit --

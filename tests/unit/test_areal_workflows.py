@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from rollstream.api.areal_adapter import ArealWorkflow, areal_task_id
@@ -29,7 +28,7 @@ from rollstream.config import RolloutConfig, WorkflowSpec
 from rollstream.engines.hf import HFEngine
 from rollstream.imports import import_object
 from rollstream.rollout_workers.registry import WorkflowRegistry
-from rollstream.testing import ScriptedEngine, check_workflow, tiny_vlm_dir, workflow_processor
+from rollstream.testing import ScriptedEngine, check_workflow, tiny_vlm_dir, workflow_processor  # noqa: F401 (tiny_vlm_dir: a fixture)
 from tests.areal_pkg.rewards import answer_reward
 from tests.reference_libs import import_reference
 

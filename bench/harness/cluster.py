@@ -1,8 +1,7 @@
-"""Fault tests on a replicated cluster: the 3-node fixture, finding whom to kill, and the watch
-on the staleness bound.
+"""Faults on a replicated cluster (``rollstream.dev.cluster``: local KRaft nodes, every node a
+controller voter, topics and internal topics at replication 3 with ``min.insync.replicas`` 2):
+finding whom to kill, and the watch on the staleness bound.
 
-:func:`kafka_cluster` starts three local KRaft nodes (every node a controller voter, topics and
-internal topics at replication 3 with ``min.insync.replicas`` 2; ``rollstream.dev.cluster``).
 :class:`ClusterProbe` answers the questions a fault schedule asks: which node leads a partition,
 which node is the transaction coordinator of a transactional id (FindCoordinator), which node is
 the active controller, and whether every partition (internal ones included) is fully
@@ -16,18 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
-import pytest
 from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
 from rollstream.config import KafkaConfig, RollstreamConfig
 from rollstream.dev.cluster import LocalKafkaCluster
-from rollstream.dev.processes import MissingToolError
 from rollstream.kafka.clients import make_admin
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
@@ -36,20 +32,6 @@ log = logging.getLogger(__name__)
 
 TRANSACTION_COORDINATOR = 1  # FindCoordinator key type of a transactional id
 PROBE_TIMEOUT_MS = 3000
-
-
-@pytest.fixture(scope="module")
-def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
-    """Three local KRaft nodes for the module's tests (small heaps: 2-core CI)."""
-    cluster = LocalKafkaCluster(tmp_path_factory.mktemp("cluster"), brokers=3, heap="384m")
-    try:
-        cluster.start()
-    except MissingToolError as exc:
-        pytest.skip(f"no local Kafka cluster: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @dataclass

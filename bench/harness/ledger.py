@@ -3,8 +3,8 @@
 ``admitted`` is the set of task ids on ``prompts``; every one of them must end as exactly one
 group in a ``batch`` record or exactly one ``dropped`` record on ``batches``, with no row of an
 emitted batch repeated by ``(task_id, sample_idx)``. :class:`BatchesWatcher` follows
-``batches`` while a run goes on (progress, and the trainer's version steps); :func:`read_topic`
-reads a whole topic to its last stable offset.
+``batches`` while a run goes on (progress, and the trainer's version steps; any topic with
+:class:`TopicFollower`); :func:`read_topic` reads a whole topic to its last stable offset.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import UnknownTopicOrPartitionError
 
 from rollstream.config import KafkaConfig
-from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.clients import make_admin, make_consumer
 from rollstream.wire import Batch, GroupDropped, decode_batch
 
 log = logging.getLogger(__name__)
@@ -94,40 +94,64 @@ async def _assigned(consumer: AIOKafkaConsumer, timeout: float = 60.0) -> list[T
 async def read_topic(config: KafkaConfig, topic: str, decode: Callable[[bytes], Any],
                      timeout: float = 60.0) -> list[Any]:
     """Every committed message of ``topic``, from the beginning to its last stable offset."""
+    return [decode(r.value) for r in await read_records(config, topic, timeout=timeout)]
+
+
+async def read_records(config: KafkaConfig, topic: str, start: dict[int, int] | None = None,
+                       timeout: float = 60.0) -> list[ConsumerRecord]:
+    """The committed records of ``topic`` from ``start`` (partition -> offset; the beginning of
+    a partition it does not name) to the last stable offset."""
     consumer = _consumer(config, topic)
     await consumer.start()
     try:
         partitions = await _assigned(consumer)
         await consumer.seek_to_beginning(*partitions)
+        for tp in partitions:
+            if start and tp.partition in start:
+                consumer.seek(tp, start[tp.partition])
         ends = await consumer.end_offsets(partitions)
-        messages: list[Any] = []
-        remaining = {tp for tp in partitions if ends[tp] > 0}
+        records: list[ConsumerRecord] = []
+        remaining = {tp for tp in partitions if ends[tp] > (start or {}).get(tp.partition, 0)}
         deadline = time.monotonic() + timeout
         while remaining:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic} to its end took over {timeout}s")
             fetched = await consumer.getmany(*remaining, timeout_ms=200)
-            for records in fetched.values():
-                messages += [decode(r.value) for r in records]
+            for batch in fetched.values():
+                records += batch
             for tp in list(remaining):
                 if await consumer.position(tp) >= ends[tp]:
                     remaining.discard(tp)
-        return messages
+        return records
     finally:
         await consumer.stop()
 
 
-class BatchesWatcher:
-    """Follows ``batches`` (read_committed) into a :class:`Ledger` until closed."""
+async def unconsumed(config: KafkaConfig, topic: str, group_id: str, timeout: float = 60.0) -> list[ConsumerRecord]:
+    """The committed records of ``topic`` after the offsets ``group_id`` committed (every record
+    of a partition it committed nothing for): what that consumer group has yet to consume."""
+    admin = make_admin(config, "fault-lag")
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group_id)
+    finally:
+        await admin.close()
+    start = {tp.partition: meta.offset for tp, meta in committed.items()
+             if tp.topic == topic and meta is not None and meta.offset >= 0}
+    return await read_records(config, topic, start, timeout)
 
-    def __init__(self, config: KafkaConfig, topic: str) -> None:
-        self.ledger = Ledger()
-        self._config, self._topic = config, topic
+
+class TopicFollower:
+    """Follows ``topic`` (read_committed, from the beginning) and hands every record to
+    ``handle`` until closed; ``changed`` is set after each fetch that brought records."""
+
+    def __init__(self, config: KafkaConfig, topic: str, handle: Callable[[ConsumerRecord], None]) -> None:
+        self._config, self._topic, self._handle = config, topic, handle
         self._consumer = _consumer(config, topic)
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
 
-    async def __aenter__(self) -> BatchesWatcher:
+    async def __aenter__(self) -> TopicFollower:
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -142,7 +166,7 @@ class BatchesWatcher:
                 self._consumer = _consumer(self._config, self._topic)
         partitions = await _assigned(self._consumer)
         await self._consumer.seek_to_beginning(*partitions)
-        self._task = asyncio.create_task(self._follow(), name="batches-watcher")
+        self._task = asyncio.create_task(self._follow(), name=f"follow-{self._topic}")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -157,13 +181,31 @@ class BatchesWatcher:
             fetched = await self._consumer.getmany(timeout_ms=500)
             for records in fetched.values():
                 for record in records:
-                    try:
-                        self.ledger.add(decode_batch(record.value))
-                    except ValueError:
-                        self.ledger.undecodable += 1
+                    self._handle(record)
                 self.changed.set()
 
     def check_alive(self) -> None:
         if self._task is not None and self._task.done():
             self._task.result()
-            raise RuntimeError("the batches watcher stopped")
+            raise RuntimeError(f"the follower of {self._topic} stopped")
+
+
+class BatchesWatcher(TopicFollower):
+    """Follows ``batches`` into a :class:`Ledger`; ``on_message`` (optional) sees every decoded
+    record too, with its Kafka record."""
+
+    def __init__(self, config: KafkaConfig, topic: str,
+                 on_message: Callable[[ConsumerRecord, Batch | GroupDropped], None] | None = None) -> None:
+        super().__init__(config, topic, self._add)
+        self.ledger = Ledger()
+        self._on_message = on_message
+
+    def _add(self, record: ConsumerRecord) -> None:
+        try:
+            message = decode_batch(record.value)
+        except ValueError:
+            self.ledger.undecodable += 1
+            return
+        self.ledger.add(message)
+        if self._on_message is not None:
+            self._on_message(record, message)

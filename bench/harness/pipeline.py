@@ -1,13 +1,14 @@
-"""A whole pipeline as separate tier processes, with a stand-in trainer, for fault tests.
+"""A whole pipeline as separate tier processes, for the fault tests and ``bench.chaos``.
 
-:class:`Pipeline` writes one YAML config for every tier, starts each tier as its own process
-(:class:`~tests.faults.tiers.TierProcess`), follows ``batches`` with a
-:class:`~tests.faults.ledger.BatchesWatcher`, and acts as the trainer: every
+:class:`Pipeline` writes one YAML config for every tier (:func:`pipeline_config` builds it),
+starts each tier as its own process (:class:`~bench.stack.TierProcess`), follows ``batches``
+with a :class:`~bench.harness.ledger.BatchesWatcher`, and, unless told that a real trainer runs
+(``stand_in_trainer=False``: ``rollstream train`` as one more tier), acts as the trainer: every
 ``staleness.batch_size`` emitted groups it publishes the next weight version (the tiny model's
 own weights) to Redis, which is what lets the producer admit more prompts; a version step takes
 at least ``step_seconds`` (the trainer is the pace-setter, as in real RL runs, which spreads the
-run, and so the faults, over time). Like an orchestrator
-it restarts a tier process that exits when nobody asked it to, and counts that.
+run, and so the faults, over time). Like an orchestrator it restarts a tier process that exits
+when nobody asked it to, and counts that.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from aiokafka import ConsumerRecord
 from redis.exceptions import RedisError
 
 from rollstream.api.engine import WeightUpdate
@@ -31,11 +33,13 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.state.budget import StalenessBudget
-from rollstream.wire import Episode, SampleRejected, decode_episode, decode_prompt
-from tests.faults.ledger import BatchesWatcher, Ledger, read_topic
-from tests.faults.tiers import TierProcess
+from rollstream.wire import Batch, Episode, GroupDropped, SampleRejected, decode_episode, decode_prompt
+from bench.harness.ledger import BatchesWatcher, Ledger, read_topic
+from bench.stack import TierProcess
 
 log = logging.getLogger(__name__)
+
+BatchHook = Callable[[ConsumerRecord, Batch | GroupDropped], None]
 
 TICK_SECONDS = 0.25
 
@@ -49,9 +53,10 @@ def write_dataset(path: Path, n: int) -> Path:
 
 
 def pipeline_config(kafka_bootstrap: str, redis_url: str, name: str, model: Path, dataset: Path,
-                    prompts: int) -> dict[str, Any]:
-    """Settings for a quick recovery: short transaction and session timeouts, stable ids."""
-    return {
+                    prompts: int | None) -> dict[str, Any]:
+    """Settings for a quick recovery: short transaction and session timeouts, stable ids; the
+    producer stops after ``prompts`` (None: when stopped)."""
+    tree: dict[str, Any] = {
         "kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": 2, "transaction_timeout_ms": 10000},
         "redis": {"url": redis_url},
         "experiment": {"experiment_name": name, "trial_name": "t0"},
@@ -65,6 +70,9 @@ def pipeline_config(kafka_bootstrap: str, redis_url: str, name: str, model: Path
                    "timeout_seconds": 10, "session_timeout_ms": 6000, "poll_timeout_ms": 200},
         "grouping": {"instance_id": "grouping-0", "session_timeout_ms": 6000, "commit_interval_ms": 200},
     }
+    if prompts is None:
+        del tree["producer"]["max_prompts"]
+    return tree
 
 
 @dataclass
@@ -92,8 +100,10 @@ class Outcome:
 class Pipeline:
     """The tiers of one experiment, supervised; use ``async with``."""
 
-    def __init__(self, tree: dict[str, Any], workdir: Path, model: Path, step_seconds: float = 1.5) -> None:
+    def __init__(self, tree: dict[str, Any], workdir: Path, model: Path, step_seconds: float = 1.5,
+                 stand_in_trainer: bool = True, on_batch: BatchHook | None = None) -> None:
         self.tree = tree
+        self.stand_in_trainer = stand_in_trainer
         self.step_seconds = step_seconds
         self.config: RollstreamConfig = config_from_dict(tree)
         self.names = TopicNames(self.config.experiment.experiment_name, self.config.experiment.trial_name)
@@ -103,8 +113,8 @@ class Pipeline:
         self.log_dir = workdir / "logs"
         self.log_dir.mkdir(exist_ok=True)
         self.tiers: dict[str, TierProcess] = {}
-        self.prompts = int(tree["producer"]["max_prompts"])
-        self.watcher = BatchesWatcher(self.config.kafka, self.names.batches)
+        self.prompts = int(tree["producer"].get("max_prompts") or 0)  # 0: producers without an end
+        self.watcher = BatchesWatcher(self.config.kafka, self.names.batches, on_batch)
         self.version = 0
         self.hold_versions = False  # True: the trainer publishes nothing (the pipeline drains)
         self.published_at: list[tuple[float, int]] = [(0.0, 0)]  # (wall time just before, version) per publish
@@ -114,21 +124,26 @@ class Pipeline:
         self._store_keys = RedisKeys(self.config.experiment.experiment_name, self.config.experiment.trial_name)
         self._store = VersionStore(self._redis, self._store_keys)
 
-    def add(self, name: str, tier: str, *overrides: str) -> TierProcess:
-        process = TierProcess(tier, self.config_file, self.log_dir, list(overrides), name=name)
+    def add(self, name: str, tier: str, *overrides: str, args: list[str] | None = None) -> TierProcess:
+        """A tier process named ``name`` (its log: ``logs/<name>.log``), not started yet."""
+        process = TierProcess(tier, self.config_file, self.log_dir / f"{name}.log", overrides=list(overrides),
+                              args=args, name=name)
         self.tiers[name] = process
         return process
 
     async def __aenter__(self) -> Pipeline:
         await ensure_topics(self.config.kafka, self.names)
         await self.watcher.__aenter__()
-        self._trainer = asyncio.create_task(self._train(), name="stand-in-trainer")
+        if self.stand_in_trainer:
+            self._trainer = asyncio.create_task(self._train(), name="stand-in-trainer")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._trainer is not None:
             self._trainer.cancel()
             await asyncio.gather(self._trainer, return_exceptions=True)
+        for process in self.tiers.values():
+            process.signal_stop()  # all at once: each drains in parallel
         for process in self.tiers.values():
             await asyncio.to_thread(process.stop, 30.0)
         await self.watcher.__aexit__()
@@ -139,8 +154,8 @@ class Pipeline:
         return self.watcher.ledger
 
     def progress(self) -> float:
-        """Fraction of the prompts whose group has ended (emitted or dropped)."""
-        return len(self.ledger.accounted) / self.prompts
+        """Fraction of the prompts whose group has ended (emitted or dropped); 0 without an end."""
+        return len(self.ledger.accounted) / self.prompts if self.prompts else 0.0
 
     async def _train(self) -> None:
         """The stand-in trainer: one version step per ``batch_size`` emitted groups."""

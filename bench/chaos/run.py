@@ -1,0 +1,261 @@
+"""The chaos run: the stage, the schedule carried out on it, the drain, the verdict.
+
+Phases: (1) a 3-node cluster, a Redis with an append-only file, the tiers and the trainer as
+processes; the faults wait for the trainer's first step. (2) the schedule, fault after fault,
+for ``minutes`` (a fault due after the end is left out). (3) the drain: the producers get
+SIGTERM; every admitted prompt must end, the trainer must train every whole step, the tiers'
+consumer groups must have nothing left. (4) the final checks, then everything stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.chaos import invariants as inv
+from bench.chaos.faults import Done, Stage, execute, rollout_worker
+from bench.chaos.observe import Observer
+from bench.chaos.schedule import TRAINER, Fault, Fleet, draw_schedule
+from bench.harness.cluster import ClusterProbe
+from bench.harness.ledger import TopicFollower, read_records, unconsumed
+from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
+from rollstream.config import config_from_dict
+from rollstream.dev.cluster import LocalKafkaCluster
+from rollstream.dev.redis_server import LocalRedisServer
+from rollstream.wire import Batch, decode_batch, decode_prompt
+
+log = logging.getLogger(__name__)
+
+DATASET_LINES = 1000  # read again each epoch: the producers never run out
+LAG_TIMEOUT = 120.0
+TIER_GROUPS = {"rollout-worker": "prompts", "reward-worker": "episodes", "grouping": "scored"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    minutes: float
+    seed: int
+    mean_gap: float = 22.0  # seconds between faults, on average
+    fleet: Fleet = Fleet()
+    group_size: int = 4
+    batch_size: int = 4  # B: groups per trainer step, the staleness budget's unit
+    eta: int = 1  # staleness.max_head_offpolicyness
+    max_new_tokens: int = 8
+    startup_timeout: float = 480.0
+    drain_timeout: float = 600.0
+
+
+@dataclass
+class Result:
+    settings: Settings
+    planned: list[Fault]
+    done: list[Done]
+    violations: list[inv.Violation]
+    figures: dict[str, Any] = field(default_factory=dict)
+    exits: dict[str, list[str]] = field(default_factory=dict)  # instance -> its unasked exits
+
+    def by_kind(self) -> Counter[str]:
+        return Counter(d.fault.kind for d in self.done)
+
+
+def chaos_config(bootstrap: str, redis_url: str, name: str, model: Path, dataset: Path, workdir: Path,
+                 s: Settings) -> dict[str, Any]:
+    """The fault tests' pipeline config, replicated, with a real trainer and the run's sizes."""
+    tree = pipeline_config(bootstrap, redis_url, name, model, dataset, None)
+    tree["kafka"].update({"replication_factor": 3, "prompt_partitions": s.fleet.rollout_max})
+    tree["staleness"] = {"batch_size": s.batch_size, "max_head_offpolicyness": s.eta}
+    tree["producer"].update({"group_size": s.group_size, "epochs": 1000, "max_batch_prompts": s.batch_size})
+    tree["rollout"].update({"gconfig": {"max_new_tokens": s.max_new_tokens}, "max_concurrent_rollouts": 8,
+                            "failure_detection_seconds": 6, "shutdown_grace_seconds": 30})
+    tree["reward"]["reward_fn"] = "bench.chaos.rewards:exact_match_or_fail"  # one group in ~10 dropped
+    tree["grouping"]["drop_stale"] = True
+    tree["trainer"] = {"group_id": f"{name}-trainer", "model_path": str(model),
+                       "checkpoint_dir": str(workdir / "checkpoints"), "session_timeout_ms": 6000,
+                       "learning_rate": 1e-5, "keep_checkpoints": 4}
+    return tree
+
+
+def add_tiers(pipeline: Pipeline, fleet: Fleet, steps_file: Path) -> None:
+    for i in range(fleet.producers):
+        pipeline.add(f"producer-{i}", "producer", f"producer.producer_id=producer-{i}")
+    for i in range(fleet.rollout):
+        rollout_worker(pipeline, f"rollout-{i}")
+    for i in range(fleet.reward):
+        pipeline.add(f"reward-{i}", "reward-worker", f"reward.worker_id=reward-{i}")
+    for i in range(fleet.grouping):
+        pipeline.add(f"grouping-{i}", "grouping", f"grouping.instance_id=grouping-{i}")
+    pipeline.add(TRAINER, "train", args=["--steps-file", str(steps_file)])
+
+
+async def run_chaos(s: Settings, workdir: Path, model: Path, cluster: LocalKafkaCluster | None = None) -> Result:
+    """The whole run in ``workdir`` (Redis, logs, checkpoints) on the tiny ``model``, on
+    ``cluster`` (its nodes all running; default: a cluster of its own in ``workdir``)."""
+    planned = draw_schedule(s.seed, s.minutes * 60, s.fleet, s.mean_gap)
+    print(f"{len(planned)} faults planned by seed {s.seed} over {s.minutes:g} minutes:", flush=True)
+    for fault in planned:
+        print("  " + fault.line())
+    own = cluster is None
+    if cluster is None:
+        cluster = LocalKafkaCluster(workdir / "cluster", brokers=s.fleet.nodes, heap="384m")
+        await asyncio.to_thread(cluster.start)
+        print(f"cluster of {s.fleet.nodes} nodes up in {cluster.startup_seconds:.0f}s", flush=True)
+    elif len(cluster.running_nodes()) != s.fleet.nodes:
+        raise ValueError(f"the schedule needs {s.fleet.nodes} running nodes, the cluster has {cluster.running_nodes()}")
+    try:
+        with LocalRedisServer(workdir / "redis", appendonly=True) as redis:
+            return await _on_stage(s, planned, workdir, model, cluster, redis)
+    finally:
+        if own:
+            await asyncio.to_thread(cluster.stop)
+
+
+async def _on_stage(s: Settings, planned: list[Fault], workdir: Path, model: Path, cluster: LocalKafkaCluster,
+                    redis: LocalRedisServer) -> Result:
+    name = f"chaos{s.seed}"
+    dataset = write_dataset(workdir / "prompts.jsonl", DATASET_LINES)
+    tree = chaos_config(cluster.bootstrap, redis.url, name, model, dataset, workdir, s)
+    observer = Observer(config_from_dict(tree), Path(tree["trainer"]["checkpoint_dir"]) / "ledger.jsonl")
+    pipeline = Pipeline(tree, workdir, model, stand_in_trainer=False, on_batch=observer.on_batch)
+    observer.follow(pipeline.ledger)
+    stage = Stage(pipeline, cluster, ClusterProbe(cluster, pipeline.config.kafka), redis, observer)
+    began = time.monotonic()
+    async with pipeline, TopicFollower(pipeline.config.kafka, pipeline.names.prompts, observer.on_prompt) as prompts:
+        watching = asyncio.create_task(observer.watch(), name="observer")
+        try:
+            add_tiers(pipeline, s.fleet, workdir / "steps.jsonl")
+            for process in pipeline.tiers.values():
+                process.start()
+            await pipeline.wait_for(lambda: observer.timeline.latest >= 1, s.startup_timeout,
+                                    "the trainer's first step")
+            startup = time.monotonic() - began
+            print(f"{time.strftime('%H:%M:%S')} pipeline up in {startup:.0f}s: faults begin", flush=True)
+            done = await _faults(stage, planned, s.minutes * 60)
+            drain = await _drain(stage, s, prompts)
+            result = Result(s, planned, done, [], exits=_exits(pipeline))
+            result.figures = {"startup seconds": round(startup), **drain, **_figures(stage)}
+            if watching.done():  # the live checks stopped: the run proves nothing
+                watching.result()
+                raise RuntimeError("the observer stopped watching before the end")
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+    result.violations = observer.violations
+    result.figures["wall seconds"] = round(time.monotonic() - began)
+    return result
+
+
+async def _faults(stage: Stage, planned: list[Fault], seconds: float) -> list[Done]:
+    start = time.monotonic()
+    done: list[Done] = []
+    for fault in planned:
+        await stage.pipeline.sleep(max(0.0, start + fault.at - time.monotonic()))
+        began = time.monotonic() - start
+        if began >= seconds:
+            break
+        print(f"{time.strftime('%H:%M:%S')} t+{began:.0f}s {fault.kind} {fault.target}"
+              + (f" for {fault.seconds:.1f}s" if fault.seconds else ""), flush=True)
+        done.append(await execute(stage, fault, began))
+        if done[-1].note:
+            print(f"    {done[-1].note}", flush=True)
+    return done
+
+
+async def _drain(stage: Stage, s: Settings, prompts: TopicFollower) -> dict[str, Any]:
+    """Stop the producers; wait until everything admitted ended and every tier consumed it all;
+    check the end. Returns the drain's figures."""
+    pipeline, observer = stage.pipeline, stage.observer
+    began = time.monotonic()
+    for name, process in pipeline.tiers.items():
+        if process.tier == "producer":
+            process.signal_stop()  # all at once; each commits what it admitted
+    for name, process in pipeline.tiers.items():
+        if process.tier == "producer":
+            await pipeline.in_thread(lambda p=process: p.stop(120.0), 180, f"{name} to stop")
+    records = await read_records(pipeline.config.kafka, pipeline.names.prompts)
+    tasks = [decode_prompt(r.value) for r in records]
+    admitted = {t.task_id for t in tasks if not t.is_eval}
+    await pipeline.wait_for(lambda: observer.prompt_records >= len(records), 120, "the prompts follower")
+    prompts.check_alive()
+    ledger = pipeline.ledger
+    ended = await _until(pipeline, lambda: admitted <= ledger.accounted, s.drain_timeout)
+    trained = await _until(pipeline, lambda: _waiting(observer, ledger) < s.batch_size, 300)
+    lags = await _lags(stage)
+    entries = observer.read_ledger()
+    trainer_left = await unconsumed(pipeline.config.kafka, pipeline.names.batches, pipeline.config.trainer.group_id)
+    waiting = sum(isinstance(decode_batch(r.value), Batch) for r in trainer_left)
+    emitted = set(ledger.emitted)
+    observer.report(inv.accounting(admitted, len(records), ledger))
+    observer.report(inv.trained_twice(entries))
+    observer.report(inv.trained_unknown(entries, emitted))
+    observer.report(inv.step_sequence(entries))
+    observer.report(inv.admission_excess(list(observer.prompts.values()), observer.drop_times, observer.timeline,
+                                         s.eta, s.batch_size))
+    observer.report(inv.left_in_flight(admitted, ledger, lags, waiting, s.batch_size))
+    return {"drain seconds": round(time.monotonic() - began), "every prompt ended in the drain": ended,
+            "trainer caught up in the drain": trained, "admitted": len(admitted), "prompt records": len(records),
+            "trainer groups waiting at the end": waiting, "lags at the end": lags}
+
+
+async def _until(pipeline: Pipeline, predicate: Any, timeout: float) -> bool:
+    try:
+        await pipeline.wait_for(predicate, timeout, "the drain")
+    except AssertionError as exc:
+        print(f"drain: {str(exc).splitlines()[0]}", flush=True)
+        return False
+    return True
+
+
+def _waiting(observer: Observer, ledger: Any) -> int:
+    """Groups on ``batches`` the trainer has not trained (as far as its ledger says)."""
+    trained = sum(len(e.task_ids) for e in observer.entries)
+    return len(ledger.emitted) - trained
+
+
+async def _lags(stage: Stage) -> dict[str, int]:
+    """Records each tier's consumer group has not consumed; waited for until all are 0 (a tier
+    commits on an interval) or ``LAG_TIMEOUT`` passes."""
+    pipeline = stage.pipeline
+    deadline = time.monotonic() + LAG_TIMEOUT
+    while True:
+        lags = {}
+        for tier, role in TIER_GROUPS.items():
+            topic = getattr(pipeline.names, role)
+            lags[tier] = len(await unconsumed(pipeline.config.kafka, topic, pipeline.names.group_id(tier)))
+        if not any(lags.values()) or time.monotonic() > deadline:
+            return lags
+        await pipeline.sleep(2.0)
+
+
+def _exits(pipeline: Pipeline) -> dict[str, list[str]]:
+    """Each unasked exit with the last line of the instance's log that looks like its cause."""
+    found = {}
+    for name, process in pipeline.tiers.items():
+        if process.unexpected_exits:
+            errors = [line for line in process.grep("Error") if "WARNING" not in line][-3:]
+            found[name] = [f"exit codes {process.unexpected_exits}", *errors]
+    return found
+
+
+def _figures(stage: Stage) -> dict[str, Any]:
+    pipeline, observer = stage.pipeline, stage.observer
+    ledger = pipeline.ledger
+    rebuilds = sum(len(p.grep("staleness budget rebuilt")) for p in pipeline.tiers.values() if p.tier == "producer")
+    return {
+        "emitted groups": len(ledger.emitted), "dropped groups": dict(ledger.drop_reasons),
+        "trainer steps": len(observer.entries), "trained groups": sum(len(e.task_ids) for e in observer.entries),
+        "trainer steps redone after a crash": observer.steps_redone,
+        "highest version in redis": observer.highest_version,
+        "batches checked": observer.batches_checked, "tokens checked": observer.tokens_checked,
+        "redis samples": observer.redis_samples, "redis unreadable": observer.redis_unreadable,
+        "worst admitted - dropped - capacity in redis": (
+            f"{observer.worst_budget[0]} ({observer.worst_budget[1]})" if observer.worst_budget else "no sample"),
+        "budget rebuilds (producers' logs)": rebuilds,
+        "kills": {n: p.kills for n, p in pipeline.tiers.items() if p.kills},
+        "pauses": {n: p.pauses for n, p in pipeline.tiers.items() if p.pauses},
+        "starts": {n: p.starts for n, p in pipeline.tiers.items()},
+    }

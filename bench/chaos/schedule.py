@@ -1,0 +1,136 @@
+"""The chaos run's fault schedule: drawn from a seed, the same list of faults for the same seed.
+
+The schedule is drawn whole before the run: kinds, targets, times and durations. Targets are
+resolved here by playing the fleet's membership forward (which rollout workers run after the
+joins and leaves before), so a seed names concrete instances and the run only executes it;
+the wall time each fault takes varies with the machine, the list does not. The first faults
+are every kind once (in the seed's order), so a short run still meets each one; the rest are
+drawn by :data:`WEIGHTS`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+KILL = "kill"  # SIGKILL an instance (its process tree), start it again after `seconds`
+PAUSE = "pause"  # SIGSTOP an instance (its process tree) for `seconds`, then SIGCONT
+NODE_KILL = "node kill"  # SIGKILL a broker node, start it again after `seconds`
+NODE_RESTART = "node restart"  # clean stop and start of a broker node
+NODE_PAUSE = "node pause"  # SIGSTOP a broker node for `seconds` (a network partition)
+REDIS_RESTART = "redis restart"  # stop, `seconds` down, start: the data kept (append-only file)
+REDIS_WIPE = "redis restart without persistence"  # stop, `seconds` down, start with nothing
+JOIN = "rollout join"  # a rollout worker with a worker id not running starts
+LEAVE = "rollout leave"  # a running rollout worker gets SIGTERM and stays away
+RESTART = "rollout restart"  # a running rollout worker gets SIGTERM and starts again, same worker id
+
+KINDS = (KILL, PAUSE, NODE_KILL, NODE_RESTART, NODE_PAUSE, REDIS_RESTART, REDIS_WIPE, JOIN, LEAVE, RESTART)
+NODE_KINDS = (NODE_KILL, NODE_RESTART, NODE_PAUSE)
+WEIGHTS = {KILL: 24, PAUSE: 20, NODE_KILL: 8, NODE_RESTART: 5, NODE_PAUSE: 8, REDIS_RESTART: 5, REDIS_WIPE: 5,
+           JOIN: 9, LEAVE: 8, RESTART: 8}
+TRAINER = "trainer"
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Who runs: instances per tier (rollout workers at the start, and at most), broker nodes."""
+
+    producers: int = 2
+    rollout: int = 2
+    rollout_max: int = 4
+    reward: int = 2
+    grouping: int = 2
+    nodes: int = 3
+
+    def fixed(self) -> list[str]:
+        """Instances that always run (a kill or pause brings them back): every tier but the
+        rollout fleet, and the trainer."""
+        return ([f"producer-{i}" for i in range(self.producers)] + [f"reward-{i}" for i in range(self.reward)]
+                + [f"grouping-{i}" for i in range(self.grouping)] + [TRAINER])
+
+    def rollout_ids(self) -> list[str]:
+        return [f"rollout-{i}" for i in range(self.rollout_max)]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: ``at`` seconds after the faults begin, ``target`` an instance name, a node
+    (``node-2``) or ``redis``; ``seconds`` how long it lasts (down or paused), 0 when instant."""
+
+    at: float
+    kind: str
+    target: str
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        lasting = f" for {self.seconds:.1f}s" if self.seconds else ""
+        return f"t+{self.at:6.1f}s {self.kind} {self.target}{lasting}"
+
+
+def _duration(rng: random.Random, kind: str) -> float:
+    """How long a fault lasts: pauses from a hiccup to well past every session and failure
+    timeout of the run's config (6-10 s)."""
+    low, high = {KILL: (0.0, 4.0), PAUSE: (1.0, 20.0), NODE_KILL: (2.0, 10.0), NODE_PAUSE: (3.0, 12.0),
+                 REDIS_RESTART: (0.0, 3.0), REDIS_WIPE: (0.0, 3.0)}.get(kind, (0.0, 0.0))
+    return round(rng.uniform(low, high), 1) if high else 0.0
+
+
+class _Membership:
+    """The rollout workers that run, played forward through the schedule."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.running = [f"rollout-{i}" for i in range(fleet.rollout)]
+        self.used = set(self.running)
+
+    def possible(self, kind: str) -> bool:
+        if kind == JOIN:
+            return len(self.running) < self.fleet.rollout_max
+        if kind == LEAVE:
+            return len(self.running) > self.fleet.rollout  # never fewer than the fleet starts with
+        return True
+
+    def target(self, rng: random.Random, kind: str) -> str:
+        if kind in (KILL, PAUSE):
+            return rng.choice(self.fleet.fixed() + sorted(self.running))
+        if kind in NODE_KINDS:
+            return f"node-{rng.randint(1, self.fleet.nodes)}"
+        if kind in (REDIS_RESTART, REDIS_WIPE):
+            return "redis"
+        if kind == JOIN:
+            idle = [w for w in self.fleet.rollout_ids() if w not in self.running]
+            fresh = [w for w in idle if w not in self.used]  # a new worker id first, else one that left
+            worker = rng.choice(fresh or idle)
+            self.running.append(worker)
+            self.used.add(worker)
+            return worker
+        worker = rng.choice(sorted(self.running))
+        if kind == LEAVE:
+            self.running.remove(worker)
+        return worker
+
+
+def draw_schedule(seed: int, seconds: float, fleet: Fleet = Fleet(), mean_gap: float = 22.0) -> list[Fault]:
+    """The faults of a run of ``seconds``, one every ``mean_gap`` seconds on average (each gap
+    drawn between half and one and a half of it); the same list for the same arguments."""
+    rng = random.Random(seed)
+    deck = list(KINDS)
+    rng.shuffle(deck)
+    members = _Membership(fleet)
+    faults: list[Fault] = []
+    at = rng.uniform(0.2, 0.6) * mean_gap
+    while at < seconds:
+        kind = _next_kind(rng, deck, members)
+        faults.append(Fault(round(at, 1), kind, members.target(rng, kind), _duration(rng, kind)))
+        at += rng.uniform(0.5, 1.5) * mean_gap
+    return faults
+
+
+def _next_kind(rng: random.Random, deck: list[str], members: _Membership) -> str:
+    """The first kind of the deck that is possible now (a leave waits for a join), else a draw."""
+    for i, kind in enumerate(deck):
+        if members.possible(kind):
+            return deck.pop(i)
+    while not members.possible(kind := rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]):
+        pass
+    return kind

@@ -1,0 +1,49 @@
+"""The short chaos run: about two minutes of seeded faults on the 3-node cluster, 0 violations.
+
+``bench.chaos`` (``python -m bench.chaos --quick``) in this process, on the module's cluster and
+the tiny model: two producers, two rollout workers (up to four as they join), two reward
+workers, two grouping instances and ``rollstream train`` as processes; a fault every 10 s or so
+from ``ROLLSTREAM_CHAOS_SEED`` (every kind of fault among the first ten). Every invariant of
+``bench/chaos/invariants.py`` is checked while it runs and after the drain; the test fails on
+any violation, naming each with what was seen. The 30-minute run's figures: bench/README.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.chaos.report import FOREIGN_ENV, report
+from bench.chaos.run import Settings, run_chaos
+from bench.common import Report
+from rollstream.dev.cluster import LocalKafkaCluster
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+SEED = int(os.environ.get("ROLLSTREAM_CHAOS_SEED", "20261201"))
+MINUTES = 2.0
+
+
+@pytest.mark.timeout(900)
+async def test_a_short_chaos_run_breaks_no_invariant(
+    kafka_cluster: LocalKafkaCluster, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name in [*FOREIGN_ENV, *(k for k in os.environ if k.startswith("ROLLSTREAM__"))]:
+        monkeypatch.delenv(name, raising=False)  # the tiers inherit the environment, which wins over their config
+    began = time.monotonic()
+    with capsys.disabled():
+        result = await run_chaos(Settings(minutes=MINUTES, seed=SEED, mean_gap=10.0), tmp_path, tiny_model,
+                                 cluster=kafka_cluster)
+        summary = Report("chaos", quick=True)
+        report(result, summary)
+        print(f"short chaos run: {time.monotonic() - began:.0f}s wall")
+    kinds = result.by_kind()
+    text = "\n".join(f"[{v.invariant}] {v.saw}" for v in result.violations)
+    assert not result.violations, f"{len(result.violations)} violations:\n{text}"
+    assert len(result.done) >= 2 * MINUTES and len(kinds) >= 5, kinds
+    assert result.figures["trainer steps"] > 0 and result.figures["batches checked"] > 0, result.figures
+    assert set(result.figures["lags at the end"]) == {"rollout-worker", "reward-worker", "grouping"}
