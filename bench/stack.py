@@ -17,6 +17,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -30,6 +32,8 @@ from rollstream.dev.launcher import DevStack, dev_stack
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_PROFILE_DIR = "ROLLSTREAM_BENCH_PROFILE_DIR"  # set: every tier process runs under py-spy
+CONFIG_ENV = ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")  # settings a tier reads from its environment
+CONFIG_ENV_PREFIX = "ROLLSTREAM__"
 
 
 def cache_dir() -> Path:
@@ -85,13 +89,20 @@ class TierProcess:
     tree), as the death of a container would. Output is appended to ``log_path``, a line per
     start; ``tail()`` and ``grep()`` read it. ``sample()`` tracks memory and CPU time (with the
     children). ``args`` follow the config on the command line (``rollstream train``'s
-    ``--steps-file``); ``overrides`` become ``--set`` options; ``env`` adds to the environment.
+    ``--steps-file``); ``overrides`` become ``--set`` options. The settings are the config file
+    (none: defaults and ``overrides`` alone), the overrides and ``env``: the config variables of
+    this process's environment (``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL``, ``ROLLSTREAM__*``,
+    which would win over the file) are not passed on; ``env`` adds to the environment.
+    ``module`` is what runs as ``python -m <module> <tier> ...``: ``rollstream.cli``, or a
+    wrapper with the same command line (the tests' torch tripwire).
     """
 
-    def __init__(self, tier: str, config: Path, log_path: Path, *, overrides: list[str] | None = None,
-                 env: dict[str, str] | None = None, args: list[str] | None = None, name: str | None = None) -> None:
+    def __init__(self, tier: str, config: Path | None, log_path: Path, *, overrides: list[str] | None = None,
+                 env: dict[str, str] | None = None, args: list[str] | None = None, name: str | None = None,
+                 module: str = "rollstream.cli") -> None:
         self.tier = tier
         self.name = name or tier
+        self.module = module
         self.config = config
         self.log_path = log_path
         self.overrides = list(overrides or [])
@@ -111,7 +122,10 @@ class TierProcess:
         self._signalled = False
 
     def argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "rollstream.cli", self.tier, "--config", str(self.config), *self.args]
+        argv = [sys.executable, "-m", self.module, self.tier]
+        if self.config is not None:
+            argv += ["--config", str(self.config)]
+        argv += self.args
         for item in self.overrides:  # = `rollstream <tier> --config F ... --set K=V`
             argv += ["--set", item]
         return argv
@@ -122,7 +136,8 @@ class TierProcess:
             raise RuntimeError(f"{self.name} is already running")
         self.held_down = False
         self._signalled = False
-        env = {**os.environ, "PYTHONPATH": str(REPO), **self.env}
+        inherited = {k: v for k, v in os.environ.items() if k not in CONFIG_ENV and not k.startswith(CONFIG_ENV_PREFIX)}
+        env = {**inherited, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **self.env}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"\n==== {time.strftime('%H:%M:%S')} start #{self.starts + 1} of {self.name}\n".encode())
@@ -158,6 +173,10 @@ class TierProcess:
     def exit_code(self) -> int | None:
         """None while it runs (or before its first start)."""
         return None if self._proc is None else self._proc.poll()
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the tier to exit on its own; its exit code (raises on timeout)."""
+        return self.proc.wait(timeout)
 
     def check_alive(self) -> None:
         """Raise if the tier exited with a non-zero code."""
@@ -223,6 +242,19 @@ class TierProcess:
             self._profiler = None
         return proc.returncode
 
+    def wait_probe(self, port: int, path: str, status: int = 200, timeout: float = 90.0) -> str:
+        """Poll the tier's health/metrics server on ``port`` until ``path`` answers ``status``;
+        the body. Raises if the tier exits first or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.running():
+                raise RuntimeError(f"{self.name} exited with {self.exit_code()}\n{self.tail()}")
+            answer = probe(port, path)
+            if answer is not None and answer[0] == status:
+                return answer[1]
+            time.sleep(0.3)
+        raise TimeoutError(f"{path} never answered {status}; last {probe(port, path)}\n{self.tail()}")
+
     # -- what it did --
 
     def sample(self) -> None:
@@ -261,6 +293,17 @@ class TierProcess:
                 return f"--- {self.log_path}:\n" + "".join(deque(handle, maxlen=lines))
         except FileNotFoundError:
             return f"(no log at {self.log_path})"
+
+
+def probe(port: int, path: str) -> tuple[int, str] | None:
+    """``(status, body)`` of ``GET http://127.0.0.1:<port><path>``, or None while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError:
+        return None
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

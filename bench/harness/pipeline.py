@@ -52,26 +52,34 @@ def write_dataset(path: Path, n: int) -> Path:
     return path
 
 
-def pipeline_config(kafka_bootstrap: str, redis_url: str, name: str, model: Path, dataset: Path,
-                    prompts: int | None) -> dict[str, Any]:
-    """Settings for a quick recovery: short transaction and session timeouts, stable ids; the
-    producer stops after ``prompts`` (None: when stopped)."""
+def pipeline_config(kafka_bootstrap: str, redis_url: str, name: str, model: Path, dataset: Path | None = None,
+                    prompts: int | None = None, *, trial: str = "t0", **sections: dict[str, Any]) -> dict[str, Any]:
+    """The one config of a whole pipeline for the fault and end-to-end tests and ``bench.chaos``:
+    every tier on one broker and Redis, the HF engine on ``model``, settings for a quick recovery
+    (short transaction and session timeouts), stable ids, a trainer group of the experiment's own.
+    With ``dataset``: a producer of it that stops after ``prompts`` (None: when stopped).
+    ``sections`` are merged key by key over each section's defaults (a section not set here,
+    e.g. ``producer`` without a dataset, is taken as given)."""
     tree: dict[str, Any] = {
         "kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": 2, "transaction_timeout_ms": 10000},
         "redis": {"url": redis_url},
-        "experiment": {"experiment_name": name, "trial_name": "t0"},
+        "experiment": {"experiment_name": name, "trial_name": trial},
         "staleness": {"batch_size": 8, "max_head_offpolicyness": 1},
-        "producer": {"dataset": str(dataset), "group_size": 4, "producer_id": "producer-0",
-                     "max_prompts": prompts, "max_batch_prompts": 8, "admission_poll_seconds": 0.5},
         "rollout": {"engine": "hf", "model_path": str(model), "seed": 0, "max_concurrent_rollouts": 16,
                     "gconfig": {"max_new_tokens": 4}, "worker_id": "rollout-0",
                     "commit_interval_seconds": 0.5, "shutdown_grace_seconds": 10},
         "reward": {"worker_id": "reward-0", "tokenizer_path": str(model), "max_workers": 1,
                    "timeout_seconds": 10, "session_timeout_ms": 6000, "poll_timeout_ms": 200},
         "grouping": {"instance_id": "grouping-0", "session_timeout_ms": 6000, "commit_interval_ms": 200},
+        "trainer": {"group_id": f"{name}-trainer"},
     }
-    if prompts is None:
-        del tree["producer"]["max_prompts"]
+    if dataset is not None:
+        tree["producer"] = {"dataset": str(dataset), "group_size": 4, "producer_id": "producer-0",
+                            "max_prompts": prompts, "max_batch_prompts": 8, "admission_poll_seconds": 0.5}
+        if prompts is None:
+            del tree["producer"]["max_prompts"]
+    for section, values in sections.items():
+        tree[section] = {**tree.get(section, {}), **values}
     return tree
 
 

@@ -1,63 +1,86 @@
-"""What the end-to-end tests share: a tier as a child process, reading a topic whole, the
-budget watch, and the checks of what a trainer receives (tensors, logprobs per version)."""
+"""What the end-to-end tests share: the tiers as child processes, the staleness budget's watch,
+and the checks of what a trainer receives (tensors, logprobs per version)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
 
+from bench.stack import TierProcess
+from rollstream.config import RollstreamConfig
 from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
 from rollstream.trainer import TrainingBatch
 from rollstream.vision.forward import trajectory_logits
 
 
-class Tier:
-    """One tier as a child process, logging to a file in the test's directory."""
-
-    def __init__(self, name: str, config: Path, logdir: Path) -> None:
-        self.name = name
-        self.log = logdir / f"{name}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
-        env.pop("REDIS_URL", None)
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rollstream.cli", name.split("#")[0], "--config", str(config)],
-                stdout=out, stderr=subprocess.STDOUT, env=env,
-            )
-
-    def terminate(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"{self.name} did not stop on SIGTERM; log tail:\n{self.tail()}") from None
-
-    def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+def start_tier(name: str, config: Path, logdir: Path) -> TierProcess:
+    """``rollstream <tier>`` for ``name`` (``<tier>`` or ``<tier>#<n>``), logging to
+    ``<logdir>/<name>.log``."""
+    return TierProcess(name.split("#")[0], config, logdir / f"{name}.log", name=name).start()
 
 
-def tails(tiers: dict[str, Tier]) -> str:
-    return "\n".join(f"--- {name}\n{tier.tail()}" for name, tier in tiers.items())
+@contextlib.contextmanager
+def running(config: Path, logdir: Path, names: Iterable[str]) -> Iterator[dict[str, TierProcess]]:
+    """The tiers ``names`` started on ``config``, by name; tiers added to the dict are kept
+    too. Whatever still runs at the end is killed (with what it started)."""
+    tiers = {name: start_tier(name, config, logdir) for name in names}
+    try:
+        yield tiers
+    finally:
+        for tier in tiers.values():
+            tier.kill()
 
 
-async def watch_budget(budget: StalenessBudget, violations: list[dict[str, int]], stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        usage = await budget.usage()
-        if usage["admitted"] - usage["dropped"] > usage["capacity"]:
-            violations.append(usage)
-        await asyncio.sleep(0.1)
+def check_alive(tiers: dict[str, TierProcess]) -> None:
+    """Every tier runs or exited 0 (a producer whose dataset is done)."""
+    assert all(t.exit_code() in (None, 0) for t in tiers.values()), tails(tiers)
+
+
+def stop_cleanly(tiers: dict[str, TierProcess]) -> None:
+    """The producers exit 0 on their own once their dataset is published; every other tier
+    exits 0 on SIGTERM, within a minute."""
+    for name, tier in tiers.items():
+        if tier.tier == "producer":
+            assert tier.wait(30) == 0, tier.tail()
+    codes = {name: tier.stop(60) for name, tier in tiers.items() if tier.tier != "producer"}
+    assert all(code == 0 for code in codes.values()), (codes, tails(tiers))
+
+
+def tails(tiers: dict[str, TierProcess]) -> str:
+    return "\n".join(tier.tail() for tier in tiers.values())
+
+
+@contextlib.asynccontextmanager
+async def budget_watch(config: RollstreamConfig) -> AsyncIterator[list[dict[str, int]]]:
+    """Samples the experiment's staleness budget in Redis every 0.1 s while the block runs; the
+    list it yields collects each sample that held more in flight than the capacity allowed."""
+    redis = connect(config.redis)
+    keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
+    budget = StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.batch_size)
+    violations: list[dict[str, int]] = []
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        while not stop.is_set():
+            usage = await budget.usage()
+            if usage["admitted"] - usage["dropped"] > usage["capacity"]:
+                violations.append(usage)
+            await asyncio.sleep(0.1)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield violations
+    finally:
+        stop.set()
+        await watcher
+        await redis.aclose()
 
 
 def check_batch_tensors(batch: TrainingBatch, step_groups: int) -> None:

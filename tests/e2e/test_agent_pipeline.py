@@ -14,7 +14,6 @@ budget was never exceeded; every tier exits 0 on SIGTERM.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -22,15 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.harness.pipeline import pipeline_config
+from bench.stack import write_config
 from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
-from rollstream.config import RollstreamConfig
+from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
-from rollstream.state.budget import StalenessBudget
-from rollstream.state.client import RedisKeys, connect
 from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
-from tests.e2e.trees import pipeline_tree, write_tree
 from tests.agent_model import agent_base_model, perturbed_copy, tool_model
-from tests.e2e.support import Tier, check_logprobs, tails, watch_budget
+from tests.e2e.support import budget_watch, check_alive, check_logprobs, running, stop_cleanly, tails
 from tests.helpers import read_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -63,8 +61,9 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
         a, b = i % 5, i % 4
         rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b), "index": i, **({"fault": FAULTS[i]} if i in FAULTS else {})})
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tree = pipeline_tree(
-        name, kafka, redis_url, model, trial="agent-e2e", step_groups=STEP_GROUPS, eta=ETA,
+    tree = pipeline_config(
+        kafka, redis_url, name, model, trial="agent-e2e",
+        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": ETA},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         rollout={
             "max_concurrent_rollouts": MAX_CONCURRENT,
@@ -75,7 +74,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
             "agent": {"timeout_seconds": HANG_TIMEOUT},
         },
     )
-    return write_tree(tmp / "rollstream.yaml", tree)
+    return write_config(tmp / "rollstream.yaml", tree), config_from_dict(tree)
 
 
 def _check_rows(batch: TrainingBatch) -> None:
@@ -95,39 +94,25 @@ async def test_agent_pipeline_end_to_end(
 ) -> None:
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, weights[0])
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    redis = connect(config.redis)
-    budget = StalenessBudget(redis, RedisKeys(names.experiment, names.trial), ETA, STEP_GROUPS)
-    violations: list[dict[str, int]] = []
-    watching = asyncio.Event()
-    watcher = asyncio.create_task(watch_budget(budget, violations, watching))
-    tiers = {n: Tier(n, config_path, tmp_path) for n in ("grouping", "reward-worker", "rollout-worker", "producer")}
     batches: list[TrainingBatch] = []
-    try:
-        async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
-            deadline = time.monotonic() + 240
-            # Until every group ended: the steps' batches, and the drops (a hang ends late).
-            while (len(batches) < STEPS or sum(consumer.drops_by_reason.values()) < len(DROPPED)) \
-                    and time.monotonic() < deadline:
-                batch = await consumer.next_batch(timeout=5)
-                if batch is None:
-                    assert all(t.proc.poll() in (None, 0) for t in tiers.values()), tails(tiers)
-                    continue
-                _check_rows(batch)
-                batches.append(batch)
-                assert await consumer.ack(batch)
-                await publisher.publish(len(batches), str(weights[len(batches)]))
-            drops = dict(consumer.drops_by_reason)
-        assert len(batches) == STEPS, f"only {len(batches)} steps\n{tails(tiers)}"
-        assert tiers["producer"].proc.wait(30) == 0, tiers["producer"].tail()
-        codes = {name: tier.terminate() for name, tier in tiers.items() if name != "producer"}
-        assert all(code == 0 for code in codes.values()), (codes, tails(tiers))
-    finally:
-        for tier in tiers.values():
-            if tier.proc.poll() is None:
-                tier.proc.kill()
-        watching.set()
-        await watcher
-        await redis.aclose()
+    async with budget_watch(config) as violations:
+        with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
+            async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
+                deadline = time.monotonic() + 240
+                # Until every group ended: the steps' batches, and the drops (a hang ends late).
+                while (len(batches) < STEPS or sum(consumer.drops_by_reason.values()) < len(DROPPED)) \
+                        and time.monotonic() < deadline:
+                    batch = await consumer.next_batch(timeout=5)
+                    if batch is None:
+                        check_alive(tiers)
+                        continue
+                    _check_rows(batch)
+                    batches.append(batch)
+                    assert await consumer.ack(batch)
+                    await publisher.publish(len(batches), str(weights[len(batches)]))
+                drops = dict(consumer.drops_by_reason)
+            assert len(batches) == STEPS, f"only {len(batches)} steps\n{tails(tiers)}"
+            stop_cleanly(tiers)
 
     prompts = {m.task_id: m.data for m in await read_topic(config, names.prompts, decode_prompt)}
     outcomes = await read_topic(config, names.batches, decode_batch)

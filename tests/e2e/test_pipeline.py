@@ -12,23 +12,22 @@ staleness budget is never exceeded, and every tier exits 0 on SIGTERM.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
 
 import pytest
 
+from bench.harness.pipeline import pipeline_config
+from bench.stack import write_config
 from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
-from rollstream.config import RollstreamConfig
+from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
-from rollstream.state.budget import StalenessBudget
-from rollstream.state.client import RedisKeys, connect
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
-from tests.e2e.support import Tier, check_batch_tensors, check_logprobs, save_versions, tails, watch_budget
+from tests.e2e.support import (budget_watch, check_alive, check_batch_tensors, check_logprobs, running, save_versions,
+                               start_tier, stop_cleanly, tails)
 from tests.helpers import read_topic
-from tests.e2e.trees import pipeline_tree, write_tree
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -50,16 +49,19 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
     dataset = tmp / "prompts.jsonl"
     rows = [{"prompt": f"What is {i % 5}+{i % 4}? Answer:", "answer": str(i % 5 + i % 4)} for i in range(PROMPTS)]
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tree = pipeline_tree(
-        name, kafka, redis_url, model, trial="e2e", step_groups=STEP_GROUPS, eta=ETA,
+    tree = pipeline_config(
+        kafka, redis_url, name, model, trial="e2e",
+        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": ETA},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         # two samples at a time: a step's samples take several waves, so a published version
         # lands while some sample is mid-generation (rows spanning two versions, checked
         # below) rather than only between waves. (No min_new_tokens: it masks EOS, and the
-        # logprobs recorded are then not those of the plain forward pass checked below.)
-        rollout={"max_concurrent_rollouts": 2, "gconfig": {"max_new_tokens": 32, "temperature": 1.0}},
+        # logprobs recorded are then not those of the plain forward pass checked below.) The
+        # worker stopped mid-run has 20 s to finish what it is generating.
+        rollout={"max_concurrent_rollouts": 2, "gconfig": {"max_new_tokens": 32, "temperature": 1.0},
+                 "shutdown_grace_seconds": 20},
     )
-    return write_tree(tmp / "rollstream.yaml", tree)
+    return write_config(tmp / "rollstream.yaml", tree), config_from_dict(tree)
 
 
 async def test_pipeline_end_to_end(
@@ -67,40 +69,26 @@ async def test_pipeline_end_to_end(
 ) -> None:
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, weights[0])
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    redis = connect(config.redis)
-    budget = StalenessBudget(redis, RedisKeys(names.experiment, names.trial), ETA, STEP_GROUPS)
-    violations: list[dict[str, int]] = []
-    watching = asyncio.Event()
-    watcher = asyncio.create_task(watch_budget(budget, violations, watching))
-    tiers = {n: Tier(n, config_path, tmp_path) for n in ("grouping", "reward-worker", "rollout-worker", "producer")}
     batches: list[TrainingBatch] = []
-    try:
-        async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
-            deadline = time.monotonic() + 300
-            while len(batches) * STEP_GROUPS < PROMPTS and time.monotonic() < deadline:
-                batch = await consumer.next_batch(timeout=10)
-                if batch is None:
-                    assert all(t.proc.poll() in (None, 0) for t in tiers.values()), tails(tiers)
-                    continue
-                check_batch_tensors(batch, STEP_GROUPS)
-                batches.append(batch)
-                assert await consumer.ack(batch)
-                version = len(batches)
-                await publisher.publish(version, str(weights[version]))
-                if version == 1:  # SIGTERM one rollout worker mid-run; its replacement carries on
-                    assert tiers["rollout-worker"].terminate() == 0, tiers["rollout-worker"].tail()
-                    tiers["rollout-worker#2"] = Tier("rollout-worker#2", config_path, tmp_path)
-        assert len(batches) * STEP_GROUPS == PROMPTS, f"only {len(batches)} steps\n{tails(tiers)}"
-        assert tiers["producer"].proc.wait(30) == 0, tiers["producer"].tail()
-        codes = {name: tier.terminate() for name, tier in tiers.items() if name != "producer"}
-        assert all(code == 0 for code in codes.values()), (codes, tails(tiers))
-    finally:
-        for tier in tiers.values():
-            if tier.proc.poll() is None:
-                tier.proc.kill()
-        watching.set()
-        await watcher
-        await redis.aclose()
+    async with budget_watch(config) as violations:
+        with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
+            async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
+                deadline = time.monotonic() + 300
+                while len(batches) * STEP_GROUPS < PROMPTS and time.monotonic() < deadline:
+                    batch = await consumer.next_batch(timeout=10)
+                    if batch is None:
+                        check_alive(tiers)
+                        continue
+                    check_batch_tensors(batch, STEP_GROUPS)
+                    batches.append(batch)
+                    assert await consumer.ack(batch)
+                    version = len(batches)
+                    await publisher.publish(version, str(weights[version]))
+                    if version == 1:  # SIGTERM one rollout worker mid-run; its replacement carries on
+                        assert tiers["rollout-worker"].stop(60) == 0, tiers["rollout-worker"].tail()
+                        tiers["rollout-worker#2"] = start_tier("rollout-worker#2", config_path, tmp_path)
+            assert len(batches) * STEP_GROUPS == PROMPTS, f"only {len(batches)} steps\n{tails(tiers)}"
+            stop_cleanly(tiers)
 
     admitted = {m.task_id for m in await read_topic(config, names.prompts, decode_prompt)}
     outcomes = await read_topic(config, names.batches, decode_batch)
@@ -118,7 +106,7 @@ async def test_pipeline_end_to_end(
     print(f"e2e: logprobs checked={checked} rows spanning two versions={sum(len(v) > 1 for v in all_versions)}")
     assert max(max(v) for v in all_versions) >= 2, "rollout workers followed the published versions"
     assert any(len(v) > 1 for v in all_versions), "some sequence was generated across a weight update"
-    reloaded = [t for t in tiers.values() if "rollout-worker" in t.name]
-    assert any("version" in t.log.read_text() for t in reloaded)
+    reloaded = [t for t in tiers.values() if t.tier == "rollout-worker"]
+    assert any(t.logged("version") for t in reloaded)
 
 

@@ -23,14 +23,15 @@ from typing import Any
 
 import pytest
 
+from bench.harness.pipeline import pipeline_config
+from bench.stack import TierProcess, write_config
 from rollstream.trainer import BatchStream, TrainingBatch
-from rollstream.config import RollstreamConfig
+from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import (
     Batch, Episode, GroupDropped, ScoredEpisode, decode_batch, decode_dead_letter, decode_episode, decode_prompt, decode_scored,
 )
-from tests.e2e.trees import pipeline_tree, write_tree
-from tests.e2e.support import Tier, check_vision_logprobs, tails
+from tests.e2e.support import check_alive, check_vision_logprobs, running, stop_cleanly, tails
 from tests.helpers import read_topic
 from tests.unit.vision_helpers import noise_png
 
@@ -64,25 +65,26 @@ def _rows() -> list[dict[str, Any]]:
 def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path) -> tuple[Path, RollstreamConfig]:
     dataset = tmp / "vision.jsonl"
     dataset.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
-    tree = pipeline_tree(
-        name, kafka, redis_url, model, trial="vision", step_groups=STEP_GROUPS, eta=3,
+    tree = pipeline_config(
+        kafka, redis_url, name, model, trial="vision",
+        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": 3},
         kafka={"max_message_bytes": LIMIT},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         rollout={"max_concurrent_rollouts": 8, "gconfig": {"max_new_tokens": 8, "temperature": 1.0},
                  "workflows": {"vision": {"path": "vision_rlvr"}}, "default_workflow": "vision"},
         trainer={"processor_path": str(model)},
     )
-    return write_tree(tmp / "rollstream.yaml", tree)
+    return write_config(tmp / "rollstream.yaml", tree), config_from_dict(tree)
 
 
-async def _train_side(config: RollstreamConfig, tiers: dict[str, Tier]) -> list[TrainingBatch]:
+async def _train_side(config: RollstreamConfig, tiers: dict[str, TierProcess]) -> list[TrainingBatch]:
     batches: list[TrainingBatch] = []
     async with BatchStream(config, ledger=False) as consumer:
         deadline = time.monotonic() + 300
         while len(batches) * STEP_GROUPS < PROMPTS and time.monotonic() < deadline:
             batch = await consumer.next_batch(timeout=10)
             if batch is None:
-                assert all(t.proc.poll() in (None, 0) for t in tiers.values()), tails(tiers)
+                check_alive(tiers)
                 continue
             batches.append(batch)
             assert await consumer.ack(batch)
@@ -94,17 +96,10 @@ async def test_vision_pipeline_end_to_end(
 ) -> None:
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, tiny_vlm_dir)
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    tiers = {n: Tier(n, config_path, tmp_path) for n in ("grouping", "reward-worker", "rollout-worker", "producer")}
-    try:
+    with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
         batches = await _train_side(config, tiers)
         assert len(batches) * STEP_GROUPS == PROMPTS, f"only {len(batches)} steps\n{tails(tiers)}"
-        assert tiers["producer"].proc.wait(30) == 0, tiers["producer"].tail()
-        codes = {name: tier.terminate() for name, tier in tiers.items() if name != "producer"}
-        assert all(code == 0 for code in codes.values()), (codes, tails(tiers))
-    finally:
-        for tier in tiers.values():
-            if tier.proc.poll() is None:
-                tier.proc.kill()
+        stop_cleanly(tiers)
 
     prompts = await read_topic(config, names.prompts, decode_prompt)
     images_of = {p.task_id: p.data["images"] for p in prompts}

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,6 +15,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from bench.stack import TierProcess
 from rollstream.consumers.grouping_service import run
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
@@ -188,13 +185,10 @@ def write_config_file(config: RollstreamConfig, path: Path) -> Path:
     return path
 
 
-def start_subprocess(config_file: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "rollstream.consumers", "--config", str(config_file), "--set", "grouping.instance_id=g-crash"],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )
+def grouping_process(config: RollstreamConfig, tmp_path: Path) -> TierProcess:
+    """``rollstream grouping`` on ``config`` as the instance ``g-crash``, not started yet."""
+    config_file = write_config_file(config, tmp_path / "grouping.yaml")
+    return TierProcess("grouping", config_file, tmp_path / "grouping.log", overrides=["grouping.instance_id=g-crash"])
 
 
 async def test_sigkill_with_half_open_groups_is_exactly_once(
@@ -208,23 +202,19 @@ async def test_sigkill_with_half_open_groups_is_exactly_once(
     first = [(m, i % 2) for i, t in enumerate(tasks) for m in groups[t][:2]]
     first += [(m, p) for p in (0, 1) for m in group_messages(f"mark{p}")]  # proves the halves were read
     await write_scored(config, first)
-    config_file = write_config_file(config, tmp_path / "grouping.yaml")
-    log_path = tmp_path / "grouping.log"
-    proc = start_subprocess(config_file, log_path)
+    grouping = grouping_process(config, tmp_path).start()
     try:
         await read_all(config, names.batches, until=2, settle_s=0.5)
         await asyncio.sleep(0.5)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        grouping.kill()
         await write_scored(config, [(m, i % 2) for i, t in enumerate(tasks) for m in groups[t][2:]])
-        proc = start_subprocess(config_file, log_path)
+        grouping.start()
         records = await read_all(config, names.batches, until=len(tasks) + 2, settle_s=3.0)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-    assert proc.returncode == 0, log_path.read_text()[-3000:]
+        code = grouping.stop(30)
+    assert code == 0, grouping.tail()
     seen = outcome_per_task(records)
-    assert seen == {t: ["batch"] for t in tasks + ["mark0", "mark1"]}, log_path.read_text()[-3000:]
+    assert seen == {t: ["batch"] for t in tasks + ["mark0", "mark1"]}, grouping.tail()
 
 
 async def test_sigkill_mid_stream_is_exactly_once(
@@ -236,22 +226,18 @@ async def test_sigkill_mid_stream_is_exactly_once(
     await ensure_topics(config.kafka, names)
     tasks = [f"s{t}" for t in range(24)]
     order = [(m, i % 2) for k in range(4) for i, t in enumerate(tasks) for m in group_messages(t)[k : k + 1]]
-    config_file = write_config_file(config, tmp_path / "grouping.yaml")
-    log_path = tmp_path / "grouping.log"
-    proc = start_subprocess(config_file, log_path)
+    grouping = grouping_process(config, tmp_path).start()
     try:
         for start in range(0, len(order), 8):
             await write_scored(config, order[start : start + 8])
             if start == 48:
                 await asyncio.sleep(1.0)
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(10)
-                proc = start_subprocess(config_file, log_path)
+                grouping.kill()
+                grouping.start()
         records = await read_all(config, names.batches, until=len(tasks), settle_s=3.0)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-    assert outcome_per_task(records) == {t: ["batch"] for t in tasks}, log_path.read_text()[-3000:]
+        grouping.stop(30)
+    assert outcome_per_task(records) == {t: ["batch"] for t in tasks}, grouping.tail()
 
 
 async def test_failed_transaction_is_aborted_and_rebuilt(

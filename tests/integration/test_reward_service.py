@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +12,7 @@ import pytest
 import torch
 from aiokafka import TopicPartition
 
+from bench.stack import TierProcess
 from rollstream.reward_workers.service import run
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
@@ -35,8 +32,6 @@ from tests.helpers import make_config
 from tests.unit.fakes import ids, make_tokenizer
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def trajectory(i: int) -> dict[str, torch.Tensor]:
@@ -214,7 +209,8 @@ async def test_a_fenced_partition_is_given_up_then_taken_back_without_loss_or_du
     assert sorted(m.episode.task_id for m in scored) == [f"p:0:{i}" for i in range(6)]
 
 
-def start_worker_process(config: RollstreamConfig, tokenizer: str, log_path: Path) -> subprocess.Popen[bytes]:
+def worker_process(config: RollstreamConfig, tokenizer: str, log_path: Path) -> TierProcess:
+    """``rollstream reward-worker`` with no config file, every setting on the command line; not started."""
     settings = {
         "kafka.bootstrap_servers": config.kafka.bootstrap_servers,
         "kafka.partitions": config.kafka.partitions,
@@ -230,12 +226,7 @@ def start_worker_process(config: RollstreamConfig, tokenizer: str, log_path: Pat
         "reward.worker_id": "w-stable",
         "reward.session_timeout_ms": 6000,
     }
-    argv = [sys.executable, "-m", "rollstream.reward_workers"]
-    for key, value in settings.items():
-        argv += ["--set", f"{key}={value}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLSTREAM__", "KAFKA_", "REDIS_"))}
-    with log_path.open("ab") as log:
-        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return TierProcess("reward-worker", None, log_path, overrides=[f"{k}={v}" for k, v in settings.items()])
 
 
 @pytest.mark.slow
@@ -247,23 +238,21 @@ async def test_killed_worker_restarted_with_same_id_scores_each_episode_exactly_
     await produce_episodes(config, [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(n)])
     log_path = tmp_path / "worker.log"
 
-    first = start_worker_process(config, tokenizer_dir, log_path)
+    worker = worker_process(config, tokenizer_dir, log_path).start()
     try:
         seen = await wait_for_scored(config, 4)
     finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
+        worker.kill()
     assert len(seen) < n, "the worker finished before it could be killed; use more episodes"
 
-    second = start_worker_process(config, tokenizer_dir, log_path)
+    worker.start()  # the same worker id again
     try:
         scored = await wait_for_scored(config, n, timeout=120)
         await asyncio.sleep(1.0)  # anything extra (a duplicate) would show up now
         scored = await read_topic(config, names_of(config).scored, decode_scored)
     finally:
-        second.send_signal(signal.SIGTERM)
-        code = second.wait(60)
-    assert code == 0, log_path.read_text()[-3000:]
+        code = worker.stop(60)
+    assert code == 0, worker.tail()
 
     keys = [(m.episode.task_id, m.episode.sample_idx) for m in scored]
     assert len(keys) == len(set(keys)) == n

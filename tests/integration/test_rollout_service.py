@@ -10,10 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +19,7 @@ import torch
 import yaml
 from aiokafka.structs import TopicPartition
 
+from bench.stack import TierProcess
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
@@ -38,7 +35,6 @@ from tests.helpers import make_config
 
 pytestmark = pytest.mark.broker
 
-REPO = Path(__file__).resolve().parents[2]
 GROUP_TIER = "rollout-worker"
 
 
@@ -238,16 +234,6 @@ async def _until_committed_to_end(config: RollstreamConfig, timeout: float) -> N
         await asyncio.sleep(0.5)
 
 
-def _start_worker(config_file: Path, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "rollstream.rollout_workers", "--config", str(config_file)],
-                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
-
-
-def _log_tail(log: Path) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-
-
 @pytest.mark.slow
 async def test_crashed_worker_prompts_are_rerun_and_a_sigterm_finishes_its_own(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path
@@ -262,48 +248,38 @@ async def test_crashed_worker_prompts_are_rerun_and_a_sigterm_finishes_its_own(
     prompts = [_prompt(f"task-{i}") for i in range(6)]
     placed = await publish_prompts(config, *prompts)
     wanted = {(p.task_id, i) for p in prompts for i in range(2)}
-    log = tmp_path / "workers.log"
-    first = _start_worker(config_file, log)
+    worker = TierProcess("rollout-worker", config_file, tmp_path / "workers.log").start()
     try:
         async with TopicReader(config, names.episodes, decode_episode) as reader:
             await reader.until(lambda m: len(episodes(m)) >= 2, timeout=180, what="episodes of worker 1")
-            first.send_signal(signal.SIGKILL)
-            first.wait(30)
+            worker.kill()
             assert sample_keys(reader.messages) < wanted, "worker 1 finished everything before the kill"
-            second = _start_worker(config_file, log)
-            try:
-                await reader.until(lambda m: sample_keys(m) >= wanted, timeout=240,
-                                   what=lambda: f"all samples after the restart\n{_log_tail(log)}")
-                more = [_prompt(f"task-{i}") for i in range(6, 9)]
-                placed.update(await publish_prompts(config, *more))
-                await reader.until(lambda m: any(k[0] in {"task-6", "task-7", "task-8"} for k in sample_keys(m)),
-                                   timeout=120, what="a sample of the later prompts")
-                second.send_signal(signal.SIGTERM)  # mid-run: it leaves the group, its prompts finish
-                assert await asyncio.to_thread(second.wait, 60) == 0, _log_tail(log)
-                await reader.drain()
-                finished_by_second = {k for k in sample_keys(reader.messages) if k[0] in {"task-6", "task-7", "task-8"}}
-                # a third start commits past what the second finished (its claims say done) and
-                # generates none of it again
-                third = _start_worker(config_file, log)
-                try:
-                    await _until_committed_to_end(config, timeout=240)
-                    await reader.until(lambda m: sample_keys(m) >= {(f"task-{i}", s) for i in range(9) for s in (0, 1)},
-                                       timeout=120, what="every sample of the later prompts")
-                finally:
-                    third.send_signal(signal.SIGTERM)
-                    assert await asyncio.to_thread(third.wait, 60) == 0, _log_tail(log)
-                await reader.drain()
-            finally:
-                if second.poll() is None:
-                    second.kill()
+            worker.start()  # the second run
+            await reader.until(lambda m: sample_keys(m) >= wanted, timeout=240,
+                               what=lambda: f"all samples after the restart\n{worker.tail(40)}")
+            more = [_prompt(f"task-{i}") for i in range(6, 9)]
+            placed.update(await publish_prompts(config, *more))
+            await reader.until(lambda m: any(k[0] in {"task-6", "task-7", "task-8"} for k in sample_keys(m)),
+                               timeout=120, what="a sample of the later prompts")
+            # SIGTERM mid-run: it leaves the group, its prompts finish
+            assert await asyncio.to_thread(worker.stop, 60) == 0, worker.tail(40)
+            await reader.drain()
+            finished_by_second = {k for k in sample_keys(reader.messages) if k[0] in {"task-6", "task-7", "task-8"}}
+            # a third run commits past what the second finished (its claims say done) and
+            # generates none of it again
+            worker.start()
+            await _until_committed_to_end(config, timeout=240)
+            await reader.until(lambda m: sample_keys(m) >= {(f"task-{i}", s) for i in range(9) for s in (0, 1)},
+                               timeout=120, what="every sample of the later prompts")
+            assert await asyncio.to_thread(worker.stop, 60) == 0, worker.tail(40)
+            await reader.drain()
     finally:
-        if first.poll() is None:
-            first.kill()
+        worker.kill()
     committed, ends = await _committed_vs_end(config)
     assert committed == ends and sum(ends.values()) == 9
     later = [(ep.task_id, ep.sample_idx) for ep in episodes(reader.messages) if ep.task_id in {"task-6", "task-7", "task-8"}]
-    assert len(later) == len(set(later)) == 6, _log_tail(log)  # a prompt finished on SIGTERM is never run again
-    assert finished_by_second, _log_tail(log)  # the SIGTERM came while a later prompt was running
+    assert len(later) == len(set(later)) == 6, worker.tail(40)  # a prompt finished on SIGTERM is never run again
+    assert finished_by_second, worker.tail(40)  # the SIGTERM came while a later prompt was running
 
 
 async def test_dump_to_file_writes_the_reference_layout(

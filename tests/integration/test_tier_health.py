@@ -4,21 +4,14 @@ worker's include what its workflows recorded in ``stats_tracker``."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-
 from typing import Any
 
 import pytest
-import yaml
 from aiokafka.structs import TopicPartition
 
+from bench.stack import TierProcess, probe, write_config
 from rollstream.config import config_from_dict
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
@@ -28,86 +21,43 @@ from tests.fakes import free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def get(port: int, path: str) -> tuple[int, str] | None:
-    """(status, body), or None while nothing answers."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-    except OSError:
-        return None
-
-
-def wait_for(port: int, path: str, status: int, proc: subprocess.Popen[bytes], log: Path,
-             timeout: float = 90) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the tier exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-        answer = get(port, path)
-        if answer is not None and answer[0] == status:
-            return answer[1]
-        time.sleep(0.3)
-    raise AssertionError(f"{path} never answered {status}; last {get(port, path)}\n{log.read_text()[-3000:]}")
-
 
 def start_tier(tmp_path: Path, bootstrap: str, redis_url: str, name: str, port: int, tier: str = "grouping",
-               sections: dict[str, Any] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+               sections: dict[str, Any] | None = None) -> TierProcess:
     """``rollstream <tier>`` in a process of its own, serving its probes and metrics on ``port``."""
-    config = tmp_path / f"{name}.yaml"
-    config.write_text(yaml.safe_dump({
+    config = write_config(tmp_path / f"{name}.yaml", {
         "kafka": {"bootstrap_servers": bootstrap, "partitions": 2},
         "redis": {"url": redis_url},
         "experiment": {"experiment_name": name, "trial_name": "t0"},
         "grouping": {"instance_id": "g0", "session_timeout_ms": 6000},
         "metrics": {"port": port},
         **(sections or {}),
-    }))
-    log = tmp_path / f"{name}.log"
-    with log.open("wb") as out:
-        # the file alone decides (the environment would win over it)
-        env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")
-               and not k.startswith("ROLLSTREAM__")}
-        proc = subprocess.Popen([sys.executable, "-m", "rollstream.cli", tier, "--config", str(config)],
-                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
-    return proc, log
-
-
-def stop(proc: subprocess.Popen[bytes]) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait(10)
+    })
+    return TierProcess(tier, config, tmp_path / f"{name}.log").start()
 
 
 def test_a_tier_waiting_for_kafka_is_live_but_not_ready(tmp_path: Path, redis_url: str, unique_name: str) -> None:
     port = free_port()
-    proc, log = start_tier(tmp_path, f"127.0.0.1:{free_port()}", redis_url, unique_name, port)  # nobody there
+    tier = start_tier(tmp_path, f"127.0.0.1:{free_port()}", redis_url, unique_name, port)  # nobody there
     try:
-        assert wait_for(port, "/livez", 200, proc, log) == "ok\n"
+        assert tier.wait_probe(port, "/livez") == "ok\n"
         time.sleep(2)  # it keeps trying to reach Kafka
-        assert get(port, "/readyz") == (503, "starting\n")
+        assert probe(port, "/readyz") == (503, "starting\n")
     finally:
-        proc.kill()  # a tier still waiting for Kafka at start finishes that wait before a SIGTERM
-        proc.wait(10)
+        tier.kill()  # a tier still waiting for Kafka at start finishes that wait before a SIGTERM
 
 
 def test_a_consuming_tier_is_ready_and_serves_its_metrics(tmp_path: Path, kafka_bootstrap: str, redis_url: str,
                                                           unique_name: str) -> None:
     port = free_port()
-    proc, log = start_tier(tmp_path, kafka_bootstrap, redis_url, unique_name, port)
+    tier = start_tier(tmp_path, kafka_bootstrap, redis_url, unique_name, port)
     try:
-        assert wait_for(port, "/readyz", 200, proc, log) == "ok\n"
-        assert get(port, "/livez") == (200, "ok\n")
-        metrics = get(port, "/metrics")
+        assert tier.wait_probe(port, "/readyz") == "ok\n"
+        assert probe(port, "/livez") == (200, "ok\n")
+        metrics = probe(port, "/metrics")
         assert metrics is not None and metrics[0] == 200 and "rollstream_open_groups" in metrics[1]
     finally:
-        assert stop(proc) == 0, log.read_text()[-3000:]
+        assert tier.stop() == 0, tier.tail()
 
 
 def workflow_stat(metrics: str, key: str) -> tuple[float, float]:
@@ -121,8 +71,7 @@ def workflow_stat(metrics: str, key: str) -> tuple[float, float]:
     return found["count"], found["sum"]
 
 
-async def read_episodes(tree: dict[str, Any], topic: str, count: int, proc: subprocess.Popen[bytes],
-                        log: Path) -> list[Episode]:
+async def read_episodes(tree: dict[str, Any], topic: str, count: int, tier: TierProcess) -> list[Episode]:
     consumer = make_consumer(config_from_dict(tree).kafka, "test-reader", group_id=None)
     await consumer.start()
     episodes: list[Episode] = []
@@ -131,8 +80,7 @@ async def read_episodes(tree: dict[str, Any], topic: str, count: int, proc: subp
         await consumer.seek_to_beginning()
         deadline = time.monotonic() + 120
         while len(episodes) < count:
-            assert proc.poll() is None and time.monotonic() < deadline, (
-                f"{len(episodes)} of {count} episodes:\n{log.read_text()[-3000:]}")
+            assert tier.running() and time.monotonic() < deadline, f"{len(episodes)} of {count} episodes:\n{tier.tail()}"
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 episodes += [m for m in map(decode_episode, (r.value for r in records)) if isinstance(m, Episode)]
     finally:
@@ -153,11 +101,10 @@ async def test_workflow_statistics_reach_the_rollout_workers_metrics(
             "experiment": {"experiment_name": unique_name, "trial_name": "t0"}}
     names = TopicNames(unique_name, "t0")
     await ensure_topics(config_from_dict(tree).kafka, names)
-    proc, log = start_tier(tmp_path, kafka_bootstrap, redis_url, unique_name, port, "rollout-worker",
-                           {"rollout": rollout})
+    tier = start_tier(tmp_path, kafka_bootstrap, redis_url, unique_name, port, "rollout-worker", {"rollout": rollout})
     try:
-        wait_for(port, "/readyz", 200, proc, log, timeout=120)
-        metrics = get(port, "/metrics")
+        tier.wait_probe(port, "/readyz", timeout=120)
+        metrics = probe(port, "/metrics")
         assert metrics is not None and workflow_stat(metrics[1], "rollout/seqlen") == (0, 0)
         producer = make_producer(config_from_dict(tree).kafka, "test-prompts")
         await producer.start()
@@ -167,12 +114,12 @@ async def test_workflow_statistics_reach_the_rollout_workers_metrics(
                 await producer.send_and_wait(names.prompts, encode(prompt), key=prompt.task_id.encode())
         finally:
             await producer.stop()
-        episodes = await read_episodes(tree, names.episodes, 4, proc, log)
-        metrics = get(port, "/metrics")
+        episodes = await read_episodes(tree, names.episodes, 4, tier)
+        metrics = probe(port, "/metrics")
         assert metrics is not None and metrics[0] == 200
         lengths = sum(e.trajectory["input_ids"].shape[1] for e in episodes)
         assert workflow_stat(metrics[1], "rollout/seqlen") == (4, lengths), metrics[1][-2000:]
         assert "# TYPE rollstream_workflow_stat summary" in metrics[1]
     finally:
-        assert stop(proc) == 0, log.read_text()[-3000:]
+        assert tier.stop() == 0, tier.tail()
 

@@ -11,19 +11,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy
 import pytest
-import yaml
 from tokenizers import Tokenizer as TokenizerFile
 
-from bench.procstats import peak_rss_bytes
+from bench.stack import TierProcess, write_config
 from rollstream.config import config_from_dict
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
@@ -32,13 +28,11 @@ from rollstream.wire import Batch, Episode, ScoredEpisode, decode_batch, decode_
 from tests.fakes import free_port
 from tests.integration.test_grouping_service import group_messages, read_all, write_scored
 from tests.integration.test_producer_service import read_prompts
-from tests.integration.test_tier_health import stop, wait_for
 from tests.integration.torch_tripwire import TRIPPED
 from tests.unit.vision_helpers import noise_png
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
-REPO = Path(__file__).resolve().parents[2]
 MAX_RSS = 150 * 1024 * 1024
 WAIT_S = 90.0
 
@@ -50,35 +44,28 @@ class Tier:
         self.port = free_port()
         self.tree = {**tree, "metrics": {"port": self.port}}
         self.config = config_from_dict(self.tree)
-        path = tmp_path / f"{tier}.yaml"
-        path.write_text(yaml.safe_dump(self.tree))
-        self.log = tmp_path / f"{tier}.log"
-        # the file alone decides (the environment would win over it)
-        env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")
-               and not k.startswith("ROLLSTREAM__")}
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.integration.torch_tripwire", tier, "--config", str(path)],
-                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONPATH": str(REPO)},
-            )
+        path = write_config(tmp_path / f"{tier}.yaml", self.tree)
+        self.process = TierProcess(tier, path, tmp_path / f"{tier}.log", module="tests.integration.torch_tripwire")
+        self.process.start()
 
     def check_alive(self) -> None:
-        code = self.proc.poll()
+        code = self.process.exit_code()
         assert code is None, (
             f"the tier exited with {code}{' (torch was imported)' if code == TRIPPED else ''}:\n"
-            f"{self.log.read_text()[-4000:]}"
+            f"{self.process.tail(60)}"
         )
 
     def wait_ready(self) -> None:
-        wait_for(self.port, "/readyz", 200, self.proc, self.log, timeout=WAIT_S)
+        self.process.wait_probe(self.port, "/readyz", timeout=WAIT_S)
 
     def peak_rss(self) -> int:
         self.check_alive()
-        return peak_rss_bytes(self.proc.pid)
+        self.process.sample()
+        return self.process.peak_rss
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            assert stop(self.proc) == 0, self.log.read_text()[-4000:]
+        if self.process.running():
+            assert self.process.stop() == 0, self.process.tail(60)
 
 
 def base_tree(kafka_bootstrap: str, redis_url: str, name: str) -> dict[str, Any]:
@@ -114,7 +101,7 @@ async def test_producer_publishes_image_prompts_without_torch(
         prompts: list = []
         while len(prompts) < 2:
             tier.check_alive()
-            assert time.monotonic() < deadline, f"{len(prompts)} prompts after {WAIT_S}s:\n{tier.log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"{len(prompts)} prompts after {WAIT_S}s:\n{tier.process.tail(60)}"
             await asyncio.sleep(0.5)
             prompts = await read_prompts(tier.config)
         first = {task.index: task for _, task in prompts}[0]
@@ -197,7 +184,7 @@ async def test_dump_writes_text_without_torch(
         lines: list[dict] = []
         while len(lines) < 2:
             tier.check_alive()
-            assert time.monotonic() < deadline, f"{len(lines)} dump lines after {WAIT_S}s:\n{tier.log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"{len(lines)} dump lines after {WAIT_S}s:\n{tier.process.tail(60)}"
             await asyncio.sleep(0.5)
             lines = [json.loads(line) for f in (tmp_path / "dumps").rglob("*.jsonl") for line in f.read_text().splitlines()]
         assert sorted(line["sample_idx"] for line in lines) == [0, 1]
