@@ -48,7 +48,7 @@ from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.api.workflow import RolloutWorkflow, resolve_workflow
 from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
 from rollstream.imports import import_object
-from rollstream.runtime.logs import restore_standard_logging
+from rollstream.runtime.import_effects import undo_import_effects
 from rollstream.rewards.wrapper import close_workflow
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class WorkflowRegistry:
             key: _build(key, spec, tokenizer, gconfig, processor, config.gconfig) for key, spec in specs.items()
         }
         endpoint = _serve_agents(workflows, config, tokenizer, gconfig)
-        restore_standard_logging()  # workflow code that imported AReaL replaced the logger hierarchy
+        undo_import_effects()  # workflow code that imported AReaL replaced the logger hierarchy
         log.info("workflow allow-list: %s (default %s)", ", ".join(sorted(workflows)), config.default_workflow)
         return cls(workflows, config.default_workflow, endpoint)
 

@@ -1,8 +1,8 @@
 """Import strings from configuration (``pkg.module.name`` or ``pkg.module:Outer.name``).
 
 Only configuration names code to import; messages never do (see the workflow allow-list).
-Code imported here may replace Python's logger hierarchy (AReaL's modules do); it is put back
-at once (``rollstream.runtime.logs.restore_standard_logging``).
+Code imported here may replace Python's logger hierarchy or the event-loop policy (AReaL's
+modules do both); they are put back at once (``rollstream.runtime.import_effects``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollstream.config import ConfigError
-from rollstream.runtime.logs import restore_standard_logging
+from rollstream.runtime.import_effects import undo_import_effects
 
 
 def import_object(path: str) -> Any:
@@ -28,7 +28,7 @@ def import_object(path: str) -> Any:
     except ImportError as exc:
         raise ImportError(f"cannot import {path!r}: {exc}") from exc
     finally:
-        restore_standard_logging()  # before anything else creates a logger (AReaL replaces the hierarchy)
+        undo_import_effects()  # before anything else creates a logger (AReaL replaces the hierarchy)
     try:
         for part in attr.split("."):
             obj = getattr(obj, part)

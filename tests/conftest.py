@@ -17,16 +17,17 @@ import redis.asyncio as aioredis
 
 from rollstream.dev.kafka_jars import KAFKA_VERSION
 from rollstream.dev.launcher import DevStack, Services, dev_stack as start_dev_stack
-from rollstream.runtime.logs import restore_standard_logging
+from rollstream.runtime.import_effects import undo_import_effects
 
 # The workflow authors' fixtures (tiny_model_dir, tiny_tokenizer, gconfig, scripted_engine).
 pytest_plugins = ["rollstream.testing.fixtures"]
 
 @pytest.fixture(autouse=True)
-def _standard_logging() -> None:
+def _standard_process_settings() -> None:
     """Importing AReaL (the compatibility tests do) replaces Python's logger hierarchy, which
-    would hide later tests' log lines from their handlers; every test starts with the standard one."""
-    restore_standard_logging()
+    would hide later tests' log lines from their handlers, and the event-loop policy; every test
+    starts with the standard ones."""
+    undo_import_effects()
 
 
 # Filled by the dev_stack fixture, printed by pytest_terminal_summary.

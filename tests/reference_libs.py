@@ -8,15 +8,17 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from rollstream.runtime.logs import restore_standard_logging
+from rollstream.runtime.import_effects import undo_import_effects
 
 
 def import_reference(module: str) -> ModuleType:
     """``importlib.import_module(module)``, or ``ImportError`` saying how to install it.
 
     Import AReaL (and modules that import it) only through this: importing it replaces Python's
-    logger hierarchy, which is put back at once, before the next test module creates its loggers
-    (``rollstream.runtime.logs.restore_standard_logging``)."""
+    logger hierarchy and installs uvloop's event-loop policy, which are put back at once, before
+    the next test module creates its loggers or the session its loop (a uvloop loop idle on its
+    sockets never runs pytest-timeout's SIGALRM handler: a hung test would hang the suite)
+    (``rollstream.runtime.import_effects``)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -26,4 +28,4 @@ def import_reference(module: str) -> ModuleType:
             "verl==0.9.1` (docs/WORKFLOWS.md#bring-areal-code-unchanged)"
         ) from exc
     finally:
-        restore_standard_logging()
+        undo_import_effects()

@@ -20,9 +20,10 @@ before ``arun_episode``, and nothing of AReaL is changed:
 * The engine is the episode's own rollstream engine, which takes AReaL's ``ModelRequest`` and
   ``GenerationHyperparameters`` and answers with every field of AReaL's ``ModelResponse``
   (``rollstream.api.request_check``, ``rollstream.api.io_struct``).
-* Logging: importing AReaL replaces Python's logger hierarchy (``areal.utils.logging``); the
-  standard one is put back when an AReaL workflow is wrapped and after each of its episodes
-  (``rollstream.runtime.logs.restore_standard_logging``). AReaL's own loggers keep AReaL's handlers.
+* Process settings: importing AReaL replaces Python's logger hierarchy (``areal.utils.logging``)
+  and installs uvloop's event-loop policy (``areal.api.cli_args``); both are put back when an
+  AReaL workflow is wrapped and after each of its episodes
+  (``rollstream.runtime.import_effects``). AReaL's own loggers keep AReaL's handlers.
 
 Nothing here imports ``areal``: a class is AReaL's when ``areal.api.workflow_api`` is already
 imported (it must be, for such a class to exist) and the class derives from its
@@ -41,7 +42,7 @@ from typing import Any
 from rollstream.api.context import workflow_context
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.workflow import EpisodeResult, RolloutWorkflow
-from rollstream.runtime.logs import restore_standard_logging
+from rollstream.runtime.import_effects import undo_import_effects
 
 _AREAL_WORKFLOW_MODULE = "areal.api.workflow_api"
 _TASK_ID_BYTES = 7  # 56 bits: a positive int in every integer type AReaL's tracer writes
@@ -75,7 +76,7 @@ class ArealWorkflow(RolloutWorkflow):
         if not is_areal_workflow(workflow) or isinstance(workflow, type):
             raise TypeError(f"ArealWorkflow wraps an instance of AReaL's RolloutWorkflow, not {workflow!r}")
         self.workflow = workflow
-        restore_standard_logging()  # importing AReaL replaced the logger hierarchy
+        undo_import_effects()  # importing AReaL replaced the logger hierarchy
 
     def __repr__(self) -> str:
         return f"ArealWorkflow({self.workflow!r})"
@@ -88,7 +89,7 @@ class ArealWorkflow(RolloutWorkflow):
                 finish("failed", "workflow_exception")
                 raise
             finally:
-                restore_standard_logging()  # AReaL code may have imported more of AReaL
+                undo_import_effects()  # AReaL code may have imported more of AReaL
             if result is None:
                 finish("rejected", "returned_none")
             else:

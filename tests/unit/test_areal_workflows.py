@@ -14,6 +14,8 @@ import dataclasses
 import io
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -243,3 +245,20 @@ def test_rollstream_log_lines_survive_areal_replacing_the_logger_hierarchy(caplo
     import_object("areal.workflow.rlvr:RLVRWorkflow")  # a config-named import puts the standard one back
     logging.getLogger("rollstream.test.after_restore").info("kept")
     assert "kept" in caplog.text
+
+
+def test_importing_areal_leaves_the_processs_event_loop_policy_as_it_was() -> None:
+    """``areal.api.cli_args`` calls ``uvloop.install()`` when imported; rollstream puts the
+    process's own policy back (an idle uvloop loop runs no Python signal handler, so alarms and
+    SIGALRM timeouts would never fire). A fresh interpreter: AReaL is imported only once per process."""
+    code = (
+        "import asyncio\n"
+        "from rollstream.imports import import_object\n"
+        "import_object('areal.workflow.rlvr:RLVRWorkflow')\n"
+        "import uvloop\n"
+        "print(type(asyncio.get_event_loop_policy()).__module__, isinstance(asyncio.new_event_loop(), uvloop.Loop))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["asyncio.unix_events", "False"], out.stdout
