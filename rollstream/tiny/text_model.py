@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +128,7 @@ def _train_tokenizer(corpus: list[str], vocab_size: int):  # -> PreTrainedTokeni
 
 
 def _build_model(vocab: int, eos_id: int, params: dict[str, int]):  # -> Qwen2ForCausalLM
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     heads = params["num_heads"]
     config = Qwen2Config(
@@ -145,12 +145,26 @@ def _build_model(vocab: int, eos_id: int, params: dict[str, int]):  # -> Qwen2Fo
         eos_token_id=eos_id,
         pad_token_id=eos_id,
     )
-    # fork_rng keeps the caller's global RNG state untouched by the seeded init.
+    return seeded_model(Qwen2ForCausalLM, config, params["seed"], eos_id)
+
+
+def seeded_model(model_class: Any, config: Any, seed: int, eos_id: int) -> Any:
+    """``model_class(config)`` with weights drawn from ``seed`` (the caller's global RNG state
+    stays untouched), generating until ``eos_id``, in eval mode."""
+    import torch
+    from transformers import GenerationConfig
+
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(params["seed"])
-        model = Qwen2ForCausalLM(config)
+        torch.manual_seed(seed)
+        model = model_class(config)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=eos_id)
     return model.eval()
+
+
+def write_marker(tmp: Path, config_hash: str, params: dict[str, int], vocab: int) -> None:
+    """The build's marker, written last: its presence means the directory is complete."""
+    marker = {"config_hash": config_hash, "params": params, "vocab": vocab}
+    (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2))
 
 
 def _write_model(tmp: Path, corpus: list[str], params: dict[str, int], config_hash: str) -> None:
@@ -158,9 +172,7 @@ def _write_model(tmp: Path, corpus: list[str], params: dict[str, int], config_ha
     model = _build_model(len(tokenizer), tokenizer.eos_token_id, params)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    # The marker is written last: its presence means the directory is complete.
-    marker = {"config_hash": config_hash, "params": params, "vocab": len(tokenizer)}
-    (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2))
+    write_marker(tmp, config_hash, params, len(tokenizer))
 
 
 def _install(tmp: Path, out_dir: Path, config_hash: str) -> None:

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from rollstream.tiny.text_model import (
-    EOS_TOKEN, IM_END, IM_START, MARKER_FILE, _config_hash, _install, _is_complete, _train_tokenizer, default_corpus,
+    EOS_TOKEN, IM_END, IM_START, _config_hash, _install, _is_complete, _train_tokenizer, default_corpus, seeded_model,
+    write_marker,
 )
 
 logger = logging.getLogger(__name__)
@@ -74,8 +75,7 @@ def _image_processor(params: dict[str, int]) -> Any:
 
 
 def _model(tokenizer: Any, params: dict[str, int]) -> Any:
-    import torch
-    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
         ("image_token_id", IMAGE_PAD), ("video_token_id", VIDEO_PAD),
@@ -101,11 +101,7 @@ def _model(tokenizer: Any, params: dict[str, int]) -> Any:
         },
         **ids,
     )
-    with torch.random.fork_rng(devices=[]):  # the caller's RNG state stays untouched
-        torch.manual_seed(params["seed"])
-        model = Qwen2VLForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos)
-    return model.eval()
+    return seeded_model(Qwen2VLForConditionalGeneration, config, params["seed"], eos)
 
 
 def _write(tmp: Path, corpus: list[str], params: dict[str, int], config_hash: str) -> None:
@@ -116,8 +112,7 @@ def _write(tmp: Path, corpus: list[str], params: dict[str, int], config_hash: st
     # transformers' processor class, so AutoProcessor builds the real one where torchvision is
     # installed; rollstream.vision.processor.load_processor falls back to its image half elsewhere.
     (tmp / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}, indent=2))
-    marker = {"config_hash": config_hash, "params": params, "vocab": len(tokenizer)}
-    (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2))  # last: the build is complete
+    write_marker(tmp, config_hash, params, len(tokenizer))
 
 
 def build_tiny_vlm(
