@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -212,18 +213,24 @@ def build_tiny_model(
         "seed": seed,
     }
     config_hash = _config_hash(list(corpus), params)
+    return build_once(out_dir, config_hash, lambda tmp: _write_model(tmp, list(corpus), params, config_hash), "tiny model")
+
+
+def build_once(out_dir: Path, config_hash: str, write: Callable[[Path], None], what: str) -> Path:
+    """``out_dir`` as ``write`` makes it, unless a complete build of ``config_hash`` is there.
+    ``write`` fills a sibling temp dir that then takes ``out_dir``'s place, so a crash never
+    leaves a half-written model behind and concurrent builders agree."""
     if _is_complete(out_dir, config_hash):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    # Build in a sibling temp dir so a crash never leaves a half-written model in out_dir.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model is meant to be shared
     try:
-        _write_model(tmp, list(corpus), params, config_hash)
+        write(tmp)
         _install(tmp, out_dir, config_hash)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("built tiny model in %s", out_dir)
+    logger.info("built %s in %s", what, out_dir)
     return out_dir
 
 

@@ -27,15 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from rollstream.tiny.text_model import (
-    EOS_TOKEN, IM_END, IM_START, _config_hash, _install, _is_complete, _train_tokenizer, default_corpus, seeded_model,
-    write_marker,
+    EOS_TOKEN, IM_END, IM_START, _config_hash, _train_tokenizer, build_once, default_corpus, seeded_model, write_marker,
 )
 
 logger = logging.getLogger(__name__)
@@ -136,18 +132,7 @@ def build_tiny_vlm(
         "seed": seed,
     }
     config_hash = _config_hash(corpus, params)  # type: ignore[arg-type]
-    if _is_complete(out_dir, config_hash):
-        return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    os.chmod(tmp, 0o755)
-    try:
-        _write(tmp, corpus, params, config_hash)  # type: ignore[arg-type]
-        _install(tmp, out_dir, config_hash)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("built tiny VLM in %s", out_dir)
-    return out_dir
+    return build_once(out_dir, config_hash, lambda tmp: _write(tmp, corpus, params, config_hash), "tiny VLM")
 
 
 def ensure_tiny_vlm(path: Path | str) -> Path:
