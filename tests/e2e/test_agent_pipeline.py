@@ -116,7 +116,7 @@ async def test_agent_pipeline_end_to_end(
 
     prompts = {m.task_id: m.data for m in await read_topic(config, names.prompts, decode_prompt)}
     outcomes = await read_topic(config, names.batches, decode_batch)
-    emitted = [tid for m in outcomes if isinstance(m, Batch) for tid in m.task_ids]
+    emitted = [m.task_id for m in outcomes if isinstance(m, Batch)]
     dropped = {m.task_id: m for m in outcomes if isinstance(m, GroupDropped)}
     print(f"\nagent e2e: admitted={len(prompts)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)} "
           f"drops={drops}")

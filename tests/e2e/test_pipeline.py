@@ -92,7 +92,7 @@ async def test_pipeline_end_to_end(
 
     admitted = {m.task_id for m in await read_topic(config, names.prompts, decode_prompt)}
     outcomes = await read_topic(config, names.batches, decode_batch)
-    emitted = [tid for m in outcomes if isinstance(m, Batch) for tid in m.task_ids]
+    emitted = [m.task_id for m in outcomes if isinstance(m, Batch)]
     dropped = [m.task_id for m in outcomes if isinstance(m, GroupDropped)]
     print(f"\ne2e: admitted={len(admitted)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)}")
     assert len(admitted) == PROMPTS

@@ -108,7 +108,7 @@ async def test_vision_pipeline_end_to_end(
     assert letter.tier == "producer" and letter.offset == OVERSIZED_ROW
     assert "too large for the prompts topic" in letter.reason and f"kafka.max_message_bytes={LIMIT}" in letter.reason
     outcomes = await read_topic(config, names.batches, decode_batch)
-    emitted = [tid for m in outcomes if isinstance(m, Batch) for tid in m.task_ids]
+    emitted = [m.task_id for m in outcomes if isinstance(m, Batch)]
     dropped = [m.task_id for m in outcomes if isinstance(m, GroupDropped)]
     assert sorted(emitted + dropped) == sorted(images_of), "every admitted prompt ends exactly once"
     assert sorted(tid for b in batches for tid in b.task_ids) == sorted(emitted)
