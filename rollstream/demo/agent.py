@@ -28,12 +28,11 @@ import json
 import logging
 import os
 import random
-import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rollstream.demo.model import PreparedModel, WARMUP_BATCH, warm_up
+from rollstream.demo.model import PreparedModel, WARMUP_BATCH, save_prepared, warm_up
 from rollstream.demo.task import problems, prompt_text, tokenizer_corpus, warmup_texts
 from rollstream.tiny.text_model import CHAT_TEMPLATE, build_tiny_model
 
@@ -178,12 +177,7 @@ def prepare_agent_model(out_dir: Path, *, warmup_steps: int, hidden_size: int = 
         warm_up(model, tokenizer, reading_pairs(tokenizer, warmup_steps * WARMUP_BATCH, seed=seed), warmup_steps)
         formats = format_pairs(tokenizer, tools, format_steps * FORMAT_BATCH, seed=seed + 1)
         loss = warm_up(model, tokenizer, formats, format_steps, batch_size=FORMAT_BATCH)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    log.info("warmed-up agent model (loss %.3f) saved in %s", loss, out_dir)
-    return PreparedModel(out_dir, loss, sum(p.numel() for p in model.parameters()))
+    return save_prepared(model, tokenizer, out_dir, loss, "agent model")
 
 
 # ---- what the agent did (``python -m rollstream.demo.agent RUN_DIR``) ----------------------

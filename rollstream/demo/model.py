@@ -90,9 +90,14 @@ def prepare_model(out_dir: Path, *, warmup_steps: int, hidden_size: int = 64, nu
         pairs = warmup_texts(warmup_steps * WARMUP_BATCH, seed=seed)
         random.Random(seed).shuffle(pairs)
         loss = warm_up(model, tokenizer, pairs, warmup_steps)
+    return save_prepared(model, tokenizer, out_dir, loss, "model")
+
+
+def save_prepared(model: Any, tokenizer: Any, out_dir: Path, loss: float, what: str) -> PreparedModel:
+    """A warmed-up ``model`` and its ``tokenizer`` saved in ``out_dir`` (replacing what was there)."""
     if out_dir.exists():
         shutil.rmtree(out_dir)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    log.info("warmed-up model (loss %.3f) saved in %s", loss, out_dir)
+    log.info("warmed-up %s (loss %.3f) saved in %s", what, loss, out_dir)
     return PreparedModel(out_dir, loss, sum(p.numel() for p in model.parameters()))

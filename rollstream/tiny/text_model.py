@@ -25,6 +25,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +129,7 @@ def _train_tokenizer(corpus: list[str], vocab_size: int):  # -> PreTrainedTokeni
 
 
 def _build_model(vocab: int, eos_id: int, params: dict[str, int]):  # -> Qwen2ForCausalLM
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     heads = params["num_heads"]
     config = Qwen2Config(
@@ -145,12 +146,26 @@ def _build_model(vocab: int, eos_id: int, params: dict[str, int]):  # -> Qwen2Fo
         eos_token_id=eos_id,
         pad_token_id=eos_id,
     )
-    # fork_rng keeps the caller's global RNG state untouched by the seeded init.
+    return seeded_model(Qwen2ForCausalLM, config, params["seed"], eos_id)
+
+
+def seeded_model(model_class: Any, config: Any, seed: int, eos_id: int) -> Any:
+    """``model_class(config)`` with weights drawn from ``seed`` (the caller's global RNG state
+    stays untouched), generating until ``eos_id``, in eval mode."""
+    import torch
+    from transformers import GenerationConfig
+
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(params["seed"])
-        model = Qwen2ForCausalLM(config)
+        torch.manual_seed(seed)
+        model = model_class(config)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=eos_id)
     return model.eval()
+
+
+def write_marker(tmp: Path, config_hash: str, params: dict[str, int], vocab: int) -> None:
+    """The build's marker, written last: its presence means the directory is complete."""
+    marker = {"config_hash": config_hash, "params": params, "vocab": vocab}
+    (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2))
 
 
 def _write_model(tmp: Path, corpus: list[str], params: dict[str, int], config_hash: str) -> None:
@@ -158,9 +173,7 @@ def _write_model(tmp: Path, corpus: list[str], params: dict[str, int], config_ha
     model = _build_model(len(tokenizer), tokenizer.eos_token_id, params)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    # The marker is written last: its presence means the directory is complete.
-    marker = {"config_hash": config_hash, "params": params, "vocab": len(tokenizer)}
-    (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2))
+    write_marker(tmp, config_hash, params, len(tokenizer))
 
 
 def _install(tmp: Path, out_dir: Path, config_hash: str) -> None:
@@ -200,18 +213,24 @@ def build_tiny_model(
         "seed": seed,
     }
     config_hash = _config_hash(list(corpus), params)
+    return build_once(out_dir, config_hash, lambda tmp: _write_model(tmp, list(corpus), params, config_hash), "tiny model")
+
+
+def build_once(out_dir: Path, config_hash: str, write: Callable[[Path], None], what: str) -> Path:
+    """``out_dir`` as ``write`` makes it, unless a complete build of ``config_hash`` is there.
+    ``write`` fills a sibling temp dir that then takes ``out_dir``'s place, so a crash never
+    leaves a half-written model behind and concurrent builders agree."""
     if _is_complete(out_dir, config_hash):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    # Build in a sibling temp dir so a crash never leaves a half-written model in out_dir.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model is meant to be shared
     try:
-        _write_model(tmp, list(corpus), params, config_hash)
+        write(tmp)
         _install(tmp, out_dir, config_hash)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("built tiny model in %s", out_dir)
+    logger.info("built %s in %s", what, out_dir)
     return out_dir
 
 

@@ -27,14 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from rollstream.tiny.text_model import (
-    EOS_TOKEN, IM_END, IM_START, MARKER_FILE, _config_hash, _install, _is_complete, _train_tokenizer, default_corpus,
+    EOS_TOKEN, IM_END, IM_START, _config_hash, _train_tokenizer, build_once, default_corpus, seeded_model, write_marker,
 )
 
 logger = logging.getLogger(__name__)
@@ -74,8 +71,7 @@ def _image_processor(params: dict[str, int]) -> Any:
 
 
 def _model(tokenizer: Any, params: dict[str, int]) -> Any:
-    import torch
-    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
         ("image_token_id", IMAGE_PAD), ("video_token_id", VIDEO_PAD),
@@ -101,11 +97,7 @@ def _model(tokenizer: Any, params: dict[str, int]) -> Any:
         },
         **ids,
     )
-    with torch.random.fork_rng(devices=[]):  # the caller's RNG state stays untouched
-        torch.manual_seed(params["seed"])
-        model = Qwen2VLForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos)
-    return model.eval()
+    return seeded_model(Qwen2VLForConditionalGeneration, config, params["seed"], eos)
 
 
 def _write(tmp: Path, corpus: list[str], params: dict[str, int], config_hash: str) -> None:
@@ -116,8 +108,7 @@ def _write(tmp: Path, corpus: list[str], params: dict[str, int], config_hash: st
     # transformers' processor class, so AutoProcessor builds the real one where torchvision is
     # installed; rollstream.vision.processor.load_processor falls back to its image half elsewhere.
     (tmp / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}, indent=2))
-    marker = {"config_hash": config_hash, "params": params, "vocab": len(tokenizer)}
-    (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2))  # last: the build is complete
+    write_marker(tmp, config_hash, params, len(tokenizer))
 
 
 def build_tiny_vlm(
@@ -141,18 +132,7 @@ def build_tiny_vlm(
         "seed": seed,
     }
     config_hash = _config_hash(corpus, params)  # type: ignore[arg-type]
-    if _is_complete(out_dir, config_hash):
-        return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    os.chmod(tmp, 0o755)
-    try:
-        _write(tmp, corpus, params, config_hash)  # type: ignore[arg-type]
-        _install(tmp, out_dir, config_hash)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("built tiny VLM in %s", out_dir)
-    return out_dir
+    return build_once(out_dir, config_hash, lambda tmp: _write(tmp, corpus, params, config_hash), "tiny VLM")
 
 
 def ensure_tiny_vlm(path: Path | str) -> Path:
