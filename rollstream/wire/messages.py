@@ -23,7 +23,7 @@ readers ignore it, new readers of old messages get the default); the drop reason
 ``all_failed`` and ``dead_lettered``, which a reader older than them refuses like any
 undecodable record (upgrade readers before writers, docs/DEPLOYMENT.md). Also without a bump,
 for vision (docs/ARCHITECTURE.md, "Images travel once"): ``Episode.row_images`` /
-``Episode.images`` and ``Batch.group_images`` / ``Batch.row_images``, empty for text. A reader
+``Episode.images`` and ``Batch.images`` / ``Batch.row_images``, empty for text. A reader
 older than them would drop a batch's images, so upgrade trainers before the grouping tier
 when a trial has images.
 """

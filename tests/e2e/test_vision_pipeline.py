@@ -121,7 +121,7 @@ async def test_vision_pipeline_end_to_end(
         "prompts": sum(len(i) for p in prompts for i in p.data["images"]),
         "episodes": sum(len(i) for e in episodes for i in e.images.values()),
         "scored": sum(len(i) for e in scored for i in e.images.values()),
-        "batches": sum(len(i) for b in outcomes if isinstance(b, Batch) for g in b.group_images for i in g),
+        "batches": sum(len(i) for b in outcomes if isinstance(b, Batch) for i in b.images),
     }
     once = sum(len(i) for images in images_of.values() for i in images)
     print(f"\ne2e vision: prompts={len(prompts)} groups={len(emitted)} dropped={len(dropped)} "
