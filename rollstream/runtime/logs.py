@@ -167,3 +167,6 @@ def setup_logging(tier: str, level: str = "INFO", secrets: Iterable[str] = (), l
     root.setLevel(level.upper())
     for noisy in ("aiokafka", "kafka", "httpx", "httpx2"):  # httpx: one line per agent request
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # A few lines per rebalance and member: why a group rejoined (a member joined or left, a
+    # topic's metadata changed), its generation and what was assigned.
+    logging.getLogger("aiokafka.consumer.group_coordinator").setLevel(root.level)
