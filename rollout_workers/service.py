@@ -29,14 +29,13 @@ import os
 import socket
 import time
 
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from redis.asyncio import Redis
 
 from rollstream.config import RollstreamConfig
 from rollstream.dump.lines import DumpWriter
 from rollstream.runtime.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.assignors import rollout_assignors
 from rollstream.kafka.clients import make_consumer, make_producer, start_client
 from rollstream.kafka.partition_loop import AtLeastOnce, PartitionLoop
 from rollstream.kafka.topics import TopicNames
@@ -55,9 +54,6 @@ log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 200
 FETCH_MAX_RECORDS = 4  # few at a time: prompts are long-running work, not a stream to drain
-# sticky first: a rebalance leaves partitions where they are when it can; round robin for
-# members of an older version during a rolling upgrade
-ASSIGNORS = (StickyPartitionAssignor, RoundRobinPartitionAssignor)
 
 
 def worker_id_of(config: RollstreamConfig) -> str:
@@ -109,7 +105,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         session_ms = int(rollout.failure_detection_seconds * 1000)
         consumer = make_consumer(
             config.kafka, f"rollout-{worker_id}", group_id=names.group_id(TIER), session_timeout_ms=session_ms,
-            heartbeat_interval_ms=max(100, session_ms // 3), partition_assignment_strategy=ASSIGNORS,
+            heartbeat_interval_ms=max(100, session_ms // 3), partition_assignment_strategy=rollout_assignors(),
         )
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)
