@@ -53,6 +53,14 @@ from rollstream.rollout_workers.runner import TIER, PromptRunner
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 200
+# How long a rebalance waits for a member to rejoin (aiokafka's default is the session timeout,
+# rollout.failure_detection_seconds). A member rejoins only after its revoke callback committed
+# what it finished; when that took longer than the session timeout, the round completed without
+# it, its late JoinGroup started the next round, and starts of several workers fell into
+# generations that never held them all (a rebalance storm of minutes, seen in the suite with
+# three workers starting together). Crashes are still found by the session timeout; only a
+# member that dies in the middle of a rebalance holds that round up to this long.
+REBALANCE_TIMEOUT_MS = 60_000
 FETCH_MAX_RECORDS = 4  # few at a time: prompts are long-running work, not a stream to drain
 
 
@@ -106,6 +114,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         consumer = make_consumer(
             config.kafka, f"rollout-{worker_id}", group_id=names.group_id(TIER), session_timeout_ms=session_ms,
             heartbeat_interval_ms=max(100, session_ms // 3), partition_assignment_strategy=rollout_assignors(),
+            rebalance_timeout_ms=max(session_ms, REBALANCE_TIMEOUT_MS),
         )
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)
