@@ -54,12 +54,13 @@ log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 200
 # How long a rebalance waits for a member to rejoin (aiokafka's default is the session timeout,
-# rollout.failure_detection_seconds). A member rejoins only after its revoke callback committed
-# what it finished; when that took longer than the session timeout, the round completed without
-# it, its late JoinGroup started the next round, and starts of several workers fell into
-# generations that never held them all (a rebalance storm of minutes, seen in the suite with
-# three workers starting together). Crashes are still found by the session timeout; only a
-# member that dies in the middle of a rebalance holds that round up to this long.
+# rollout.failure_detection_seconds). With the default, a member late to rejoin (it runs its
+# revoke callback, which commits what it finished, first; a busy process is slower) was left
+# out of the round, its JoinGroup started the next one, and several workers starting together
+# fell into generations that never held them all: rebalances for minutes (three workers of one
+# process in every full suite run; two worker processes on the 3-node cluster once). Crashes
+# are still found by the session timeout; only a member that dies in the middle of a rebalance
+# holds that round up to this long.
 REBALANCE_TIMEOUT_MS = 60_000
 FETCH_MAX_RECORDS = 4  # few at a time: prompts are long-running work, not a stream to drain
 
