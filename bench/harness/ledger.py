@@ -10,6 +10,7 @@ emitted batch repeated by ``(task_id, sample_idx)``. :class:`BatchesWatcher` fol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -22,6 +23,7 @@ from aiokafka.errors import UnknownTopicOrPartitionError
 
 from rollstream.config import KafkaConfig
 from rollstream.kafka.clients import make_admin, make_consumer
+from rollstream.kafka.scan import read_bounded
 from rollstream.wire import Batch, GroupDropped, decode_batch
 
 log = logging.getLogger(__name__)
@@ -100,31 +102,14 @@ async def read_topic(config: KafkaConfig, topic: str, decode: Callable[[bytes], 
 async def read_records(config: KafkaConfig, topic: str, start: dict[int, int] | None = None,
                        timeout: float = 60.0) -> list[ConsumerRecord]:
     """The committed records of ``topic`` from ``start`` (partition -> offset; the beginning of
-    a partition it does not name) to the last stable offset."""
-    consumer = _consumer(config, topic)
-    await consumer.start()
-    try:
-        partitions = await _assigned(consumer)
-        await consumer.seek_to_beginning(*partitions)
-        for tp in partitions:
-            if start and tp.partition in start:
-                consumer.seek(tp, start[tp.partition])
-        ends = await consumer.end_offsets(partitions)
-        records: list[ConsumerRecord] = []
-        remaining = {tp for tp in partitions if ends[tp] > (start or {}).get(tp.partition, 0)}
-        deadline = time.monotonic() + timeout
-        while remaining:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} to its end took over {timeout}s")
-            fetched = await consumer.getmany(*remaining, timeout_ms=200)
-            for batch in fetched.values():
-                records += batch
-            for tp in list(remaining):
-                if await consumer.position(tp) >= ends[tp]:
-                    remaining.discard(tp)
-        return records
-    finally:
-        await consumer.stop()
+    a partition it does not name) to the last stable offset: the product's bounded read
+    (``rollstream.kafka.scan``), failing when a partition makes no progress for ``timeout`` s."""
+    records: list[ConsumerRecord] = []
+    chunks = read_bounded(config, topic, f"fault-reader-{topic}", start=start, stall_seconds=timeout)
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            records += chunk.records
+    return records
 
 
 async def unconsumed(config: KafkaConfig, topic: str, group_id: str, timeout: float = 60.0) -> list[ConsumerRecord]:
@@ -165,7 +150,11 @@ class TopicFollower:
                 await asyncio.sleep(0.5)
                 self._consumer = _consumer(self._config, self._topic)
         partitions = await _assigned(self._consumer)
-        await self._consumer.seek_to_beginning(*partitions)
+        # explicit offsets, not seek_to_beginning: its reset waits on the fetcher with no
+        # bound, and on the 3-node cluster it once never returned
+        begins = await self._consumer.beginning_offsets(partitions)
+        for tp in partitions:
+            self._consumer.seek(tp, begins[tp])
         self._task = asyncio.create_task(self._follow(), name=f"follow-{self._topic}")
         return self
 
