@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from bench.stack import TierProcess
 from rollstream.config import RollstreamConfig
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
-from rollstream.trainer import TrainingBatch
+from rollstream.trainer import BatchStream, TrainingBatch
 from rollstream.vision.forward import trajectory_logits
 
 
@@ -51,6 +52,22 @@ def stop_cleanly(tiers: dict[str, TierProcess]) -> None:
             assert tier.wait(30) == 0, tier.tail()
     codes = {name: tier.stop(60) for name, tier in tiers.items() if tier.tier != "producer"}
     assert all(code == 0 for code in codes.values()), (codes, tails(tiers))
+
+
+async def acked_batches(consumer: BatchStream, tiers: dict[str, TierProcess], steps: int,
+                        timeout: float = 300) -> AsyncIterator[TrainingBatch]:
+    """Each batch the trainer side reads, acked, until ``steps`` of them or ``timeout``
+    seconds; while none comes, every tier must still run or have exited 0."""
+    deadline = time.monotonic() + timeout
+    taken = 0
+    while taken < steps and time.monotonic() < deadline:
+        batch = await consumer.next_batch(timeout=10)
+        if batch is None:
+            check_alive(tiers)
+            continue
+        assert await consumer.ack(batch)
+        taken += 1
+        yield batch
 
 
 def tails(tiers: dict[str, TierProcess]) -> str:

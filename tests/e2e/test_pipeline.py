@@ -13,7 +13,6 @@ staleness budget is never exceeded, and every tier exits 0 on SIGTERM.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
-from tests.e2e.support import (budget_watch, check_alive, check_batch_tensors, check_logprobs, running, save_versions,
+from tests.e2e.support import (acked_batches, budget_watch, check_batch_tensors, check_logprobs, running, save_versions,
                                start_tier, stop_cleanly, tails)
 from tests.helpers import read_topic
 
@@ -73,15 +72,9 @@ async def test_pipeline_end_to_end(
     async with budget_watch(config) as violations:
         with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
             async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
-                deadline = time.monotonic() + 300
-                while len(batches) * STEP_GROUPS < PROMPTS and time.monotonic() < deadline:
-                    batch = await consumer.next_batch(timeout=10)
-                    if batch is None:
-                        check_alive(tiers)
-                        continue
+                async for batch in acked_batches(consumer, tiers, PROMPTS // STEP_GROUPS):
                     check_batch_tensors(batch, STEP_GROUPS)
                     batches.append(batch)
-                    assert await consumer.ack(batch)
                     version = len(batches)
                     await publisher.publish(version, str(weights[version]))
                     if version == 1:  # SIGTERM one rollout worker mid-run; its replacement carries on

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.wire import (
     Batch, Episode, GroupDropped, ScoredEpisode, decode_batch, decode_dead_letter, decode_episode, decode_prompt, decode_scored,
 )
-from tests.e2e.support import check_alive, check_vision_logprobs, running, stop_cleanly, tails
+from tests.e2e.support import acked_batches, check_vision_logprobs, running, stop_cleanly, tails
 from tests.helpers import read_topic
 from tests.unit.vision_helpers import noise_png
 
@@ -78,17 +77,8 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
 
 
 async def _train_side(config: RollstreamConfig, tiers: dict[str, TierProcess]) -> list[TrainingBatch]:
-    batches: list[TrainingBatch] = []
     async with BatchStream(config, ledger=False) as consumer:
-        deadline = time.monotonic() + 300
-        while len(batches) * STEP_GROUPS < PROMPTS and time.monotonic() < deadline:
-            batch = await consumer.next_batch(timeout=10)
-            if batch is None:
-                check_alive(tiers)
-                continue
-            batches.append(batch)
-            assert await consumer.ack(batch)
-    return batches
+        return [batch async for batch in acked_batches(consumer, tiers, PROMPTS // STEP_GROUPS)]
 
 
 async def test_vision_pipeline_end_to_end(
