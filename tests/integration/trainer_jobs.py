@@ -21,6 +21,8 @@ from rollstream.demo.example_trainer import TORCHRUN_ENV, launcher_argv
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests/integration/trainer_job.py"
+# What a rank's stderr says when it ends abnormally (an uncaught C++ exception, a fatal signal).
+WHY_A_RANK_ENDED = ("terminate called", "what():", "Fatal Python error", "Error", "Exception", "Signal ")
 
 
 class TrainerJob:
@@ -66,7 +68,13 @@ class TrainerJob:
         return None
 
     def tail(self, lines: int = 40) -> str:
-        text = (self.out / "torchrun.log").read_text(errors="replace").splitlines()[-lines:]
+        """The end of torchrun's output, every line of it that says why a rank ended (a rank's
+        stderr comes before torchrun's own report), and the end of each rank's log."""
+        everything = (self.out / "torchrun.log").read_text(errors="replace").splitlines()
+        text = everything[-lines:]
+        why = [line for line in everything[:-lines] if any(mark in line for mark in WHY_A_RANK_ENDED)]
+        if why:
+            text = ["--- why ranks ended (earlier in torchrun.log) ---", *why[-20:], "--- torchrun.log ---", *text]
         ranks = [f"--- rank {r} ---\n" + "\n".join(self.log_text(r).splitlines()[-15:]) for r in range(self.ranks)]
         return "\n".join(text + ranks)
 
