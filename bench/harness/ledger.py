@@ -94,18 +94,23 @@ async def _assigned(consumer: AIOKafkaConsumer, timeout: float = 60.0) -> list[T
 
 
 async def read_topic(config: KafkaConfig, topic: str, decode: Callable[[bytes], Any],
-                     timeout: float = 60.0) -> list[Any]:
-    """Every committed message of ``topic``, from the beginning to its last stable offset."""
-    return [decode(r.value) for r in await read_records(config, topic, timeout=timeout)]
+                     timeout: float = 60.0, settled: bool = False) -> list[Any]:
+    """Every committed message of ``topic``, from the beginning to its end (see :func:`read_records`)."""
+    return [decode(r.value) for r in await read_records(config, topic, timeout=timeout, settled=settled)]
 
 
 async def read_records(config: KafkaConfig, topic: str, start: dict[int, int] | None = None,
-                       timeout: float = 60.0) -> list[ConsumerRecord]:
+                       timeout: float = 60.0, settled: bool = False) -> list[ConsumerRecord]:
     """The committed records of ``topic`` from ``start`` (partition -> offset; the beginning of
-    a partition it does not name) to the last stable offset: the product's bounded read
-    (``rollstream.kafka.scan``), failing when a partition makes no progress for ``timeout`` s."""
+    a partition it does not name) to its end: the product's bounded read
+    (``rollstream.kafka.scan``), failing when a partition makes no progress for ``timeout`` s.
+
+    The end is the last stable offset when the read starts, or with ``settled`` the high
+    watermark once no transaction is pending: a read right after a transactional writer
+    committed must be settled, because the broker writes the commit markers after the commit
+    returns, and until they land the last stable offset is before the committed records."""
     records: list[ConsumerRecord] = []
-    chunks = read_bounded(config, topic, f"fault-reader-{topic}", start=start, stall_seconds=timeout)
+    chunks = read_bounded(config, topic, f"fault-reader-{topic}", start=start, settled=settled, stall_seconds=timeout)
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
             records += chunk.records

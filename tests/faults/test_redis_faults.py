@@ -21,10 +21,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from rollstream.dev.redis_server import LocalRedisServer
-from rollstream.kafka.clients import make_consumer
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys
 from rollstream.wire import GroupDropped, decode_batch, decode_prompt
+from bench.harness.ledger import read_records
 from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
 
@@ -134,18 +134,4 @@ async def admission_excess(pipeline: Pipeline, eta: int, batch_size: int) -> tup
 
 async def timestamped(pipeline: Pipeline, topic: str, decode) -> list[tuple[float, object]]:  # type: ignore[no-untyped-def]
     """(record timestamp in seconds, decoded value) of every committed record of ``topic``."""
-    consumer = make_consumer(pipeline.config.kafka, "admission-check", topic, group_id=None, read_committed=True)
-    await consumer.start()
-    try:
-        while not consumer.assignment():
-            await pipeline.sleep(0.05)
-        parts = sorted(consumer.assignment())
-        await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
-        found: list[tuple[float, object]] = []
-        while any([await consumer.position(tp) < ends[tp] for tp in parts]):
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                found += [(r.timestamp / 1000, decode(r.value)) for r in records]
-        return found
-    finally:
-        await consumer.stop()
+    return [(r.timestamp / 1000, decode(r.value)) for r in await read_records(pipeline.config.kafka, topic)]

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import TopicPartition
 
 from rollstream.producers.cursor import read_cursor
 from rollstream.producers.dataset import iter_samples, task_id_for
@@ -22,6 +21,7 @@ from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.wire import PromptTask, decode_dead_letter, decode_prompt
+from bench.harness.ledger import read_records
 from tests.helpers import make_config
 
 pytestmark = pytest.mark.broker
@@ -48,22 +48,10 @@ def names_of(config: RollstreamConfig) -> TopicNames:
 
 
 async def read_prompts(config: RollstreamConfig) -> list[tuple[bytes, PromptTask]]:
-    """Every committed prompt (read_committed, all partitions, to the last stable offset)."""
-    topic = names_of(config).prompts
-    consumer = make_consumer(config.kafka, "test-reader", group_id=None, read_committed=True)
-    await consumer.start()
-    try:
-        parts = [TopicPartition(topic, p) for p in range(config.kafka.partitions)]
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
-        found: list[tuple[bytes, PromptTask]] = []
-        while any([await consumer.position(tp) < ends[tp] for tp in parts]):
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                found.extend((r.key, decode_prompt(r.value)) for r in records)
-        return found
-    finally:
-        await consumer.stop()
+    """Every committed prompt (all partitions; settled: the producer's last commit markers
+    may land after its commit returned)."""
+    records = await read_records(config.kafka, names_of(config).prompts, settled=True)
+    return [(r.key, decode_prompt(r.value)) for r in records]
 
 
 async def eventually(

@@ -12,6 +12,7 @@ import pytest
 import torch
 from aiokafka import TopicPartition
 
+from bench.harness.ledger import read_topic as read_committed
 from bench.stack import TierProcess
 from rollstream.reward_workers.service import run
 from rollstream.config import RollstreamConfig
@@ -90,21 +91,9 @@ async def produce_episodes(config: RollstreamConfig, values: list[tuple[bytes, b
 
 
 async def read_topic(config: RollstreamConfig, topic: str, decode: Callable[[bytes], Any]) -> list[Any]:
-    """Every committed message of ``topic``, decoded (read_committed, to the last stable offset)."""
-    consumer = make_consumer(config.kafka, "test-reader", group_id=None, read_committed=True)
-    await consumer.start()
-    try:
-        parts = [TopicPartition(topic, p) for p in range(config.kafka.partitions)]
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
-        found: list[Any] = []
-        while any([await consumer.position(tp) < ends[tp] for tp in parts]):
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                found.extend(decode(r.value) for r in records)
-        return found
-    finally:
-        await consumer.stop()
+    """Every committed message of ``topic``, decoded (settled: the worker's last commit markers
+    may land after its commit returned)."""
+    return await read_committed(config.kafka, topic, decode, settled=True)
 
 
 async def wait_for_scored(config: RollstreamConfig, n: int, timeout: float = 90.0) -> list[Any]:
