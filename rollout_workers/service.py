@@ -29,6 +29,7 @@ import os
 import socket
 import time
 
+from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
 
 from rollstream.config import RollstreamConfig
@@ -54,13 +55,10 @@ log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 200
 # How long a rebalance waits for a member to rejoin (aiokafka's default is the session timeout,
-# rollout.failure_detection_seconds). With the default, a member late to rejoin (it runs its
-# revoke callback, which commits what it finished, first; a busy process is slower) was left
-# out of the round, its JoinGroup started the next one, and several workers starting together
-# fell into generations that never held them all: rebalances for minutes (three workers of one
-# process in every full suite run; two worker processes on the 3-node cluster once). Crashes
-# are still found by the session timeout; only a member that dies in the middle of a rebalance
-# holds that round up to this long.
+# rollout.failure_detection_seconds). A member rejoins after its revoke callback, which waits
+# for the fetch in hand and commits what it finished; a member later than this is left out of
+# the round and its JoinGroup starts the next one. Crashes are still found by the session
+# timeout; only a member that dies in the middle of a rebalance holds that round up to this long.
 REBALANCE_TIMEOUT_MS = 60_000
 FETCH_MAX_RECORDS = 4  # few at a time: prompts are long-running work, not a stream to drain
 
@@ -68,6 +66,17 @@ FETCH_MAX_RECORDS = 4  # few at a time: prompts are long-running work, not a str
 def worker_id_of(config: RollstreamConfig) -> str:
     """``rollout.worker_id``, default ``<hostname>-<pid>``."""
     return config.rollout.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def make_rollout_consumer(config: RollstreamConfig, worker_id: str) -> AIOKafkaConsumer:
+    """The consumer of the prompts topic in the rollout workers' group (not subscribed yet)."""
+    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    session_ms = int(config.rollout.failure_detection_seconds * 1000)
+    return make_consumer(
+        config.kafka, f"rollout-{worker_id}", group_id=names.group_id(TIER), session_timeout_ms=session_ms,
+        heartbeat_interval_ms=max(100, session_ms // 3), partition_assignment_strategy=rollout_assignors(),
+        rebalance_timeout_ms=max(session_ms, REBALANCE_TIMEOUT_MS),
+    )
 
 
 async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
@@ -111,12 +120,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
             worker_id=worker_id, max_concurrent_rollouts=rollout.max_concurrent_rollouts, dump=dump,
             max_message_bytes=config.kafka.max_message_bytes,
         )
-        session_ms = int(rollout.failure_detection_seconds * 1000)
-        consumer = make_consumer(
-            config.kafka, f"rollout-{worker_id}", group_id=names.group_id(TIER), session_timeout_ms=session_ms,
-            heartbeat_interval_ms=max(100, session_ms // 3), partition_assignment_strategy=rollout_assignors(),
-            rebalance_timeout_ms=max(session_ms, REBALANCE_TIMEOUT_MS),
-        )
+        consumer = make_rollout_consumer(config, worker_id)
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)
         intake = PromptIntake(runner, tracker, names.prompts, rollout.max_concurrent_rollouts, follower_task)

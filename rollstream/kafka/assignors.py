@@ -10,13 +10,19 @@ another one's assignment claims partitions of a topic it never read. :func:`stic
 gives each consumer a subclass of its own, so the state is per consumer as Kafka's protocol
 means it; the protocol name (``sticky``) is the same, so members agree with any other
 sticky member of the group.
+
+A consumer names ONE strategy (:func:`rollout_assignors`): aiokafka 0.14 sends one JoinGroup
+per strategy it is given, one after the other, each with one more protocol than the last
+(aio-libs/aiokafka#1168). The second one changes the member's protocols after the round
+completed, so the group rebalances again; with several members doing it, each member's late
+JoinGroup restarts the round the others just finished and the group can rebalance for minutes
+(three rollout workers of one process, two worker processes of the chaos run).
 """
 
 from __future__ import annotations
 
 import itertools
 
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
 _count = itertools.count()
@@ -29,7 +35,6 @@ def sticky_assignor() -> type[StickyPartitionAssignor]:
 
 
 def rollout_assignors() -> tuple[type, ...]:
-    """The rollout worker's strategies, for one consumer: sticky first (a rebalance leaves
-    partitions where they are when it can), round robin for members of an older version during
-    a rolling upgrade."""
-    return (sticky_assignor(), RoundRobinPartitionAssignor)
+    """The rollout worker's strategy, for one consumer: sticky alone (a rebalance leaves
+    partitions where they are when it can; one strategy, see the module docstring)."""
+    return (sticky_assignor(),)

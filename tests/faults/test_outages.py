@@ -33,7 +33,7 @@ from tests.helpers import make_config
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 PATIENCE = 90.0  # the tests' kafka.outage_patience_seconds: every outage below is shorter
-MID_RUN_OUTAGE = 30.0
+MID_RUN_OUTAGE = 20.0  # past the tiers' session timeouts (6-10 s): their groups notice it
 WAITING_FOR_KAFKA = "cannot be reached while"
 
 
@@ -166,8 +166,8 @@ async def test_no_tier_exits_on_broker_and_redis_outages_shorter_than_its_patien
     2. the broker goes down again, then Redis comes back: the rollout worker starts its
        producer and consumer while the broker is down (the case of a tier restarted shortly
        before a broker outage) and waits in ``start_client``;
-    3. the broker comes back; at 25% of the groups ended Redis is stopped for 30 s, at 50% the
-       broker is stopped for 30 s (the producer still waits for room then).
+    3. the broker comes back; at 25% of the groups ended Redis is stopped for 20 s, at 50% the
+       broker is stopped for 20 s (the producer still waits for room then).
 
     No tier exits unasked (the harness would restart it and count it), every tier logs its
     waits, and every admitted prompt ends exactly once with one staleness slot each.

@@ -28,7 +28,9 @@ def test_a_consumers_previous_assignment_is_its_own() -> None:
     assert StickyPartitionAssignor.member_assignment is None  # aiokafka's class is left alone
 
 
-def test_the_rollout_strategies_speak_the_sticky_protocol_first() -> None:
+def test_a_rollout_consumer_names_one_strategy_sticky() -> None:
+    """One strategy: aiokafka sends a JoinGroup per strategy, and the extra ones rebalance the
+    group again (tests/integration/test_rollout_group.py shows it on the broker)."""
     strategies = rollout_assignors()
-    assert [s.name for s in strategies] == ["sticky", "roundrobin"]
+    assert [s.name for s in strategies] == ["sticky"]
     assert strategies[0] is not rollout_assignors()[0]
