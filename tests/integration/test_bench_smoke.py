@@ -61,7 +61,10 @@ def test_pipeline_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> 
 def test_reward_tier_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> None:
     results = run_bench("reward", tmp_path, "--tier", "--rounds", "1", env=broker_env)
     rows = next(iter(results["tables"].values()))
-    assert {row["mode"] for row in rows} == {"scoring", "floor"} and all(row["CPU-ms per group"] > 0 for row in rows)
+    assert {row["mode"] for row in rows} == {"scoring", "floor"}
+    # The quick run's 4 groups may cost less CPU than one /proc clock tick (10 ms): measured
+    # (a number, never negative), not necessarily above zero. The wall time always is.
+    assert all(row["CPU-ms per group"] >= 0 and row["wall s"] > 0 for row in rows), rows
 
 
 @pytest.mark.broker
