@@ -20,7 +20,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-if ! python -c 'import rollstream, pytest_asyncio, hypothesis, matplotlib' 2>/dev/null \
+if ! python -c 'import rollstream, pytest_asyncio, hypothesis, matplotlib, xdist' 2>/dev/null \
    || [ "${ROLLSTREAM_REINSTALL:-0}" = 1 ] || ! pip show rollstream >/dev/null 2>&1; then
   python -m pip install --disable-pip-version-check -q -e '.[dev]'
 fi

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -80,6 +81,33 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+# The tests that share nothing with the session's services: pure functions and classes, no
+# broker, no Redis, no subprocess timing. Under pytest-xdist (`scripts/test.sh`: `-n 2`) each
+# of them is its own unit of work for any worker, while every other test is in one unit, run
+# by one worker in collection order as without xdist: the fault and pipeline tests size their
+# timeouts for one pipeline at a time on a 2-core machine.
+PARALLEL_SAFE = ("tests/unit/", "tests/fuzz/test_decoders.py")
+SERVICES = "services"
+
+
+def unit_of_work(nodeid: str) -> str:
+    """The xdist scheduling unit of the test ``nodeid``."""
+    return nodeid if nodeid.startswith(PARALLEL_SAFE) else SERVICES
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduler with :func:`unit_of_work` as the scope (its ``xdist_group``
+    marks do not reach the scheduler under pytest 9.2, whose node ids are not ``_nodeid``)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServicesInOrder(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of_work(nodeid)
+
+    return ServicesInOrder(config, log)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -2,7 +2,7 @@
 
 ``bench.chaos`` (``python -m bench.chaos --quick``) in this process, on the module's cluster and
 the tiny model: two producers, two rollout workers (up to four as they join), two reward
-workers, two grouping instances and ``rollstream train`` as processes; a fault every 10 s or so
+workers, two grouping instances and ``rollstream train`` as processes; a fault every 8 s or so
 from ``ROLLSTREAM_CHAOS_SEED`` (every kind of fault among the first ten). Every invariant of
 ``bench/chaos/invariants.py`` is checked while it runs and after the drain; the test fails on
 any violation, naming each with what was seen. The 30-minute run's figures: bench/README.md.
@@ -24,7 +24,8 @@ from rollstream.dev.cluster import LocalKafkaCluster
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 SEED = int(os.environ.get("ROLLSTREAM_CHAOS_SEED", "20261201"))
-MINUTES = 2.0
+MINUTES = 1.5  # with the cluster's start, about two minutes
+MEAN_GAP = 8.0  # about 11 faults planned, every kind among the first ten
 
 
 @pytest.mark.timeout(900)
@@ -36,7 +37,7 @@ async def test_a_short_chaos_run_breaks_no_invariant(
         monkeypatch.delenv(name, raising=False)  # the tiers inherit the environment, which wins over their config
     began = time.monotonic()
     with capsys.disabled():
-        result = await run_chaos(Settings(minutes=MINUTES, seed=SEED, mean_gap=10.0), tmp_path, tiny_model,
+        result = await run_chaos(Settings(minutes=MINUTES, seed=SEED, mean_gap=MEAN_GAP), tmp_path, tiny_model,
                                  cluster=kafka_cluster)
         summary = Report("chaos", quick=True)
         report(result, summary)
