@@ -9,7 +9,7 @@ and key prefixes) instead of wiping shared state.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from rollstream.dev.kafka_jars import KAFKA_VERSION
 from rollstream.dev.launcher import DevStack, Services, dev_stack as start_dev_stack
 from rollstream.runtime.import_effects import undo_import_effects
+from tests.helpers import ShowReport
 
 # The workflow authors' fixtures (tiny_model_dir, tiny_tokenizer, gconfig, scripted_engine).
 pytest_plugins = ["rollstream.testing.fixtures"]
@@ -110,7 +111,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ServicesInOrder(config, log)
 
 
+REPORT = "report"
+
+
+@pytest.fixture
+def show_report(record_property: Callable[[str, object], None]) -> ShowReport:
+    """Show a text (a fault test's figures) in the session's summary, under the test's id:
+    kept with the test's report, so it reaches the summary from an xdist worker too."""
+    return lambda text: record_property(REPORT, text)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Show how long the session broker took to start (visible in plain `pytest` output)."""
+    """Show how long the session broker took to start (visible in plain `pytest` output; not
+    from an xdist worker) and every test's ``show_report`` texts."""
     for line in _startup_lines:
         terminalreporter.write_line(line)
+    shown = [(r.nodeid, value) for outcome in ("passed", "failed") for r in terminalreporter.stats.get(outcome, [])
+             if r.when == "call" for name, value in r.user_properties if name == REPORT]
+    if shown:
+        terminalreporter.section("reports")
+        for nodeid, text in shown:
+            terminalreporter.write_line(f"{nodeid}:\n{text}\n")

@@ -12,6 +12,10 @@ from rollstream.config import RollstreamConfig, config_from_dict
 
 T = TypeVar("T")
 
+# The ``show_report`` fixture (tests/conftest.py): a test's report text, printed in the
+# session's summary whether the test passed or not, with or without xdist workers.
+ShowReport = Callable[[str], None]
+
 
 def make_config(
     kafka_bootstrap: str, redis_url: str, name: str, sections: dict[str, Any] | None = None

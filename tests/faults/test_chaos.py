@@ -20,6 +20,7 @@ from bench.chaos.report import FOREIGN_ENV, report
 from bench.chaos.run import Settings, run_chaos
 from bench.common import Report
 from rollstream.dev.cluster import LocalKafkaCluster
+from tests.helpers import ShowReport
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -31,17 +32,16 @@ MEAN_GAP = 8.0  # about 11 faults planned, every kind among the first ten
 @pytest.mark.timeout(900)
 async def test_a_short_chaos_run_breaks_no_invariant(
     kafka_cluster: LocalKafkaCluster, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], show_report: ShowReport,
 ) -> None:
     for name in [*FOREIGN_ENV, *(k for k in os.environ if k.startswith("ROLLSTREAM__"))]:
         monkeypatch.delenv(name, raising=False)  # the tiers inherit the environment, which wins over their config
     began = time.monotonic()
-    with capsys.disabled():
-        result = await run_chaos(Settings(minutes=MINUTES, seed=SEED, mean_gap=MEAN_GAP), tmp_path, tiny_model,
-                                 cluster=kafka_cluster)
-        summary = Report("chaos", quick=True)
-        report(result, summary)
-        print(f"short chaos run: {time.monotonic() - began:.0f}s wall")
+    result = await run_chaos(Settings(minutes=MINUTES, seed=SEED, mean_gap=MEAN_GAP), tmp_path, tiny_model,
+                             cluster=kafka_cluster)
+    report(result, Report("chaos", quick=True))
+    print(f"short chaos run: {time.monotonic() - began:.0f}s wall")
+    show_report(capsys.readouterr().out)  # the schedule, the faults as they began, the tables
     kinds = result.by_kind()
     text = "\n".join(f"[{v.invariant}] {v.saw}" for v in result.violations)
     assert not result.violations, f"{len(result.violations)} violations:\n{text}"

@@ -50,6 +50,7 @@ from rollstream.wire import Batch, decode_batch
 from bench.harness.cluster import BudgetWatch, ClusterProbe, FaultRecord
 from bench.harness.ledger import read_topic
 from bench.harness.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
+from tests.helpers import ShowReport
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -230,7 +231,7 @@ async def test_topics_on_the_cluster_are_replicated_and_weak_settings_are_logged
 @pytest.mark.timeout(600)
 async def test_exactly_once_on_a_replicated_cluster_under_node_faults(
     kafka_cluster: LocalKafkaCluster, unique_name: str, tiny_model: Path, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    show_report: ShowReport,
 ) -> None:
     with LocalRedisServer(tmp_path / "redis", appendonly=True) as redis:
         dataset = write_dataset(tmp_path / "prompts.jsonl", PROMPTS)
@@ -255,8 +256,7 @@ async def test_exactly_once_on_a_replicated_cluster_under_node_faults(
             batches = await read_topic(pipeline.config.kafka, pipeline.names.batches, decode_batch)
     max_staleness = max((b.staleness for b in batches if isinstance(b, Batch)), default=0)
     text = report(outcome, faults, budget, max_staleness, felt(pipeline))
-    with capsys.disabled():
-        print("\n" + text)
+    show_report(text)
     assert not outcome.problems, "\n".join(outcome.problems) + "\n" + text
     assert outcome.admitted == PROMPTS and outcome.emitted + sum(outcome.dropped.values()) == PROMPTS, text
     assert outcome.duplicate_tasks == 0 and outcome.duplicate_rows == 0, text

@@ -31,6 +31,7 @@ import pytest
 from rollstream.dev.launcher import DevStack
 from rollstream.dev.redis_server import LocalRedisServer
 from bench.harness.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
+from tests.helpers import ShowReport
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -92,7 +93,7 @@ async def start_pipeline(pipeline: Pipeline, grouping: int = 1) -> None:
 @pytest.mark.timeout(480)
 async def test_exactly_once_under_kills_and_restarts(
     kafka_bootstrap: str, dev_stack: DevStack, unique_name: str, tiny_model: Path, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    show_report: ShowReport,
 ) -> None:
     broker = dev_stack.broker  # None with an external broker: no broker restart then
     rng = random.Random(SEED)
@@ -127,8 +128,7 @@ async def test_exactly_once_under_kills_and_restarts(
             "faults": "; ".join(done),
             "restarts": f"broker {int(broker is not None)}, redis 1",
         })
-        with capsys.disabled():
-            print("\n" + text)
+        show_report(text)
     assert not outcome.problems, "\n".join(outcome.problems) + "\n" + text
     assert outcome.admitted == PROMPTS and outcome.emitted + sum(outcome.dropped.values()) == PROMPTS
     # admission is idempotent and survived the Redis restart: exactly one slot per admitted prompt
@@ -142,7 +142,7 @@ async def test_exactly_once_under_kills_and_restarts(
 @pytest.mark.timeout(300)
 async def test_grouping_scaled_out_and_back_mid_run(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    show_report: ShowReport,
 ) -> None:
     """One grouping instance, then two (each takes a partition), then one again: exactly once."""
     prompts = 60
@@ -171,8 +171,7 @@ async def test_grouping_scaled_out_and_back_mid_run(
         "groups emitted by the second instance": second_emitted,
         "assignments seen by the first instance": len(first_assignments),
     })
-    with capsys.disabled():
-        print("\n" + text)
+    show_report(text)
     assert not outcome.problems, "\n".join(outcome.problems) + "\n" + text
     assert outcome.admitted == prompts and outcome.emitted + sum(outcome.dropped.values()) == prompts
     assert not outcome.unexpected_exits, text

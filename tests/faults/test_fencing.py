@@ -25,6 +25,7 @@ from rollstream.trainer import BatchStream
 from rollstream.config import config_from_dict
 from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
+from tests.helpers import ShowReport
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -68,7 +69,7 @@ class Trainer:
 @pytest.mark.timeout(600)
 async def test_paused_instances_are_fenced_and_nothing_is_emitted_or_trained_twice(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    show_report: ShowReport,
 ) -> None:
     rng = random.Random(SEED)
     dataset = write_dataset(tmp_path / "prompts.jsonl", PROMPTS)
@@ -119,8 +120,7 @@ async def test_paused_instances_are_fenced_and_nothing_is_emitted_or_trained_twi
         "fenced partitions (commits refused after a pause)": {k: v for k, v in fenced.items() if v} or "none",
         "trainer": f"{trainer.steps} steps, {sum(trained.values())} groups, duplicates skipped {skipped}",
     })
-    with capsys.disabled():
-        print("\n" + text)
+    show_report(text)
     assert not outcome.problems, "\n".join(outcome.problems) + "\n" + text
     assert outcome.admitted == PROMPTS and outcome.emitted + sum(outcome.dropped.values()) == PROMPTS, text
     assert not outcome.unexpected_exits, text

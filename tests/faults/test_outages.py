@@ -28,7 +28,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer
 from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from bench.stack import TierProcess
-from tests.helpers import make_config
+from tests.helpers import ShowReport, make_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -156,7 +156,7 @@ TIERS = {"producer": "producer", "rollout": "rollout-worker", "reward": "reward-
 @pytest.mark.timeout(720)
 async def test_no_tier_exits_on_broker_and_redis_outages_shorter_than_its_patience(
     kafka_bootstrap: str, dev_stack: DevStack, unique_name: str, tiny_model: Path, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    show_report: ShowReport,
 ) -> None:
     """Every tier (producer, rollout worker, reward worker, grouping, dump) started as its own
     process while BOTH the broker and Redis are down, then:
@@ -245,8 +245,7 @@ async def test_no_tier_exits_on_broker_and_redis_outages_shorter_than_its_patien
         f"unexpected exits {outcome.unexpected_exits or 'none'}",
         *(f"{name}: {counts}" for name, counts in waits.items()),
     ])
-    with capsys.disabled():
-        print("\n" + text)
+    show_report(text)
     assert not outcome.unexpected_exits, text + "\n" + "\n".join(p.tail(40) for p in pipeline.tiers.values())
     assert not outcome.problems, "\n".join(outcome.problems) + "\n" + text
     assert outcome.admitted == prompts and outcome.budget["admitted"] == prompts, text

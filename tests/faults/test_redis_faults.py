@@ -27,6 +27,7 @@ from rollstream.wire import GroupDropped, decode_batch, decode_prompt
 from bench.harness.ledger import read_records
 from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
+from tests.helpers import ShowReport
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -41,7 +42,7 @@ def start(pipeline: Pipeline) -> None:
 @pytest.mark.timeout(420)
 async def test_a_garbage_version_key_for_30s_crashes_no_tier(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    show_report: ShowReport,
 ) -> None:
     prompts = 64
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts)
@@ -75,8 +76,7 @@ async def test_a_garbage_version_key_for_30s_crashes_no_tier(
         "progress": f"{at:.0%} when set ({in_flight} prompts in flight), {during:.0%} after 30 s",
         "log lines naming the malformed key, per tier": noticed,
     })
-    with capsys.disabled():
-        print("\n" + text)
+    show_report(text)
     assert not outcome.problems, "\n".join(outcome.problems) + "\n" + text
     assert outcome.admitted == prompts and not outcome.unexpected_exits, text
     assert noticed["producer"] > 0 and noticed["grouping"] > 0, text  # they saw it, and lived
@@ -84,7 +84,7 @@ async def test_a_garbage_version_key_for_30s_crashes_no_tier(
 
 @pytest.mark.timeout(420)
 async def test_a_redis_restart_without_persistence_keeps_the_staleness_bound(
-    kafka_bootstrap: str, unique_name: str, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    kafka_bootstrap: str, unique_name: str, tiny_model: Path, tmp_path: Path, show_report: ShowReport,
 ) -> None:
     prompts = 96
     with LocalRedisServer(tmp_path / "redis", appendonly=False) as redis:
@@ -105,8 +105,7 @@ async def test_a_redis_restart_without_persistence_keeps_the_staleness_bound(
         "rebuilds": rebuilt[-1].split("] ")[-1] if rebuilt else "none",
         "admissions beyond (eta + v + 1) * B": f"{violations} (worst excess {worst})",
     })
-    with capsys.disabled():
-        print("\n" + text)
+    show_report(text)
     assert not outcome.problems, "\n".join(outcome.problems) + "\n" + text
     assert outcome.admitted == prompts and not outcome.unexpected_exits, text
     assert len(rebuilt) >= 2, text  # at the first start (empty topics) and after the restart

@@ -21,6 +21,7 @@ import pytest
 from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
 from bench.stack import TierProcess
+from tests.helpers import ShowReport
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -49,7 +50,7 @@ async def after_a_publish(pipeline: Pipeline, progress: float) -> None:
 @pytest.mark.timeout(480)
 async def test_workers_join_leave_restart_and_crash_during_weight_updates(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    show_report: ShowReport,
 ) -> None:
     prompts = 96
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts)
@@ -91,8 +92,7 @@ async def test_workers_join_leave_restart_and_crash_during_weight_updates(
         "the crashed worker's prompts in flight": sorted(crashed_in_flight),
         "claims taken over": len(taken_over),
     })
-    with capsys.disabled():
-        print("\n" + text)
+    show_report(text)
     assert not outcome.problems, "\n".join(outcome.problems) + "\n" + text
     assert outcome.admitted == prompts and outcome.emitted + sum(outcome.dropped.values()) == prompts, text
     assert not outcome.unexpected_exits, text
