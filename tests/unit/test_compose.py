@@ -46,8 +46,9 @@ def load_compose(env: dict[str, str] | None = None) -> dict[str, Any]:
 
 
 def rollstream_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Services that run the rollstream image."""
-    return {name: s for name, s in compose["services"].items() if "build" in s}
+    """Services that run the rollstream image (built from the root Dockerfile)."""
+    return {name: s for name, s in compose["services"].items()
+            if "build" in s and "dockerfile" not in s["build"]}
 
 
 def test_compose_matches_the_compose_spec_schema() -> None:
@@ -127,7 +128,7 @@ def test_each_service_config_loads_with_its_environment(config_name: str) -> Non
 def test_services_profiles_and_volumes() -> None:
     compose = load_compose()
     services = compose["services"]
-    assert services["kafka"]["image"].startswith("apache/kafka:")
+    assert services["kafka"]["image"].startswith("rollstream-kafka:")
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
     assert any(v.endswith(":/var/lib/kafka/data") for v in services["kafka"]["volumes"])
     sglang = services["sglang"]
@@ -146,6 +147,10 @@ def test_services_profiles_and_volumes() -> None:
         assert "container_name" not in services[name] and "hostname" not in services[name]
     named = {v.split(":")[0] for s in services.values() for v in s.get("volumes", []) if not v.startswith(".")}
     assert named <= set(compose["volumes"])
+    published = [port for s in services.values() for port in s.get("ports", [])]
+    assert all(port.split(":")[0] in ("0.0.0.0", "127.0.0.1") for port in published), published
+    assert all(port.startswith("127.0.0.1:") for port in
+               (p for s in load_compose({"PUBLISH_ADDRESS": "127.0.0.1"})["services"].values() for p in s.get("ports", [])))
 
 
 def test_topics_are_created_before_the_tiers_start() -> None:

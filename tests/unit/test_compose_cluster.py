@@ -62,7 +62,7 @@ def test_every_node_has_its_own_published_external_listener() -> None:
         advertised = dict(item.split("://") for item in node["environment"]["KAFKA_ADVERTISED_LISTENERS"].split(","))
         assert advertised["PLAINTEXT"] == f"{node['hostname']}:9092"
         host_port = advertised["EXTERNAL"].rsplit(":", 1)[1]
-        assert node["ports"] == [f"{host_port}:9094"], name  # published where it is advertised
+        assert node["ports"] == [f"0.0.0.0:{host_port}:9094"], name  # published where it is advertised
         published.add(host_port)
     assert len(published) == 3
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Build every image compose.yaml builds (rollstream, Kafka, Redis, Prometheus, the vLLM CPU
+# server) with `docker compose build`, on a local Debian base made here with debootstrap
+# (deploy/images/make-base.sh): for machines where no image registry answers. Layers are cached
+# by Docker: a second run rebuilds only what changed.
+#
+#   bash scripts/images.sh                  # base local/debian:bookworm, then every image
+#   BASE_IMAGE=python:3.11-slim bash scripts/images.sh   # on public bases instead (pulled)
+#   bash scripts/images.sh kafka redis      # only these services' images
+#
+# torch comes from TORCH_INDEX_URL (default: PyTorch's CPU wheels); when that index does not
+# answer, from PyPI (its torch carries CUDA libraries: a bigger image, the same CPU code).
+# Needs a running Docker engine, and root with debootstrap for the local base.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export BASE_IMAGE="${BASE_IMAGE:-local/debian:bookworm}"
+if [ "${BASE_IMAGE%%/*}" = local ]; then
+  bash deploy/images/make-base.sh "$BASE_IMAGE"
+fi
+if [ -z "${TORCH_INDEX_URL:-}" ]; then
+  TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+  if ! curl -fsS -m 15 -o /dev/null "$TORCH_INDEX_URL/torch/" 2>/dev/null; then
+    echo "images: $TORCH_INDEX_URL does not answer; torch from PyPI" >&2
+    TORCH_INDEX_URL=https://pypi.org/simple
+  fi
+fi
+export TORCH_INDEX_URL
+
+if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
+profiles=()
+# not gpu: its services build nothing of their own (rollout-worker is the rollstream image), and
+# docker-compose 1.29 cannot load it (an interpolated GPU `count` stays a string)
+for profile in cpu monitoring kafka3; do profiles+=(--profile "$profile"); done
+began=$(date +%s)
+"${compose[@]}" "${profiles[@]}" build "$@"
+echo "images: built in $(( $(date +%s) - began )) s on $BASE_IMAGE (torch from $TORCH_INDEX_URL)" >&2
+docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^(rollstream|local/)' >&2 || true
