@@ -1,8 +1,8 @@
 """Services and processes for the broker benchmarks: Kafka + Redis, and tier processes.
 
 ``services()`` resolves Kafka and Redis like the tests do (``KAFKA_BOOTSTRAP_SERVERS`` /
-``REDIS_URL``, else testcontainers, else a local broker from the cached jars and a local
-redis-server). ``TierProcess`` runs one tier in its own process (``rollstream <tier>``) and
+``REDIS_URL``, else a local broker from the cached jars and a local redis-server, or
+testcontainers with ``ROLLSTREAM_DEV_SERVICES=testcontainers``). ``TierProcess`` runs one tier in its own process (``rollstream <tier>``) and
 tracks its memory and CPU time (with its children, e.g. the reward process pool).
 """
 

@@ -1,7 +1,8 @@
 """Session fixtures: one real Kafka broker and one real Redis for the whole test session.
 
-They come from KAFKA_BOOTSTRAP_SERVERS / REDIS_URL when set, else testcontainers where Docker
-runs, else local processes (see rollstream.dev.launcher). They start only when a test asks for
+They come from KAFKA_BOOTSTRAP_SERVERS / REDIS_URL when set, else local processes, or
+testcontainers with ROLLSTREAM_DEV_SERVICES=testcontainers (see rollstream.dev.launcher; a Docker
+engine alone changes nothing). They start only when a test asks for
 them, so unit tests never pay for a broker. Tests isolate their data with `unique_name` (topic
 and key prefixes) instead of wiping shared state.
 """

@@ -3,9 +3,14 @@
 Each service is resolved on its own, in this order:
 
 1. the environment: KAFKA_BOOTSTRAP_SERVERS / REDIS_URL (nothing is started or stopped);
-2. testcontainers, only when a Docker engine answers a ping within two seconds
-   (set ROLLSTREAM_DEV_NO_DOCKER=1 to skip this step);
-3. local processes: `LocalKafkaBroker` from Maven jars and `LocalRedisServer`.
+2. local processes: `LocalKafkaBroker` from Maven jars and `LocalRedisServer`; or, only when
+   ROLLSTREAM_DEV_SERVICES=testcontainers, containers (testcontainers' Kafka and Redis images).
+
+Local processes are the default even where a Docker engine answers: they need no image
+registry (an engine that cannot pull made every start fail), they are the broker version the
+project pins (Kafka 4.1.1 from the jars, not testcontainers' image), and they start without a
+pull. Asked for testcontainers, a missing engine or a failed pull is an error that says so:
+what was asked for is not silently replaced.
 
 With `brokers` > 1, Kafka is a local replicated cluster (`LocalKafkaCluster`: every node a
 controller voter, replication min(brokers, 3), `min.insync.replicas` one less) unless
@@ -24,7 +29,7 @@ import os
 import shlex
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +43,9 @@ logger = logging.getLogger(__name__)
 
 KAFKA_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 REDIS_ENV = "REDIS_URL"
-NO_DOCKER_ENV = "ROLLSTREAM_DEV_NO_DOCKER"
+SERVICES_ENV = "ROLLSTREAM_DEV_SERVICES"
+LOCAL = "local"
+TESTCONTAINERS = "testcontainers"
 REPLICATION_ENV = "ROLLSTREAM__KAFKA__REPLICATION_FACTOR"
 STATE_FILE = "state.json"
 
@@ -71,6 +78,20 @@ class DevStateError(RuntimeError):
     """`rollstream dev` found no running services, or a state file it cannot use."""
 
 
+class DevServicesError(RuntimeError):
+    """The services asked for (ROLLSTREAM_DEV_SERVICES) cannot be had; the message says why."""
+
+
+def services_backend(environ: Mapping[str, str] | None = None) -> str:
+    """Where Kafka and Redis come from when the environment names none: "local" (the default)
+    or "testcontainers" (ROLLSTREAM_DEV_SERVICES=testcontainers). ValueError for another value."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(SERVICES_ENV, "").strip().lower() or LOCAL
+    if value not in (LOCAL, TESTCONTAINERS):
+        raise ValueError(f"{SERVICES_ENV}={value!r}: use {LOCAL!r} (the default) or {TESTCONTAINERS!r}")
+    return value
+
+
 def export_lines(services: Services) -> str:
     """Shell lines that point clients at `services`, one `export NAME=value` per line (with a
     replicated cluster, also the replication factor its topics should get)."""
@@ -83,22 +104,23 @@ def export_lines(services: Services) -> str:
     return lines
 
 
-def docker_available(timeout: float = 2.0) -> bool:
-    """True when testcontainers is installed and a Docker engine answers a ping in time."""
-    if os.environ.get(NO_DOCKER_ENV):
-        return False
+def require_docker(timeout: float = 2.0) -> None:
+    """Return when testcontainers is installed and a Docker engine answers a ping in time;
+    DevServicesError saying which is missing otherwise."""
     try:
         import docker  # optional (dev extra)
         import testcontainers  # noqa: F401  (optional too)
-
+    except ImportError as exc:
+        raise DevServicesError(f"{SERVICES_ENV}={TESTCONTAINERS} needs the dev extra ({exc})") from exc
+    try:
         client = docker.from_env(timeout=timeout)
         try:
-            return bool(client.ping())
+            client.ping()
         finally:
             client.close()
-    except Exception as exc:  # no engine, no socket, no permission, no package: all "no"
-        logger.debug("no Docker engine: %r", exc)
-        return False
+    except Exception as exc:  # no engine, no socket, no permission
+        raise DevServicesError(f"{SERVICES_ENV}={TESTCONTAINERS}, but no Docker engine answers ({exc!r}); "
+                               f"unset it to use local services") from exc
 
 
 @contextlib.contextmanager
@@ -110,7 +132,9 @@ def dev_stack(workdir: Path | None = None, brokers: int = 1) -> Iterator[DevStac
     """
     with contextlib.ExitStack() as stack:
         kafka_env, redis_env = os.environ.get(KAFKA_ENV), os.environ.get(REDIS_ENV)
-        use_docker = not (kafka_env and redis_env) and docker_available()
+        use_docker = not (kafka_env and redis_env) and services_backend() == TESTCONTAINERS
+        if use_docker:
+            require_docker()
         local_cluster = brokers > 1 and not kafka_env
         if workdir is None and (local_cluster or not (kafka_env and redis_env) and not use_docker):
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rollstream-dev-")))
@@ -191,8 +215,7 @@ def _start_kafka_container(stack: contextlib.ExitStack) -> str:
         .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
         .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
     )
-    container.start()
-    stack.callback(container.stop)
+    _start_container(stack, container, "Kafka")
     return str(container.get_bootstrap_server())
 
 
@@ -203,10 +226,20 @@ def _start_redis_container(stack: contextlib.ExitStack) -> str:
         from testcontainers.redis import RedisContainer  # type: ignore[no-redef]
 
     container = RedisContainer()
-    container.start()
-    stack.callback(container.stop)
+    _start_container(stack, container, "Redis")
     host, port = container.get_container_host_ip(), container.get_exposed_port(container.port)
     return f"redis://{host}:{port}/0"
+
+
+def _start_container(stack: contextlib.ExitStack, container: Any, what: str) -> None:
+    try:
+        container.start()
+    except Exception as exc:  # a pull refused (no registry), an engine error
+        with contextlib.suppress(Exception):
+            container.stop()
+        raise DevServicesError(f"{SERVICES_ENV}={TESTCONTAINERS}: the {what} container did not start "
+                               f"({exc}); unset it to use local services") from exc
+    stack.callback(container.stop)
 
 
 def dev_up(state_dir: Path, brokers: int = 1) -> Services:
