@@ -52,7 +52,8 @@ import torch.distributed as dist
 from rollstream.trainer.grpo import Staleness, UpdateStats, group_advantages, policy_update, staleness_stats
 from rollstream.config import ConfigError, RollstreamConfig, require
 from rollstream.demo.report import StepRecord, StepsLog  # one step's figures: the --steps-file lines the demo reads
-from rollstream.runtime.metrics import STALENESS, WEIGHT_VERSION
+from rollstream.runtime.health import heartbeat_thread, mark_ready
+from rollstream.runtime.metrics import STALENESS, WEIGHT_VERSION, serve_metrics
 from rollstream.trainer import Checkpoint, Checkpoints, SyncVersionPublisher, TrainerBatches, TrainingBatch
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,7 @@ class GRPOTrainer:
             with TrainerBatches(self.config) as batches:
                 self._on_signals(batches)
                 self.resume(batches.last_committed_step, versions)
+                mark_ready()  # /readyz: consuming batches
                 if max_steps and batches.last_committed_step >= max_steps:
                     return reports  # done before the restart
                 started = time.monotonic()
@@ -300,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(TIER if rank == 0 else f"{TIER}-rank{rank}", config.log_level)
     if "TORCHELASTIC_RUN_ID" in os.environ:
         exit_with_launcher()
+    if rank == 0:  # /metrics, /livez and /readyz on metrics.port: Prometheus and compose's health check
+        serve_metrics(config.metrics.port)
+        heartbeat_thread()
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no progress bars between the log lines

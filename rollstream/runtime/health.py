@@ -11,7 +11,8 @@ One HTTP server per process on ``metrics.port`` (none without a port) answers:
   saying why. A tier that waits for Kafka or Redis at start is live but not ready.
 
 Callers may rely on: ``mark_ready()`` / ``mark_not_ready(why)`` are safe from any thread and
-idempotent; ``heartbeat()`` runs until cancelled; ``serve_health(None, ...)`` does nothing.
+idempotent; ``heartbeat()`` runs until cancelled (``heartbeat_thread()``: until its event is
+set, for a process without an event loop); ``serve_health(None, ...)`` does nothing.
 The state is per process (like Prometheus' default registry): one tier per process.
 """
 
@@ -84,6 +85,23 @@ async def heartbeat(health: Health | None = None, interval: float = HEARTBEAT_SE
     while True:
         target.beat()
         await asyncio.sleep(interval)
+
+
+def heartbeat_thread(health: Health | None = None, interval: float = HEARTBEAT_SECONDS) -> threading.Event:
+    """Stamp ``health`` (default :data:`HEALTH`) every ``interval`` seconds from a daemon thread,
+    for a process without an event loop (the example trainer, whose steps take as long as they
+    take): ``/livez`` then says the process runs, as a container health check needs. Set the
+    returned event to stop it."""
+    target = health or HEALTH
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            target.beat()
+            stop.wait(interval)
+
+    threading.Thread(target=beat, name="health-heartbeat", daemon=True).start()
+    return stop
 
 
 def _handler(health: Health) -> type[BaseHTTPRequestHandler]:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 import rollstream.runtime.metrics  # noqa: F401 (registers the tiers' metrics, as every tier does)
-from rollstream.runtime.health import Health, heartbeat, serve_health
+from rollstream.runtime.health import Health, heartbeat, heartbeat_thread, serve_health
 from tests.fakes import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -81,3 +81,14 @@ def test_metrics_are_served_beside_the_probes(served: tuple[Health, int]) -> Non
 
 def test_no_port_no_server() -> None:
     assert serve_health(None) is None
+
+
+def test_a_heartbeat_thread_keeps_a_process_without_an_event_loop_live(served: tuple[Health, int]) -> None:
+    health, port = served
+    health.liveness_timeout = 0.3
+    stop = heartbeat_thread(health, interval=0.05)
+    time.sleep(0.5)
+    assert get(port, "/livez")[0] == 200
+    stop.set()
+    time.sleep(0.5)
+    assert get(port, "/livez")[0] == 503  # no more beats: as a stuck loop
