@@ -11,7 +11,7 @@ import pytest
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
-from rollstream.config import SGLangConfig
+from rollstream.config import ServerConfig
 from rollstream.engines.sglang import (
     EngineRequestError,
     EngineUnavailableError,
@@ -29,7 +29,7 @@ FAST = dict(backoff_base_seconds=0.02, backoff_max_seconds=0.1, health_timeout_s
 
 def engine_for(*servers: FakeSGLangServer | str, **settings: Any) -> SGLangEngine:
     urls = [s if isinstance(s, str) else s.url for s in servers]
-    return SGLangEngine(urls, settings=SGLangConfig(**{**FAST, **settings}))
+    return SGLangEngine(urls, settings=ServerConfig(**{**FAST, **settings}))
 
 
 @pytest.fixture
@@ -339,7 +339,7 @@ async def test_failover_when_one_server_dies(servers: Any) -> None:
 
 async def test_all_down_raises_after_bounded_backoff() -> None:
     urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
-    engine = SGLangEngine(urls, settings=SGLangConfig(max_retries=3, backoff_base_seconds=0.05,
+    engine = SGLangEngine(urls, settings=ServerConfig(max_retries=3, backoff_base_seconds=0.05,
                                                       backoff_max_seconds=1.0))
     engine.servers[0].version = engine.servers[1].version = 0  # as if start() had read them
     try:

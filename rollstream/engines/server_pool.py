@@ -1,4 +1,4 @@
-"""The SGLang servers one engine generates on: which are up, which are current, where a call goes.
+"""The servers one engine generates on: which are up, which are current, where a call goes.
 
 Callers may rely on:
 
@@ -20,9 +20,9 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from rollstream.config import SGLangConfig
-from rollstream.engines.sglang_admin import SGLangAdmin
-from rollstream.engines.sglang_http import TRANSPORT_ERRORS, EngineUnavailableError
+from rollstream.config import ServerConfig
+from rollstream.engines.server_admin import ServerAdmin
+from rollstream.engines.server_http import TRANSPORT_ERRORS, EngineUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Server:
 
 
 @dataclass
-class SGLangEngineStats:
+class ServerEngineStats:
     """Counters for monitoring and tests (never reset by the engine)."""
 
     http_attempts: int = 0
@@ -55,13 +55,13 @@ class SGLangEngineStats:
     duplicate_rids: int = 0  # 400 "Duplicate request ID" answers, retried with a new rid
     stale_spans: int = 0  # spans discarded: the server answered older than required
     catch_up_waits: int = 0  # calls that waited for a server to reach the trainer's version
-    calls_per_server: Counter[str] = field(default_factory=Counter)  # /generate posts by URL
+    calls_per_server: Counter[str] = field(default_factory=Counter)  # generate posts by URL
 
 
 class ServerPool:
     """The servers of one engine; see the module docstring."""
 
-    def __init__(self, urls: list[str], settings: SGLangConfig, admin: SGLangAdmin, stats: SGLangEngineStats) -> None:
+    def __init__(self, urls: list[str], settings: ServerConfig, admin: ServerAdmin, stats: ServerEngineStats) -> None:
         self.servers = [Server(url.rstrip("/")) for url in urls]
         self.settings = settings
         self.trainer_version = 0
@@ -95,7 +95,7 @@ class ServerPool:
             up = [s for s in self.servers if s.up(now)]
             if not up:
                 raise EngineUnavailableError(
-                    f"no SGLang server available {self.states(minimum)}; last error: {last_error!r}")
+                    f"no {self._admin.kind} server available {self.states(minimum)}; last error: {last_error!r}")
             current = [s for s in up if s.current(minimum)]
             if current:
                 return self._choose(rid, current), minimum
@@ -104,7 +104,7 @@ class ServerPool:
                 self._stats.catch_up_waits += 1
             elif now >= deadline:
                 raise EngineUnavailableError(
-                    f"no SGLang server reached weight version {minimum} within "
+                    f"no {self._admin.kind} server reached weight version {minimum} within "
                     f"{self.settings.catch_up_timeout_seconds}s: {self.states(minimum)}")
             await self._refresh_versions(up, minimum)
 
@@ -156,11 +156,11 @@ class ServerPool:
     def record_failure(self, server: Server, exc: BaseException) -> None:
         self._stats.http_failures += 1
         server.failures += 1
-        logger.warning("SGLang %s failed (%d in a row): %r", server.url, server.failures, exc)
+        logger.warning("%s %s failed (%d in a row): %r", self._admin.kind, server.url, server.failures, exc)
         if server.failures >= self.settings.failure_threshold and server.up(time.monotonic()):
             self.mark_down(server)
 
     def mark_down(self, server: Server) -> None:
         server.down_until = time.monotonic() + self.settings.down_cooldown_seconds
         self._stats.servers_marked_down += 1
-        logger.error("SGLang %s marked down for %.0fs", server.url, self.settings.down_cooldown_seconds)
+        logger.error("%s %s marked down for %.0fs", self._admin.kind, server.url, self.settings.down_cooldown_seconds)
