@@ -20,7 +20,9 @@ Callers may rely on:
   ``catch_up_timeout_seconds``, re-reading the servers' versions every
   ``version_poll_seconds``), so a server that missed an update (down, slow) is not used until
   it caught up. A span that comes back older than required when it was sent (the server
-  restarted meanwhile) is discarded and generated again.
+  restarted meanwhile) is discarded and generated again, and so is one whose tokens the server
+  labels as made during a weight load (a load on a running server, by an owner that lost its
+  lease while frozen): no token is ever tagged with weights that did not produce it.
 * **Requests never collide.** Each HTTP attempt has its own request id (``<request rid>.<n>``),
   so a retry after a timeout, a resubmission after an abort or a failover is never refused as a
   duplicate of a request the server still holds; should a server answer 400 "Duplicate
@@ -83,6 +85,9 @@ class Span:
     finish: dict[str, Any]
     versions: list[int]
     reported: int | None
+    # Some tokens were labelled as produced during a weight load (a label that is no version):
+    # which weights produced them is unknown, so the whole answer is generated again.
+    unlabelled: bool = False
 
     def older_than(self, minimum: int) -> bool:
         """Produced (or reported) by weights older than ``minimum``."""
@@ -247,6 +252,11 @@ class ServerEngine(InferenceEngine):
         while len(tokens) < budget:
             body = self.request_body(req, tokens, budget, images)
             server, span, minimum = await self._generate(req.rid, body, attempts)
+            if span.unlabelled:  # made while a (stale) owner loaded weights: which ones, nobody knows
+                self.stats.unlabelled_spans += 1
+                server.version = None  # read again before the next call: wait for the load to end
+                logger.warning("%s labelled tokens as made during a weight load: answer discarded", server.url)
+                continue
             if span.older_than(minimum):  # the server went back (restarted) after it was picked
                 self.stats.stale_spans += 1
                 logger.warning("%s answered with weights older than v%d (%s): span discarded",

@@ -54,6 +54,7 @@ class ServerEngineStats:
     servers_marked_down: int = 0
     duplicate_rids: int = 0  # 400 "Duplicate request ID" answers, retried with a new rid
     stale_spans: int = 0  # spans discarded: the server answered older than required
+    unlabelled_spans: int = 0  # answers discarded: tokens labelled as made during a weight load
     catch_up_waits: int = 0  # calls that waited for a server to reach the trainer's version
     calls_per_server: Counter[str] = field(default_factory=Counter)  # generate posts by URL
 

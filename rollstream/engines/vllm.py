@@ -18,7 +18,9 @@ Callers may rely on (besides everything ``server_engine.py`` promises):
   definition as long as ``top_k``/``top_p`` are off (with them vLLM renormalises over the kept
   tokens).
 * Tags: the answer's ``weight_versions`` spans (the label the engine core stamped on every step
-  that produced each token) tag each token; an answer without them (an older vLLM) is refused.
+  that produced each token) tag each token; an answer with a token labelled ``loading:<v>``
+  (made during a weight load) is discarded and generated again; one without spans (an older
+  vLLM) or with a label rollstream did not set is refused.
 * Images are refused (``InvalidRequestError``): vLLM's token-in API takes preprocessed image
   features, which rollstream does not make.
 """
@@ -32,7 +34,7 @@ from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
 from rollstream.engines.server_engine import ServerEngine, Span
 from rollstream.engines.server_http import EngineRequestError, parse_weight_version
 from rollstream.engines.sglang import TOP_K_OFF
-from rollstream.engines.vllm_admin import VLLMAdmin
+from rollstream.engines.vllm_admin import LOADING_PREFIX, VLLMAdmin
 
 __all__ = ["VLLMEngine", "parse_tokens_answer", "vllm_sampling_params"]
 
@@ -69,7 +71,10 @@ def parse_tokens_answer(data: Any, where: str = "vLLM") -> Span:
         raise EngineRequestError(f"unexpected /inference/v1/generate answer from {where}: {str(data)[:300]}") from exc
     if len(logprobs) != len(tokens):
         raise EngineRequestError(f"{where} answered {len(tokens)} tokens with {len(logprobs)} logprobs")
-    versions = token_versions(choice.get("weight_versions"), len(tokens), where)
+    spans = choice.get("weight_versions")
+    if any(str(s.get("version", "")).startswith(LOADING_PREFIX) for s in spans or []):
+        return Span(tokens, logprobs, finish, [], None, unlabelled=True)
+    versions = token_versions(spans, len(tokens), where)
     return Span(tokens, logprobs, finish, versions, versions[-1] if versions else None)
 
 

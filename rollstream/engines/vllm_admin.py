@@ -35,12 +35,13 @@ from rollstream.engines.server_http import (
 
 LOAD_METHOD = "rollstream_load_weights"  # rollstream.engines.vllm_worker_extension.WeightLoader
 PING_METHOD = "rollstream_ping"
+LOADING_PREFIX = "loading:"
 EXTENSION = "rollstream.engines.vllm_worker_extension.WeightLoader"
 
 
 def loading_label(version: int) -> str:
     """The label of a server while it loads ``version``: deliberately no rollstream version."""
-    return f"loading:{version}"
+    return f"{LOADING_PREFIX}{version}"
 
 
 class VLLMAdmin(ServerAdmin):
