@@ -152,6 +152,9 @@ class ServerConfig(_Section):
     backoff_max_seconds: Seconds = 10.0  # ...up to this
     failure_threshold: AtLeastOne = 2  # failures in a row that mark a server down...
     down_cooldown_seconds: Seconds = 30.0  # ...for this long (its requests fail over)
+    # with every server down, a call waits this long for one to answer again (a restarting
+    # server takes a minute or more) before its sample fails; 0: fail at once
+    down_patience_seconds: Wait = 300.0
     health_timeout_seconds: Seconds = 300.0  # at start: wait this long for every server to be up
     health_probe_timeout_seconds: Seconds = 5.0  # one health probe or control call (version, continue)
     max_version_lag: Count = 0  # a server is used only at >= trainer version - this

@@ -7,7 +7,9 @@ Callers may rely on:
   while it qualifies (bounded LRU), else the one with the fewest calls in flight. While every up
   server is behind it waits, re-reading their versions at most once per
   ``version_poll_seconds`` however many calls wait, and raises ``EngineUnavailableError`` after
-  ``catch_up_timeout_seconds``; with no server up it raises at once.
+  ``catch_up_timeout_seconds``. With no server up it waits for one to answer a probe again
+  (probing at most once per ``version_poll_seconds``; a server restarting takes a minute) and
+  raises ``EngineUnavailableError`` after ``down_patience_seconds`` (0: at once).
 * :meth:`record_failure` counts failures in a row; ``failure_threshold`` of them mark a server
   down for ``down_cooldown_seconds``. A success (``record_success``) resets the count.
 """
@@ -21,7 +23,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from rollstream.config import ServerConfig
-from rollstream.engines.server_admin import ServerAdmin
+from rollstream.engines.server_admin import ServerAdmin, ServerHealth
 from rollstream.engines.server_http import TRANSPORT_ERRORS, EngineUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,7 @@ class ServerPool:
         self._rotation = 0
         self._poll_lock = asyncio.Lock()
         self._next_poll = 0.0
+        self._next_probe = 0.0
 
     def min_version(self) -> int:
         return self.trainer_version - self.settings.max_version_lag
@@ -90,13 +93,20 @@ class ServerPool:
     async def pick(self, rid: str, last_error: BaseException | None) -> tuple[Server, int]:
         """A server that is up and current, and the minimum version it had to report."""
         deadline: float | None = None
+        outage_ends: float | None = None
         while True:
             now = time.monotonic()
             minimum = self.min_version()
             up = [s for s in self.servers if s.up(now)]
             if not up:
-                raise EngineUnavailableError(
-                    f"no {self._admin.kind} server available {self.states(minimum)}; last error: {last_error!r}")
+                outage_ends = outage_ends or now + self.settings.down_patience_seconds
+                if now >= outage_ends:
+                    raise EngineUnavailableError(
+                        f"no {self._admin.kind} server available within {self.settings.down_patience_seconds}s "
+                        f"{self.states(minimum)}; last error: {last_error!r}")
+                await self._probe_down(outage_ends)
+                continue
+            outage_ends = None
             current = [s for s in up if s.current(minimum)]
             if current:
                 return self._choose(rid, current), minimum
@@ -131,6 +141,19 @@ class ServerPool:
                 await asyncio.gather(*(self._read_version(s) for s in behind))
                 self._next_poll = time.monotonic() + self.settings.version_poll_seconds
         await asyncio.sleep(max(0.0, self._next_poll - time.monotonic()))
+
+    async def _probe_down(self, until: float) -> None:
+        """While every server is down: probe them (one probe per interval for all waiting
+        calls); one that answers is up again at once, without waiting out its cooldown."""
+        async with self._poll_lock:
+            if time.monotonic() >= self._next_probe:
+                probes = await asyncio.gather(*(self._admin.probe(s.url) for s in self.servers))
+                for server, probe in zip(self.servers, probes):
+                    if probe.health is not ServerHealth.DOWN:
+                        logger.info("%s %s answers again (%s)", self._admin.kind, server.url, probe.health.value)
+                        server.down_until, server.failures, server.version = 0.0, 0, probe.weight_version
+                self._next_probe = time.monotonic() + self.settings.version_poll_seconds
+        await asyncio.sleep(max(0.0, min(self._next_probe, until) - time.monotonic()))
 
     async def _read_version(self, server: Server) -> None:
         try:

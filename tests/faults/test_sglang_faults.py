@@ -57,6 +57,7 @@ async def test_failover_then_no_server_left(
             "engine": "sglang", "server_urls": [a.url, b.url], "tokenizer_path": str(tiny_model),
             "worker_id": "w-sglang", "max_concurrent_rollouts": 4, "commit_interval_seconds": 0.2,
             "gconfig": {"max_new_tokens": 6},
+            "server": {"down_patience_seconds": 0},  # fail a sample at once while no server is left
         }})
         await ensure_topics(config.kafka, names_of(config))
         stop = asyncio.Event()
@@ -87,7 +88,7 @@ async def test_failover_then_no_server_left(
             assert b.hits["generate"] - before == requests
 
             later, _ = await samples(config, await publish(config, "still-down", 1))
-            assert all("no SGLang server available" in m.reason for m in later.values()), later
+            assert all("no SGLang server available within 0.0s" in m.reason for m in later.values()), later
             assert b.hits["generate"] - before == requests  # marked down: fails fast, no request
             assert not worker.done()
         finally:
