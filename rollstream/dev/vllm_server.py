@@ -16,16 +16,30 @@ reach all of them. ``restart`` brings it back on the same port with its launch w
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
-from rollstream.dev.processes import LOCALHOST, LocalServer, MissingToolError, ServiceProcess, free_port, log_tail
+from rollstream.dev.processes import (
+    LOCALHOST,
+    LocalServer,
+    MissingToolError,
+    ServiceProcess,
+    free_port,
+    log_tail,
+    pid_alive,
+    pid_cmdline,
+    stop_pid,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -173,3 +187,58 @@ class LocalVLLMServer(LocalServer):
         except ProcessLookupError:
             return False
         return True
+
+
+# ------------------------------------------------------------------ `rollstream dev up --vllm`
+
+DEV_STATE = "vllm.json"
+CMDLINE_MARK = "vllm.entrypoints.openai.api_server"
+
+
+def dev_vllm_up(state_dir: Path, model: str) -> str:
+    """Start a detached server for ``rollstream dev up --vllm`` (kept when one already runs on
+    the same model); returns its URL."""
+    state_dir = Path(state_dir).resolve()
+    running = _dev_state(state_dir)
+    if running is not None and pid_alive(running["pid"]) and running["model"] == model:
+        return str(running["url"])
+    dev_vllm_down(state_dir)
+    server = LocalVLLMServer(state_dir / "vllm", model, detached=True)
+    server.start()
+    record = {"pid": server.pid, "url": server.url, "model": model, "log": str(server.log_path)}
+    (state_dir / DEV_STATE).write_text(json.dumps(record, indent=2) + "\n")
+    return server.url
+
+
+def dev_vllm_down(state_dir: Path) -> bool:
+    """Stop the server ``dev_vllm_up`` started (its whole process group); False when none ran."""
+    state = _dev_state(Path(state_dir).resolve())
+    if state is None:
+        return False
+    pid = int(state["pid"])
+    alive = pid_alive(pid) and CMDLINE_MARK in pid_cmdline(pid)
+    if alive:
+        stop_pid(pid, must_contain=CMDLINE_MARK)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # its engine processes
+    (Path(state_dir).resolve() / DEV_STATE).unlink(missing_ok=True)
+    return alive
+
+
+def dev_vllm_env(state_dir: Path) -> str:
+    """Export lines that point rollout workers at the dev server ("" when none runs)."""
+    state = _dev_state(Path(state_dir).resolve())
+    if state is None or not pid_alive(int(state["pid"])):
+        return ""
+    return (f"export ROLLSTREAM__ROLLOUT__ENGINE=vllm\n"
+            f"export ROLLSTREAM__ROLLOUT__SERVER_URLS={shlex.quote(json.dumps([state['url']]))}\n")
+
+
+def _dev_state(state_dir: Path) -> dict[str, Any] | None:
+    path = state_dir / DEV_STATE
+    try:
+        return dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise RuntimeError(f"unreadable {path} ({exc}); delete it by hand") from exc
