@@ -2,8 +2,8 @@
 
 producer -> rollout worker -> reward worker -> grouping -> ``BatchStream`` (in this process,
 acking every batch as a trainer would). The rollout worker uses the LOAD GENERATOR engine
-(``bench/load_engine.py``) unless the settings name a real engine (``bench/gpu.py``). Shared by
-``bench/pipeline.py``, ``bench/memory.py`` and ``bench/gpu.py``.
+(``bench/load_engine.py``) unless the settings name a real engine (``bench/server.py``). Shared by
+``bench/pipeline.py``, ``bench/memory.py`` and ``bench/server.py``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Run every CPU benchmark in turn (4-8 minutes on 2 cores), writing bench/results/*.json,
-# then print the Markdown summary for bench/README.md. bench/gpu.py needs a GPU and a model:
-#   python -m bench.gpu --model-path /path/to/model
+# then print the Markdown summary for bench/README.md. bench/server.py starts a vLLM server (CPU) or takes a GPU server:
+#   python -m bench.server [--server-url URL --model-path DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 date
-for name in codec grouping pipeline inprocess latency trainer memory; do
+for name in codec grouping pipeline inprocess latency trainer memory server; do
     echo "== bench.$name ($(uptime | sed 's/.*load average/load average/'))"
     /usr/bin/time -f "bench.$name: %e s wall" python -m "bench.$name" "$@"
 done

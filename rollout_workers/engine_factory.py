@@ -1,15 +1,15 @@
 """Build the worker's inference engine and tokenizer from ``rollout.*`` settings.
 
 ``rollout.engine: hf`` runs a local transformers model (``rollout.model_path``, ``device``,
-``seed``); ``rollout.engine: sglang`` talks to SGLang servers (``rollout.sglang_urls``, with the
-timeouts, retries and failover of ``rollout.sglang``) and needs a tokenizer path
-(``rollout.tokenizer_path``, else ``rollout.model_path``);
+``seed``); ``rollout.engine: sglang`` and ``vllm`` talk to shared servers of that kind
+(``rollout.server_urls``, with the timeouts, retries and failover of ``rollout.server``) and
+need a tokenizer path (``rollout.tokenizer_path``, else ``rollout.model_path``);
 ``rollout.engine: custom`` calls ``rollout.engine_factory`` (an import string, ``"pkg.mod:fn"``)
 with the ``RolloutConfig`` and uses the ``InferenceEngine`` it returns. Bad settings raise
 :class:`~rollstream.config.ConfigError` naming the setting.
 
 :func:`build_follower` picks how the worker follows the trainer's version: an engine it owns
-alone is paused, reloaded and resumed by a :class:`VersionFollower`; SGLang servers, which
+alone is paused, reloaded and resumed by a :class:`VersionFollower`; inference servers, which
 workers share, are reloaded by one owner per server (``rollout_workers/weight_sync.py``).
 """
 
@@ -22,11 +22,13 @@ import redis.asyncio as aioredis
 
 from rollstream.api.engine import InferenceEngine
 from rollstream.config import ConfigError, RolloutConfig, require
+from rollstream.engines.server_engine import ServerEngine
 from rollstream.imports import import_callable
 from rollstream.state.client import RedisKeys
 from rollstream.rollout_workers.versions import VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
+
 
 
 def tokenizer_path(config: RolloutConfig) -> str:
@@ -59,14 +61,24 @@ def build_engine(config: RolloutConfig) -> InferenceEngine:
         from rollstream.engines.hf import HFEngine
 
         return HFEngine(config.model_path, device=config.device, seed=config.seed)
-    if config.engine == "sglang":
-        require(config.sglang_urls, "rollout.sglang_urls", "must list at least one server when rollout.engine is 'sglang'")
-        from rollstream.engines.sglang import SGLangEngine
-
-        return SGLangEngine(config.sglang_urls, tokenizer_path(config), config.sglang)
+    if config.engine in ("sglang", "vllm"):
+        require(config.server_urls, "rollout.server_urls",
+                f"must list at least one server when rollout.engine is {config.engine!r}")
+        return _server_engine_class(config.engine)(config.server_urls, tokenizer_path(config), config.server)
     if config.engine == "custom":
         return _custom_engine(config)
     raise ConfigError(f"invalid configuration: unknown rollout.engine {config.engine!r}")
+
+
+def _server_engine_class(kind: str) -> type[ServerEngine]:
+    """Imported only when chosen: a worker loads the client of its own server kind only."""
+    if kind == "sglang":
+        from rollstream.engines.sglang import SGLangEngine
+
+        return SGLangEngine
+    from rollstream.engines.vllm import VLLMEngine
+
+    return VLLMEngine
 
 
 def _custom_engine(config: RolloutConfig) -> InferenceEngine:
@@ -86,16 +98,15 @@ def build_follower(
     config: RolloutConfig, engine: InferenceEngine, store: VersionSource, redis: aioredis.Redis,
     keys: RedisKeys, worker_id: str,
 ) -> VersionFollower:
-    """The version follower for ``engine``: shared-server weight sync for SGLang, else local loads."""
-    from rollstream.engines.sglang import SGLangEngine
-
-    if not isinstance(engine, SGLangEngine):
+    """The version follower for ``engine``: shared-server weight sync for a server engine (SGLang,
+    vLLM), else local loads."""
+    if not isinstance(engine, ServerEngine):
         return VersionFollower(engine, store)
     from rollstream.state.server_lease import ServerLeases, owner_id
     from rollstream.rollout_workers.weight_sync import SharedServerFollower, WeightSync
 
-    leases = ServerLeases(redis, keys, owner_id(worker_id), config.sglang.lease_ttl_seconds)
-    sync = WeightSync([s.url for s in engine.servers], engine.admin, leases, config.sglang)
+    leases = ServerLeases(redis, keys, owner_id(worker_id), engine.settings.lease_ttl_seconds)
+    sync = WeightSync([s.url for s in engine.servers], engine.admin, leases, engine.settings)
     return SharedServerFollower(engine, store, sync)
 
 

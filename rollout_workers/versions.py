@@ -2,7 +2,7 @@
 
 :class:`VersionFollower` is for an engine this worker owns alone (the HF engine, a custom
 one): it pauses, loads and resumes that engine itself. Engines whose servers are shared with
-other workers (SGLang) are followed by ``rollstream.rollout_workers.weight_sync.SharedServerFollower``,
+other workers (SGLang, vLLM servers) are followed by ``rollstream.rollout_workers.weight_sync.SharedServerFollower``,
 which overrides :meth:`VersionFollower.apply` so that the worker only declares the version
 and the server's one owner loads it.
 

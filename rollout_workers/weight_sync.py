@@ -1,27 +1,29 @@
-"""One weight-sync owner per shared SGLang server: it alone pauses, loads and continues it.
+"""One weight-sync owner per shared inference server: it alone pauses, loads and continues it.
 
-Every rollout worker with ``rollout.engine: sglang`` runs a :class:`SharedServerFollower`:
+One design for both server kinds: it drives a server only through
+:class:`~rollstream.engines.server_admin.ServerAdmin` (SGLang's or vLLM's).
+Every rollout worker with ``rollout.engine: sglang`` or ``vllm`` runs a :class:`SharedServerFollower`:
 
 * it follows the trainer's version in Redis like :class:`VersionFollower`, but only declares
   each version to its engine (which then sends calls only to servers that report it, and tags
   tokens with what the servers report); it never pauses or reloads a server;
 * it runs one :class:`ServerOwner` per server URL in its config. All workers' owners of a URL
   compete for one Redis lease (``rollstream.state.server_lease``); the holder is the server's only
-  weight-sync owner. A dead owner's lease expires after ``rollout.sglang.lease_ttl_seconds``
+  weight-sync owner. A dead owner's lease expires after ``rollout.server.lease_ttl_seconds``
   and another worker's owner takes the server over.
 
 What an owner does while it holds the lease (and checks before every step that it still does):
 
 * when the server reports a version below the newest published one (a new version, or a
-  server that restarted or missed updates while down): pause (``/pause_generation``, which
-  answers once the aborted requests were answered), load (``/update_weights_from_disk`` with
-  ``weight_version``), continue. Superseded versions are skipped: a server behind by several
-  versions loads only the newest. A failed load resumes the server on its old weights (workers
-  do not use it while it is behind) and is retried with capped backoff;
+  server that restarted or missed updates while down): pause (which answers once the requests
+  it cut off were answered), load (the checkpoint, labelled with its version), continue.
+  Superseded versions are skipped: a server behind by several versions loads only the newest.
+  A failed load resumes the server, which reports a version below the target (or none), so
+  workers do not use it, and is retried with capped backoff;
 * every ``reconcile_seconds`` it re-reads the server's version and probes it: a server that
   went back (restarted on its launch weights) is reloaded; one that is up but does not generate
-  while no update runs (a pause left behind) is sent ``/continue_generation``, as is every
-  server at once when the owner takes it over (its predecessor may have died mid-update);
+  while no update runs (a pause left behind) is continued, as is every server at once when the
+  owner takes it over (its predecessor may have died mid-update);
 * it records each phase in Redis (``ServerLeases.write_state``, fenced by its token), which is
   how an operator tells "paused for a weight update" from "down".
 
@@ -42,9 +44,9 @@ from collections.abc import Awaitable, Callable
 from redis.exceptions import RedisError
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
-from rollstream.config import SGLangConfig
-from rollstream.engines.sglang_admin import ServerHealth, SGLangAdmin
-from rollstream.engines.sglang_http import TRANSPORT_ERRORS, EngineRequestError, Retryable
+from rollstream.config import ServerConfig
+from rollstream.engines.server_admin import ServerAdmin, ServerHealth
+from rollstream.engines.server_http import TRANSPORT_ERRORS, EngineRequestError, Retryable
 from rollstream.runtime.metrics import WEIGHT_VERSION
 from rollstream.state.server_lease import Lease, Phase, ServerLeases, ServerSyncState
 from rollstream.retry import RetryPolicy
@@ -64,7 +66,7 @@ class LeaseLost(Exception):
 class ServerOwner:
     """Competes for one server's lease and, while holding it, keeps the server on the target."""
 
-    def __init__(self, url: str, admin: SGLangAdmin, leases: ServerLeases, settings: SGLangConfig) -> None:
+    def __init__(self, url: str, admin: ServerAdmin, leases: ServerLeases, settings: ServerConfig) -> None:
         self.url = url
         self._admin = admin
         self._leases = leases
@@ -160,9 +162,9 @@ class ServerOwner:
     async def _reconcile(self, lease: Lease, taken_over: bool) -> bool:
         """Bring the server to the target and running; False when it failed (retry later).
 
-        ``/continue_generation`` is sent on taking a server over (a predecessor may have died
-        between its pause and its continue) and whenever the server is up but does not
-        generate; not blindly, since newer SGLang empties the CUDA cache on each continue.
+        The server is continued on taking it over (a predecessor may have died between its
+        pause and its continue) and whenever it is up but does not generate; not blindly,
+        since newer SGLang empties the CUDA cache on each continue.
         """
         self._check(lease)
         target = self._target
@@ -241,7 +243,7 @@ class ServerOwner:
 class WeightSync:
     """A :class:`ServerOwner` per server URL, all fed the same target."""
 
-    def __init__(self, urls: list[str], admin: SGLangAdmin, leases: ServerLeases, settings: SGLangConfig) -> None:
+    def __init__(self, urls: list[str], admin: ServerAdmin, leases: ServerLeases, settings: ServerConfig) -> None:
         self.owners = [ServerOwner(url.rstrip("/"), admin, leases, settings) for url in urls]
 
     def offer(self, update: WeightUpdate) -> None:

@@ -138,29 +138,32 @@ class WorkflowSpec(_Section):
     kwargs: dict[str, Any] = {}
 
 
-class SGLangConfig(_Section):
-    """How rollout workers talk to shared SGLang servers (``rollout.sglang.*``).
+class ServerConfig(_Section):
+    """How rollout workers talk to shared inference servers, SGLang or vLLM (``rollout.server.*``).
 
     Generation (every worker): timeouts, retries with capped exponential backoff, failover.
     Weight sync (one owner per server, elected by a lease in Redis): bounded pause and load.
     """
 
-    request_timeout_seconds: Seconds = 3600.0  # one /generate call (a long generation is one call)
+    request_timeout_seconds: Seconds = 3600.0  # one generate call (a long generation is one call)
     connect_timeout_seconds: Seconds = 10.0  # opening a connection to a server
-    max_retries: Count = 3  # extra attempts of a /generate call after a connection error, timeout or 5xx
+    max_retries: Count = 3  # extra attempts of a generate call after a connection error, timeout or 5xx
     backoff_base_seconds: Seconds = 0.5  # first retry delay, doubled per attempt...
     backoff_max_seconds: Seconds = 10.0  # ...up to this
     failure_threshold: AtLeastOne = 2  # failures in a row that mark a server down...
     down_cooldown_seconds: Seconds = 30.0  # ...for this long (its requests fail over)
+    # with every server down, a call waits this long for one to answer again (a restarting
+    # server takes a minute or more) before its sample fails; 0: fail at once
+    down_patience_seconds: Wait = 300.0
     health_timeout_seconds: Seconds = 300.0  # at start: wait this long for every server to be up
-    health_probe_timeout_seconds: Seconds = 5.0  # one /health probe; no answer in time: ask /model_info
+    health_probe_timeout_seconds: Seconds = 5.0  # one health probe or control call (version, continue)
     max_version_lag: Count = 0  # a server is used only at >= trainer version - this
     catch_up_timeout_seconds: Seconds = 600.0  # a request waits this long for a server at that version
-    version_poll_seconds: Seconds = 0.5  # while requests wait, re-read servers' weight_version this often
+    version_poll_seconds: Seconds = 0.5  # while requests wait, re-read servers' weight versions this often
     # The weight-sync owner of each server:
     lease_ttl_seconds: Seconds = 10.0  # a dead owner's servers are taken over after this
-    pause_timeout_seconds: Seconds = 60.0  # /pause_generation answers once aborted requests are answered
-    update_timeout_seconds: Seconds = 900.0  # /update_weights_from_disk (a large checkpoint from disk)
+    pause_timeout_seconds: Seconds = 60.0  # a pause answers once the requests it cut off are answered
+    update_timeout_seconds: Seconds = 900.0  # loading a checkpoint from disk (a large one takes long)
     reconcile_seconds: Seconds = 5.0  # the owner re-checks its idle server (version, not left paused)
 
 
@@ -178,7 +181,9 @@ class AgentConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    engine: Literal["hf", "sglang", "custom"] = "hf"
+    # hf: a local transformers model; sglang / vllm: shared inference servers (server_urls);
+    # custom: engine_factory
+    engine: Literal["hf", "sglang", "vllm", "custom"] = "hf"
     # engine "custom": import string of a callable taking this RolloutConfig and returning an
     # InferenceEngine (not started), e.g. "my_pkg.engines:make_engine"; configuration only
     engine_factory: str = ""
@@ -187,8 +192,8 @@ class RolloutConfig(_Section):
     # where "$processor" (a VLM's processor, for vision workflows) is loaded from: default the
     # tokenizer path, else the model path
     processor_path: str | None = None
-    sglang_urls: list[str] = []
-    sglang: SGLangConfig = msgspec.field(default_factory=SGLangConfig)  # see SGLangConfig
+    server_urls: list[str] = []  # engine sglang / vllm: the servers' base URLs (http://host:port)
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)  # see ServerConfig
     device: str = "cpu"
     seed: int | None = None
     max_concurrent_rollouts: AtLeastOne = 8
@@ -387,6 +392,8 @@ MOVED_KEYS = {
                                "trainer's steps and the staleness budget)",
     ("grouping", "groups_per_batch"): "every batches record holds one group; groups per trainer step are "
                                       "staleness.batch_size",
+    ("rollout", "sglang_urls"): "the servers of engine sglang or vllm are rollout.server_urls",
+    ("rollout", "sglang"): "the settings of the inference servers (SGLang or vLLM) are rollout.server",
 }
 
 

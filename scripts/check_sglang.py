@@ -27,9 +27,9 @@ from typing import Any
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
-from rollstream.config import SGLangConfig
+from rollstream.config import ServerConfig
 from rollstream.engines.sglang import SGLangEngine
-from rollstream.engines.sglang_http import HttpRefused, SGLangHttp
+from rollstream.engines.server_http import HttpRefused, ServerHttp
 
 
 class CheckFailed(AssertionError):
@@ -52,7 +52,7 @@ class Ctx:
         return self.engine.servers[0].url
 
     @property
-    def http(self) -> SGLangHttp:
+    def http(self) -> ServerHttp:
         return self.engine.http
 
     async def generate(self, body: dict[str, Any], timeout: float = 600) -> tuple[int, Any]:
@@ -282,7 +282,7 @@ def prompt_ids(model_path: str) -> list[int]:
 
 
 async def main(args: argparse.Namespace) -> int:
-    settings = SGLangConfig(health_timeout_seconds=args.health_timeout, request_timeout_seconds=600,
+    settings = ServerConfig(health_timeout_seconds=args.health_timeout, request_timeout_seconds=600,
                             catch_up_timeout_seconds=60, max_version_lag=10**9)  # tags checked, not staleness
     engine = SGLangEngine(args.url, settings=settings)
     failed = 0

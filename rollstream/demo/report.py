@@ -17,7 +17,8 @@ from pathlib import Path
 from rich.table import Table
 
 WINDOW = 5
-RELOAD_LINE = re.compile(r"now generating with weight version (\d+)")
+# a worker's own engine (hf), or the weight-sync owner of a shared server (vllm, sglang)
+RELOAD_LINE = re.compile(r"(?:now generating with weight version|: now at weight version) (\d+)")
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,8 @@ def plot_rewards(path: Path, rewards: Sequence[float], title: str, window: int =
 
 
 def weight_reloads(log_paths: Sequence[Path]) -> list[int]:
-    """The versions the rollout workers said they loaded, from their logs, in order."""
+    """The versions the rollout workers said they loaded (into their own engine, or into a
+    shared server they own), from their logs, in order."""
     versions: list[int] = []
     for path in log_paths:
         try:

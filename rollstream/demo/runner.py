@@ -45,6 +45,7 @@ from rollstream.demo.report import RewardTrend, StepsFile, plot_rewards, reward_
 from rollstream.demo.settings import DemoSettings, demo_config_tree, write_config
 from rollstream.demo.task import dataset_rows, write_dataset
 from rollstream.dev.launcher import DevStack, dev_stack
+from rollstream.dev.vllm_server import LocalVLLMServer
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
 
@@ -161,15 +162,17 @@ def _run(options: DemoOptions, run_dir: Path, result: DemoResult, console: Conso
         console.print(f"[bold]rollstream demo[/bold]: run directory {run_dir}")
         model_future = executor.submit(_prepare_model, settings, run_dir / "model", options.agent)
         console.print("building the tiny model and warming it up; starting Kafka and Redis ...")
-        with dev_stack(run_dir / "services") as stack:
+        with dev_stack(run_dir / "services") as stack, contextlib.ExitStack() as servers:
             services = stack.services
             console.print(f"services: kafka {services.kafka_bootstrap}, redis {services.redis_url} ({services.source})")
             model = model_future.result()
             console.print(f"model ready: {model.parameters:,} parameters, warm-up loss {model.warmup_loss:.3f}")
+            server = servers.enter_context(_inference_server(settings, model.path, run_dir, console))
             dataset = write_demo_dataset(settings, run_dir)
             tree = demo_config_tree(
                 settings, kafka_bootstrap=services.kafka_bootstrap, redis_url=services.redis_url,
                 experiment=experiment_name(run_dir), run_dir=run_dir, model_dir=model.path, dataset=dataset,
+                server_urls=[server.url] if server else None,
             )
             if options.agent:
                 tree = with_agent(tree)
@@ -181,7 +184,7 @@ def _run(options: DemoOptions, run_dir: Path, result: DemoResult, console: Conso
                 _start_tiers(children, settings, result.config_path, config)
                 children.start("trainer", trainer_argv(result.config_path, settings.trainer_ranks, run_dir / "steps.jsonl",
                                                        max_restarts=config.trainer.max_restarts))
-                _write_processes(run_dir / "processes.json", stack, children)
+                _write_processes(run_dir / "processes.json", stack, children, server)
                 asyncio.run(_pipeline(config, children, options, result, console, deadline))
             finally:
                 console.print("stopping the tiers ...")
@@ -213,10 +216,30 @@ def prepare_only(settings: DemoSettings, run_dir: Path, console: Console, agent:
     console.print(f"demo model ({model.parameters:,} parameters) in {model_dir}; dataset in {dataset}")
 
 
-def _write_processes(path: Path, stack: DevStack, children: ChildGroup) -> None:
+@contextlib.contextmanager
+def _inference_server(settings: DemoSettings, model: Path, run_dir: Path, console: Console,
+                      ) -> Iterator[LocalVLLMServer | None]:
+    """With ``--engine vllm``: a local vLLM server on the warmed-up model (version 0), stopped
+    at the end; else nothing (the rollout workers run the model themselves)."""
+    if settings.engine != "vllm":
+        yield None
+        return
+    server = LocalVLLMServer(run_dir / "vllm", model)
+    console.print("starting the vLLM server (30-60 s on CPU) ...")
+    server.start()
+    console.print(f"vLLM server ready in {server.startup_seconds:.0f}s at {server.url} (log {server.log_path})")
+    try:
+        yield server
+    finally:
+        console.print("stopping the vLLM server ...")
+        server.stop()
+
+
+def _write_processes(path: Path, stack: DevStack, children: ChildGroup, server: LocalVLLMServer | None) -> None:
     """Pids of everything this run started (for operators, and for the test that checks that
     none survives the run)."""
-    services = {name: proc.pid for name, proc in (("kafka", stack.broker), ("redis", stack.redis)) if proc is not None}
+    services = {name: proc.pid for name, proc in (("kafka", stack.broker), ("redis", stack.redis), ("vllm", server))
+                if proc is not None}
     record = {"children": {c.name: c.pid for c in children.children}, "services": services}
     path.write_text(json.dumps(record, indent=2) + "\n")
 

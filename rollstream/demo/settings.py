@@ -41,6 +41,7 @@ class DemoSettings:
     partitions: int = 2
     max_concurrent_rollouts: int = 16
     seed: int = 0
+    engine: str = "hf"  # "vllm": the rollout workers generate on a local vLLM server (rollstream.dev.vllm_server)
 
     def dataset_size(self) -> int:
         """Prompts the producer may publish: the steps' worth plus what staleness lets run ahead."""
@@ -56,9 +57,18 @@ def demo_config_tree(
     run_dir: Path,
     model_dir: Path,
     dataset: Path,
+    server_urls: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The config shared by every demo process (rollout workers get their id with ``--set``)."""
+    """The config shared by every demo process (rollout workers get their id with ``--set``);
+    with ``server_urls``, the rollout workers generate on those vLLM servers."""
     gconfig = {"max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature}
+    rollout: dict[str, Any] = {
+        "engine": "hf", "model_path": str(model_dir), "device": "cpu", "seed": settings.seed,
+        "gconfig": gconfig, "max_concurrent_rollouts": settings.max_concurrent_rollouts,
+        "fileroot": str(run_dir / "dumps"), "shutdown_grace_seconds": 5.0,
+    }
+    if server_urls:
+        rollout.update(engine="vllm", server_urls=list(server_urls))
     return {
         "kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": settings.partitions,
                   "transaction_timeout_ms": 15000},
@@ -68,9 +78,7 @@ def demo_config_tree(
                       "batch_size": settings.prompts_per_step},
         "producer": {"dataset": str(dataset), "group_size": settings.group_size, "seed": settings.seed,
                      "producer_id": "demo-producer", "max_batch_prompts": settings.prompts_per_step},
-        "rollout": {"engine": "hf", "model_path": str(model_dir), "device": "cpu", "seed": settings.seed,
-                    "gconfig": gconfig, "max_concurrent_rollouts": settings.max_concurrent_rollouts,
-                    "fileroot": str(run_dir / "dumps"), "shutdown_grace_seconds": 5.0},
+        "rollout": rollout,
         "reward": {"reward_fn": REWARD_FN, "tokenizer_path": str(model_dir), "max_workers": 1,
                    "worker_id": "demo-reward-0"},
         "grouping": {"instance_id": "demo-grouping-0"},

@@ -2,6 +2,8 @@
 
     eval "$(rollstream dev up)"     # start both (detached), export their addresses
     eval "$(rollstream dev up --brokers 3)"   # Kafka as a replicated 3-node cluster instead
+    eval "$(rollstream dev up --vllm)"        # also a vLLM server (CPU) on the tiny model, or
+                                              # --vllm MODEL_DIR; rollout workers use it (engine vllm)
     rollstream dev env              # print the export lines again
     rollstream dev down             # stop both and delete their data
 
@@ -38,6 +40,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Kafka nodes (default 1); 3 gives a replicated cluster: three controller voters, "
              "replication 3, min.insync.replicas 2 (set kafka.replication_factor: 3 for your topics)",
     )
+    up.add_argument(
+        "--vllm", nargs="?", const="", default=None, metavar="MODEL_DIR",
+        help="also start a vLLM server (the environment scripts/setup.sh installs) on MODEL_DIR, default the "
+             "tiny model; the export lines then point rollout workers at it (rollout.engine vllm)",
+    )
     up.set_defaults(func=_up)
     down = actions.add_parser("down", parents=[common], help="stop both and delete their data")
     down.set_defaults(func=_down)
@@ -57,17 +64,32 @@ def _up(args: argparse.Namespace) -> int:
         return 2
     try:
         services = dev_up(state_dir, brokers=args.brokers)
+        if args.vllm is not None:
+            from rollstream.dev.vllm_server import dev_vllm_up
+            from rollstream.testing.tiny import tiny_model_dir
+
+            print("# starting vLLM (30-60 s on CPU) ...", file=sys.stderr)
+            dev_vllm_up(state_dir, str(Path(args.vllm).resolve()) if args.vllm else str(tiny_model_dir()))
     except Exception as exc:  # a CLI answers with a message, not a traceback
         print(f"rollstream dev up: {exc}", file=sys.stderr)
         return 1
-    sys.stdout.write(export_lines(services))
+    sys.stdout.write(export_lines(services) + _vllm_env(state_dir))
     print(f"# logs and data in {state_dir}; stop with `rollstream dev down`", file=sys.stderr)
     return 0
 
 
+def _vllm_env(state_dir: Path) -> str:
+    from rollstream.dev.vllm_server import dev_vllm_env
+
+    return dev_vllm_env(state_dir)
+
+
 def _down(args: argparse.Namespace) -> int:
+    from rollstream.dev.vllm_server import dev_vllm_down
+
     try:
-        stopped = dev_down(_state_dir(args))
+        stopped = dev_vllm_down(_state_dir(args))
+        stopped = dev_down(_state_dir(args)) or stopped
     except DevStateError as exc:
         print(f"rollstream dev down: {exc}", file=sys.stderr)
         return 1
@@ -77,7 +99,7 @@ def _down(args: argparse.Namespace) -> int:
 
 def _env(args: argparse.Namespace) -> int:
     try:
-        sys.stdout.write(dev_env(_state_dir(args)))
+        sys.stdout.write(dev_env(_state_dir(args)) + _vllm_env(_state_dir(args)))
     except DevStateError as exc:
         print(f"rollstream dev env: {exc}", file=sys.stderr)
         return 1

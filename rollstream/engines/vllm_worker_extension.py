@@ -26,6 +26,10 @@ class WeightLoader:
 
     model_runner: Any  # set by vLLM's worker
 
+    def rollstream_ping(self) -> str:
+        """Proof that the extension is installed (``VLLMAdmin.check_api`` calls it at start)."""
+        return "rollstream"
+
     def rollstream_load_weights(self, weights_path: str) -> str:
         """Load the checkpoint in ``weights_path`` in place; returns what was done, in words."""
         self.model_runner.reload_weights(weights_path=weights_path)

@@ -36,7 +36,7 @@ IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [EOS_TOKEN, IM_START, IM_END]
 MARKER_FILE = "rollstream_tiny_model.json"
 # Bump when the build recipe changes so that old directories are rebuilt.
-_RECIPE_VERSION = 2  # 2: the chat template renders tools and tool calls
+_RECIPE_VERSION = 3  # 2: the chat template renders tools and tool calls; 3: two heads of 32 (vLLM)
 
 # Qwen-style chat text. With ``tools`` a system turn lists them (after the caller's own system
 # message, which it absorbs) and says how to call one; an assistant's ``tool_calls`` render as
@@ -196,13 +196,15 @@ def build_tiny_model(
     vocab_size: int = 512,
     hidden_size: int = 64,
     num_layers: int = 2,
-    num_heads: int = 4,
+    num_heads: int = 2,
     seed: int = 0,
 ) -> Path:
     """Train a BPE tokenizer on ``corpus``, build a random tiny Qwen2 model, save both.
 
     ``vocab_size`` is the BPE target; the model's vocabulary is the trained tokenizer's size
-    (at most ``vocab_size``). Returns ``out_dir``.
+    (at most ``vocab_size``). Returns ``out_dir``. The defaults give attention heads of 32
+    (hidden 64, 2 heads), the smallest head size vLLM's CPU attention serves; a head size of 16
+    loads and then fails on the first request.
     """
     out_dir = Path(out_dir)
     params = {

@@ -3,7 +3,7 @@
 The servers are ``tests.fakes.FakeSGLangServer``: a real SGLang server needs a GPU, which the CI
 machine lacks, so a stand-in that follows SGLang 0.5.23's HTTP behaviour takes its place (the
 engine's own unit tests cover the client in detail; these tests cover the tier). The failover
-test runs one rollout worker in-process with the default ``rollout.sglang`` settings (3 retries
+test runs one rollout worker in-process with the default ``rollout.server`` settings (3 retries
 with backoff, a server marked down after 2 failures in a row, for 30 s); the owner test runs
 three rollout-worker processes against the session's real broker and Redis.
 """
@@ -54,9 +54,10 @@ async def test_failover_then_no_server_left(
     async with FakeSGLangServer(vocab_size=300, token_delay=0.005) as a, \
             FakeSGLangServer(vocab_size=300, token_delay=0.005) as b:
         config = make_config(kafka_bootstrap, redis_url, unique_name, {"rollout": {
-            "engine": "sglang", "sglang_urls": [a.url, b.url], "tokenizer_path": str(tiny_model),
+            "engine": "sglang", "server_urls": [a.url, b.url], "tokenizer_path": str(tiny_model),
             "worker_id": "w-sglang", "max_concurrent_rollouts": 4, "commit_interval_seconds": 0.2,
             "gconfig": {"max_new_tokens": 6},
+            "server": {"down_patience_seconds": 0},  # fail a sample at once while no server is left
         }})
         await ensure_topics(config.kafka, names_of(config))
         stop = asyncio.Event()
@@ -87,7 +88,7 @@ async def test_failover_then_no_server_left(
             assert b.hits["generate"] - before == requests
 
             later, _ = await samples(config, await publish(config, "still-down", 1))
-            assert all("no SGLang server available" in m.reason for m in later.values()), later
+            assert all("no SGLang server available within 0.0s" in m.reason for m in later.values()), later
             assert b.hits["generate"] - before == requests  # marked down: fails fast, no request
             assert not worker.done()
         finally:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from rollstream.dev.vllm_server import LocalVLLMServer
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -80,16 +82,22 @@ def test_trainer_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> N
 
 
 @pytest.mark.broker
-def test_gpu_benchmark_runs_on_cpu(broker_env: dict[str, str], tmp_path: Path) -> None:
-    run_bench("gpu", tmp_path, env=broker_env)
+def test_server_benchmark_runs_on_the_vllm_server(broker_env: dict[str, str], tmp_path: Path,
+                                                  vllm_server: LocalVLLMServer) -> None:
+    results = run_bench("server", tmp_path, "--server-url", vllm_server.url, "--model-path", vllm_server.model,
+                        env=broker_env, timeout=300)
+    rows = next(iter(results["tables"].values()))
+    assert [row["path"] for row in rows] == ["directly", "through the pipeline"]
+    assert all(row["generated tokens"] == 2 * 8 * 8 for row in rows), rows  # 2 groups of 8, 8 tokens each
 
 
-def test_gpu_benchmark_refuses_clearly_without_cuda(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_server_benchmark_refuses_clearly_without_cuda(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
 
-    from bench import gpu
+    from bench import server
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert gpu.main(["--model-path", str(tmp_path)]) == 2
+    (tmp_path / "config.json").write_text("{}")
+    assert server.main(["--engine", "hf", "--model-path", str(tmp_path)]) == 2
     assert "CUDA is not available" in capsys.readouterr().err

@@ -22,10 +22,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from rollstream.api.engine import WeightUpdate
-from rollstream.config import SGLangConfig
+from rollstream.config import ServerConfig
 from rollstream.engines.sglang import SGLangEngine
 from rollstream.engines.sglang_admin import SGLangAdmin
-from rollstream.engines.sglang_http import SGLangHttp
+from rollstream.engines.server_http import ServerHttp
 from rollstream.state.client import RedisKeys
 from rollstream.state.versions import VersionStore
 from rollstream.state.server_lease import Lease, ServerLeases, ServerSyncState
@@ -35,7 +35,7 @@ from tests.helpers import until, within
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(90)]
 
-SETTINGS = SGLangConfig(lease_ttl_seconds=1.5, reconcile_seconds=0.3, pause_timeout_seconds=2.0,
+SETTINGS = ServerConfig(lease_ttl_seconds=1.5, reconcile_seconds=0.3, pause_timeout_seconds=2.0,
                         health_probe_timeout_seconds=2.0)
 # For tests that are not about leases: with 1.5 s a process starved of CPU for ~1 s lost its
 # lease mid-update and the update ran again (seen at load average 27 on two cores).
@@ -44,7 +44,7 @@ STEADY = msgspec.structs.replace(SETTINGS, lease_ttl_seconds=10.0)
 
 @pytest.fixture
 async def admin() -> AsyncIterator[SGLangAdmin]:
-    http = SGLangHttp(SETTINGS)
+    http = ServerHttp(SETTINGS)
     yield SGLangAdmin(http)
     await http.close()
 
@@ -85,7 +85,7 @@ async def test_an_expired_lease_goes_to_the_next_owner(redis_client: aioredis.Re
 
 @contextlib.asynccontextmanager
 async def owners(server: FakeSGLangServer, admin: SGLangAdmin, client: aioredis.Redis, name: str,
-                 n: int = 3, settings: SGLangConfig = STEADY,
+                 n: int = 3, settings: ServerConfig = STEADY,
                  ) -> AsyncIterator[list[tuple[ServerOwner, asyncio.Task[None]]]]:
     running = []
     for i in range(n):
@@ -159,7 +159,7 @@ async def test_the_pause_is_bounded(admin: SGLangAdmin, redis_client: aioredis.R
     this try, continues the server and retries later, instead of hanging; the request the pause
     aborted gets its answer; the owner stops when told to."""
     async with FakeSGLangServer(token_delay=0.02, pause_poll_seconds=30.0) as server:
-        http = SGLangHttp(SETTINGS)
+        http = ServerHttp(SETTINGS)
         try:
             generating = asyncio.create_task(http.post(server.url, "/generate", {
                 "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 500}}, 60))

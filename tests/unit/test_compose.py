@@ -120,7 +120,7 @@ def test_each_service_config_loads_with_its_environment(config_name: str) -> Non
         config = load_config(ROOT / "deploy" / config_name, environ=environ)  # ConfigError if invalid
         assert config.kafka.bootstrap_servers == "kafka:9092" and config.metrics.port == 9100, name
         if name == "rollout-worker":
-            assert config.rollout.engine == "sglang" and config.rollout.sglang_urls == ["http://sglang:30000"]
+            assert config.rollout.engine == "sglang" and config.rollout.server_urls == ["http://sglang:30000"]
         if name == "rollout-worker-cpu":
             assert config.rollout.engine == "hf" and config.rollout.model_path
 

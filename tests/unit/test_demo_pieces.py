@@ -109,7 +109,8 @@ def test_reward_trend_and_plot(tmp_path: Path) -> None:
 def test_weight_reloads_are_read_from_worker_logs(tmp_path: Path) -> None:
     (tmp_path / "a.log").write_text("x now generating with weight version 1 from /c/v1 (load took 0.01s)\n"
                                     "y now generating with weight version 2 from /c/v2\n")
-    assert weight_reloads([tmp_path / "a.log", tmp_path / "missing.log"]) == [1, 2]
+    (tmp_path / "b.log").write_text("z http://127.0.0.1:8000: now at weight version 3 (pause + load + continue 0.07s)\n")
+    assert weight_reloads([tmp_path / "a.log", tmp_path / "b.log", tmp_path / "missing.log"]) == [1, 2, 3]
 
 
 def test_tier_argv_runs_the_cli_module(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ def test_hf_engine_from_model_path() -> None:
 
 
 def test_sglang_engine_from_urls() -> None:
-    engine = build_engine(RolloutConfig(engine="sglang", sglang_urls=["http://127.0.0.1:1"], tokenizer_path="/tok"))
+    engine = build_engine(RolloutConfig(engine="sglang", server_urls=["http://127.0.0.1:1"], tokenizer_path="/tok"))
     assert isinstance(engine, SGLangEngine)
 
 
@@ -51,8 +51,8 @@ def test_custom_engine_from_factory() -> None:
         (RolloutConfig(engine="custom", engine_factory="tests.unit.test_rollout_engine_factory:not_an_engine"),
          "not an InferenceEngine"),
         (RolloutConfig(engine="hf"), "rollout.model_path"),
-        (RolloutConfig(engine="sglang", tokenizer_path="/tok"), "rollout.sglang_urls"),
-        (RolloutConfig(engine="sglang", sglang_urls=["http://x"]), "rollout.tokenizer_path"),
+        (RolloutConfig(engine="sglang", tokenizer_path="/tok"), "rollout.server_urls"),
+        (RolloutConfig(engine="sglang", server_urls=["http://x"]), "rollout.tokenizer_path"),
     ],
 )
 def test_missing_settings_are_named(config: RolloutConfig, setting: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
-from rollstream.config import SGLangConfig
+from rollstream.config import ServerConfig
 from rollstream.engines.sglang import (
     EngineRequestError,
     EngineUnavailableError,
@@ -29,7 +29,7 @@ FAST = dict(backoff_base_seconds=0.02, backoff_max_seconds=0.1, health_timeout_s
 
 def engine_for(*servers: FakeSGLangServer | str, **settings: Any) -> SGLangEngine:
     urls = [s if isinstance(s, str) else s.url for s in servers]
-    return SGLangEngine(urls, settings=SGLangConfig(**{**FAST, **settings}))
+    return SGLangEngine(urls, settings=ServerConfig(**{**FAST, **settings}))
 
 
 @pytest.fixture
@@ -339,8 +339,8 @@ async def test_failover_when_one_server_dies(servers: Any) -> None:
 
 async def test_all_down_raises_after_bounded_backoff() -> None:
     urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
-    engine = SGLangEngine(urls, settings=SGLangConfig(max_retries=3, backoff_base_seconds=0.05,
-                                                      backoff_max_seconds=1.0))
+    engine = SGLangEngine(urls, settings=ServerConfig(max_retries=3, backoff_base_seconds=0.05,
+                                                      backoff_max_seconds=1.0, down_patience_seconds=0))
     engine.servers[0].version = engine.servers[1].version = 0  # as if start() had read them
     try:
         started = time.monotonic()
@@ -351,6 +351,38 @@ async def test_all_down_raises_after_bounded_backoff() -> None:
         with pytest.raises(EngineUnavailableError, match="no SGLang server available"):
             await engine.agenerate(request())
         assert engine.stats.http_attempts == 4  # both marked down: fails fast, no new attempts
+    finally:
+        await engine.close()
+
+
+async def test_with_every_server_down_calls_wait_for_one_to_come_back(servers: Any) -> None:
+    server, other = servers
+    engine = engine_for(server, other, failure_threshold=1, down_cooldown_seconds=600, down_patience_seconds=20)
+    try:
+        await engine.start()
+        await server.go_down()
+        await other.go_down()  # both crashed: the calls below wait instead of failing their samples
+        waiting = [asyncio.create_task(engine.agenerate(request(n=3))) for _ in range(3)]
+        await until(lambda: engine.stats.servers_marked_down == 2)
+        await asyncio.sleep(0.5)
+        assert not any(t.done() for t in waiting)
+        await other.come_up(fresh=True)  # restarted: answers a probe long before its cooldown ends
+        results = await asyncio.gather(*waiting)
+        assert all(len(r.output_tokens) == 3 and r.output_versions == [0] * 3 for r in results)
+    finally:
+        await engine.close()
+
+
+async def test_every_server_down_past_the_patience_fails_the_call(servers: Any) -> None:
+    server = servers[0]
+    engine = engine_for(server, failure_threshold=1, down_cooldown_seconds=600, down_patience_seconds=1.0)
+    try:
+        await engine.start()
+        await server.go_down()
+        started = time.monotonic()
+        with pytest.raises(EngineUnavailableError, match="no SGLang server available within 1.0s"):
+            await engine.agenerate(request())
+        assert 1.0 <= time.monotonic() - started < 10
     finally:
         await engine.close()
 

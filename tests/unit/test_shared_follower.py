@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from tests.unit.fakes import FakeSource, RecordingEngine, until_true
 from rollstream.api.engine import WeightUpdate
-from rollstream.config import RolloutConfig, SGLangConfig
+from rollstream.config import RolloutConfig, ServerConfig
 from rollstream.engines.sglang import SGLangEngine
 from rollstream.state.client import RedisKeys
 from rollstream.state.server_lease import ServerLeases
@@ -23,7 +23,7 @@ URLS = ["http://gpu0:30000", "http://gpu1:30000/"]
 def sync_for(urls: list[str]) -> WeightSync:
     engine = SGLangEngine(urls)
     leases = ServerLeases(aioredis.from_url("redis://127.0.0.1:1/0"), RedisKeys("e", "t"), "w", 10.0)
-    return WeightSync(urls, engine.admin, leases, SGLangConfig())
+    return WeightSync(urls, engine.admin, leases, ServerConfig())
 
 
 async def test_catch_up_and_new_versions_are_declared_not_loaded() -> None:
@@ -48,9 +48,9 @@ async def test_catch_up_and_new_versions_are_declared_not_loaded() -> None:
 def test_factory_picks_the_follower_by_engine() -> None:
     redis = aioredis.from_url("redis://127.0.0.1:1/0")  # never contacted here
     keys = RedisKeys("e", "t")
-    config = RolloutConfig(engine="sglang", sglang_urls=URLS, tokenizer_path="/tok",
-                           sglang=SGLangConfig(lease_ttl_seconds=4.0))
-    shared = build_follower(config, SGLangEngine(URLS, settings=config.sglang), FakeSource(), redis, keys, "w7")
+    config = RolloutConfig(engine="sglang", server_urls=URLS, tokenizer_path="/tok",
+                           server=ServerConfig(lease_ttl_seconds=4.0))
+    shared = build_follower(config, SGLangEngine(URLS, settings=config.server), FakeSource(), redis, keys, "w7")
     assert isinstance(shared, SharedServerFollower) and len(shared.sync.owners) == 2
     leases = shared.sync.owners[0]._leases
     assert leases.owner.startswith("w7:") and leases.ttl_seconds == 4.0

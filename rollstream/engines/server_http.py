@@ -1,15 +1,16 @@
-"""The HTTP layer shared by the SGLang generation client and the weight-sync owner.
+"""The HTTP layer shared by the server engines (SGLang, vLLM) and the weight-sync owners.
 
 Callers may rely on:
 
-* :class:`SGLangHttp` posts and gets JSON with an explicit timeout per call. HTTP 5xx raises
+* :class:`ServerHttp` posts and gets JSON with an explicit timeout per call. HTTP 5xx raises
   :class:`Retryable` (worth another try, maybe elsewhere); HTTP 4xx raises :class:`HttpRefused`
-  (an :class:`EngineRequestError`) carrying the status and SGLang's message; a 2xx answer that
-  is not JSON raises :class:`EngineRequestError`. Connection errors
+  (an :class:`EngineRequestError`) carrying the status and the server's message; a 2xx answer
+  that is not JSON raises :class:`EngineRequestError`. Connection errors
   and timeouts propagate as ``aiohttp.ClientError`` / ``asyncio.TimeoutError``.
-* :func:`parse_weight_version` turns SGLang's ``weight_version`` string into a rollstream
-  version: the decimal string rollstream sends with each load, or ``"default"`` (the weights the
-  server was started with) as version 0; anything else is ``None`` (not a rollstream version).
+* :func:`parse_weight_version` turns a server's weight-version label into a rollstream
+  version: the decimal string rollstream sets with each load, or ``"default"`` (the weights the
+  server was started with; SGLang and vLLM both start with that label) as version 0; anything
+  else is ``None`` (not a rollstream version, e.g. the label of a load in progress).
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ from typing import Any
 
 import aiohttp
 
-from rollstream.config import SGLangConfig
+from rollstream.config import ServerConfig
 
-INITIAL_WEIGHT_VERSION = "default"  # what SGLang reports before its first weight update
+INITIAL_WEIGHT_VERSION = "default"  # what SGLang and vLLM report before their first weight update
 _DECIMAL = re.compile(r"-?\d+")
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class EngineUnavailableError(RuntimeError):
-    """No SGLang server could serve the call: all are down, behind, or retries ran out."""
+    """No server could serve the call: all are down, behind, or retries ran out."""
 
 
 class EngineRequestError(RuntimeError):
@@ -37,7 +38,7 @@ class EngineRequestError(RuntimeError):
 
 
 class HttpRefused(EngineRequestError):
-    """HTTP 4xx: ``status`` and ``message`` (SGLang's own words, shortened)."""
+    """HTTP 4xx: ``status`` and ``message`` (the server's own words, shortened)."""
 
     def __init__(self, url: str, status: int, message: str) -> None:
         super().__init__(f"HTTP {status} from {url}: {message}")
@@ -46,7 +47,7 @@ class HttpRefused(EngineRequestError):
 
     @property
     def duplicate_rid(self) -> bool:
-        """SGLang still holds a request with this ``rid`` (it notices dropped clients late)."""
+        """The server still holds a request with this ``rid`` (SGLang notices dropped clients late)."""
         return self.status == 400 and "duplicate request id" in self.message.lower()
 
 
@@ -55,7 +56,7 @@ class Retryable(Exception):
 
 
 def parse_weight_version(value: Any) -> int | None:
-    """The rollstream version of an SGLang ``weight_version``; None when it is not one."""
+    """The rollstream version of a server's weight-version label; None when it is not one."""
     if value == INITIAL_WEIGHT_VERSION:
         return 0
     if isinstance(value, int) and not isinstance(value, bool):
@@ -66,7 +67,8 @@ def parse_weight_version(value: Any) -> int | None:
 
 
 def error_message(text: str) -> str:
-    """SGLang's message from an error body (``{"error": {"message"}}`` or ``{"message"}``)."""
+    """The message of an error body (``{"error": {"message"}}``, ``{"message"}``, FastAPI's
+    ``{"detail"}``, or ``{"error": "..."}``)."""
     try:
         body = json.loads(text)
     except ValueError:
@@ -75,21 +77,22 @@ def error_message(text: str) -> str:
         inner = body.get("error")
         if isinstance(inner, dict) and isinstance(inner.get("message"), str):
             return inner["message"][:300]
-        if isinstance(body.get("message"), str):
-            return body["message"][:300]
+        for key in ("message", "detail", "error"):
+            if isinstance(body.get(key), str):
+                return body[key][:300]
     return text[:300]
 
 
-class SGLangHttp:
+class ServerHttp:
     """One aiohttp session for every server; see the module docstring."""
 
-    def __init__(self, settings: SGLangConfig) -> None:
+    def __init__(self, settings: ServerConfig) -> None:
         self.settings = settings
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # No connection cap: SGLang queues requests itself; a client-side cap would hide load.
+            # No connection cap: servers queue requests themselves; a client-side cap would hide load.
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return self._session
 

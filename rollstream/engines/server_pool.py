@@ -1,4 +1,4 @@
-"""The SGLang servers one engine generates on: which are up, which are current, where a call goes.
+"""The servers one engine generates on: which are up, which are current, where a call goes.
 
 Callers may rely on:
 
@@ -7,7 +7,9 @@ Callers may rely on:
   while it qualifies (bounded LRU), else the one with the fewest calls in flight. While every up
   server is behind it waits, re-reading their versions at most once per
   ``version_poll_seconds`` however many calls wait, and raises ``EngineUnavailableError`` after
-  ``catch_up_timeout_seconds``; with no server up it raises at once.
+  ``catch_up_timeout_seconds``. With no server up it waits for one to answer a probe again
+  (probing at most once per ``version_poll_seconds``; a server restarting takes a minute) and
+  raises ``EngineUnavailableError`` after ``down_patience_seconds`` (0: at once).
 * :meth:`record_failure` counts failures in a row; ``failure_threshold`` of them mark a server
   down for ``down_cooldown_seconds``. A success (``record_success``) resets the count.
 """
@@ -20,9 +22,9 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from rollstream.config import SGLangConfig
-from rollstream.engines.sglang_admin import SGLangAdmin
-from rollstream.engines.sglang_http import TRANSPORT_ERRORS, EngineUnavailableError
+from rollstream.config import ServerConfig
+from rollstream.engines.server_admin import ServerAdmin, ServerHealth
+from rollstream.engines.server_http import TRANSPORT_ERRORS, EngineUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ class Server:
 
 
 @dataclass
-class SGLangEngineStats:
+class ServerEngineStats:
     """Counters for monitoring and tests (never reset by the engine)."""
 
     http_attempts: int = 0
@@ -54,14 +56,15 @@ class SGLangEngineStats:
     servers_marked_down: int = 0
     duplicate_rids: int = 0  # 400 "Duplicate request ID" answers, retried with a new rid
     stale_spans: int = 0  # spans discarded: the server answered older than required
+    unlabelled_spans: int = 0  # answers discarded: tokens labelled as made during a weight load
     catch_up_waits: int = 0  # calls that waited for a server to reach the trainer's version
-    calls_per_server: Counter[str] = field(default_factory=Counter)  # /generate posts by URL
+    calls_per_server: Counter[str] = field(default_factory=Counter)  # generate posts by URL
 
 
 class ServerPool:
     """The servers of one engine; see the module docstring."""
 
-    def __init__(self, urls: list[str], settings: SGLangConfig, admin: SGLangAdmin, stats: SGLangEngineStats) -> None:
+    def __init__(self, urls: list[str], settings: ServerConfig, admin: ServerAdmin, stats: ServerEngineStats) -> None:
         self.servers = [Server(url.rstrip("/")) for url in urls]
         self.settings = settings
         self.trainer_version = 0
@@ -71,6 +74,7 @@ class ServerPool:
         self._rotation = 0
         self._poll_lock = asyncio.Lock()
         self._next_poll = 0.0
+        self._next_probe = 0.0
 
     def min_version(self) -> int:
         return self.trainer_version - self.settings.max_version_lag
@@ -89,13 +93,20 @@ class ServerPool:
     async def pick(self, rid: str, last_error: BaseException | None) -> tuple[Server, int]:
         """A server that is up and current, and the minimum version it had to report."""
         deadline: float | None = None
+        outage_ends: float | None = None
         while True:
             now = time.monotonic()
             minimum = self.min_version()
             up = [s for s in self.servers if s.up(now)]
             if not up:
-                raise EngineUnavailableError(
-                    f"no SGLang server available {self.states(minimum)}; last error: {last_error!r}")
+                outage_ends = outage_ends or now + self.settings.down_patience_seconds
+                if now >= outage_ends:
+                    raise EngineUnavailableError(
+                        f"no {self._admin.kind} server available within {self.settings.down_patience_seconds}s "
+                        f"{self.states(minimum)}; last error: {last_error!r}")
+                await self._probe_down(outage_ends)
+                continue
+            outage_ends = None
             current = [s for s in up if s.current(minimum)]
             if current:
                 return self._choose(rid, current), minimum
@@ -104,7 +115,7 @@ class ServerPool:
                 self._stats.catch_up_waits += 1
             elif now >= deadline:
                 raise EngineUnavailableError(
-                    f"no SGLang server reached weight version {minimum} within "
+                    f"no {self._admin.kind} server reached weight version {minimum} within "
                     f"{self.settings.catch_up_timeout_seconds}s: {self.states(minimum)}")
             await self._refresh_versions(up, minimum)
 
@@ -131,6 +142,19 @@ class ServerPool:
                 self._next_poll = time.monotonic() + self.settings.version_poll_seconds
         await asyncio.sleep(max(0.0, self._next_poll - time.monotonic()))
 
+    async def _probe_down(self, until: float) -> None:
+        """While every server is down: probe them (one probe per interval for all waiting
+        calls); one that answers is up again at once, without waiting out its cooldown."""
+        async with self._poll_lock:
+            if time.monotonic() >= self._next_probe:
+                probes = await asyncio.gather(*(self._admin.probe(s.url) for s in self.servers))
+                for server, probe in zip(self.servers, probes):
+                    if probe.health is not ServerHealth.DOWN:
+                        logger.info("%s %s answers again (%s)", self._admin.kind, server.url, probe.health.value)
+                        server.down_until, server.failures, server.version = 0.0, 0, probe.weight_version
+                self._next_probe = time.monotonic() + self.settings.version_poll_seconds
+        await asyncio.sleep(max(0.0, min(self._next_probe, until) - time.monotonic()))
+
     async def _read_version(self, server: Server) -> None:
         try:
             server.version = await self._admin.weight_version(server.url)
@@ -156,11 +180,11 @@ class ServerPool:
     def record_failure(self, server: Server, exc: BaseException) -> None:
         self._stats.http_failures += 1
         server.failures += 1
-        logger.warning("SGLang %s failed (%d in a row): %r", server.url, server.failures, exc)
+        logger.warning("%s %s failed (%d in a row): %r", self._admin.kind, server.url, server.failures, exc)
         if server.failures >= self.settings.failure_threshold and server.up(time.monotonic()):
             self.mark_down(server)
 
     def mark_down(self, server: Server) -> None:
         server.down_until = time.monotonic() + self.settings.down_cooldown_seconds
         self._stats.servers_marked_down += 1
-        logger.error("SGLang %s marked down for %.0fs", server.url, self.settings.down_cooldown_seconds)
+        logger.error("%s %s marked down for %.0fs", self._admin.kind, server.url, self.settings.down_cooldown_seconds)

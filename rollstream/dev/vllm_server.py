@@ -1,0 +1,244 @@
+"""A local vLLM server (CPU or GPU) for tests, the demo and `rollstream dev up --vllm`.
+
+vLLM runs in an environment of its own (it pins torch and transformers versions that differ
+from ours): ``ROLLSTREAM_VLLM_PYTHON`` names its interpreter, else the one
+``scripts/setup.sh`` installs (``~/.cache/rollstream/vllm-venv``). The server is started the
+way rollstream needs it (:func:`server_argv`, :data:`SERVER_ENV`; compose.yaml's ``vllm``
+service starts it the same way): the RL routes (dev mode), the token-in/token-out API,
+``processed_logprobs`` (``log_softmax`` after temperature, as the local engines compute) and
+rollstream's worker extension, which this module puts on the server's ``PYTHONPATH`` on its own
+(a package directory holding only that module), so the server needs nothing else of rollstream.
+
+The server and its engine processes run in a process group of their own: ``stop`` and ``kill``
+reach all of them. ``restart`` brings it back on the same port with its launch weights (version
+0), as a crashed server comes back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from rollstream.dev.processes import (
+    LOCALHOST,
+    LocalServer,
+    MissingToolError,
+    ServiceProcess,
+    free_port,
+    log_tail,
+    pid_alive,
+    pid_cmdline,
+    stop_pid,
+)
+
+logger = logging.getLogger(__name__)
+
+VENV = Path.home() / ".cache" / "rollstream" / "vllm-venv"
+EXTENSION = "rollstream.engines.vllm_worker_extension.WeightLoader"
+# What every rollstream vLLM server runs with (compose.yaml's vllm service too).
+SERVER_ENV = {
+    "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /update_weight_version, /weight_info
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU (ignored on GPUs)
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores with the other processes on CPU
+    "HF_HUB_OFFLINE": "1",  # the model is a local directory
+}
+
+
+class VLLMStartError(RuntimeError):
+    """The vLLM server did not become healthy; the message ends with the last lines of its log."""
+
+
+def vllm_python() -> str:
+    """The interpreter of vLLM's environment; MissingToolError saying how to install it."""
+    configured = os.environ.get("ROLLSTREAM_VLLM_PYTHON")
+    candidate = configured or str(VENV / "bin" / "python")
+    if shutil.which(candidate) is None:
+        raise MissingToolError(
+            f"no vLLM environment at {candidate}: run `bash scripts/setup.sh` (it installs vLLM into "
+            f"{VENV}), or set ROLLSTREAM_VLLM_PYTHON to the python of an environment with vllm installed")
+    return candidate
+
+
+def server_argv(python: str, model: str, port: int, *, host: str = LOCALHOST, served_name: str = "",
+                max_model_len: int = 256, max_num_seqs: int = 8, dtype: str = "float32") -> list[str]:
+    """The command line of a rollstream vLLM server (see the module docstring)."""
+    return [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model,
+        "--served-model-name", served_name or Path(model).name,
+        "--dtype", dtype,
+        "--max-model-len", str(max_model_len),
+        "--max-num-seqs", str(max_num_seqs),
+        "--host", host,
+        "--port", str(port),
+        "--enable-scale-out",  # /inference/v1/generate: token ids in and out, with weight versions
+        "--logprobs-mode", "processed_logprobs",
+        "--worker-extension-cls", EXTENSION,
+    ]
+
+
+def extension_path(workdir: Path) -> Path:
+    """A directory to put on the server's PYTHONPATH that holds rollstream's worker extension
+    and nothing else of rollstream (the server's environment has its own torch and transformers)."""
+    from rollstream.engines import vllm_worker_extension
+
+    root = workdir / "extension"
+    package = root / "rollstream" / "engines"
+    package.mkdir(parents=True, exist_ok=True)
+    for init in (root / "rollstream" / "__init__.py", package / "__init__.py"):
+        init.write_text("")
+    shutil.copyfile(vllm_worker_extension.__file__, package / "vllm_worker_extension.py")
+    return root
+
+
+class LocalVLLMServer(LocalServer):
+    """One vLLM server on 127.0.0.1 serving ``model`` (a local directory)."""
+
+    START_TIMEOUT = 300.0  # 30-60 s on 2 CPU cores; more under load
+    STOP_TIMEOUT = 30.0
+
+    def __init__(self, workdir: Path, model: Path | str, *, max_model_len: int = 256, max_num_seqs: int = 8,
+                 detached: bool = False) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.model = str(model)
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.port = free_port()
+        self.startup_seconds: float | None = None
+        self._process = ServiceProcess("vllm", self.workdir / "vllm.log", detached)
+        self._group: int | None = None  # the server's process group (its pid at start)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOCALHOST}:{self.port}"
+
+    def start(self, timeout: float | None = None) -> str:
+        """Start the server and block until ``/health`` answers 200; return ``url``."""
+        began = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        argv = server_argv(vllm_python(), self.model, self.port, max_model_len=self.max_model_len,
+                           max_num_seqs=self.max_num_seqs)
+        env = {**os.environ, **SERVER_ENV, "PYTHONPATH": str(extension_path(self.workdir))}
+        env.pop("VIRTUAL_ENV", None)
+        self._process.start(argv, cwd=self.workdir, env=env)
+        self._group = self._process.pid
+        try:
+            self._wait_ready(began + (self.START_TIMEOUT if timeout is None else timeout))
+        except BaseException:
+            self.kill()
+            raise
+        self.startup_seconds = time.monotonic() - began
+        logger.info("vLLM ready on port %d in %.1fs (%s)", self.port, self.startup_seconds, self.model)
+        return self.url
+
+    def _wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if not self.is_running():
+                self._fail(f"vLLM exited with {self._process.exit_code()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.5)
+        self._fail("vLLM did not answer /health in time")
+
+    def _fail(self, why: str) -> None:
+        raise VLLMStartError(f"{why}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM the server (it stops its engine processes); SIGKILL the whole group after
+        ``timeout`` seconds."""
+        self._process.terminate()
+        deadline = time.monotonic() + (self.STOP_TIMEOUT if timeout is None else timeout)
+        while self._group_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the server and its engine processes, as a crash would."""
+        self._signal_group(signal.SIGKILL)
+        self._process.kill()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self._group is not None:
+            try:
+                os.killpg(self._group, sig)  # the server leads its own session (ServiceProcess)
+            except ProcessLookupError:
+                pass
+
+    def _group_alive(self) -> bool:
+        if self._group is None:
+            return False
+        self._process.exit_code()  # reaps the server once it exited (a zombie stays in the group)
+        try:
+            os.killpg(self._group, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+# ------------------------------------------------------------------ `rollstream dev up --vllm`
+
+DEV_STATE = "vllm.json"
+CMDLINE_MARK = "vllm.entrypoints.openai.api_server"
+
+
+def dev_vllm_up(state_dir: Path, model: str) -> str:
+    """Start a detached server for ``rollstream dev up --vllm`` (kept when one already runs on
+    the same model); returns its URL."""
+    state_dir = Path(state_dir).resolve()
+    running = _dev_state(state_dir)
+    if running is not None and pid_alive(running["pid"]) and running["model"] == model:
+        return str(running["url"])
+    dev_vllm_down(state_dir)
+    server = LocalVLLMServer(state_dir / "vllm", model, detached=True)
+    server.start()
+    record = {"pid": server.pid, "url": server.url, "model": model, "log": str(server.log_path)}
+    (state_dir / DEV_STATE).write_text(json.dumps(record, indent=2) + "\n")
+    return server.url
+
+
+def dev_vllm_down(state_dir: Path) -> bool:
+    """Stop the server ``dev_vllm_up`` started (its whole process group); False when none ran."""
+    state = _dev_state(Path(state_dir).resolve())
+    if state is None:
+        return False
+    pid = int(state["pid"])
+    alive = pid_alive(pid) and CMDLINE_MARK in pid_cmdline(pid)
+    if alive:
+        stop_pid(pid, must_contain=CMDLINE_MARK)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # its engine processes
+    (Path(state_dir).resolve() / DEV_STATE).unlink(missing_ok=True)
+    return alive
+
+
+def dev_vllm_env(state_dir: Path) -> str:
+    """Export lines that point rollout workers at the dev server ("" when none runs)."""
+    state = _dev_state(Path(state_dir).resolve())
+    if state is None or not pid_alive(int(state["pid"])):
+        return ""
+    return (f"export ROLLSTREAM__ROLLOUT__ENGINE=vllm\n"
+            f"export ROLLSTREAM__ROLLOUT__SERVER_URLS={shlex.quote(json.dumps([state['url']]))}\n")
+
+
+def _dev_state(state_dir: Path) -> dict[str, Any] | None:
+    path = state_dir / DEV_STATE
+    try:
+        return dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise RuntimeError(f"unreadable {path} ({exc}); delete it by hand") from exc

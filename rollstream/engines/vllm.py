@@ -1,0 +1,126 @@
+"""The vLLM server kind of :class:`~rollstream.engines.server_engine.ServerEngine`: vLLM's
+token-in/token-out API (``POST /inference/v1/generate``, vLLM >= 0.32 with
+``--enable-scale-out``; the rest of what the server needs is in ``vllm_admin.py``).
+
+Callers may rely on (besides everything ``server_engine.py`` promises):
+
+* The request is the prompt as token ids (``token_ids``: prompt + the tokens generated before a
+  cut) and ``sampling_params`` mapped from ``GenerationHyperparameters`` onto vLLM's
+  ``SamplingParams``: ``max_tokens``, ``temperature`` (0 when greedy), ``top_p``, ``top_k``
+  (0 = off), ``min_tokens`` (what is left of ``min_new_tokens``), ``stop_token_ids``,
+  ``ignore_eos``, ``frequency_penalty``, ``logprobs: 0`` (the sampled token's logprob), and
+  ``stop`` strings only when set (they need the server to detokenize; without them it does
+  not).
+* The answer gives the sampled ids (``token_ids``), their logprobs and the finish reason (stop,
+  length or abort: the server paused for a weight update). The logprob is what the server's
+  ``--logprobs-mode`` computes: rollstream starts vLLM with ``processed_logprobs``,
+  ``log_softmax`` of the logits after penalties and temperature, which is the local engines'
+  definition as long as ``top_k``/``top_p`` are off (with them vLLM renormalises over the kept
+  tokens).
+* Tags: the answer's ``weight_versions`` spans (the label the engine core stamped on every step
+  that produced each token) tag each token; an answer with a token labelled ``loading:<v>``
+  (made during a weight load) is discarded and generated again; one without spans (an older
+  vLLM) or with a label rollstream did not set is refused.
+* Images are refused (``InvalidRequestError``): vLLM's token-in API takes preprocessed image
+  features, which rollstream does not make.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
+from rollstream.engines.server_engine import ServerEngine, Span
+from rollstream.engines.server_http import EngineRequestError, parse_weight_version
+from rollstream.engines.sglang import TOP_K_OFF
+from rollstream.engines.vllm_admin import LOADING_PREFIX, VLLMAdmin
+
+__all__ = ["VLLMEngine", "parse_tokens_answer", "vllm_sampling_params"]
+
+
+def vllm_sampling_params(g: GenerationHyperparameters, remaining: int, generated: int) -> dict[str, Any]:
+    """vLLM ``sampling_params`` for ``remaining`` more tokens after ``generated`` ones."""
+    params: dict[str, Any] = {
+        "max_tokens": remaining,
+        "temperature": 0.0 if g.greedy else float(g.temperature),
+        "top_p": float(g.top_p),
+        "top_k": 0 if g.top_k <= 0 or g.top_k >= TOP_K_OFF else int(g.top_k),
+        "min_tokens": min(remaining, max(0, g.min_new_tokens - generated)),
+        "stop_token_ids": list(g.stop_token_ids),
+        "ignore_eos": bool(g.ignore_eos),
+        "frequency_penalty": float(g.frequency_penalty),
+        "logprobs": 0,
+        "detokenize": bool(g.stop),
+        "skip_special_tokens": bool(g.skip_special_tokens),
+    }
+    if g.stop:
+        params["stop"] = list(g.stop)
+    return params
+
+
+def parse_tokens_answer(data: Any, where: str = "vLLM") -> Span:
+    """The span of a token-in/token-out answer; EngineRequestError when unusable."""
+    try:
+        choice = data["choices"][0]
+        tokens = [int(t) for t in choice["token_ids"] or []]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        logprobs = [_number(entry["logprob"]) for entry in content]
+        finish = {"type": choice.get("finish_reason")}
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise EngineRequestError(f"unexpected /inference/v1/generate answer from {where}: {str(data)[:300]}") from exc
+    if len(logprobs) != len(tokens):
+        raise EngineRequestError(f"{where} answered {len(tokens)} tokens with {len(logprobs)} logprobs")
+    spans = choice.get("weight_versions")
+    if any(str(s.get("version", "")).startswith(LOADING_PREFIX) for s in spans or []):
+        return Span(tokens, logprobs, finish, [], None, unlabelled=True)
+    versions = token_versions(spans, len(tokens), where)
+    return Span(tokens, logprobs, finish, versions, versions[-1] if versions else None)
+
+
+def token_versions(spans: Any, count: int, where: str) -> list[int]:
+    """One rollstream version per output token from vLLM's ``weight_versions`` spans."""
+    if not count:
+        return []
+    if not spans:
+        raise EngineRequestError(
+            f"{where} answered without weight_versions: rollstream needs vLLM >= 0.32's token-in/token-out "
+            "API, which labels every token with the weights that produced it")
+    versions: list[int] = []
+    for span in spans:
+        version = parse_weight_version(span.get("version"))
+        if version is None or span.get("start") != len(versions):
+            raise EngineRequestError(
+                f"{where} labels tokens {span!r}: not a rollstream version, or spans that do not tile the "
+                "output (weights must be loaded through rollstream, which labels them <version>)")
+        versions += [version] * (int(span["end"]) - int(span["start"]))
+    if len(versions) != count:
+        raise EngineRequestError(f"{where}'s weight_versions cover {len(versions)} of {count} tokens")
+    return versions
+
+
+def _number(value: Any) -> float | None:
+    """A finite logprob, or None (NaN, infinity, or not written as a number)."""
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+class VLLMEngine(ServerEngine):
+    """HTTP client for one or more vLLM servers (see the module docstring)."""
+
+    admin_class = VLLMAdmin
+    generate_path = "/inference/v1/generate"
+
+    def request_body(self, req: ModelRequest, generated: list[int], budget: int, images: Any) -> dict[str, Any]:
+        return {
+            "token_ids": list(req.input_ids) + generated,
+            "sampling_params": vllm_sampling_params(req.gconfig, budget - len(generated), len(generated)),
+        }
+
+    def with_request_id(self, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+        return {**body, "request_id": request_id}
+
+    def parse_answer(self, data: Any, url: str) -> Span:
+        return parse_tokens_answer(data, url)

@@ -1,0 +1,117 @@
+"""The whole pipeline on a REAL vLLM server: two rollout workers share it, versions land
+mid-generation, the server is killed and restarted mid-run.
+
+producer -> two rollout-worker processes (``rollout.engine: vllm``, one session vLLM server on
+CPU, each worker competing for its weight-sync lease) -> reward worker -> grouping -> this test
+as the trainer: it acks each step and publishes the next version (a perturbed checkpoint), which
+the server's owner loads while generations run. After the first step the vLLM server is
+SIGKILLed and started again (it comes back on its launch weights, version 0: the owner must load
+the current version before any worker uses it).
+
+Asserted: every admitted prompt ends exactly once (emitted group or counted drop), none of them
+as a failure; every generated token's logprob equals a fresh forward pass of the weights of the
+version it is tagged with (so no token is mis-tagged, and the logprobs are the served
+weights'); versions advance mid-run and some rows span two; the budget is never exceeded; every
+tier exits 0 on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.harness.pipeline import pipeline_config
+from bench.stack import TierProcess, write_config
+from rollstream.config import RollstreamConfig, config_from_dict
+from rollstream.dev.vllm_server import LocalVLLMServer
+from rollstream.kafka.topics import TopicNames
+from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
+from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
+from tests.e2e.support import acked_batches, budget_watch, check_batch_tensors, running, save_versions, stop_cleanly, tails
+from tests.helpers import read_topic
+from tests.vllm_support import LogprobAudit, fresh_server
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(600)]
+
+PROMPTS = 24
+GROUP_SIZE = 4
+STEP_GROUPS = 4
+STEPS = PROMPTS // STEP_GROUPS
+ETA = 1
+
+
+@pytest.fixture(scope="module")
+def weights(vllm_server: LocalVLLMServer, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return save_versions(Path(vllm_server.model), tmp_path_factory.mktemp("vllm-e2e"), STEPS)
+
+
+def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, server: LocalVLLMServer,
+                  ) -> tuple[Path, RollstreamConfig]:
+    dataset = tmp / "prompts.jsonl"
+    rows = [{"prompt": f"What is {i % 5}+{i % 4}? Answer:", "answer": str(i % 5 + i % 4)} for i in range(PROMPTS)]
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tree = pipeline_config(
+        kafka, redis_url, name, Path(server.model), trial="vllm",
+        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": ETA},
+        producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
+        rollout={"engine": "vllm", "server_urls": [server.url], "tokenizer_path": server.model,
+                 "max_concurrent_rollouts": 4, "shutdown_grace_seconds": 20,
+                 "gconfig": {"max_new_tokens": 48, "temperature": 1.0},
+                 "server": {"lease_ttl_seconds": 5.0, "reconcile_seconds": 1.0, "version_poll_seconds": 0.2,
+                            "health_timeout_seconds": 120}},
+    )
+    return write_config(tmp / "rollstream.yaml", tree), config_from_dict(tree)
+
+
+def audit(batches: list[TrainingBatch], weights: list[Path]) -> LogprobAudit:
+    checker = LogprobAudit(weights)
+    for step, batch in enumerate(batches):
+        t = batch.tensors
+        for row in range(t["input_ids"].shape[0]):
+            n = int(t["attention_mask"][row].sum())
+            checker.row(t["input_ids"][row, :n].tolist(), t["loss_mask"][row, :n].bool().tolist(),
+                        t["logprobs"][row, :n].tolist(), t["versions"][row, :n].tolist(), f"step {step} row {row}")
+    return checker
+
+
+async def test_pipeline_on_a_real_vllm_server(
+    vllm_server: LocalVLLMServer, weights: list[Path], kafka_bootstrap: str, redis_url: str, unique_name: str,
+    tmp_path: Path,
+) -> None:
+    await fresh_server(vllm_server)
+    config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, vllm_server)
+    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    batches: list[TrainingBatch] = []
+    async with budget_watch(config) as violations:
+        with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
+            tiers["rollout-worker#2"] = TierProcess("rollout-worker", config_path, tmp_path / "rollout-worker#2.log",
+                                                    overrides=["rollout.worker_id=rollout-1"],
+                                                    name="rollout-worker#2").start()
+            async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
+                async for batch in acked_batches(consumer, tiers, STEPS, timeout=480):
+                    check_batch_tensors(batch, STEP_GROUPS)
+                    batches.append(batch)
+                    await publisher.publish(len(batches), str(weights[len(batches)]))
+                    if len(batches) == 1:  # a crash: it comes back on its launch weights
+                        vllm_server.kill()
+                        await asyncio.to_thread(vllm_server.start)
+            assert len(batches) == STEPS, f"only {len(batches)} steps\n{tails(tiers)}"
+            stop_cleanly(tiers)
+
+    admitted = {m.task_id for m in await read_topic(config, names.prompts, decode_prompt)}
+    outcomes = await read_topic(config, names.batches, decode_batch)
+    emitted = [m for m in outcomes if isinstance(m, Batch)]
+    dropped = [m for m in outcomes if isinstance(m, GroupDropped)]
+    print(f"\nvLLM e2e: admitted={len(admitted)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)}")
+    assert len(admitted) == PROMPTS and not dropped, [(d.task_id, d.reason, d.detail) for d in dropped]
+    assert sorted(b.task_id for b in emitted) == sorted(admitted), "every prompt emitted exactly once"
+    assert all(b.failed == 0 for b in emitted), "no sample failed, the server's restart included"
+    assert not violations, f"staleness budget exceeded: {violations[:3]}"
+
+    result = audit(batches, weights).result
+    print(f"vLLM e2e: {result}")
+    assert result.mistagged == 0, result.examples
+    assert max(result.versions) >= 2 and result.rows_with_several_versions > 0, result

@@ -1,0 +1,184 @@
+"""The vLLM engine and its weight-sync owners against a REAL vLLM server (CPU) and Redis.
+
+The session's server (tests/conftest.py: ``vllm_server``) serves the tiny model; each test puts
+it back on those weights first. Checkpoints of later versions are perturbed copies, so a token
+tagged with the wrong version has a logprob that version's weights do not give: every
+generated token is audited by recomputing its logprob with the weights of its tag
+(tests/vllm_support.py).
+
+Asserted: what the server answers (token ids, logprobs of the served weights after temperature,
+stop and length, greedy repeats); that a weight update landing mid-generation, a request held
+at the gate of a paused server and a stale owner's load landing on a running server leave
+every token tagged with the weights that produced it; that three owners competing for the
+server load each version once; that a server left paused is continued by its owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+
+from rollstream.api.engine import WeightUpdate
+from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
+from rollstream.config import ServerConfig
+from rollstream.dev.vllm_server import LocalVLLMServer
+from rollstream.engines.vllm import VLLMEngine
+from rollstream.engines.vllm_admin import loading_label
+from rollstream.rollout_workers.weight_sync import ServerOwner
+from rollstream.state.client import RedisKeys
+from rollstream.state.server_lease import ServerLeases
+from tests.e2e.support import save_versions
+from tests.helpers import until, within
+from tests.vllm_support import LogprobAudit, fresh_server
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
+
+SETTINGS = ServerConfig(lease_ttl_seconds=10.0, reconcile_seconds=0.5, version_poll_seconds=0.05,
+                        backoff_base_seconds=0.05, backoff_max_seconds=0.5, health_timeout_seconds=60)
+PROMPT = [11, 12, 13, 14, 15]
+
+
+@pytest.fixture(scope="module")
+def weights(vllm_server: LocalVLLMServer, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """v0: the server's launch weights; v1, v2: distinct perturbed copies."""
+    return save_versions(Path(vllm_server.model), tmp_path_factory.mktemp("vllm-versions"), 2)
+
+
+@pytest.fixture
+async def engine(vllm_server: LocalVLLMServer) -> AsyncIterator[VLLMEngine]:
+    await fresh_server(vllm_server)
+    engine = VLLMEngine([vllm_server.url], vllm_server.model, SETTINGS)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+def request(n: int, **settings: object) -> ModelRequest:
+    return ModelRequest(input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=n, **settings))
+
+
+def audit(responses: list[ModelResponse], weights: list[Path], temperature: float = 1.0) -> LogprobAudit:
+    checker = LogprobAudit(weights, temperature)
+    for i, resp in enumerate(responses):
+        n = len(resp.input_tokens)
+        checker.row(resp.input_tokens + resp.output_tokens, [False] * n + [True] * len(resp.output_tokens),
+                    [0.0] * n + resp.output_logprobs, [-1] * n + resp.output_versions, f"response {i}")
+    return checker
+
+
+async def test_token_ids_logprobs_stop_and_length(engine: VLLMEngine, weights: list[Path]) -> None:
+    sampled = await engine.agenerate(request(24, temperature=0.7))
+    assert len(sampled.output_tokens) == 24 and sampled.stop_reason == "length"
+    assert sampled.output_versions == [0] * 24
+    checked = audit([sampled], weights, temperature=0.7).result  # processed logprobs: after temperature
+    assert checked.tokens == 24 and checked.mistagged == 0, checked.examples
+
+    greedy = [await engine.agenerate(request(8, greedy=True)) for _ in range(2)]
+    assert greedy[0].output_tokens == greedy[1].output_tokens
+    stop_at = greedy[0].output_tokens[3]
+    first = greedy[0].output_tokens.index(stop_at)
+    stopped = await engine.agenerate(request(8, greedy=True, stop_token_ids=[stop_at]))
+    assert stopped.stop_reason == "stop" and stopped.output_tokens == greedy[0].output_tokens[: first + 1]
+
+
+@contextlib.asynccontextmanager
+async def owners(url: str, engine: VLLMEngine, client: aioredis.Redis, name: str,
+                 n: int = 3) -> AsyncIterator[list[ServerOwner]]:
+    keys = RedisKeys(name, "t0")
+    running = [ServerOwner(url, engine.admin, ServerLeases(client, keys, f"w{i}", SETTINGS.lease_ttl_seconds),
+                           SETTINGS) for i in range(n)]
+    tasks = [asyncio.create_task(o.run()) for o in running]
+    try:
+        await until(lambda: sum(o.lease is not None and o.lease.valid() for o in running) == 1, "one lease holder")
+        yield running
+    finally:
+        for task in tasks:
+            task.cancel()
+        await within(asyncio.gather(*tasks, return_exceptions=True), 10, "stopping the owners")
+
+
+async def generating(server: LocalVLLMServer) -> None:
+    """Until the server has a request running (read from its own metrics)."""
+    async with aiohttp.ClientSession() as session:
+        while True:
+            async with session.get(f"{server.url}/metrics") as resp:
+                text = await resp.text()
+            if any(line.startswith("vllm:num_requests_running") and not line.rstrip().endswith(" 0.0")
+                   for line in text.splitlines()):
+                return
+            await asyncio.sleep(0.01)
+
+
+async def test_updates_mid_generation_and_at_the_gate_tag_every_token(
+    vllm_server: LocalVLLMServer, engine: VLLMEngine, weights: list[Path], redis_client: aioredis.Redis,
+    unique_name: str,
+) -> None:
+    url = vllm_server.url
+    async with owners(url, engine, redis_client, unique_name) as running:
+        # 1. A version lands while a long generation runs: the owner's pause cuts it off, the
+        #    engine resubmits prompt + partial output, the rest comes from the new weights.
+        long = asyncio.create_task(engine.agenerate(request(240, ignore_eos=True)))
+        await within(generating(vllm_server), 60, "the long request running on the server")
+        for owner in running:
+            owner.offer(WeightUpdate(1, str(weights[1])))
+        cut = await within(long, 120, "the long request")
+        assert cut.stop_reason == "length" and len(cut.output_tokens) == 240
+        assert cut.output_versions[0] == 0 and cut.output_versions[-1] == 1
+        assert cut.output_versions == sorted(cut.output_versions), "oldest first"
+        assert engine.stats.resubmissions >= 1
+        loads = sum(o.loads for o in running)
+
+    # 2. A request sent to a server this engine still believes current, while the server is
+    #    paused mid-update (by the test, acting as the server's owner now that the owners
+    #    stopped): it waits at the gate and is generated by the new weights, which the
+    #    server's label says.
+    await engine.admin.pause(url)
+    await engine.admin.http.post(url, "/update_weight_version", {"new_version": loading_label(2)}, 5)
+    gated = asyncio.create_task(engine.agenerate(request(16)))
+    await asyncio.sleep(0.5)
+    assert not gated.done(), "a paused server holds the request"
+    await engine.admin.load(url, WeightUpdate(2, str(weights[2])))
+    await engine.admin.resume(url)
+    held = await within(gated, 60, "the gated request")
+    assert held.output_versions == [2] * 16
+
+    # 3. A frozen former owner's late load lands on the running server: the tokens made while
+    #    it is labelled as loading are thrown away and made again once it names a version.
+    late = asyncio.create_task(engine.agenerate(request(240, ignore_eos=True)))
+    await within(generating(vllm_server), 60, "the late request running on the server")
+    await engine.admin.http.post(url, "/update_weight_version", {"new_version": loading_label(3)}, 5)
+    await asyncio.sleep(0.3)
+    await engine.admin.http.post(url, "/update_weight_version", {"new_version": "2"}, 5)
+    relabelled = await within(late, 120, "the request cut by a late load")
+    assert relabelled.output_versions == [2] * 240 and engine.stats.unlabelled_spans >= 1
+
+    result = audit([cut, held, relabelled], weights).result
+    print(f"\n{result}")
+    assert result.mistagged == 0 and result.rows_with_several_versions == 1, result.examples
+    assert loads == 1, loads  # v1 once, by the one holder
+
+
+async def test_an_owner_continues_a_server_left_paused(
+    vllm_server: LocalVLLMServer, engine: VLLMEngine, redis_client: aioredis.Redis, unique_name: str,
+) -> None:
+    url = vllm_server.url
+    await engine.admin.pause(url)  # a predecessor died between its pause and its continue
+    quick = msgspec.structs.replace(SETTINGS, reconcile_seconds=0.3)
+    keys = RedisKeys(unique_name, "t0")
+    owner = ServerOwner(url, engine.admin, ServerLeases(redis_client, keys, "w0", quick.lease_ttl_seconds), quick)
+    task = asyncio.create_task(owner.run())
+    try:
+        answer = await within(engine.agenerate(request(4)), 60, "generation on the continued server")
+        assert answer.output_versions == [0] * 4
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

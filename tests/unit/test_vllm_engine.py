@@ -1,0 +1,81 @@
+"""The vLLM server kind's pure pieces: sampling settings, answers, version labels."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rollstream.api.io_struct import GenerationHyperparameters
+from rollstream.config import ConfigError, load_config
+from rollstream.engines.server_http import EngineRequestError, parse_weight_version
+from rollstream.engines.vllm import parse_tokens_answer, vllm_sampling_params
+from rollstream.engines.vllm_admin import loading_label
+
+
+def answer(tokens: list[int], spans: list[dict] | None, finish: str = "length", logprobs: list | None = None) -> dict:
+    lps = logprobs if logprobs is not None else [-0.5] * len(tokens)
+    return {"choices": [{"index": 0, "finish_reason": finish, "token_ids": tokens, "weight_versions": spans,
+                         "logprobs": {"content": [{"token_id": t, "logprob": lp} for t, lp in zip(tokens, lps)]}}]}
+
+
+def test_sampling_settings_map_onto_vllm_names() -> None:
+    g = GenerationHyperparameters(max_new_tokens=10, min_new_tokens=4, temperature=0.7, top_p=0.9, top_k=20,
+                                  stop_token_ids=[0, 2], frequency_penalty=0.1)
+    params = vllm_sampling_params(g, remaining=7, generated=3)
+    assert params == {"max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_tokens": 1,
+                      "stop_token_ids": [0, 2], "ignore_eos": False, "frequency_penalty": 0.1, "logprobs": 0,
+                      "detokenize": False, "skip_special_tokens": True}
+
+
+def test_off_settings_and_greedy_and_stop_strings() -> None:
+    params = vllm_sampling_params(GenerationHyperparameters(greedy=True, stop=["\n"]), remaining=5, generated=0)
+    assert params["temperature"] == 0.0 and params["top_k"] == 0 and params["min_tokens"] == 0
+    assert params["stop"] == ["\n"] and params["detokenize"] is True  # stop strings need text
+
+
+def test_each_token_takes_the_version_of_its_span() -> None:
+    span = parse_tokens_answer(answer([5, 6, 7], [{"version": "default", "start": 0, "end": 1},
+                                                  {"version": "3", "start": 1, "end": 3}]))
+    assert span.tokens == [5, 6, 7] and span.versions == [0, 3, 3] and span.reported == 3
+    assert span.finish == {"type": "length"} and span.older_than(1) and not span.older_than(0)
+
+
+def test_an_empty_abort_reports_no_version() -> None:
+    span = parse_tokens_answer(answer([], None, finish="abort"))
+    assert span.tokens == [] and span.versions == [] and span.reported is None and not span.older_than(5)
+
+
+def test_tokens_made_during_a_load_make_the_answer_unlabelled() -> None:
+    span = parse_tokens_answer(answer([5, 6], [{"version": "3", "start": 0, "end": 1},
+                                               {"version": loading_label(4), "start": 1, "end": 2}]))
+    assert span.unlabelled and span.versions == [] and span.reported is None
+
+
+@pytest.mark.parametrize("spans, why", [
+    (None, "without weight_versions"),  # an older vLLM
+    ([{"version": "mine", "start": 0, "end": 2}], "not a rollstream version"),
+    ([{"version": "1", "start": 0, "end": 1}], "cover 1 of 2"),
+    ([{"version": "1", "start": 1, "end": 2}], "do not tile"),
+])
+def test_unusable_labels_are_refused(spans: list | None, why: str) -> None:
+    with pytest.raises(EngineRequestError, match=why):
+        parse_tokens_answer(answer([5, 6], spans))
+
+
+def test_a_non_finite_logprob_is_none() -> None:
+    span = parse_tokens_answer(answer([5, 6], [{"version": "1", "start": 0, "end": 2}], logprobs=[math.nan, -1.0]))
+    assert span.logprobs == [None, -1.0]
+
+
+def test_the_loading_label_is_no_version() -> None:
+    assert parse_weight_version(loading_label(7)) is None and parse_weight_version("7") == 7
+
+
+def test_moved_server_keys_name_their_new_place() -> None:
+    with pytest.raises(ConfigError, match="rollout.server_urls"):
+        load_config(environ={"ROLLSTREAM__ROLLOUT__SGLANG_URLS": '["http://x:1"]'})
+    with pytest.raises(ConfigError, match="rollout.server"):
+        load_config(overrides=["rollout.sglang.max_retries=2"], environ={})
+    config = load_config(overrides=["rollout.engine=vllm", 'rollout.server_urls=["http://x:1"]'], environ={})
+    assert config.rollout.engine == "vllm" and config.rollout.server_urls == ["http://x:1"]
