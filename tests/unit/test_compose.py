@@ -122,7 +122,7 @@ def test_each_service_config_loads_with_its_environment(config_name: str) -> Non
         if name == "rollout-worker":
             assert config.rollout.engine == "sglang" and config.rollout.server_urls == ["http://sglang:30000"]
         if name == "rollout-worker-cpu":
-            assert config.rollout.engine == "hf" and config.rollout.model_path
+            assert config.rollout.engine == "vllm" and config.rollout.server_urls == ["http://vllm:8000"]
 
 
 def test_services_profiles_and_volumes() -> None:
@@ -141,7 +141,7 @@ def test_services_profiles_and_volumes() -> None:
     for name, service in services.items():
         for profile in service.get("profiles", []):
             by_profile.setdefault(profile, set()).add(name)
-    assert by_profile == {"gpu": {"sglang", "rollout-worker"}, "cpu": {"rollout-worker-cpu"},
+    assert by_profile == {"gpu": {"sglang", "rollout-worker"}, "cpu": {"vllm", "rollout-worker-cpu"},
                           "monitoring": {"prometheus", "grafana"}, "kafka3": {"kafka-2", "kafka-3"}}
     for name in ("rollout-worker", "rollout-worker-cpu", "reward-worker"):  # --scale needs no fixed names
         assert "container_name" not in services[name] and "hostname" not in services[name]

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 LOCAL_BASE = "local/debian:bookworm"
 BUILT = {  # service -> the image it builds
     "kafka": "rollstream-kafka", "redis": "rollstream-redis", "prometheus": "rollstream-prometheus",
-    "producer": "rollstream", "trainer": "rollstream",
+    "vllm": "rollstream-vllm", "producer": "rollstream", "trainer": "rollstream",
 }
 
 
