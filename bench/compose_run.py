@@ -302,7 +302,7 @@ async def measure(args: argparse.Namespace, report: Report) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("compose_run", __doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="trainer steps (weight versions) to wait for")
-    parser.add_argument("--restart", action="append", default=None, choices=TIERS,
+    parser.add_argument("--restart", action="append", default=None, choices=(*TIERS, "vllm"),
                         help="a tier to stop and start while it runs (repeatable; default rollout-worker-cpu, grouping)")
     parser.add_argument("--monitoring", action="store_true", help="also Prometheus; check it scrapes every tier")
     parser.add_argument("--project", default="rollstream-check", help="compose project name")
