@@ -9,6 +9,7 @@
 # workers talk to them over HTTP.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
+LABEL org.rollstream.image=rollstream
 
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PYTHONUNBUFFERED=1 \

@@ -34,5 +34,8 @@ profiles=()
 for profile in cpu monitoring kafka3; do profiles+=(--profile "$profile"); done
 began=$(date +%s)
 "${compose[@]}" "${profiles[@]}" build "$@"
+# what earlier builds left untagged (an image superseded by a rebuild: gigabytes for rollstream
+# and vLLM), ours only (the label); the layers the new images use stay, and so does the cache
+docker image prune -f --filter label=org.rollstream.image >/dev/null
 echo "images: built in $(( $(date +%s) - began )) s on $BASE_IMAGE (torch from $TORCH_INDEX_URL)" >&2
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^(rollstream|local/)' >&2 || true
