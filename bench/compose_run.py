@@ -32,6 +32,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -240,8 +241,31 @@ class Run:
             rows.append({"service": service, "memory": usage, "cpu": cpu})
         return sorted(rows, key=lambda r: r["service"])
 
+    def started(self, since: float) -> list[dict[str, Any]]:
+        """When each container started, in seconds after ``since`` (a wall-clock time): compose
+        starts a service once what it depends on is healthy or done, so the gaps show who waited
+        for whom (the rollout worker for vLLM, every tier for demo-assets)."""
+        ids = {self.compose.container(s): s for s in self.compose.services()}
+        out = subprocess.run(["docker", "inspect", "-f", "{{.Id}} {{.State.StartedAt}} {{.State.FinishedAt}}", *ids],
+                             capture_output=True, text=True, check=True).stdout
+        rows = []
+        for line in out.splitlines():
+            cid, started, finished = line.split()
+            row = {"service": ids[cid] if cid in ids else next(s for i, s in ids.items() if cid.startswith(i)),
+                   "started s": round(_epoch(started) - since, 1)}
+            if not finished.startswith("0001"):
+                row["exited s"] = round(_epoch(finished) - since, 1)
+            rows.append(row)
+        return sorted(rows, key=lambda r: r["started s"])
+
     def steps(self) -> list[tuple[int, int, float]]:
         return [(int(m[1]), int(m[2]), float(m[3])) for m in STEP_LINE.finditer(self.compose.logs("trainer"))]
+
+
+def _epoch(docker_time: str) -> float:
+    """Seconds since the epoch of a Docker timestamp (RFC 3339 with nanoseconds, UTC)."""
+    whole, _, fraction = docker_time.rstrip("Z").partition(".")
+    return datetime.fromisoformat(whole).replace(tzinfo=timezone.utc).timestamp() + float(f"0.{fraction or 0}")
 
 
 async def measure(args: argparse.Namespace, report: Report) -> None:
@@ -252,10 +276,11 @@ async def measure(args: argparse.Namespace, report: Report) -> None:
     run = Run(args, compose, load_config(ROOT / "deploy" / CONFIG, environ=environ), report)
     timeline: dict[str, float] = {}
     compose("down", "-v", "--remove-orphans", timeout=300)  # what an earlier run may have left
-    began = time.monotonic()
+    began, began_wall = time.monotonic(), time.time()
     try:
         compose("up", "-d", *compose.services(), timeout=900)
         timeline["up -d returned"] = time.monotonic() - began
+        started = run.started(began_wall)
         await run.at_version(1)
         timeline["first trainer step"] = time.monotonic() - began
         await run.healthy([t for t in TIERS], 400)
@@ -284,6 +309,7 @@ async def measure(args: argparse.Namespace, report: Report) -> None:
                 run.problems.append(f"{len(left)} containers left after down")
     report.table("timeline (seconds from `up -d`; down: its own time)",
                  [{"event": k, "seconds": round(v, 1)} for k, v in timeline.items()])
+    report.table("containers started (seconds from `up -d`)", started)
     if restarts:
         report.table("stop / start of a tier", restarts)
     report.table("memory and CPU per service (docker stats, at the last step)", memory)

@@ -42,5 +42,5 @@ fi
 began=$(date +%s)
 bash scripts/images.sh
 echo "compose_check: images ready in $(( $(date +%s) - began )) s" >&2
-python -m bench.compose_run --steps "${COMPOSE_CHECK_STEPS:-5}" --monitoring
+python -m bench.compose_run --steps "${COMPOSE_CHECK_STEPS:-5}" --monitoring --out "${TMPDIR:-/tmp}/rollstream-compose-run.json"
 echo "compose_check: passed in $(( $(date +%s) - began )) s" >&2
