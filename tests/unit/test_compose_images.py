@@ -181,3 +181,14 @@ def test_image_scripts_parse() -> None:
                    "deploy/images/python-venv.sh"):
         done = subprocess.run(["bash", "-n", str(ROOT / script)], capture_output=True, text=True, check=False)
         assert done.returncode == 0, f"{script}: {done.stderr}"
+
+
+def test_ci_runs_the_suite_first_then_the_compose_deployment() -> None:
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert "set -euo pipefail" in lines  # a failed step fails CI
+    suite, deployment = lines.index("bash scripts/test.sh"), lines.index("bash scripts/compose_check.sh")
+    assert suite < deployment, "the suite gates CI first"
+    check = (ROOT / "scripts" / "compose_check.sh").read_text()
+    assert "set -euo pipefail" in check and "bash scripts/images.sh" in check
+    assert "python -m bench.compose_run" in check
