@@ -5,7 +5,9 @@
 # by Docker: a second run rebuilds only what changed.
 #
 #   bash scripts/images.sh                  # base local/debian:bookworm, then every image
-#   BASE_IMAGE=python:3.11-slim bash scripts/images.sh   # on public bases instead (pulled)
+#   BASE_IMAGE= bash scripts/images.sh      # each image on its public base instead (pulled:
+#                                           # python:3.11-slim, debian:bookworm-slim)
+#   BASE_IMAGE=my/debian:12 bash scripts/images.sh   # every image on a base of yours
 #   bash scripts/images.sh kafka redis      # only these services' images
 #
 # torch comes from TORCH_INDEX_URL (default: PyTorch's CPU wheels); when that index does not
@@ -14,9 +16,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export BASE_IMAGE="${BASE_IMAGE:-local/debian:bookworm}"
-if [ "${BASE_IMAGE%%/*}" = local ]; then
-  bash deploy/images/make-base.sh "$BASE_IMAGE"
+BASE_IMAGE="${BASE_IMAGE-local/debian:bookworm}"  # set but empty: compose's per-image defaults
+if [ -z "$BASE_IMAGE" ]; then
+  unset BASE_IMAGE
+else
+  export BASE_IMAGE
+  [ "${BASE_IMAGE%%/*}" != local ] || bash deploy/images/make-base.sh "$BASE_IMAGE"
 fi
 if [ -z "${TORCH_INDEX_URL:-}" ]; then
   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -37,5 +42,5 @@ began=$(date +%s)
 # what earlier builds left untagged (an image superseded by a rebuild: gigabytes for rollstream
 # and vLLM), ours only (the label); the layers the new images use stay, and so does the cache
 docker image prune -f --filter label=org.rollstream.image >/dev/null
-echo "images: built in $(( $(date +%s) - began )) s on $BASE_IMAGE (torch from $TORCH_INDEX_URL)" >&2
+echo "images: built in $(( $(date +%s) - began )) s on ${BASE_IMAGE:-the public bases} (torch from $TORCH_INDEX_URL)" >&2
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^(rollstream|local/)' >&2 || true
