@@ -10,9 +10,10 @@ the real tiers, each in its own process, the rollout worker with ``rollout.engin
 ``BatchStream``. ``--engine hf``: the same comparison with ``HFEngine`` (in this process, and in
 the rollout worker) on ``--device`` (cuda by default: the GPU check of the local engine).
 
-Both paths generate exactly ``--max-new-tokens`` per request (``ignore_eos``) from the same
-prompts, and both rates count the generated tokens over the window from the first completed
-group to the last (start-up excluded). The two paths alternate twice (direct, pipeline, direct,
+Both paths generate from the same prompts with the same settings, those the rollout worker's
+RLVR workflow sends (``--max-new-tokens``, ``ignore_eos``, and the tokenizer's eos and pad ids as
+stop tokens, so a request may end early), and both rates count the generated tokens over the
+window from the first completed group to the last (start-up excluded). The two paths alternate twice (direct, pipeline, direct,
 pipeline) and the better run of each counts: the machine is shared and a server warms up.
 Target (vLLM): the pipeline >= 95% of direct.
 
@@ -84,10 +85,13 @@ def prompt_ids(i: int, tokens: int, vocab: int) -> list[int]:
 async def direct(args: argparse.Namespace, url: str | None, vocab: int) -> dict[str, Any]:
     """Groups of ``group_size`` requests on one engine, ``concurrency`` in flight; the rate over
     the window from the first group's completion to the last's (as for the pipeline's batches)."""
+    from transformers import AutoTokenizer
+
     engine = make_engine(args, url)
     await engine.start()
     gconfig = GenerationHyperparameters(max_new_tokens=args.max_new_tokens, ignore_eos=True,
                                         max_tokens=args.prompt_tokens + args.max_new_tokens + 1)
+    gconfig = gconfig.new_with_stop_and_pad_token_ids(AutoTokenizer.from_pretrained(args.model_path))  # as a workflow
     slots = asyncio.Semaphore(args.concurrency)
 
     async def one(i: int) -> int:

@@ -88,7 +88,7 @@ def test_server_benchmark_runs_on_the_vllm_server(broker_env: dict[str, str], tm
                         env=broker_env, timeout=300)
     rows = next(iter(results["tables"].values()))
     assert [row["path"] for row in rows] == ["directly", "through the pipeline"]
-    assert all(row["generated tokens"] == 2 * 8 * 8 for row in rows), rows  # 2 groups of 8, 8 tokens each
+    assert all(0 < row["generated tokens"] <= 2 * 8 * 8 for row in rows), rows  # 2 groups of 8, at most 8 tokens each
 
 
 def test_server_benchmark_refuses_clearly_without_cuda(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

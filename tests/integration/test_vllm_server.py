@@ -10,7 +10,8 @@ Asserted: what the server answers (token ids, logprobs of the served weights aft
 stop and length, greedy repeats); that a weight update landing mid-generation, a request held
 at the gate of a paused server and a stale owner's load landing on a running server leave
 every token tagged with the weights that produced it; that three owners competing for the
-server load each version once; that a server left paused is continued by its owner.
+server load each version once; that a server left paused is continued by its owner; that
+AReaL's own RLVR and multi-turn workflows run on the engine unchanged.
 """
 
 from __future__ import annotations
@@ -182,3 +183,31 @@ async def test_an_owner_continues_a_server_left_paused(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_areal_workflows_run_unchanged_on_it(engine: VLLMEngine, weights: list[Path]) -> None:
+    from transformers import AutoTokenizer
+
+    from rollstream.testing import check_workflow
+    from tests.areal_pkg.rewards import answer_reward
+    from tests.reference_libs import import_reference
+
+    cli_args = import_reference("areal.api.cli_args")
+    tok = AutoTokenizer.from_pretrained(str(weights[0]))
+    data = {"messages": [{"role": "user", "content": "What is 2+2?"}], "answer": "4"}
+    areal_kwargs = {"reward_fn": answer_reward, "gconfig": cli_args.GenerationHyperparameters(max_new_tokens=8),
+                    "tokenizer": tok}
+    rlvr = await check_workflow("areal.workflow.rlvr:RLVRWorkflow", data, n=4, engine=engine,
+                                workflow_kwargs=areal_kwargs)
+    multi = await check_workflow("areal.workflow.multi_turn:MultiTurnWorkflow", data, n=2, engine=engine,
+                                 workflow_kwargs={**areal_kwargs, "max_turns": 2, "turn_discount": 0.5})
+    responses = [resp for check in (rlvr, multi) for sample in check.samples for resp in sample.responses]
+    for sample in rlvr.samples:
+        (resp,) = sample.responses
+        row = sample.tensors
+        assert row is not None and resp.output_len > 0
+        prompt = len(resp.input_tokens)
+        assert row["logprobs"][0, prompt:].tolist() == resp.output_logprobs  # the server's, as AReaL keeps them
+        assert row["versions"][0].tolist() == [-1] * prompt + [0] * resp.output_len
+    result = audit(responses, weights).result
+    assert result.mistagged == 0 and result.tokens > 0, result.examples
