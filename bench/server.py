@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -147,7 +148,7 @@ def server(args: argparse.Namespace) -> Iterator[str | None]:
 
     with tempfile.TemporaryDirectory(prefix="rollstream-bench-vllm-") as tmp:
         local = LocalVLLMServer(Path(tmp), args.model_path, max_num_seqs=max(8, args.concurrency),
-                                max_model_len=args.prompt_tokens + args.max_new_tokens + 8)
+                                max_model_len=args.prompt_tokens + args.max_new_tokens + 8, cpus=args.server_cpus)
         local.start()
         print(f"bench.server: vLLM ready in {local.startup_seconds:.0f}s at {local.url}", file=sys.stderr)
         try:
@@ -168,6 +169,23 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128; --quick 8")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (rollout.max_concurrent_rollouts)")
     parser.add_argument("--rounds", type=int, default=None, help="direct/pipeline pairs (default 2; --quick 1)")
+    parser.add_argument("--server-cpus", default="",
+                        help="the local server's cores (vLLM's VLLM_CPU_OMP_THREADS_BIND, e.g. 0); this process, the "
+                             "tiers and the broker then run on the other cores, as a GPU server leaves the CPUs to the "
+                             "pipeline (default: every process shares every core)")
+
+
+def pin_away_from(cpus: str) -> set[int]:
+    """Run this process (and so the tiers and the broker it starts) off the server's cores."""
+    taken: set[int] = set()
+    for part in cpus.split(","):
+        low, _, high = part.partition("-")
+        taken |= set(range(int(low), int(high or low) + 1))
+    rest = os.sched_getaffinity(0) - taken
+    if not rest:
+        raise SetupError(f"--server-cpus {cpus} leaves no core for the pipeline")
+    os.sched_setaffinity(0, rest)
+    return rest
 
 
 async def measure(args: argparse.Namespace, report: Report) -> None:
@@ -176,6 +194,8 @@ async def measure(args: argparse.Namespace, report: Report) -> None:
                                                                           ("through the pipeline", through_pipeline)]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in paths}
     with server(args) as url:
+        if args.server_cpus:
+            report.extra["pipeline cpus"] = sorted(pin_away_from(args.server_cpus))
         for _ in range(args.rounds):
             for name, run in paths:
                 runs[name].append(await run(args, url, vocab))

@@ -108,9 +108,10 @@ class LocalVLLMServer(LocalServer):
     STOP_TIMEOUT = 30.0
 
     def __init__(self, workdir: Path, model: Path | str, *, max_model_len: int = 256, max_num_seqs: int = 8,
-                 detached: bool = False) -> None:
+                 cpus: str = "", detached: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
         self.model = str(model)
+        self.cpus = cpus  # "": share every core (no binding); "0" or "0-3": bind the server's threads there
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.port = free_port()
@@ -129,6 +130,8 @@ class LocalVLLMServer(LocalServer):
         argv = server_argv(vllm_python(), self.model, self.port, max_model_len=self.max_model_len,
                            max_num_seqs=self.max_num_seqs)
         env = {**os.environ, **SERVER_ENV, "PYTHONPATH": str(extension_path(self.workdir))}
+        if self.cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus
         env.pop("VIRTUAL_ENV", None)
         self._process.start(argv, cwd=self.workdir, env=env)
         self._group = self._process.pid
