@@ -224,7 +224,7 @@ def _inference_server(settings: DemoSettings, model: Path, run_dir: Path, consol
     if settings.engine != "vllm":
         yield None
         return
-    server = LocalVLLMServer(run_dir / "vllm", model)
+    server = LocalVLLMServer(run_dir / "vllm", model, cpus="0")
     console.print("starting the vLLM server (30-60 s on CPU) ...")
     server.start()
     console.print(f"vLLM server ready in {server.startup_seconds:.0f}s at {server.url} (log {server.log_path})")
