@@ -10,7 +10,7 @@ from rollstream.api.engine import WeightUpdate
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.state.budget import StalenessBudget
+from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import GenerationChanged, RedisKeys, RedisStateError, StateMissingError
 from rollstream.state.versions import VersionStore
 from rollstream.wire import GroupDropped, ProducerCursor, PromptTask, encode
@@ -26,7 +26,7 @@ def budget_of(client: aioredis.Redis, name: str, eta: int = 0, batch_size: int =
 async def test_a_malformed_version_is_an_error_naming_the_key_never_a_crash(redis_client, unique_name: str) -> None:
     keys = RedisKeys(unique_name, "t0")
     budget = budget_of(redis_client, unique_name)
-    await budget.restore([], {})
+    await budget.restore(RebuiltCounts())
     await redis_client.set(keys.key("version"), "garbage")
     with pytest.raises(RedisStateError, match=r"version holds 'garbage', not an integer"):
         await VersionStore(redis_client, keys).get_version()
@@ -45,10 +45,10 @@ async def test_without_its_state_the_budget_counts_nothing_until_restored(redis_
     with pytest.raises(StateMissingError):
         await budget.release("p:0:0", "timeout")
     assert await budget.generation() is None
-    assert await budget.restore(["p:0:0"], {}, admitted_count=1)
+    assert await budget.restore(RebuiltCounts(["p:0:0"], admitted_count=1))
     generation = await budget.generation()
     assert generation is not None
-    assert not await budget.restore([], {})  # a second rebuilder writes nothing
+    assert not await budget.restore(RebuiltCounts())  # a second rebuilder writes nothing
     assert await budget.generation() == generation
     assert await budget.try_admit("p:0:0", generation)  # known from the rebuild: not counted again
     assert await budget.try_admit("p:0:1", generation) and not await budget.try_admit("p:0:2", generation)  # capacity 2
@@ -60,12 +60,12 @@ async def test_without_its_state_the_budget_counts_nothing_until_restored(redis_
 
 async def test_an_admission_in_a_generation_that_is_gone_is_refused(redis_client, unique_name: str) -> None:
     budget = budget_of(redis_client, unique_name, eta=0, batch_size=2)
-    assert await budget.restore([], {})
+    assert await budget.restore(RebuiltCounts())
     old = await budget.generation()
     assert await budget.try_admit("p:0:0", old)
     for key in await redis_client.keys(RedisKeys(unique_name, "t0").key("*")):
         await redis_client.delete(key)  # what a Redis restart without persistence does
-    assert await budget.restore([], {})
+    assert await budget.restore(RebuiltCounts())
     with pytest.raises(GenerationChanged) as refused:
         await budget.try_admit("p:0:1", old)
     assert refused.value.current == await budget.generation() != old
