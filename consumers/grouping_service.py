@@ -31,7 +31,7 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord
 
-from rollstream.consumers.changelog import read_outcomes
+from rollstream.consumers.changelog import read_outcomes, version_floor
 from rollstream.consumers.emission import EmittedBatch, Emission, SlotReleaser
 from rollstream.consumers.group_filters import load_group_filters
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
@@ -86,6 +86,7 @@ class GroupingTransform:
     async def acquire(self, partitions: set[int]) -> None:
         outcomes = await read_outcomes(self.config.kafka, self.names.grouping_changelog, partitions)
         loaded = self.buffer.outcomes.restore(outcomes, time.monotonic(), time.time())
+        self.version.raise_floor(version_floor(outcomes))  # never below what these partitions were tagged
         log.info("restored %d group outcomes of partitions %s", loaded, sorted(partitions))
 
     def release(self, partitions: set[int]) -> None:

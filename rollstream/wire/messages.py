@@ -213,6 +213,9 @@ class GroupOutcome(_Message, tag="outcome"):
     source_partition: int
     max_offset: int
     at: float = 0.0
+    # the trainer version the group's record was tagged with (-1: unknown, an older writer): a
+    # version the trainer had reached, which an instance taking the partition never goes below
+    trainer_version: int = -1
 
 
 class DeadLetter(_Message, tag="dead_letter"):

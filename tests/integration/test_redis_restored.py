@@ -20,19 +20,30 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import msgspec
 import pytest
 import redis.asyncio as aioredis
+from aiokafka.structs import ConsumerRecord
 
+from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
+from rollstream.consumers.grouping_service import GroupingTransform
 from rollstream.dev.redis_server import LocalRedisServer
+from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.clients import make_producer
+from rollstream.kafka.consume_transform_produce import PartitionOutput
+from rollstream.kafka.topics import TopicNames
 from rollstream.producers.admission import BudgetRebuilt
+from rollstream.producers.budget_restore import restore_budget
 from rollstream.producers.cursor import advance
 from rollstream.producers.publisher import PendingBatch
-from rollstream.state.client import StateStaleError, wait_for_redis
-from rollstream.wire import PromptTask, encode
-from tests.integration.test_budget_rebuild import BATCH, Producer, committed_train_prompts
+from rollstream.state.client import RedisKeys, StateStaleError, wait_for_redis
+from rollstream.state.versions import VersionStore
+from rollstream.trainer.versions import VersionPublisher
+from rollstream.wire import Batch, PromptTask, decode_batch, decode_outcome, encode
+from tests.helpers import make_config
+from tests.integration.test_budget_rebuild import BATCH, Producer, budget_of, committed_train_prompts
 from tests.integration.test_producer_service import producer_config, write_dataset
+from tests.unit.test_grouping_support import scored
 
 pytestmark = pytest.mark.broker
 
@@ -133,3 +144,69 @@ async def test_a_snapshot_from_before_a_rebuild_is_stale_too_and_its_markers_cou
         assert await a.admission.try_admit(f"a:0:{index}", is_eval=False)
     assert not await a.admission.try_admit(f"a:0:{BATCH}", is_eval=False)
     assert (await a.budget.read()).admitted == BATCH
+
+
+async def emit_one(transform: GroupingTransform, names: TopicNames, config: RollstreamConfig, task_id: str,
+                   token_version: int, offset: int) -> PartitionOutput:
+    """One grouping cycle on partition 0: a complete group of 2 samples whose tokens are all of
+    ``token_version``; the cycle's output (a batch and its changelog outcome)."""
+    records = []
+    for idx in range(2):
+        value = encode(scored(task_id, idx, group_size=2, version=token_version))
+        records.append(ConsumerRecord(names.scored, 0, offset + idx, 0, 0, task_id.encode(), value, None,
+                                      len(task_id), len(value), ()))
+    out = PartitionOutput(0, config.kafka.max_message_bytes)
+    await transform.begin({0: records})
+    for record in records:
+        await transform.transform(record, out)
+    await transform.finish(0, out, final=True)
+    return out
+
+
+def the_batch(out: PartitionOutput, names: TopicNames) -> Batch:
+    (batch,) = [decode_batch(r.value) for r in out.records if r.topic == names.batches]
+    assert isinstance(batch, Batch)
+    return batch
+
+
+async def test_versions_never_go_back_for_their_readers_when_redis_comes_back_older(
+    kafka_bootstrap: str, redis_server: LocalRedisServer, client: aioredis.Redis, unique_name: str,
+) -> None:
+    config = make_config(kafka_bootstrap, redis_server.url, unique_name,
+                         {"staleness": {"batch_size": 2, "max_head_offpolicyness": 1}})
+    names = TopicNames(unique_name, "t0")
+    await ensure_topics(config.kafka, names)
+    store = VersionStore(client, RedisKeys(unique_name, "t0"))
+    await store.publish(WeightUpdate(2, "/w/2"))
+    snapshot = redis_server.snapshot()  # version 2
+    for version in range(3, 8):  # the trainer goes on to 7
+        await store.publish(WeightUpdate(version, f"/w/{version}"))
+    first = GroupingTransform(config, names, client)
+    out = await emit_one(first, names, config, "t:0:0", token_version=6, offset=0)
+    assert the_batch(out, names).trainer_version == 7
+    outcome = next(decode_outcome(r.value) for r in out.records if r.topic == names.grouping_changelog)
+    assert outcome.trainer_version == 7  # the changelog remembers the tag
+    producer = make_producer(config.kafka, "committer")  # what the cycle's transaction commits
+    await producer.start()
+    try:
+        for record in out.records:
+            await producer.send_and_wait(record.topic, record.value, key=record.key, partition=record.partition)
+    finally:
+        await producer.stop()
+
+    await restore(redis_server, snapshot, client)  # Redis says version 2; the truth is 7
+    assert await store.get_version() == 2
+    # a new grouping instance takes partition 0: its floor is the changelog's, not Redis's
+    second = GroupingTransform(config, names, client)
+    await second.acquire({0})
+    batch = the_batch(await emit_one(second, names, config, "t:0:1", token_version=2, offset=2), names)
+    assert (batch.trainer_version, batch.trainer_version_known) == (7, False)  # never below 7 on partition 0
+    # the budget's capacity uses the version the topics prove (7), not Redis's 2
+    budget = budget_of(config, client)
+    await restore_budget(config, names, budget)
+    usage = await budget.read()
+    assert (usage.version, usage.version_floor, usage.capacity) == (2, 7, (1 + 7 + 1) * 2)
+    # the trainer publishes on from its own count: readers follow it upwards again
+    async with VersionPublisher(config) as publisher:
+        await publisher.publish(8, "s3://weights/8")
+    assert await store.get_version() == 8
