@@ -20,12 +20,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncio
+
 import pytest
 import redis.asyncio as aioredis
 from aiokafka.structs import ConsumerRecord
 
 from rollstream.api.engine import WeightUpdate
-from rollstream.config import RollstreamConfig
+from rollstream.config import RollstreamConfig, SGLangConfig
 from rollstream.consumers.grouping_service import GroupingTransform
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import ensure_topics
@@ -36,11 +38,16 @@ from rollstream.producers.admission import BudgetRebuilt
 from rollstream.producers.budget_restore import restore_budget
 from rollstream.producers.cursor import advance
 from rollstream.producers.publisher import PendingBatch
+from rollstream.engines.sglang_admin import SGLangAdmin
+from rollstream.engines.sglang_http import SGLangHttp
+from rollstream.rollout_workers.weight_sync import ServerOwner
 from rollstream.state.client import RedisKeys, StateStaleError, wait_for_redis
+from rollstream.state.server_lease import ServerLeases, ServerSyncState
 from rollstream.state.versions import VersionStore
 from rollstream.trainer.versions import VersionPublisher
 from rollstream.wire import Batch, PromptTask, decode_batch, decode_outcome, encode
-from tests.helpers import make_config
+from tests.fakes import FakeSGLangServer
+from tests.helpers import make_config, until, within
 from tests.integration.test_budget_rebuild import BATCH, Producer, budget_of, committed_train_prompts
 from tests.integration.test_producer_service import producer_config, write_dataset
 from tests.unit.test_grouping_support import scored
@@ -210,3 +217,55 @@ async def test_versions_never_go_back_for_their_readers_when_redis_comes_back_ol
     async with VersionPublisher(config) as publisher:
         await publisher.publish(8, "s3://weights/8")
     assert await store.get_version() == 8
+
+
+async def test_a_lease_redis_forgot_is_void_for_its_holder_and_the_server_is_granted_anew(
+    redis_server: LocalRedisServer, client: aioredis.Redis, unique_name: str,
+) -> None:
+    url = "http://gpu0:30000"
+    a, b, c = (ServerLeases(client, RedisKeys(unique_name, "t0"), owner, 5.0) for owner in "abc")
+    first = await a.acquire(url)
+    assert first is not None
+    snapshot = redis_server.snapshot()  # a holds the server
+    await a.release(first)
+    second = await b.acquire(url)  # then b, on this redis-server process
+    assert second is not None and second.token > first.token
+    await restore(redis_server, snapshot, client)  # Redis says a holds it: granted on a process that is gone
+    assert await c.holder(url) is None  # no lease at all
+    first.lost = False
+    state = ServerSyncState(url=url, owner="a", token=first.token, phase="pausing")
+    assert not await a.renew(first) and not await a.write_state(first, state)  # a cannot come back with it
+    second_state = ServerSyncState(url=url, owner="b", token=second.token, phase="pausing")
+    assert not await b.write_state(second, second_state)  # b's grant was forgotten: b's next step is refused
+    third = await c.acquire(url)
+    assert third is not None and third.token > second.token  # tokens grow across the restore
+    assert not await b.renew(second) and await c.holder(url) == ("c", third.token)
+
+
+async def test_an_owner_takes_no_step_on_a_lease_redis_cannot_confirm(
+    redis_server: LocalRedisServer, client: aioredis.Redis, unique_name: str,
+) -> None:
+    """An owner told of a new version while Redis is down pauses nothing (it could not know its
+    grant survives); Redis comes back from a snapshot that forgot the grant: the owner finds its
+    lease void, takes the server again (a new grant) and loads the version exactly once."""
+    settings = SGLangConfig(lease_ttl_seconds=2.0, reconcile_seconds=0.3, pause_timeout_seconds=2.0,
+                            health_probe_timeout_seconds=2.0)
+    http = SGLangHttp(settings)
+    async with FakeSGLangServer(token_delay=0.005) as server:
+        leases = ServerLeases(aioredis.from_url(redis_server.url), RedisKeys(unique_name, "t0"), "w0", 2.0)
+        owner = ServerOwner(server.url, SGLangAdmin(http), leases, settings)
+        task = asyncio.create_task(owner.run())
+        try:
+            await until(lambda: owner.lease is not None and server.hits["continue"] >= 1, "the owner's lease")
+            snapshot = redis_server.snapshot()
+            redis_server.kill()
+            owner.offer(WeightUpdate(1, "/ckpt/v1"))
+            await asyncio.sleep(1.0)  # within its lease's local deadline, Redis unreachable
+            assert server.hits["pause"] == 0 and not server.loads
+            await restore(redis_server, snapshot, client)
+            await until(lambda: server.weight_version == "1" and not server.paused, "the server on v1", 20)
+            assert len(server.loads) == 1 and server.hits["pause"] == 1
+        finally:
+            task.cancel()
+            await within(asyncio.gather(task, return_exceptions=True), 10, "stopping the owner")
+            await within(http.close(), 5, "closing the client")
