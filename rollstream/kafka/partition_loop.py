@@ -175,6 +175,9 @@ class Intake(Protocol):
         """The offset to commit per partition (everything below it done); ``positions``: the
         consumer's, for partitions whose records were all taken."""
 
+    def committed(self, offsets: dict[int, int]) -> None:
+        """``offsets`` were committed (nobody in the group reads below them again)."""
+
     async def tick(self) -> None:
         """Periodic work; raise what failed in the background."""
 
@@ -247,6 +250,7 @@ class AtLeastOnce:
         except (KafkaError, IllegalStateError) as exc:
             raise CommitRefused(f"{what}: offsets {moved} could not be committed ({exc})") from exc
         self._committed.update(moved)
+        self.intake.committed(moved)
         return moved
 
     async def _commit_done(self, partitions: set[int], positions: dict[int, int]) -> None:
@@ -264,5 +268,6 @@ class AtLeastOnce:
             log.warning("%s: offset commit failed (%s: %s); will retry", self._name, type(exc).__name__, exc)
             return
         self._committed.update(offsets)
+        self.intake.committed(offsets)
         log.debug("%s: committed %s", self._name, offsets)
 

@@ -88,6 +88,9 @@ class StepIntake:
     def committable(self, positions: dict[int, int]) -> dict[int, int]:
         return {}  # steps are committed when the trainer says so (KafkaStepSource.commit)
 
+    def committed(self, offsets: dict[int, int]) -> None:
+        return None
+
     async def tick(self) -> None:
         return None
 

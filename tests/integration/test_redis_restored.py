@@ -24,7 +24,7 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig, SGLangConfig
@@ -40,6 +40,7 @@ from rollstream.producers.cursor import advance
 from rollstream.producers.publisher import PendingBatch
 from rollstream.engines.sglang_admin import SGLangAdmin
 from rollstream.engines.sglang_http import SGLangHttp
+from rollstream.rollout_workers.claims import Outcome, PromptClaims
 from rollstream.rollout_workers.weight_sync import ServerOwner
 from rollstream.state.client import RedisKeys, StateStaleError, wait_for_redis
 from rollstream.state.server_lease import ServerLeases, ServerSyncState
@@ -269,3 +270,38 @@ async def test_an_owner_takes_no_step_on_a_lease_redis_cannot_confirm(
             task.cancel()
             await within(asyncio.gather(task, return_exceptions=True), 10, "stopping the owner")
             await within(http.close(), 5, "closing the client")
+
+
+async def test_a_prompt_running_on_a_live_worker_is_not_run_again_though_its_claim_is_gone(
+    redis_server: LocalRedisServer, client: aioredis.Redis, unique_name: str,
+) -> None:
+    """A snapshot from before worker a claimed one prompt and finished another: after the
+    restore Redis knows neither. Worker b is told UNSURE (never RUN) until a, alive, wrote both
+    again (its next heartbeat finds Redis changed process); then HELD and DONE."""
+    window = 2.0  # rollout.failure_detection_seconds
+    keys = RedisKeys(unique_name, "t0")
+    a, b = PromptClaims(client, keys, "a", window), PromptClaims(client, keys, "b", window)
+    await asyncio.sleep(window)  # a new redis-server settles for one window before it vouches for absences
+    await a.register()
+    await b.register()
+    snapshot = redis_server.snapshot()
+    tp = TopicPartition("prompts", 0)
+    running, finished = ("1:p:0:0", 0), ("1:p:0:1", 1)
+    for identity, offset in (running, finished):
+        assert (await a.claim(0, offset, identity)).outcome is Outcome.RUN
+        a.local.started(tp, offset, identity)
+    a.local.finished(tp, finished[1], finished[0])
+    a.done(0, finished[1], finished[0])
+    await a._flush()
+    assert (await b.claim(0, running[1], running[0])).outcome is Outcome.HELD
+    await restore(redis_server, snapshot, client)  # Redis forgot both claims
+    assert (await b.claim(0, running[1], running[0])).outcome is Outcome.UNSURE  # not RUN: a may live
+    upkeep = asyncio.create_task(a.maintain())  # a's next heartbeat sees the new process and writes again
+    try:
+        await asyncio.sleep(window + 0.5)
+        held = await b.claim(0, running[1], running[0])
+        assert (held.outcome, held.holder) == (Outcome.HELD, "a")
+        assert (await b.claim(0, finished[1], finished[0])).outcome is Outcome.DONE
+    finally:
+        upkeep.cancel()
+        await asyncio.gather(upkeep, return_exceptions=True)
