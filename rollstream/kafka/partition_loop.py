@@ -237,14 +237,15 @@ class AtLeastOnce:
 
     # -- commits --
 
-    async def commit(self, offsets: dict[int, int], what: str) -> dict[int, int]:
-        """Commit ``offsets`` now (only those that moved), retried per the policy across
-        rebalances; :class:`CommitRefused` when every try failed."""
+    async def commit(self, offsets: dict[int, int], what: str, metadata: str = "") -> dict[int, int]:
+        """Commit ``offsets`` now (only those that moved; each with ``metadata``, which Kafka
+        keeps with the offset), retried per the policy across rebalances;
+        :class:`CommitRefused` when every try failed."""
         assert self.loop is not None, "bind() the delivery to its loop first"
         moved = {p: o for p, o in offsets.items() if o > self._committed.get(p, -1)}
         if not moved:
             return {}
-        tps = {TopicPartition(self.loop.topic, p): o for p, o in moved.items()}
+        tps = {TopicPartition(self.loop.topic, p): (o, metadata) for p, o in moved.items()}
         try:
             await self._retry.call(lambda: self.loop.consumer.commit(tps), retry_on=_commit_retryable, what=what)
         except (KafkaError, IllegalStateError) as exc:

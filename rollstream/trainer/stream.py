@@ -46,7 +46,7 @@ class StepBook:
         """Step ``step`` went out, ``shares[r]`` being rank r's task ids."""
         self.pending[step.number] = LedgerEntry(
             step.number, dict(step.offsets), [g.task_id for g in step.groups],
-            [[g.partition, g.offset] for g in step.groups], shares,
+            [[g.partition, g.offset] for g in step.groups], shares, stale=list(step.stale),
         )
 
     def due(self, step: int) -> list[LedgerEntry]:
