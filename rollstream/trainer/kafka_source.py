@@ -20,9 +20,9 @@ defence, kept across restarts).
 The consumption bound (``trainer.drop_stale``): before a step is handed out, the waiting train
 groups more than ``staleness.max_head_offpolicyness`` versions behind the version the step
 trains are dropped as ``stale`` (:meth:`BatchAccumulator.drop_stale`). That version is the
-newest one published when the step is handed out: what Redis answers, never less than the
-newest version a group read was tagged with (a Redis that came back older answers less), never
-going back. The count of stale drops is cumulative and committed with every step as the
+newest one published when the step is handed out: the trainer's own word (``published``, e.g.
+``VersionPublisher.last_published``) and what Redis answers, never less than the newest version
+a group read was tagged with (a Redis that came back older answers less), never going back. The count of stale drops is cumulative and committed with every step as the
 offsets' metadata (``rollstream.wire.trainer_commit``), then written to the staleness budget
 in Redis, which returns their slots (a budget rebuilt from the topics reads it from Kafka).
 """
@@ -33,6 +33,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -116,7 +117,7 @@ class KafkaStepSource:
 
     def __init__(
         self, config: RollstreamConfig, *, include_eval: bool = False, client_id: str = "trainer",
-        ledger: StepLedger | None = None, use_ledger: bool = True,
+        ledger: StepLedger | None = None, use_ledger: bool = True, published: Callable[[], int] | None = None,
     ) -> None:
         tc = config.trainer
         names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
@@ -154,6 +155,7 @@ class KafkaStepSource:
         self._versions = VersionStore(self._redis, keys)
         self._budget = StalenessBudget(self._redis, keys, self._eta, config.staleness.batch_size)
         self.published_version = 0  # the newest version known to be published (never goes back)
+        self._published = published  # the trainer's own word for it (e.g. VersionPublisher.last_published)
         self.stale_committed = 0  # groups dropped as stale in committed steps, since the trial began
 
     @property
@@ -245,8 +247,10 @@ class KafkaStepSource:
                 return None
 
     async def _consume_version(self) -> int:
-        """The newest version published, as far as Redis says now (the last answer when it
-        cannot; never less than an earlier answer)."""
+        """The newest version published: the trainer's own word when it gives one, and what
+        Redis says now (the last answer when it cannot), never less than an earlier answer."""
+        if self._published is not None:
+            self.published_version = max(self.published_version, self._published())
         try:
             version = await asyncio.wait_for(self._versions.get_version(), VERSION_READ_SECONDS)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
