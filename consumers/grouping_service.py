@@ -40,7 +40,7 @@ from rollstream.runtime import metrics
 from rollstream.config import RollstreamConfig
 from rollstream.runtime.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer, start_client
+from rollstream.kafka.clients import make_consumer, start_client, stop_client
 from rollstream.kafka.consume_transform_produce import ExactlyOnce, PartitionOutput
 from rollstream.kafka.partition_loop import PartitionLoop
 from rollstream.kafka.topics import TopicNames
@@ -203,7 +203,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         )
         loop.subscribe()
         await start_client(consumer, config.kafka, f"the consumer of grouping instance {g.instance_id}")
-        stack.push_async_callback(consumer.stop)
+        stack.push_async_callback(stop_client, consumer, "the consumer of the grouping instance")
         log.info("grouping instance %s consuming %s", g.instance_id, names.scored)
         mark_ready()
         await loop.run(stop)
