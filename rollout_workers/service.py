@@ -32,6 +32,7 @@ import time
 from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
 
+from rollstream.api.areal_stats import export_periodically
 from rollstream.config import RollstreamConfig
 from rollstream.dump.lines import DumpWriter
 from rollstream.runtime.health import mark_ready
@@ -123,7 +124,9 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         consumer = make_rollout_consumer(config, worker_id)
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)
-        watched = {"the version follower": follower_task, "the claims' upkeep": alive}
+        stats = asyncio.create_task(export_periodically(), name="areal-stats")  # AReaL's tracker never grows
+        stack.push_async_callback(_cancel, stats)
+        watched = {"the version follower": follower_task, "the claims' upkeep": alive, "the statistics export": stats}
         intake = PromptIntake(runner, tracker, names.prompts, rollout.max_concurrent_rollouts, watched,
                               consumer.end_offsets)
         delivery = AtLeastOnce(intake, commit_interval=rollout.commit_interval_seconds, retry=KAFKA_RETRY,
