@@ -80,17 +80,18 @@ async def restore_budget(config: RollstreamConfig, names: TopicNames, budget: St
                 await budget.unlock(owner)
 
 
-async def while_locked(budget: StalenessBudget, owner: str, work: Awaitable[None]) -> None:
+async def while_locked(budget: StalenessBudget, owner: str, work: Awaitable[None],
+                       ttl_seconds: float = LOCK_TTL_SECONDS) -> None:
     """Run ``work`` while renewing ``owner``'s lock every third of its TTL; when a renewal is
     refused (or fails) the work is cancelled and :class:`RebuildInterrupted` (or the Redis
     error) raised: a rebuild never finishes on a lock it lost."""
     task = asyncio.ensure_future(work)
     try:
         while True:
-            done, _ = await asyncio.wait({task}, timeout=LOCK_TTL_SECONDS / 3)
+            done, _ = await asyncio.wait({task}, timeout=ttl_seconds / 3)
             if done:
                 return task.result()
-            if not await budget.renew_lock(owner, LOCK_TTL_SECONDS):
+            if not await budget.renew_lock(owner, ttl_seconds):
                 raise RebuildInterrupted("the rebuild lock was lost (it expired, or Redis changed process)")
     finally:
         if not task.done():

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis.asyncio as aioredis
 
-from rollstream.producers.budget_restore import restore_budget
+from rollstream.producers.budget_restore import restore_budget, while_locked
 from rollstream.api.engine import WeightUpdate
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.state.budget import RebuiltCounts, StalenessBudget
+from rollstream.state.budget import RebuildInterrupted, RebuiltCounts, StalenessBudget
 from rollstream.state.client import GenerationChanged, RedisKeys, RedisStateError, StateMissingError
 from rollstream.state.versions import VersionStore
 from rollstream.wire import GroupDropped, ProducerCursor, PromptTask, encode
@@ -99,3 +101,25 @@ async def test_restore_rebuilds_the_counters_from_the_topics(
     assert await budget.try_admit("p:0:3") and (await budget.usage())["admitted"] == 7  # a marker
     await restore_budget(config, names, budget)  # has its state: a no-op
     assert (await budget.usage())["admitted"] == 7
+
+
+async def test_the_rebuild_lock_lives_as_long_as_the_rebuild_and_a_lost_lock_stops_it(
+    redis_client, unique_name: str
+) -> None:
+    budget = budget_of(redis_client, unique_name)
+    assert await budget.lock("r1", 0.6) is not None and await budget.lock("r2", 0.6) is None
+    await while_locked(budget, "r1", asyncio.sleep(2.0), ttl_seconds=0.6)  # past three TTLs: renewed
+    assert await budget.lock("r2", 0.6) is None  # still r1's
+    stolen = asyncio.Event()
+
+    async def long_rebuild() -> None:
+        await redis_client.delete(RedisKeys(unique_name, "t0").key("restore-lock"))  # expired, say
+        await budget.lock("r2", 60)
+        stolen.set()
+        await asyncio.sleep(30)
+
+    with pytest.raises(RebuildInterrupted):
+        await asyncio.wait_for(while_locked(budget, "r1", long_rebuild(), ttl_seconds=0.6), 10)
+    assert stolen.is_set()
+    with pytest.raises(RebuildInterrupted):  # and its final write is refused on a lock it does not hold
+        await budget.restore(RebuiltCounts(), lock_owner="r1")
