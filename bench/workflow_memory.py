@@ -70,6 +70,7 @@ async def _episodes(n: int, checkpoints: list[int], export: bool) -> list[dict[s
         for i in range(1, n + 1):
             with workflow_context.scope(task_id=f"bench:0:{i}", is_eval=False, sample_idx=0):
                 await workflow.arun_episode(engine, dict(DATA))
+            engine.requests.clear()  # the scripted engine keeps every request for tests; a real one does not
             if i in checkpoints:
                 gc.collect()
                 rows.append({"export": "every %gs" % EXPORT_SECONDS if export else "never", "episodes": i,
