@@ -15,7 +15,7 @@ taken over only on a process that did not see it taken), before anything is admi
   keeps every producer's total);
 - dropped: the ``dropped`` records on ``batches`` of those train tasks, by reason;
 - trainer_dropped: the trainer's count of groups it dropped as stale, from the metadata its
-  consumer group committed (``rollstream.wire.trainer_commit``);
+  consumer group committed (``rollstream.wire.messages.TrainerCommit``);
 - version_floor: the newest trainer version tagged on ``batches`` (a version the trainer
   reached: the capacity never uses a version Redis forgot, but never more than the truth).
 
@@ -53,8 +53,7 @@ from rollstream.kafka.transactions import TransactionalProducer
 from rollstream.producers.cursor import read_all_cursors
 from rollstream.producers.publisher import transactional_id
 from rollstream.state.budget import RebuildInterrupted, RebuiltCounts, StalenessBudget
-from rollstream.wire import Batch, GroupDropped, WireDecodeError, decode_batch, decode_prompt
-from rollstream.wire.trainer_commit import decode_commit
+from rollstream.wire import Batch, GroupDropped, WireDecodeError, decode_batch, decode_prompt, decode_trainer_commit
 
 log = logging.getLogger(__name__)
 
@@ -186,5 +185,5 @@ async def trainer_stale_drops(config: RollstreamConfig, names: TopicNames) -> in
     finally:
         await stop_client(admin, "the admin client reading the trainer's offsets")
     counts = [c.stale_dropped for tp, meta in offsets.items()
-              if tp.topic == names.batches and (c := decode_commit(meta.metadata)) is not None]
+              if tp.topic == names.batches and (c := decode_trainer_commit(meta.metadata)) is not None]
     return max(counts, default=0)

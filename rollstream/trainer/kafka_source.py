@@ -23,7 +23,7 @@ trains are dropped as ``stale`` (:meth:`BatchAccumulator.drop_stale`). That vers
 newest one published when the step is handed out: the trainer's own word (``published``, e.g.
 ``VersionPublisher.last_published``) and what Redis answers, never less than the newest version
 a group read was tagged with (a Redis that came back older answers less), never going back. The count of stale drops is cumulative and committed with every step as the
-offsets' metadata (``rollstream.wire.trainer_commit``), then written to the staleness budget
+offsets' metadata (``rollstream.wire.messages.TrainerCommit``), then written to the staleness budget
 in Redis, which returns their slots (a budget rebuilt from the topics reads it from Kafka).
 """
 
@@ -52,7 +52,7 @@ from rollstream.state.versions import VersionStore
 from rollstream.trainer.accumulator import BatchAccumulator
 from rollstream.trainer.ledger import LedgerEntry, StepLedger, check_owner, reconcile
 from rollstream.trainer.steps import Step
-from rollstream.wire.trainer_commit import TrainerCommit, decode_commit, encode_commit
+from rollstream.wire import TrainerCommit, decode_trainer_commit, encode_trainer_commit
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ class KafkaStepSource:
         finally:
             await stop_client(admin, "the admin client reading the trainer's offsets")
         counts = [c.stale_dropped for tp, meta in offsets.items()
-                  if tp.topic == self.topic and (c := decode_commit(meta.metadata)) is not None]
+                  if tp.topic == self.topic and (c := decode_trainer_commit(meta.metadata)) is not None]
         return max(counts, default=0)
 
     def _check_poll(self) -> None:
@@ -298,7 +298,7 @@ class KafkaStepSource:
         # Offsets only move forward (commit skips the ones that did not move).
         step = entries[-1].step
         stale = self.stale_committed + sum(len(e.stale) for e in entries)
-        metadata = encode_commit(TrainerCommit(step=step, stale_dropped=stale))
+        metadata = encode_trainer_commit(TrainerCommit(step=step, stale_dropped=stale))
         try:
             await self._delivery.commit(entries[-1].offsets, what=f"committing trainer step {step}", metadata=metadata)
         except CommitRefused as exc:

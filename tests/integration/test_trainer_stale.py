@@ -21,7 +21,7 @@ from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys
 from rollstream.state.versions import VersionStore
 from rollstream.trainer import BatchStream, StepLedger
-from rollstream.wire.trainer_commit import decode_commit
+from rollstream.wire import decode_trainer_commit
 from tests.helpers import make_config
 from tests.integration.test_stream_without_ledger import group, write_batches
 from tests.unit.test_grouping_support import scored
@@ -65,7 +65,7 @@ async def test_a_stale_group_is_dropped_counted_and_its_slot_returned(
         offsets = await admin.list_consumer_group_offsets(config.trainer.group_id)
     finally:
         await admin.close()
-    (meta,) = [decode_commit(m.metadata) for tp, m in offsets.items() if tp.topic == names.batches]
+    (meta,) = [decode_trainer_commit(m.metadata) for tp, m in offsets.items() if tp.topic == names.batches]
     assert meta is not None and (meta.step, meta.stale_dropped) == (1, 2)
     assert (await budget.read()).trainer_dropped == 2  # their slots are back
     assert await trainer_stale_drops(config, names) == 2  # and a rebuild reads them from Kafka
