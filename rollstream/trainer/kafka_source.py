@@ -148,7 +148,7 @@ class KafkaStepSource:
         self._poll_seconds = tc.poll_timeout_ms / 1000
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._drop_stale = tc.drop_stale
+        self._drop_stale = tc.drop_stale and config.staleness.enabled  # no staleness control: none here either
         self._eta = config.staleness.max_head_offpolicyness
         self._redis = connect(config.redis)
         keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
