@@ -24,6 +24,8 @@ prompts; duplicate tokens at most 1% of the run.
 
     python -m bench.elastic                  # the default schedule, about 6 minutes
     python -m bench.elastic --quick          # a smoke run
+    python -m bench.elastic --redis-pause-at-join 20   # Redis frozen (SIGSTOP) for 20 s from just
+                                                       # before w3 starts (needs the local redis-server)
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Sizes:
     partitions: int = 8
     max_concurrent: int = 16
     failure_detection: float = 10.0
+    redis_pause_at_join: float = 0.0  # seconds Redis is frozen from just before w3 starts (0: never)
 
 
 @dataclass
@@ -112,15 +115,21 @@ class Fleet:
         return [p for w in self.workers.values() for p in w.processes]
 
 
-async def run_schedule(fleet: Fleet, sizes: Sizes) -> None:
+async def run_schedule(fleet: Fleet, sizes: Sizes, redis: Any = None) -> None:
     phase = sizes.phase_seconds
     fleet.mark("start")
     fleet.start("w1")
     fleet.start("w2")
     await asyncio.sleep(phase)
     fleet.mark("join")
+    paused = min(sizes.redis_pause_at_join, phase)
+    if paused:
+        redis.pause()  # the workers' liveness keys expire while it is frozen (its clock runs on)
     fleet.start("w3")
-    await asyncio.sleep(phase)
+    if paused:
+        await asyncio.sleep(paused)
+        redis.resume()
+    await asyncio.sleep(phase - paused)
     fleet.mark("leave")
     await fleet.stop_gracefully("w2")
     await asyncio.sleep(phase)
@@ -330,8 +339,10 @@ async def measure(sizes: Sizes, report: Report) -> None:
         config_path = write_config(workdir / "elastic.yaml", tree)
         producer = TierProcess("producer", config_path, workdir / "producer.log").start()
         fleet = Fleet(config_path, workdir, sizes)
+        if sizes.redis_pause_at_join and dev.redis is None:
+            raise SystemExit("--redis-pause-at-join needs the local redis-server (unset REDIS_URL)")
         try:
-            await run_schedule(fleet, sizes)
+            await run_schedule(fleet, sizes, dev.redis)
         finally:
             stop_all([producer, *fleet.all_processes()], timeout=60.0)
         samples = await read_samples(config, names)
@@ -344,9 +355,12 @@ async def measure(sizes: Sizes, report: Report) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("elastic", __doc__.splitlines()[0])
     parser.add_argument("--phase-seconds", type=float, default=None, help="length of each phase (default 60, quick 20)")
+    parser.add_argument("--redis-pause-at-join", type=float, default=0.0,
+                        help="freeze Redis (SIGSTOP) this many seconds from just before the third worker starts")
     args = parser.parse_args(argv)
     sizes = Sizes(phase_seconds=args.phase_seconds or (20.0 if args.quick else 60.0),
-                  tokens_per_second=512.0, max_new_tokens=192 if not args.quick else 96)
+                  tokens_per_second=512.0, max_new_tokens=192 if not args.quick else 96,
+                  redis_pause_at_join=args.redis_pause_at_join)
     report = Report("elastic", args.quick)
     report.extra["sizes"] = sizes.__dict__
     asyncio.run(measure(sizes, report))

@@ -9,6 +9,10 @@ import torch) peak under 150 MB each (the reward worker's own process; its pool'
 run the reward function). ``--compare before.json`` prints an earlier run's tier figures (say,
 ``--out before.json`` on the previous commit) beside this run's.
 
+Part 3 (``bench/workflow_memory.py``): a rollout worker running AReaL's ``RLVRWorkflow`` for 20k
+episodes, its AReaL ``stats_tracker`` never exported (what a worker did) and exported by the
+worker's periodic export: the values AReaL holds and the RSS at checkpoints.
+
 Part 2 feeds a ``GroupBuffer`` in this process as the grouping tier does (decode each
 ``scored`` record, add, build + encode the batch of each complete group, expire old outcomes
 against the watermark) with a fixed number of open groups, and records RSS and Python's
@@ -35,6 +39,7 @@ from bench.data import trajectory
 from bench.pipeline_run import PipelineSettings, memory_rows, run_pipeline
 from bench.procstats import rss_bytes
 from bench.stack import services
+from bench.workflow_memory import workflow_memory
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
 from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode
@@ -167,12 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--open-groups", type=int, default=64)
     parser.add_argument("--groups-per-second", type=float, default=20.0, help="simulated emission rate")
     parser.add_argument("--dedupe-window", type=float, default=30.0, help="grouping.dedupe_window_seconds")
-    parser.add_argument("--skip-tiers", action="store_true", help="only the GroupBuffer part (no broker)")
+    parser.add_argument("--skip-tiers", action="store_true", help="no tier part (no broker)")
+    parser.add_argument("--skip-workflows", action="store_true", help="no AReaL workflow part")
+    parser.add_argument("--only-workflows", action="store_true", help="only the AReaL workflow part")
     parser.add_argument("--compare", type=Path, default=None,
                         help="an earlier run's results JSON (e.g. --out before.json on the previous commit): "
                              "its tier figures beside this run's")
     args = parser.parse_args(argv)
     report = Report("memory", args.quick)
+    if not args.skip_workflows:
+        workflow_memory(report, args.quick)
+    if args.only_workflows:
+        return report.finish(args.out)
     buffer_memory(report, args.quick, args.open_groups, args.groups_per_second, args.dedupe_window)
     if not args.skip_tiers:
         tier_memory(report, args.quick, args.compare)

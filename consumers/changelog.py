@@ -22,15 +22,22 @@ log = logging.getLogger(__name__)
 RESTORE_STALL_SECONDS = 30.0  # on top of the transaction timeout
 
 
-def outcome_record(group: CompleteGroup | DroppedGroup) -> GroupOutcome:
-    """The changelog value for an ended group."""
+def outcome_record(group: CompleteGroup | DroppedGroup, trainer_version: int) -> GroupOutcome:
+    """The changelog value for an ended group whose record was tagged ``trainer_version``."""
     return GroupOutcome(
         task_id=group.task_id,
         outcome="emitted" if isinstance(group, CompleteGroup) else "dropped",
         source_partition=group.partition,
         max_offset=group.max_offset,
         at=time.time(),
+        trainer_version=trainer_version,
     )
+
+
+def version_floor(outcomes: list[GroupOutcome]) -> int:
+    """The newest trainer version the outcomes' records were tagged with (-1: none known): the
+    trainer reached it, so the instance that restores them never tags anything older."""
+    return max((outcome.trainer_version for outcome in outcomes), default=-1)
 
 
 async def read_outcomes(config: KafkaConfig, topic: str, partitions: Collection[int]) -> list[GroupOutcome]:

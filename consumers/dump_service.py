@@ -25,7 +25,7 @@ from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.dump.lines import DumpWriter
 from rollstream.runtime.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer, make_producer, start_client
+from rollstream.kafka.clients import make_consumer, make_producer, start_client, stop_client
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT
@@ -67,10 +67,10 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
             config.kafka, TIER, names.scored, group_id=names.group_id(TIER), read_committed=True
         )
         await start_client(consumer, config.kafka, "the dump tier's consumer")
-        stack.push_async_callback(consumer.stop)
+        stack.push_async_callback(stop_client, consumer, "the consumer of the dump tier")
         producer = make_producer(config.kafka, TIER)
         await start_client(producer, config.kafka, "the dump tier's dead-letter producer")
-        stack.push_async_callback(producer.stop)
+        stack.push_async_callback(stop_client, producer, "the producer of the dump tier")
         stack.push_async_callback(writer.close)
         log.info("dump tier consuming %s as group %s, writing to %s", names.scored, names.group_id(TIER),
                  writer.root / writer.experiment / writer.trial)

@@ -75,7 +75,7 @@ class Emission:
 
     def drop(self, drop: DroppedGroup, version: int, out: PartitionOutput) -> None:
         out.send(self._names.batches, encode(drop_record(drop, version)), key=drop.task_id.encode())
-        self._outcome(drop, out)
+        self._outcome(drop, out, version)
 
     def tombstone(self, task_id: str, partition: int, out: PartitionOutput) -> None:
         out.send(self._names.grouping_changelog, None, key=task_id.encode(), partition=partition)
@@ -84,11 +84,11 @@ class Emission:
         batch = build_batch(group, reading.version, self._pad_value, version_known=reading.known)
         value = encode(batch)  # may raise: nothing queued yet
         out.send(self._names.batches, value, key=group.task_id.encode())
-        self._outcome(group, out)
+        self._outcome(group, out, batch.trainer_version)
         return EmittedBatch(group, batch.trainer_version, batch.trainer_version_known)
 
-    def _outcome(self, group: CompleteGroup | DroppedGroup, out: PartitionOutput) -> None:
-        value = encode(outcome_record(group))
+    def _outcome(self, group: CompleteGroup | DroppedGroup, out: PartitionOutput, trainer_version: int) -> None:
+        value = encode(outcome_record(group, trainer_version))
         out.send(self._names.grouping_changelog, value, key=group.task_id.encode(), partition=group.partition)
 
     def _refuse(self, group: CompleteGroup, error: Exception, version: int, out: PartitionOutput) -> DroppedGroup:

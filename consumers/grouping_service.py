@@ -31,7 +31,7 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord
 
-from rollstream.consumers.changelog import read_outcomes
+from rollstream.consumers.changelog import read_outcomes, version_floor
 from rollstream.consumers.emission import EmittedBatch, Emission, SlotReleaser
 from rollstream.consumers.group_filters import load_group_filters
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
@@ -40,7 +40,7 @@ from rollstream.runtime import metrics
 from rollstream.config import RollstreamConfig
 from rollstream.runtime.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer, start_client
+from rollstream.kafka.clients import make_consumer, start_client, stop_client
 from rollstream.kafka.consume_transform_produce import ExactlyOnce, PartitionOutput
 from rollstream.kafka.partition_loop import PartitionLoop
 from rollstream.kafka.topics import TopicNames
@@ -86,6 +86,7 @@ class GroupingTransform:
     async def acquire(self, partitions: set[int]) -> None:
         outcomes = await read_outcomes(self.config.kafka, self.names.grouping_changelog, partitions)
         loaded = self.buffer.outcomes.restore(outcomes, time.monotonic(), time.time())
+        self.version.raise_floor(version_floor(outcomes))  # never below what these partitions were tagged
         log.info("restored %d group outcomes of partitions %s", loaded, sorted(partitions))
 
     def release(self, partitions: set[int]) -> None:
@@ -202,7 +203,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         )
         loop.subscribe()
         await start_client(consumer, config.kafka, f"the consumer of grouping instance {g.instance_id}")
-        stack.push_async_callback(consumer.stop)
+        stack.push_async_callback(stop_client, consumer, "the consumer of the grouping instance")
         log.info("grouping instance %s consuming %s", g.instance_id, names.scored)
         mark_ready()
         await loop.run(stop)

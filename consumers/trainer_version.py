@@ -3,8 +3,11 @@
 Emission never waits for Redis: when it is unreachable (or its version key is malformed) the
 last version read is used (0 before the first successful read), a warning is logged, and Redis
 is asked again after the pause of the one retry policy (``REDIS_RETRY``). Versions only go up:
-a lower value (a Redis that restarted without persistence reads 0 until the trainer publishes
-again) is logged and ignored.
+a lower value (a Redis that restarted without persistence reads 0, one that came back from an
+earlier snapshot an earlier version, until the trainer publishes again) is logged and ignored.
+An instance that takes partitions raises its floor to the newest version their changelog
+outcomes were tagged with (:meth:`TrainerVersion.raise_floor`), so a new instance meeting such
+a Redis never tags a partition's batches below what that partition was tagged before.
 
 Each answer says whether it is *known*: Redis answered this time, with a version no older
 than any answer before. Otherwise the version is only the newest one this instance knows to
@@ -49,6 +52,12 @@ class TrainerVersion:
         self._backoff = retry.backoff()
         self._retry_at = 0.0
         self.last = 0
+
+    def raise_floor(self, version: int) -> None:
+        """``version`` was reached by the trainer (a durable record says so): never answer less."""
+        if version > self.last:
+            log.info("trainer version is at least %d (the changelog of the partitions taken)", version)
+            self.last = version
 
     async def get(self) -> VersionReading:
         now = time.monotonic()

@@ -201,7 +201,8 @@ class GRPOTrainer:
         max_steps = self.config.trainer.max_steps
         versions = SyncVersionPublisher(self.config, self.checkpoints) if self.leader else None
         try:
-            with TrainerBatches(self.config) as batches:
+            published = (lambda: versions.last_published) if versions is not None else None
+            with TrainerBatches(self.config, published=published) as batches:
                 self._on_signals(batches)
                 self.resume(batches.last_committed_step, versions)
                 mark_ready()  # /readyz: consuming batches

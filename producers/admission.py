@@ -6,15 +6,18 @@ re-admits the same (deterministic) task id without counting it twice. Eval promp
 counted.
 
 Every admission names the budget *generation* the producer read before it (re)started its
-transactional producer (:meth:`Admission.begin`). A rebuild of the counters (Redis lost them)
-writes a new generation and fences every producer's transactional id first, so prompts
-admitted in the old generation and not committed yet can never be committed: the producer
-learns it (:class:`BudgetRebuilt`, from an admission, from :meth:`Admission.check` inside
-each transaction, or from a fenced commit) and starts again from its committed cursor,
-re-admitting those prompts in the new generation (docs/GUARANTEES.md, section 13).
+transactional producer (:meth:`Admission.begin`). A rebuild of the counters (Redis lost them,
+or came back with an earlier moment's) writes a new generation and fences every producer's
+transactional id first, so prompts admitted in the old generation and not committed yet can
+never be committed: the producer learns it (:class:`BudgetRebuilt`, from an admission, from
+:meth:`Admission.check` inside each transaction, or from a fenced commit) and starts again
+from its committed cursor, re-admitting those prompts in the new generation
+(docs/GUARANTEES.md, sections 2 and 16). Eval producers count nothing but are fenced by a
+rebuild too, so they read the generation as well: it is how a fenced commit tells a rebuild
+from a second process with the same producer id.
 
 Redis faults are waited out, never crashes, and never an unadmitted training prompt:
-unreachable -> wait for Redis; state missing -> rebuild it from the topics (``restore``);
+unreachable -> wait for Redis; state missing or stale -> rebuild it from the topics (``restore``);
 a malformed key -> log and retry every ``poll_seconds`` until someone fixes it.
 """
 
@@ -47,7 +50,8 @@ class BudgetRebuilt(RuntimeError):
 class Admission:
     """Asks the staleness budget for room, waiting (not spinning) while there is none.
 
-    ``stop`` interrupts every wait; the methods then return False.
+    ``stop`` interrupts every wait; the methods then return False. ``enabled``: the trial has a
+    staleness budget at all; ``counts``: this producer's prompts are counted (train prompts).
     """
 
     def __init__(
@@ -58,12 +62,14 @@ class Admission:
         stop: asyncio.Event,
         enabled: bool = True,
         restore: Callable[[], Awaitable[None]] | None = None,
+        counts: bool = True,
     ) -> None:
         self._budget = budget
         self._client = client
         self._poll_seconds = poll_seconds
         self._stop = stop
         self._enabled = enabled
+        self._counts = counts
         self._restore = restore
         self.generation = NO_GENERATION  # the budget generation this run admits in
         self.waits = 0  # how many times the producer waited for room (a counter for logs)
@@ -86,7 +92,7 @@ class Admission:
         False when the budget is full right now, or when ``stop`` was set while Redis could
         not answer. Redis faults are waited out here. Raises :class:`BudgetRebuilt`.
         """
-        if is_eval or not self._enabled:
+        if is_eval or not self._enabled or not self._counts:
             return True
         try:
             admitted = await self._with_redis(

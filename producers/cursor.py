@@ -67,10 +67,14 @@ async def read_cursor(
     return _decode_latest(names.producer_cursor, producer_id, latest)
 
 
-async def read_all_cursors(config: RollstreamConfig, names: TopicNames) -> dict[str, ProducerCursor]:
-    """The last committed cursor of every producer of the trial (undecodable ones skipped)."""
+async def read_all_cursors(
+    config: RollstreamConfig, names: TopicNames, end: dict[int, int] | None = None,
+) -> dict[str, ProducerCursor]:
+    """The last committed cursor of every producer of the trial (undecodable ones skipped),
+    read to ``end`` (default: the last stable offset now; see ``rollstream.kafka.scan``)."""
     latest: dict[bytes, bytes | None] = {}
-    async for record in scan_topic(config.kafka, names.producer_cursor, "cursor-reader-all"):
+    stall = config.kafka.transaction_timeout_ms / 1000 + READ_TIMEOUT_SECONDS
+    async for record in scan_topic(config.kafka, names.producer_cursor, "cursor-reader-all", end, stall):
         if record.key is not None:
             latest[record.key] = record.value
     cursors: dict[str, ProducerCursor] = {}

@@ -92,8 +92,8 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
             config.staleness.max_head_offpolicyness, config.staleness.batch_size,
         )
         admission = Admission(
-            budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled and not pc.is_eval,
-            restore=lambda: restore_budget(config, names, budget),
+            budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled,
+            restore=lambda: restore_budget(config, names, budget), counts=not pc.is_eval,
         )
         retry = KAFKA_RETRY.limited(PUBLISH_ATTEMPTS, config.kafka.outage_patience_seconds)
         publisher = PromptPublisher(txn, names, retry, admission)

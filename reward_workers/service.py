@@ -28,7 +28,7 @@ from rollstream.reward_workers.transform import TIER, RewardTransform
 from rollstream.config import RollstreamConfig
 from rollstream.runtime.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer, start_client
+from rollstream.kafka.clients import make_consumer, start_client, stop_client
 from rollstream.kafka.consume_transform_produce import ExactlyOnce
 from rollstream.kafka.partition_loop import PartitionLoop
 from rollstream.kafka.topics import TopicNames
@@ -73,7 +73,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         )
         loop.subscribe()
         await start_client(consumer, config.kafka, f"the consumer of reward worker {worker_id}")
-        stack.push_async_callback(consumer.stop)
+        stack.push_async_callback(stop_client, consumer, "the consumer of the reward worker")
         log.info("reward worker %s consuming %s as group %s", worker_id, names.episodes, group_id)
         mark_ready()
         await loop.run(stop)

@@ -1,15 +1,18 @@
 """Run the samples of each prompt record and publish them as they finish.
 
 :meth:`PromptRunner.take` is called for every prompt record, in offset order. It records the
-offset in the :class:`OffsetTracker` and claims the record (``rollout_workers/claims.py``):
-a record another live worker runs, or this process runs already, is not run again; a
-finished one is marked done at once. A record claimed here starts in the background. Each of
-the prompt's ``group_size`` samples runs the workflow under the rollout semaphore (so at most
+offset in the :class:`OffsetTracker` and resolves the record: what this worker knows itself
+(running here, finished here: ``rollout_workers/local_claims.py``) needs no Redis; anything else
+is claimed (``rollout_workers/claims.py``): a record another live worker runs is not run again;
+a finished one is marked done at once. While Redis cannot be reached, or cannot vouch yet that
+nobody runs a record, only a record nobody else can have fetched (beyond its partition's fresh
+frontier) runs; the others wait. A record run here starts in the background. Each of the
+prompt's ``group_size`` samples runs the workflow under the rollout semaphore (so at most
 ``max_concurrent_rollouts`` episodes generate at once) and publishes its ``Episode`` or
 ``SampleRejected`` keyed by task id as soon as it ends. Only when every sample's send has been
-acknowledged is the claim marked done and then the offset, so it can never be committed early.
-Records held by another worker are asked again (:meth:`PromptRunner.recheck_held`) until they
-are done or their worker is gone.
+acknowledged is the record finished: the offset may be committed, and its claim says done as
+soon as Redis answers (nothing waits for Redis). Records held by another worker, or not vouched
+for, are asked again (:meth:`PromptRunner.recheck_held`) until they are done or may run here.
 
 A record that cannot be run (undecodable, or naming a workflow outside the allow-list) is
 dead-lettered and answered with a ``TaskFailed`` on ``episodes`` (when its task id is known),
@@ -43,7 +46,8 @@ from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT, PROMPT_CLAIMS, TOKENS
 from rollstream.wire import Episode, PromptTask, SampleRejected, TaskFailed, WireDecodeError, decode_prompt, encode
-from rollstream.rollout_workers.claims import Claim, Outcome, PromptClaims
+from rollstream.rollout_workers.claims import Claim, Outcome, PromptClaims, record_identity
+from rollstream.rollout_workers.local_claims import Known
 from rollstream.rollout_workers.data_copies import copier
 from rollstream.rollout_workers.episode_images import ImageLedger
 from rollstream.rollout_workers.episodes import MAX_REASON_CHARS, describe_error, failed_sample, to_episode
@@ -87,6 +91,7 @@ class PromptRunner:
         self._engine = engine
         self._tracker = tracker
         self._claims = claims
+        self.claims = claims
         self._worker_id = worker_id
         self._dump = dump  # rollout.dump_to_file: AReaL's in-worker dumps
         self._max_message_bytes = max_message_bytes  # kafka.max_message_bytes (None: unchecked)
@@ -94,8 +99,9 @@ class PromptRunner:
         self.tasks = TaskSet()
         self.inflight_samples = 0  # samples started (or waiting to start) and not yet published
         self.claiming = 0  # records taken whose claim is not answered yet
-        self.running: set[tuple[TopicPartition, int]] = set()  # records claimed and running here
-        self.held: dict[tuple[TopicPartition, int], tuple[ConsumerRecord, str]] = {}  # run by another live worker
+        self.local = claims.local if claims is not None else None  # type: ignore[union-attr]
+        self.held: dict[tuple[TopicPartition, int], tuple[ConsumerRecord, str]] = {}  # run elsewhere, or unsure
+        self.unsure: set[tuple[TopicPartition, int]] = set()  # held only because Redis could not vouch: may run here
         self._room = asyncio.Event()  # set whenever a sample ends
 
     def take(self, record: ConsumerRecord) -> None:
@@ -109,25 +115,44 @@ class PromptRunner:
 
     async def _claim(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         try:
-            claim = await self._claims.claim(tp.partition, record.offset)
+            claim = await self._resolve(tp, record)
         finally:
             self.claiming -= 1
-        if claim is None:  # Redis unreachable: run it rather than idle (claims.py's docstring)
-            log.warning("prompt %s[%d]@%d runs without a claim while Redis is unreachable",
-                        record.topic, record.partition, record.offset)
-            claim = Claim(Outcome.RUN)
         self._follow(tp, record, claim)
+
+    async def _resolve(self, tp: TopicPartition, record: ConsumerRecord) -> Claim:
+        """What to do with ``record``: this worker's own knowledge first, then Redis; while
+        Redis cannot answer (or vouch for an absence), a record runs only if it is fresh."""
+        identity = record_identity(record)
+        known = self.local.known(tp, record.offset, identity)
+        if known is not None:
+            return Claim(Outcome.MINE if known is Known.MINE else Outcome.DONE, self._worker_id)
+        claim = await self._claims.claim(tp.partition, record.offset, identity)
+        if claim is None or claim.outcome is Outcome.UNSURE:
+            if self.local.fresh(tp, record.offset):  # nobody else can have fetched it: run, claim later
+                self._claims.running(tp.partition, record.offset, identity)
+                return Claim(Outcome.RUN)
+            return Claim(Outcome.UNSURE, "Redis unreachable" if claim is None else "Redis not vouching yet")
+        if claim.outcome is Outcome.MINE:  # our incarnation's claim, not running here: run it
+            return Claim(Outcome.RUN)
+        return claim
 
     def _follow(self, tp: TopicPartition, record: ConsumerRecord, claim: Claim) -> None:
         """Do what ``claim`` says for ``record`` (run it, wait for it, or count it done)."""
         PROMPT_CLAIMS.labels(TIER, claim.outcome.value).inc()
         where = f"{record.topic}[{record.partition}]@{record.offset}"
         self.held.pop((tp, record.offset), None)
+        self.unsure.discard((tp, record.offset))
         if claim.outcome is Outcome.DONE:
+            self.local.finished(tp, record.offset, record_identity(record))
             self._tracker.done(tp, record.offset)
-        elif claim.outcome is Outcome.HELD:
+        elif claim.outcome in (Outcome.HELD, Outcome.UNSURE):
+            if claim.outcome is Outcome.HELD:
+                log.info("prompt %s runs on worker %s: waiting for it to end", where, claim.holder)
+            else:
+                log.info("prompt %s waits (%s): it may run on another worker", where, claim.holder)
+                self.unsure.add((tp, record.offset))
             self.held[(tp, record.offset)] = (record, claim.holder)
-            log.info("prompt %s runs on worker %s: waiting for it to end", where, claim.holder)
         elif claim.run_here:
             if claim.outcome is Outcome.TAKEN:
                 log.warning("prompt %s: worker %s that ran it is gone; running it again", where, claim.holder)
@@ -135,34 +160,38 @@ class PromptRunner:
         # Outcome.MINE: running here already; its end marks the offset done
 
     async def recheck_held(self, owned: set[TopicPartition]) -> None:
-        """Ask again about the records other workers hold: done, still running, or gone.
-        Records of partitions no longer ``owned`` are forgotten (their new owner asks)."""
+        """Ask again about the records other workers hold (or Redis could not vouch for): done,
+        still running, gone, or runnable now. Records of partitions no longer ``owned`` are
+        forgotten (their new owner asks)."""
         for (tp, offset), (record, _) in list(self.held.items()):
             if tp not in owned:
                 self.held.pop((tp, offset), None)
+                self.unsure.discard((tp, offset))
                 continue
-            claim = await self._claims.claim(tp.partition, offset)
-            if claim is not None and (tp, offset) in self.held and claim.outcome is not Outcome.HELD:
+            claim = await self._resolve(tp, record)
+            if (tp, offset) in self.held and claim.outcome not in (Outcome.HELD, Outcome.UNSURE):
                 self._follow(tp, record, claim)
 
     def forget(self, tps: set[TopicPartition]) -> None:
         """Partitions revoked: stop waiting for their held records (what runs here goes on)."""
         for key in [key for key in self.held if key[0] in tps]:
             del self.held[key]
+            self.unsure.discard(key)
 
     async def release_unfinished(self) -> None:
         """After cancelling: give up the claims of records that did not finish, so their
         partition's owner runs them at once instead of after this worker's liveness expired."""
-        for tp, offset in sorted(self.running):
+        unfinished = sorted(self.local.running)
+        for tp, offset in unfinished:
             await self._claims.release(tp.partition, offset)
-        if self.running:
-            log.info("released the claims of %d unfinished prompts", len(self.running))
-        self.running.clear()
+            self.local.stopped(tp, offset)
+        if unfinished:
+            log.info("released the claims of %d unfinished prompts", len(unfinished))
 
     def _start(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         """Run a record claimed here (or refuse it: undecodable, unknown workflow)."""
         where = f"{record.topic}[{record.partition}]@{record.offset}"
-        self.running.add((tp, record.offset))
+        self.local.started(tp, record.offset, record_identity(record))
         try:
             task = decode_prompt(record.value)
         except WireDecodeError as exc:
@@ -259,10 +288,12 @@ class PromptRunner:
         log.info("task %s: all %d samples published", task.task_id, task.group_size, extra={"task_id": task.task_id})
 
     async def _finished(self, tp: TopicPartition, offset: int) -> None:
-        """Everything of the record is published: its claim says so first, then the offset may
-        be committed (a later reader that finds the claim done commits past it too)."""
-        await self._claims.done(tp.partition, offset)
-        self.running.discard((tp, offset))
+        """Everything of the record is published: the offset may be committed, and its claim
+        says done as soon as Redis answers (a reader meanwhile finds it running here, on a live
+        worker, and waits; one that reads it after the commit never reads it at all)."""
+        identity = self.local.running.get((tp, offset), "")
+        self.local.finished(tp, offset, identity)
+        self._claims.done(tp.partition, offset, identity)
         self._tracker.done(tp, offset)
 
     async def _run_sample(

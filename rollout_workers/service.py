@@ -32,12 +32,13 @@ import time
 from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
 
+from rollstream.api.areal_stats import export_periodically
 from rollstream.config import RollstreamConfig
 from rollstream.dump.lines import DumpWriter
 from rollstream.runtime.health import mark_ready
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.assignors import rollout_assignors
-from rollstream.kafka.clients import make_consumer, make_producer, start_client
+from rollstream.kafka.clients import make_consumer, make_producer, start_client, stop_client
 from rollstream.kafka.partition_loop import AtLeastOnce, PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.metrics import WEIGHT_VERSION
@@ -106,11 +107,11 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
 
         producer = make_producer(config.kafka, f"rollout-{worker_id}")
         await start_client(producer, config.kafka, f"the producer of rollout worker {worker_id}")
-        stack.push_async_callback(producer.stop)
+        stack.push_async_callback(stop_client, producer, f"the producer of rollout worker {worker_id}")
         claims = PromptClaims(redis, keys, worker_id, rollout.failure_detection_seconds)
         await claims.register()
         stack.push_async_callback(claims.retire)
-        alive = asyncio.create_task(claims.keep_alive(), name="claims-liveness")
+        alive = asyncio.create_task(claims.maintain(), name="claims-upkeep")
         stack.push_async_callback(_cancel, alive)
         dump = DumpWriter.from_config(config, tokenizer, versions=store) if rollout.dump_to_file else None
         if dump is not None:
@@ -123,14 +124,18 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         consumer = make_rollout_consumer(config, worker_id)
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
         stack.push_async_callback(_cancel, follower_task)
-        intake = PromptIntake(runner, tracker, names.prompts, rollout.max_concurrent_rollouts, follower_task)
+        stats = asyncio.create_task(export_periodically(), name="areal-stats")  # AReaL's tracker never grows
+        stack.push_async_callback(_cancel, stats)
+        watched = {"the version follower": follower_task, "the claims' upkeep": alive, "the statistics export": stats}
+        intake = PromptIntake(runner, tracker, names.prompts, rollout.max_concurrent_rollouts, watched,
+                              consumer.end_offsets)
         delivery = AtLeastOnce(intake, commit_interval=rollout.commit_interval_seconds, retry=KAFKA_RETRY,
                                name=f"rollout worker {worker_id}")
         loop = PartitionLoop(consumer=consumer, topic=names.prompts, delivery=delivery, poll_timeout_ms=FETCH_TIMEOUT_MS,
                              max_records=FETCH_MAX_RECORDS, name=f"rollout worker {worker_id}")
         loop.subscribe()
         await start_client(consumer, config.kafka, f"the consumer of rollout worker {worker_id}")
-        stack.push_async_callback(consumer.stop)
+        stack.push_async_callback(stop_client, consumer, f"the consumer of rollout worker {worker_id}")
         log.info("rollout worker %s (incarnation %s) consuming %s as group %s", worker_id, claims.incarnation,
                  names.prompts, names.group_id(TIER))
         mark_ready()
@@ -140,7 +145,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
             await runner.tasks.cancel_all()  # a crash commits nothing more
             raise
         log.info("stop requested: taking no more prompts")
-        await consumer.stop()  # leave the group: the partitions move to the other workers now
+        await stop_client(consumer, f"the consumer of rollout worker {worker_id}")  # leave the group now
         log.info("left the group; other workers take the partitions and wait for this worker's claims")
         await _drain(runner, rollout.shutdown_grace_seconds)
     log.info("rollout worker %s stopped", worker_id)

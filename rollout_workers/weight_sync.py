@@ -27,8 +27,12 @@ What an owner does while it holds the lease (and checks before every step that i
 * it records each phase in Redis (``ServerLeases.write_state``, fenced by its token), which is
   how an operator tells "paused for a weight update" from "down".
 
-Limits: the server itself knows nothing of fencing tokens. An owner that stalls past its lease
-(a frozen process) may still have one HTTP call in flight when its successor starts; the
+Every pause and load is recorded first, and taken only when Redis confirms the lease right then
+(a refusal or an unreachable Redis stops the owner): a Redis that came back with an earlier
+moment's state voids every lease granted before (``rollstream.state.server_lease``), so an owner
+whose grant it forgot starts no new step. Limits: the server itself knows nothing of fencing
+tokens. An owner that stalls past its lease (a frozen process), or whose grant Redis forgot,
+may still have one HTTP call in flight when its successor starts; the
 successor's reconcile undoes a stray pause or load within ``reconcile_seconds`` (plus a probe). A load that
 outlasts a dead owner's lease can run a second time (same weights, same tag).
 """
@@ -220,7 +224,7 @@ class ServerOwner:
                     op: Callable[[str], Awaitable[None]]) -> None:
         """Record ``phase`` and run ``op``, only while the lease holds and no stop was asked."""
         self._check(lease)
-        await self._record(lease, phase, version)
+        await self._record(lease, phase, version, confirm=True)
         raise_if_cancelled()  # the record may have lost a stop: neither pause nor load after one
         await op(self.url)
 
@@ -228,7 +232,8 @@ class ServerOwner:
         if not lease.valid():
             raise LeaseLost(self.url)
 
-    async def _record(self, lease: Lease, phase: Phase, version: int | None, message: str = "") -> None:
+    async def _record(self, lease: Lease, phase: Phase, version: int | None, message: str = "",
+                      confirm: bool = False) -> None:
         target = self._target.version if self._target else None
         state = ServerSyncState(url=self.url, owner=lease.owner, token=lease.token, phase=phase,
                                 target=target, version=version, since=time.time(), message=message)
@@ -236,7 +241,9 @@ class ServerOwner:
             if not await self._leases.write_state(lease, state):
                 lease.lost = True
                 raise LeaseLost(self.url)
-        except REDIS_ERRORS as exc:  # the state is for operators; the lease deadline guards the rest
+        except REDIS_ERRORS as exc:
+            if confirm:  # a pause or load only on a lease Redis just confirmed: it may have forgotten it
+                raise LeaseLost(self.url) from exc
             log.warning("cannot record the weight-sync state of %s (%s)", self.url, exc)
 
 

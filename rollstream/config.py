@@ -261,6 +261,11 @@ class TrainerConfig(_Section):
     max_poll_interval_ms: AtLeastOne = 300_000  # Kafka's limit between two polls
     prefetch_steps: AtLeastOne = 1  # steps read ahead while one trains; fetching pauses beyond
     remember_steps: AtLeastOne = 64  # task ids of this many steps are never handed out again
+    # A train group more than staleness.max_head_offpolicyness versions behind the version a step
+    # trains (the newest one published when the step is handed out) is dropped as "stale",
+    # counted and its staleness slot returned, never trained (false, or staleness.enabled false:
+    # trained however stale)
+    drop_stale: bool = True
     commit_retries: AtLeastOne = 10  # tries of a step's commit (e.g. across a rebalance)
     ledger_path: str = ""  # the committed steps, one JSON line each; "": <checkpoint_dir>/ledger.jsonl
     # torchrun: a rank that sends no heartbeat for this long (dead, stopped, its host gone) ends

@@ -125,17 +125,34 @@ async def _node_pause(stage: Stage, fault: Fault) -> str:
 
 
 async def _redis_restart(stage: Stage, fault: Fault, wipe: bool = False) -> str:
+    """With its data: a crash (SIGKILL) and a start from the append-only file, fsynced every
+    second as deployed, so the last second of writes may be gone. Without: a clean stop and a
+    start with nothing, what a Redis without persistence keeps."""
     redis = stage.redis
+    stage.observer.redis_forgets()
     if wipe:
-        stage.observer.redis_wiped()
-    await stage.pipeline.in_thread(redis.stop, 60, "redis to stop")
-    if wipe:  # what a Redis without persistence keeps across a restart: nothing
+        await stage.pipeline.in_thread(redis.stop, 60, "redis to stop")
         _forget(redis.workdir)
+    else:
+        redis.kill()
     await stage.pipeline.sleep(fault.seconds)
     await stage.pipeline.in_thread(redis.start, 60, "redis to start")
-    if wipe:
-        stage.observer.redis_back()
+    stage.observer.redis_back()
     return ""
+
+
+async def _redis_restore(stage: Stage, fault: Fault) -> str:
+    """A snapshot of this moment, ``seconds`` of work, then a crash and a start from the
+    snapshot: a new redis-server process with every key as it was (a restart from the last RDB
+    snapshot, a failover to a replica that lagged)."""
+    redis = stage.redis
+    snapshot: list[Path] = []
+    await stage.pipeline.in_thread(lambda: snapshot.append(redis.snapshot()), 60, "the redis snapshot")
+    await stage.pipeline.sleep(fault.seconds)
+    stage.observer.redis_forgets()
+    await stage.pipeline.in_thread(lambda: redis.restore(snapshot[0]), 60, "redis to start from the snapshot")
+    stage.observer.redis_back()
+    return f"snapshot {fault.seconds:.1f}s old"
 
 
 def _forget(workdir: Path) -> None:
@@ -184,5 +201,6 @@ async def _restart(stage: Stage, fault: Fault) -> str:
 _ACTIONS = {
     kinds.KILL: _kill, kinds.PAUSE: _pause, kinds.NODE_KILL: _node_kill, kinds.NODE_RESTART: _node_restart,
     kinds.NODE_PAUSE: _node_pause, kinds.REDIS_RESTART: _redis_restart, kinds.REDIS_WIPE: _redis_wipe,
+    kinds.REDIS_RESTORE: _redis_restore,
     kinds.JOIN: _join, kinds.LEAVE: _leave, kinds.RESTART: _restart,
 }

@@ -12,8 +12,12 @@ accepting. What each one reads:
 - ``staleness bound``: ``admitted - dropped <= (eta + v + 1) * B`` at every admission, with ``v``
   the trainer's version. Two views: samples of the Redis counters while the run goes on
   (:func:`budget_excess`), and every admission afterwards from the topics (:func:`admission_excess`).
-- ``versions only go up``: the trainer's steps, the version in Redis, each sample's tokens.
+- ``versions only go up``: the trainer's steps, the version in Redis (except after a restart
+  that may have lost data, until the trainer published again), each sample's tokens, and the
+  batches of each ``batches`` partition (never tagged below an earlier known tag there).
 - ``token versions in bounds``: each batch's tokens against its head, tail and trainer version.
+- ``trained within eta``: no group reaches a training step more than eta versions behind the
+  version that step trains (the trainer's ledger: step ``s`` trains version ``s - 1``).
 - ``nothing in flight``: at the end every admitted prompt ended and no tier has records left.
 """
 
@@ -38,8 +42,9 @@ TRAINED_ONCE = "trained at most once"
 STALENESS = "staleness bound"
 VERSIONS_UP = "versions only go up"
 TOKEN_VERSIONS = "token versions in bounds"
+TRAINED_STALENESS = "trained within eta"
 IN_FLIGHT = "nothing in flight"
-INVARIANTS = (ENDS_ONCE, TRAINED_ONCE, STALENESS, VERSIONS_UP, TOKEN_VERSIONS, IN_FLIGHT)
+INVARIANTS = (ENDS_ONCE, TRAINED_ONCE, STALENESS, VERSIONS_UP, TOKEN_VERSIONS, TRAINED_STALENESS, IN_FLIGHT)
 
 
 @dataclass(frozen=True)
@@ -198,14 +203,25 @@ def admission_excess(prompt_times: Sequence[float], drop_times: Sequence[float],
 # -- versions only go up --
 
 
-def version_regression(previous: int, current: int, wiped: bool, at: float = 0.0) -> Violation | None:
-    """Two readings of the version in Redis, in order. It never goes down, except to nothing (0)
-    after a restart that lost Redis's data (``wiped``); the next version published is then above
-    every one before (``previous`` is the highest seen)."""
-    if current >= previous or (wiped and current == 0):
+def version_regression(previous: int, current: int, forgetting: bool, at: float = 0.0) -> Violation | None:
+    """Two readings of the version in Redis, in order. It never goes down, except after a
+    restart that may have lost Redis's data (``forgetting``: without persistence, from an
+    earlier snapshot, an AOF that lost its last second) until the trainer publishes above
+    every version before (``previous`` is the highest seen). Readers never see it go down
+    (``batch_tag_regression``, the trainer's steps): this is Redis's own key."""
+    if current >= previous or forgetting:
         return None
-    return Violation(VERSIONS_UP, f"redis version went from {previous} to {current}"
-                                  + (" after a restart that lost its data" if wiped else ""), at)
+    return Violation(VERSIONS_UP, f"redis version went from {previous} to {current}", at)
+
+
+def batch_tag_regression(known_before: int, view: BatchView, partition: int, at: float = 0.0) -> Violation | None:
+    """A batch on a partition whose earlier batches carried a known trainer version
+    ``known_before``: its own is never below (a grouping instance keeps its version and takes
+    the tags of a partition's changelog as its floor; a Redis that came back older moves none)."""
+    if view.trainer_version >= known_before:
+        return None
+    return Violation(VERSIONS_UP, f"group {view.task_id} on batches[{partition}] tagged version "
+                                  f"{view.trainer_version}, below the known {known_before} of an earlier batch there", at)
 
 
 # -- token versions in bounds --
@@ -262,6 +278,19 @@ def batch_versions(view: BatchView, at: float = 0.0) -> list[Violation]:
         found.append(Violation(TOKEN_VERSIONS, f"{name}: staleness {view.staleness} != trainer version "
                                                f"{view.trainer_version} - head {view.head_version}", at))
     return found
+
+
+# -- trained within eta --
+
+
+def trained_staleness(entry: LedgerEntry, heads: dict[str, int], eta: int, at: float = 0.0) -> list[Violation]:
+    """The groups step ``entry.step`` trained, against the version it trains (``step - 1``, as
+    the example trainer publishes one version per step): none more than ``eta`` behind. A
+    group whose head is unknown yet (its batch not read) is left to a later look."""
+    version = entry.step - 1
+    return [Violation(TRAINED_STALENESS, f"step {entry.step} trained group {task} of head version {heads[task]}: "
+                                         f"{version - heads[task]} versions behind version {version} (eta {eta})", at)
+            for task in entry.task_ids if task in heads and heads[task] >= 0 and version - heads[task] > eta]
 
 
 # -- nothing in flight --

@@ -52,6 +52,8 @@ class Observer:
         self.prompt_records = 0  # every record, eval and repeats included
         # batches
         self.drop_times: list[float] = []  # dropped_at of every train drop
+        self.heads: dict[str, int] = {}  # task -> the head version of its emitted group
+        self.known_tags: dict[int, int] = {}  # batches partition -> the newest known trainer version tagged there
         self.batches_checked = 0
         self.tokens_checked = 0
         # the trainer's ledger
@@ -64,8 +66,9 @@ class Observer:
         self.redis_unreadable = 0
         self.worst_budget: tuple[int, str] | None = None  # (admitted - dropped - capacity, the sample)
         self.highest_version = 0
-        self._forgetting = False  # Redis lost its data (or is about to): the version may read 0
+        self._forgetting = False  # Redis may have lost data (or is about to): its version may read less
         self._back_at: float | None = None  # when Redis came back from the last such restart
+        self._high_before = 0  # the highest version seen before it
         self._pending: deque[tuple[float, int, int]] = deque()  # (time, admitted, dropped)
 
     # -- violations --
@@ -108,19 +111,31 @@ class Observer:
         self.report(inv.repeated_rows(self.ledger, rows, now))
         view = inv.batch_view(message)
         self.report(inv.batch_versions(view, now))
+        self.report(inv.batch_tag_regression(self.known_tags.get(record.partition, 0), view, record.partition, now))
+        if message.trainer_version_known:
+            self.known_tags[record.partition] = max(self.known_tags.get(record.partition, 0), message.trainer_version)
+        self.heads[message.task_id] = message.head_version
         self.batches_checked += 1
         self.tokens_checked += int(view.loss_mask.sum())
 
     # -- polling --
 
-    def redis_wiped(self) -> None:
-        """The run is about to restart Redis without its data: from now on the version may read 0,
-        until a version is read from the Redis that came back (:meth:`redis_back`)."""
-        self._forgetting, self._back_at = True, None
+    def redis_forgets(self) -> None:
+        """The run is about to restart Redis in a way that may lose data (without persistence,
+        from an earlier snapshot, after a crash with an AOF fsynced every second): from now on
+        its version may read less, until a version above every one before is read from the
+        Redis that came back (:meth:`redis_back`): the trainer published again."""
+        self._forgetting, self._back_at, self._high_before = True, None, self.highest_version
 
     def redis_back(self) -> None:
-        """Redis answers again after a restart without its data."""
+        """Redis answers again after such a restart."""
         self._back_at = time.time()
+
+    @property
+    def stale_times(self) -> list[float]:
+        """When each group the trainer dropped as stale was dropped (its step's ledger line: no
+        later than its slot returned)."""
+        return [e.written_at for e in self.entries for _ in e.stale]
 
     async def watch(self) -> None:
         await asyncio.gather(self._poll_ledger(), self._sample_redis())
@@ -140,6 +155,8 @@ class Observer:
         self.timeline.saw(entries)
         self.report(inv.trained_twice(entries, read_at))
         self.report(inv.step_sequence(entries, read_at))
+        for entry in entries:
+            self.report(inv.trained_staleness(entry, self.heads, self.eta, read_at))
         self._ledger_read_at = read_at
         self._check_samples()
         return entries
@@ -159,8 +176,8 @@ class Observer:
         self.redis_samples += 1
         self._pending.append((at, admitted, dropped))
         self.report(inv.version_regression(self.highest_version, version, self._forgetting, at))
-        if version > 0 and self._back_at is not None and at > self._back_at:
-            self._forgetting = False  # read from the Redis that came back: it holds a version again
+        if version > self._high_before and self._back_at is not None and at > self._back_at:
+            self._forgetting = False  # read from the Redis that came back: the trainer published again
         self.highest_version = max(self.highest_version, version)
 
     async def _sample_redis(self) -> None:
@@ -170,11 +187,11 @@ class Observer:
         try:
             while True:
                 try:
-                    usage = await budget.usage()  # one MGET: a consistent snapshot
+                    usage = await budget.read()  # one script: a consistent snapshot
                 except (RedisError, OSError, ValueError):
                     self.redis_unreadable += 1
-                else:
-                    self.sampled(time.time(), usage["admitted"], usage["dropped"], usage["version"])
+                else:  # every returned slot counts: grouping's drops and the trainer's stale ones
+                    self.sampled(time.time(), usage.admitted, usage.dropped + usage.trainer_dropped, usage.version)
                 await asyncio.sleep(REDIS_SAMPLE_SECONDS)
         finally:
             await redis.aclose()

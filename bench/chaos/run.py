@@ -193,8 +193,8 @@ async def _drain(stage: Stage, s: Settings, prompts: TopicFollower) -> dict[str,
     observer.report(inv.trained_twice(entries))
     observer.report(inv.trained_unknown(entries, emitted))
     observer.report(inv.step_sequence(entries))
-    observer.report(inv.admission_excess(list(observer.prompts.values()), observer.drop_times, observer.timeline,
-                                         s.eta, s.batch_size))
+    observer.report(inv.admission_excess(list(observer.prompts.values()), observer.drop_times + observer.stale_times,
+                                         observer.timeline, s.eta, s.batch_size))
     observer.report(inv.left_in_flight(admitted, ledger, lags, waiting, s.batch_size))
     return {"drain seconds": round(time.monotonic() - began), "every prompt ended in the drain": ended,
             "trainer caught up in the drain": trained, "admitted": len(admitted), "prompt records": len(records),
@@ -211,9 +211,10 @@ async def _until(pipeline: Pipeline, predicate: Any, timeout: float) -> bool:
 
 
 def _waiting(observer: Observer, ledger: Any) -> int:
-    """Groups on ``batches`` the trainer has not trained (as far as its ledger says)."""
-    trained = sum(len(e.task_ids) for e in observer.entries)
-    return len(ledger.emitted) - trained
+    """Groups on ``batches`` the trainer has not taken (trained or dropped as stale, as far as
+    its ledger says)."""
+    taken = sum(len(e.task_ids) + len(e.stale) for e in observer.entries)
+    return len(ledger.emitted) - taken
 
 
 async def _lags(stage: Stage) -> dict[str, int]:
@@ -241,6 +242,16 @@ def _exits(pipeline: Pipeline) -> dict[str, list[str]]:
     return found
 
 
+def _behind(observer: Observer) -> dict[int, int]:
+    """How many versions behind the version its step trained each trained group was."""
+    counts: Counter[int] = Counter()
+    for entry in observer.entries:
+        for task in entry.task_ids:
+            if observer.heads.get(task, -1) >= 0:
+                counts[entry.step - 1 - observer.heads[task]] += 1
+    return dict(sorted(counts.items()))
+
+
 def _figures(stage: Stage) -> dict[str, Any]:
     pipeline, observer = stage.pipeline, stage.observer
     ledger = pipeline.ledger
@@ -248,6 +259,8 @@ def _figures(stage: Stage) -> dict[str, Any]:
     return {
         "emitted groups": len(ledger.emitted), "dropped groups": dict(ledger.drop_reasons),
         "trainer steps": len(observer.entries), "trained groups": sum(len(e.task_ids) for e in observer.entries),
+        "groups the trainer dropped as stale": sum(len(e.stale) for e in observer.entries),
+        "trained groups by versions behind": _behind(observer),
         "trainer steps redone after a crash": observer.steps_redone,
         "highest version in redis": observer.highest_version,
         "batches checked": observer.batches_checked, "tokens checked": observer.tokens_checked,

@@ -18,16 +18,18 @@ PAUSE = "pause"  # SIGSTOP an instance (its process tree) for `seconds`, then SI
 NODE_KILL = "node kill"  # SIGKILL a broker node, start it again after `seconds`
 NODE_RESTART = "node restart"  # clean stop and start of a broker node
 NODE_PAUSE = "node pause"  # SIGSTOP a broker node for `seconds` (a network partition)
-REDIS_RESTART = "redis restart"  # stop, `seconds` down, start: the data kept (append-only file)
+REDIS_RESTART = "redis restart"  # SIGKILL, `seconds` down, start from its append-only file (fsync every second)
 REDIS_WIPE = "redis restart without persistence"  # stop, `seconds` down, start with nothing
+REDIS_RESTORE = "redis restored from an earlier snapshot"  # snapshot, `seconds` of work, SIGKILL, start from it
 JOIN = "rollout join"  # a rollout worker with a worker id not running starts
 LEAVE = "rollout leave"  # a running rollout worker gets SIGTERM and stays away
 RESTART = "rollout restart"  # a running rollout worker gets SIGTERM and starts again, same worker id
 
-KINDS = (KILL, PAUSE, NODE_KILL, NODE_RESTART, NODE_PAUSE, REDIS_RESTART, REDIS_WIPE, JOIN, LEAVE, RESTART)
+KINDS = (KILL, PAUSE, NODE_KILL, NODE_RESTART, NODE_PAUSE, REDIS_RESTART, REDIS_WIPE, REDIS_RESTORE, JOIN, LEAVE,
+         RESTART)
 NODE_KINDS = (NODE_KILL, NODE_RESTART, NODE_PAUSE)
 WEIGHTS = {KILL: 24, PAUSE: 20, NODE_KILL: 8, NODE_RESTART: 5, NODE_PAUSE: 8, REDIS_RESTART: 5, REDIS_WIPE: 5,
-           JOIN: 9, LEAVE: 8, RESTART: 8}
+           REDIS_RESTORE: 5, JOIN: 9, LEAVE: 8, RESTART: 8}
 TRAINER = "trainer"
 
 
@@ -71,7 +73,8 @@ def _duration(rng: random.Random, kind: str) -> float:
     """How long a fault lasts: pauses from a hiccup to well past every session and failure
     timeout of the run's config (6-10 s)."""
     low, high = {KILL: (0.0, 4.0), PAUSE: (1.0, 20.0), NODE_KILL: (2.0, 10.0), NODE_PAUSE: (3.0, 12.0),
-                 REDIS_RESTART: (0.0, 3.0), REDIS_WIPE: (0.0, 3.0)}.get(kind, (0.0, 0.0))
+                 REDIS_RESTART: (0.0, 3.0), REDIS_WIPE: (0.0, 3.0),
+                 REDIS_RESTORE: (2.0, 8.0)}.get(kind, (0.0, 0.0))  # restore: how old the snapshot is
     return round(rng.uniform(low, high), 1) if high else 0.0
 
 
@@ -95,7 +98,7 @@ class _Membership:
             return rng.choice(self.fleet.fixed() + sorted(self.running))
         if kind in NODE_KINDS:
             return f"node-{rng.randint(1, self.fleet.nodes)}"
-        if kind in (REDIS_RESTART, REDIS_WIPE):
+        if kind in (REDIS_RESTART, REDIS_WIPE, REDIS_RESTORE):
             return "redis"
         if kind == JOIN:
             idle = [w for w in self.fleet.rollout_ids() if w not in self.running]
@@ -119,7 +122,7 @@ def draw_schedule(seed: int, seconds: float, fleet: Fleet = Fleet(), mean_gap: f
     members = _Membership(fleet)
     faults: list[Fault] = []
     at = rng.uniform(0.2, 0.6) * mean_gap
-    while at < seconds:
+    while round(at, 1) < seconds:  # as the fault will say it (a time that rounds up to the end is past it)
         kind = _next_kind(rng, deck, members)
         faults.append(Fault(round(at, 1), kind, members.target(rng, kind), _duration(rng, kind)))
         at += rng.uniform(0.5, 1.5) * mean_gap

@@ -155,12 +155,12 @@ class BudgetWatch:
         try:
             while True:
                 try:
-                    usage = await budget.usage()  # one MGET: a consistent snapshot
+                    usage = await budget.usage()  # one script: a consistent snapshot
                 except (RedisError, OSError):
                     self.unreadable += 1
                 else:
                     self.samples += 1
-                    over = usage["admitted"] - usage["dropped"] - usage["capacity"]
+                    over = usage["in_use"] - usage["capacity"]
                     if self.worst is None or over > self.worst:
                         self.worst, self.worst_sample = over, usage
                 await asyncio.sleep(self.interval)

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import UnknownTopicOrPartitionError
 
 from rollstream.config import KafkaConfig
-from rollstream.kafka.clients import make_admin, make_consumer
+from rollstream.kafka.admin import topic_partitions
+from rollstream.kafka.clients import make_admin, make_consumer, stop_client
 from rollstream.kafka.scan import read_bounded
+from rollstream.runtime.deadline import within
 from rollstream.wire import Batch, GroupDropped, decode_batch
 
 log = logging.getLogger(__name__)
@@ -81,16 +82,7 @@ class Ledger:
 
 
 def _consumer(config: KafkaConfig, topic: str) -> AIOKafkaConsumer:
-    return make_consumer(config, f"fault-reader-{topic}", topic, group_id=None, read_committed=True)
-
-
-async def _assigned(consumer: AIOKafkaConsumer, timeout: float = 60.0) -> list[TopicPartition]:
-    deadline = time.monotonic() + timeout
-    while not consumer.assignment():
-        if time.monotonic() > deadline:
-            raise TimeoutError("no partitions assigned to the reader")
-        await asyncio.sleep(0.05)
-    return sorted(consumer.assignment())
+    return make_consumer(config, f"fault-reader-{topic}", group_id=None, read_committed=True)
 
 
 async def read_topic(config: KafkaConfig, topic: str, decode: Callable[[bytes], Any],
@@ -121,11 +113,12 @@ async def unconsumed(config: KafkaConfig, topic: str, group_id: str, timeout: fl
     """The committed records of ``topic`` after the offsets ``group_id`` committed (every record
     of a partition it committed nothing for): what that consumer group has yet to consume."""
     admin = make_admin(config, "fault-lag")
-    await admin.start()
     try:
-        committed = await admin.list_consumer_group_offsets(group_id)
+        await within(admin.start(), timeout, "starting the admin client reading committed offsets")
+        committed = await within(admin.list_consumer_group_offsets(group_id), timeout,
+                                 f"reading the committed offsets of {group_id}")
     finally:
-        await admin.close()
+        await stop_client(admin, "the admin client reading committed offsets")
     start = {tp.partition: meta.offset for tp, meta in committed.items()
              if tp.topic == topic and meta is not None and meta.offset >= 0}
     return await read_records(config, topic, start, timeout)
@@ -133,7 +126,17 @@ async def unconsumed(config: KafkaConfig, topic: str, group_id: str, timeout: fl
 
 class TopicFollower:
     """Follows ``topic`` (read_committed, from the beginning) and hands every record to
-    ``handle`` until closed; ``changed`` is set after each fetch that brought records."""
+    ``handle`` until closed; ``changed`` is set after each fetch that brought records.
+
+    Every wait ends: the start waits at most ``START_SECONDS`` for the topic's partitions (a
+    node of a cluster may not know a topic created a moment ago) and for the consumer, and the
+    close at most ``STOP_SECONDS`` for the consumer's stop; either names what it waited for.
+    The partitions are ASSIGNED, not subscribed: a metadata answer of a node that has not
+    applied the topic yet cannot take the assignment away (the 3-node cluster test once hung
+    in a subscribed follower's stop after exactly that)."""
+
+    START_SECONDS = 60.0
+    STOP_SECONDS = 30.0
 
     def __init__(self, config: KafkaConfig, topic: str, handle: Callable[[ConsumerRecord], None]) -> None:
         self._config, self._topic, self._handle = config, topic, handle
@@ -142,32 +145,31 @@ class TopicFollower:
         self.changed = asyncio.Event()
 
     async def __aenter__(self) -> TopicFollower:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                await self._consumer.start()
-                break
-            except UnknownTopicOrPartitionError:
-                # just created: on a cluster the broker asked may not know the topic yet
-                await self._consumer.stop()
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
-                self._consumer = _consumer(self._config, self._topic)
-        partitions = await _assigned(self._consumer)
-        # explicit offsets, not seek_to_beginning: its reset waits on the fetcher with no
-        # bound, and on the 3-node cluster it once never returned
-        begins = await self._consumer.beginning_offsets(partitions)
-        for tp in partitions:
-            self._consumer.seek(tp, begins[tp])
+        try:
+            await within(self._start(), self.START_SECONDS, f"starting the follower of {self._topic}")
+        except BaseException:
+            await stop_client(self._consumer, f"the follower of {self._topic}", self.STOP_SECONDS)
+            raise
         self._task = asyncio.create_task(self._follow(), name=f"follow-{self._topic}")
         return self
+
+    async def _start(self) -> None:
+        while not (partitions := await topic_partitions(self._config, self._topic)):
+            await asyncio.sleep(0.5)  # just created: the node asked may not know the topic yet
+        await self._consumer.start()
+        tps = [TopicPartition(self._topic, p) for p in partitions]
+        self._consumer.assign(tps)
+        # explicit offsets, not seek_to_beginning: its reset waits on the fetcher with no
+        # bound, and on the 3-node cluster it once never returned
+        begins = await self._consumer.beginning_offsets(tps)
+        for tp in tps:
+            self._consumer.seek(tp, begins[tp])
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await self._consumer.stop()
+        await stop_client(self._consumer, f"the follower of {self._topic}", self.STOP_SECONDS)
 
     async def _follow(self) -> None:
         while True:

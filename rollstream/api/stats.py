@@ -41,6 +41,14 @@ class _Summary:
         self.min = min(self.min, value)
         self.max = max(self.max, value)
 
+    def add_many(self, total: float, count: int) -> None:
+        """``count`` values summing to ``total`` (their min and max: taken as their mean)."""
+        self.total += total
+        self.count += count
+        mean = total / count
+        self.min = min(self.min, mean)
+        self.max = max(self.max, mean)
+
 
 class StatsTracker:
     """Records numeric values and counters; safe to call from asyncio tasks and threads."""
@@ -77,6 +85,16 @@ class StatsTracker:
                 self._summaries.setdefault(key, _Summary()).add(value)
                 total, count = self._sums.get(key, (0.0, 0))
                 self._sums[key] = (total + value, count + 1)
+
+    def absorb(self, key: str, total: float, count: int) -> None:
+        """Add ``count`` values summing to ``total`` under ``key`` as it is (already scoped):
+        statistics reduced elsewhere (AReaL's tracker, ``rollstream.api.areal_stats``)."""
+        if count <= 0:
+            return
+        with self._lock:
+            self._summaries.setdefault(key, _Summary()).add_many(float(total), int(count))
+            old_total, old_count = self._sums.get(key, (0.0, 0))
+            self._sums[key] = (old_total + float(total), old_count + int(count))
 
     def increment(self, name: str, by: float = 1) -> None:
         """Add ``by`` to the counter ``name``."""

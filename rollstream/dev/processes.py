@@ -262,6 +262,17 @@ class LocalServer:
         """Ask the server to shut down (SIGTERM) without waiting; `stop()` then waits."""
         self._process.terminate()
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): it accepts connections and answers nothing, its clock
+        runs on (keys expire when it wakes), as a stalled host or a network partition."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Wake a paused server (SIGCONT)."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGCONT)
+
     def restart(self, timeout: float | None = None) -> str:
         """Stop (cleanly) and start again on the same ports and data directory."""
         self.stop()

@@ -2,8 +2,12 @@
 
 Persistence is off by default (`--save "" --appendonly no`): `kill()` or `restart()` loses every
 key, exactly as a production Redis without persistence does when it crashes. Fault tests use this
-to prove that the pipeline survives losing its Redis state. Pass `appendonly=True` to keep data
-across restarts instead (AOF with fsync on every write). The port never changes across restarts.
+to prove that the pipeline survives losing its Redis state. Pass `appendonly=True` for the
+persistence the project deploys (compose.yaml: `--appendonly yes`, Redis's default
+`appendfsync everysec`): a clean stop keeps every key, a crash (`kill()`) may lose the last
+second of writes, as in production. `snapshot()` saves an RDB file of this moment and
+`restore(snapshot)` crashes the server and starts it again from that file: Redis coming back
+with the state of an earlier moment. The port never changes across restarts.
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ class LocalRedisServer(LocalServer):
         self.appendonly = appendonly
         self.port = free_port()
         self.startup_seconds: float | None = None
+        self.snapshots = 0
+        self._from_rdb = False  # the next start loads dump.rdb (restore), then turns AOF on
         self._process = ServiceProcess("redis-server", self.workdir / "redis.log", detached)
 
     @property
@@ -78,11 +84,45 @@ class LocalRedisServer(LocalServer):
         except BaseException:
             self._process.kill()
             raise
+        if self._from_rdb:
+            self._from_rdb = False
+            if self.appendonly:  # loaded from the RDB file; from now on the AOF, as deployed
+                self._client().config_set("appendonly", "yes")
         self.startup_seconds = time.monotonic() - began
         logger.info("redis-server ready on port %d in %.2fs", self.port, self.startup_seconds)
         return self.url
 
+    def snapshot(self) -> Path:
+        """Save this moment's keys as an RDB file (SAVE: what a snapshot holds) and return a
+        copy of it, for :meth:`restore`."""
+        client = self._client()
+        try:
+            client.save()
+        finally:
+            client.close()
+        self.snapshots += 1
+        copy = self.workdir / "snapshots" / f"{self.snapshots}.rdb"
+        copy.parent.mkdir(exist_ok=True)
+        shutil.copyfile(self.workdir / "dump.rdb", copy)
+        return copy
+
+    def restore(self, snapshot: Path, timeout: float | None = None) -> str:
+        """Crash the server (SIGKILL) and start it again with the keys of ``snapshot`` (a new
+        redis-server process that loaded an older RDB file, as after a restart from the last
+        snapshot or a failover to a replica that lagged); return `url`."""
+        self.kill()
+        shutil.rmtree(self.workdir / "appendonlydir", ignore_errors=True)
+        shutil.copyfile(snapshot, self.workdir / "dump.rdb")
+        self._from_rdb = True
+        return self.start(timeout)
+
+    def _client(self):  # type: ignore[no-untyped-def]
+        import redis  # the client library is a project dependency; only needed here
+
+        return redis.Redis.from_url(self.url, socket_timeout=10.0, socket_connect_timeout=2.0)
+
     def _argv(self) -> list[str]:
+        aof = self.appendonly and not self._from_rdb  # a start from an RDB file turns AOF on once loaded
         argv = [
             redis_server_executable(),
             "--port", str(self.port),
@@ -90,8 +130,7 @@ class LocalRedisServer(LocalServer):
             "--dir", str(self.workdir),
             "--daemonize", "no",
             "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "always",
+            "--appendonly", "yes" if aof else "no",
             "--logfile", "",
         ]
         if self.password:

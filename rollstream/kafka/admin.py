@@ -11,7 +11,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from rollstream.config import KafkaConfig
-from rollstream.kafka.clients import make_admin, start_client, wait_out_outage
+from rollstream.kafka.clients import make_admin, start_client, stop_client, wait_out_outage
 from rollstream.kafka.topic_check import (
     CHECKED_CONFIGS,
     TopicLayoutError,
@@ -80,7 +80,7 @@ async def _ensure_once(config: KafkaConfig, names: TopicNames) -> None:
         states = await describe_topics(admin, [t.name for t in wanted if t.name in existing])
         states.update({t.name: _state_of(t) for t in missing})
     finally:
-        await admin.close()
+        await stop_client(admin, "an admin client")
     findings = check_layout(config, names, states, brokers)
     for warning in findings.warnings:
         log.warning("topic check: %s", warning)
@@ -169,4 +169,4 @@ async def topic_partitions(config: KafkaConfig, topic: str) -> list[int] | None:
                 return sorted(part["partition"] for part in entry["partitions"])
         return None
     finally:
-        await admin.close()
+        await stop_client(admin, "an admin client")

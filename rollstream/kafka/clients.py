@@ -1,6 +1,7 @@
-"""Kafka client factories and starts: every client gets the configured security and size
-settings, and every client starts through :func:`start_client`, which waits out a broker that
-cannot be reached (down, restarting) for ``kafka.outage_patience_seconds``."""
+"""Kafka client factories, starts and stops: every client gets the configured security and size
+settings, every client starts through :func:`start_client`, which waits out a broker that
+cannot be reached (down, restarting) for ``kafka.outage_patience_seconds``, and stops through
+:func:`stop_client`, which never waits longer than its deadline."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from aiokafka.helpers import create_ssl_context
 
 from rollstream.config import KafkaConfig
 from rollstream.retry import KAFKA_RETRY
+from rollstream.runtime.deadline import DeadlineExceeded, within
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,9 @@ T = TypeVar("T")
 # The pauses between tries while the broker is unreachable; how long it is waited out is
 # kafka.outage_patience_seconds.
 OUTAGE_RETRY = KAFKA_RETRY
+# How long a client's stop may take: a consumer leaves its group, a producer delivers what it
+# holds (each within kafka.request_timeout_ms; a stop past this is stuck, not slow).
+STOP_TIMEOUT_SECONDS = 45.0
 
 
 # A broker that answers these will answer them again: wrong credentials or TLS settings.
@@ -241,3 +246,21 @@ async def start_client(client: Startable, config: KafkaConfig, what: str) -> Non
     """
     await wait_out_outage(config, client.start, f"starting {what}")
     log.debug("started %s", what)
+
+
+async def stop_client(client: Any, what: str, timeout: float = STOP_TIMEOUT_SECONDS) -> bool:
+    """Stop ``client`` (``stop()``, or ``close()`` for an admin client) within ``timeout``
+    seconds; True when it stopped cleanly. A stop that fails is logged; one that outlasts the
+    deadline is cancelled and left behind (``rollstream.runtime.deadline``: aiokafka's fetcher
+    close can swallow its cancellation) and logged as an error naming ``what``: a shutdown
+    never hangs on a client."""
+    stop = client.stop if hasattr(client, "stop") else client.close
+    try:
+        await within(stop(), timeout, f"stopping {what}")
+    except DeadlineExceeded as exc:
+        log.error("%s; going on without it", exc)
+        return False
+    except (KafkaError, OSError) as exc:
+        log.warning("stopping %s: %s: %s", what, type(exc).__name__, exc)
+        return False
+    return True

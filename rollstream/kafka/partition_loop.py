@@ -175,6 +175,9 @@ class Intake(Protocol):
         """The offset to commit per partition (everything below it done); ``positions``: the
         consumer's, for partitions whose records were all taken."""
 
+    def committed(self, offsets: dict[int, int]) -> None:
+        """``offsets`` were committed (nobody in the group reads below them again)."""
+
     async def tick(self) -> None:
         """Periodic work; raise what failed in the background."""
 
@@ -234,19 +237,21 @@ class AtLeastOnce:
 
     # -- commits --
 
-    async def commit(self, offsets: dict[int, int], what: str) -> dict[int, int]:
-        """Commit ``offsets`` now (only those that moved), retried per the policy across
-        rebalances; :class:`CommitRefused` when every try failed."""
+    async def commit(self, offsets: dict[int, int], what: str, metadata: str = "") -> dict[int, int]:
+        """Commit ``offsets`` now (only those that moved; each with ``metadata``, which Kafka
+        keeps with the offset), retried per the policy across rebalances;
+        :class:`CommitRefused` when every try failed."""
         assert self.loop is not None, "bind() the delivery to its loop first"
         moved = {p: o for p, o in offsets.items() if o > self._committed.get(p, -1)}
         if not moved:
             return {}
-        tps = {TopicPartition(self.loop.topic, p): o for p, o in moved.items()}
+        tps = {TopicPartition(self.loop.topic, p): (o, metadata) for p, o in moved.items()}
         try:
             await self._retry.call(lambda: self.loop.consumer.commit(tps), retry_on=_commit_retryable, what=what)
         except (KafkaError, IllegalStateError) as exc:
             raise CommitRefused(f"{what}: offsets {moved} could not be committed ({exc})") from exc
         self._committed.update(moved)
+        self.intake.committed(moved)
         return moved
 
     async def _commit_done(self, partitions: set[int], positions: dict[int, int]) -> None:
@@ -264,5 +269,6 @@ class AtLeastOnce:
             log.warning("%s: offset commit failed (%s: %s); will retry", self._name, type(exc).__name__, exc)
             return
         self._committed.update(offsets)
+        self.intake.committed(offsets)
         log.debug("%s: committed %s", self._name, offsets)
 

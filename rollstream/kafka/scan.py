@@ -12,6 +12,11 @@ consumer, from ``start`` (default: the beginning) to an end fixed when the read 
   partition (the grouping changelog: a predecessor's last commit markers may still be in
   flight, and its records must be seen).
 
+:func:`high_watermarks` gives a fixed end that no open transaction hides: read to it, a
+partition ends only once every transaction with records below it has committed or aborted
+(the budget rebuild: every record committed before it took the end is seen, though producers
+keep writing).
+
 It yields one :class:`Chunk` per fetch: the records below the end, and the position reached
 (which also moves over transaction markers and aborted records). A partition that makes no
 progress for ``stall_seconds`` raises ``TimeoutError`` naming it.
@@ -30,7 +35,7 @@ from aiokafka.structs import ConsumerRecord
 
 from rollstream.config import KafkaConfig
 from rollstream.kafka.admin import topic_partitions
-from rollstream.kafka.clients import make_consumer, start_client
+from rollstream.kafka.clients import make_consumer, start_client, stop_client
 
 FETCH_TIMEOUT_MS = 200
 BOUNDED_FETCH_WAIT_MS = 50
@@ -85,16 +90,31 @@ async def read_bounded(
                 if chunk is not None:
                     yield chunk
     finally:
-        await consumer.stop()
+        await stop_client(consumer, f"a reader of {topic}")
 
 
-async def scan_topic(config: KafkaConfig, topic: str, client_id: str) -> AsyncIterator[ConsumerRecord]:
-    """Every committed record of ``topic`` up to its current end."""
-    chunks = read_bounded(config, topic, client_id)
+async def scan_topic(
+    config: KafkaConfig, topic: str, client_id: str, end: dict[int, int] | None = None,
+    stall_seconds: float | None = None,
+) -> AsyncIterator[ConsumerRecord]:
+    """Every committed record of ``topic`` up to its current last stable offset, or to ``end``."""
+    chunks = read_bounded(config, topic, client_id, end=end, stall_seconds=stall_seconds)
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
             for record in chunk.records:
                 yield record
+
+
+async def high_watermarks(config: KafkaConfig, topic: str, client_id: str) -> dict[int, int]:
+    """Each partition's high watermark now: the end of every record written so far, committed,
+    aborted or in an open transaction (a ``read_uncommitted`` view of the end)."""
+    consumer = make_consumer(config, client_id, group_id=None, read_committed=False)
+    await start_client(consumer, config, f"reading the end of {topic}")
+    try:
+        tps = await _partitions(config, topic, None)
+        return {tp.partition: offset for tp, offset in (await consumer.end_offsets(tps)).items()} if tps else {}
+    finally:
+        await stop_client(consumer, f"the reader of the end of {topic}")
 
 
 class _PartitionRead:

@@ -33,7 +33,7 @@ from aiokafka.errors import (
 from aiokafka.structs import TopicPartition
 
 from rollstream.config import KafkaConfig
-from rollstream.kafka.clients import make_producer
+from rollstream.kafka.clients import make_producer, stop_client
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,4 @@ class PartitionProducers:
 
 
 async def _close(producer: AIOKafkaProducer) -> None:
-    try:
-        await asyncio.wait_for(producer.stop(), STOP_TIMEOUT_SECONDS)
-    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
-        log.warning("closing a transactional producer: %s: %s", type(exc).__name__, exc)
+    await stop_client(producer, "a transactional producer", STOP_TIMEOUT_SECONDS)

@@ -2,15 +2,21 @@
 
 Admission and release are idempotent per task id: a producer that retries after a crash, or a
 grouping consumer that re-decides a group after a restart, never counts a prompt twice. The
-budget's counters live under a ``state`` marker that is written only by
-:meth:`StalenessBudget.restore` and holds the budget's *generation* (a new random id per
-rebuild); a Redis that restarted without persistence has lost the marker with the counters,
-so admissions and releases refuse to count (``StateMissingError``) until a producer has
-rebuilt the counters from the topics (``rollstream.producers.budget_restore``). An admission
-names the generation its producer's uncommitted admissions were counted in, and is refused
-with :class:`~rollstream.state.client.GenerationChanged` when that generation is gone, so no
+counters live in one hash whose stamp (a *generation*, new at every rebuild, and the *epoch*,
+the redis-server process it was built on: ``rollstream.state.epoch``) is written only by
+:meth:`StalenessBudget.restore`. Admissions and releases refuse to count while the state is
+missing (a Redis without persistence restarted: ``StateMissingError``) or was written on
+another process (a restart from a snapshot, an AOF that lost its last second, a failover to
+a lagging replica: ``StateStaleError``); a producer then rebuilds the counters from the topics
+(``rollstream.producers.budget_restore``). An admission names the generation its producer's
+uncommitted admissions were counted in, and is refused with
+:class:`~rollstream.state.client.GenerationChanged` when that generation is gone, so no
 producer commits a prompt that the current counters never counted (docs/GUARANTEES.md,
-section 2).
+sections 2 and 16).
+
+The capacity uses ``max(version, version_floor)``: the trainer's version in Redis, or the
+version the rebuild proved the trainer had reached (the newest trainer version tagged on
+``batches``) when Redis holds an older one.
 """
 
 from __future__ import annotations
@@ -18,66 +24,59 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
+from rollstream.state import budget_scripts as scripts
 from rollstream.state.client import MARKER_TTL_SECONDS, RedisKeys, parse_int, script_answer
 
-# KEYS: admitted, dropped, version, admit marker, state. ARGV: eta, batch size, marker TTL,
-# the caller's generation ('' = any). 1 admitted, 0 no room, STATE_MISSING,
-# {GENERATION_CHANGED, current}, or {MALFORMED, key, value}.
-_ADMIT = """
-local generation = redis.call('GET', KEYS[5])
-if not generation then return -2 end
-if ARGV[4] ~= '' and generation ~= ARGV[4] then return {-4, generation} end
-if redis.call('EXISTS', KEYS[4]) == 1 then return 1 end
-local values = {}
-for i = 1, 3 do
-  local raw = redis.call('GET', KEYS[i])
-  values[i] = tonumber(raw or '0')
-  if values[i] == nil then return {-3, KEYS[i], raw} end
-end
-local a, d, v = values[1], values[2], values[3]
-if a - d < (tonumber(ARGV[1]) + v + 1) * tonumber(ARGV[2]) then
-  redis.call('INCR', KEYS[1])
-  redis.call('SET', KEYS[4], '1', 'EX', ARGV[3])
-  return 1
-end
-return 0
-"""
+CHUNK = 1000  # markers per pipeline round trip in a rebuild
 
-# KEYS: dropped, drops_by_reason, drop marker, admit marker, state.
-_RELEASE = """
-if redis.call('EXISTS', KEYS[5]) == 0 then return -2 end
-if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then
-  if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('INCR', KEYS[1]) end
-  redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-  return 1
-end
-return 0
-"""
 
-# KEYS: admitted, dropped, drops_by_reason, state, state info. ARGV: admitted, dropped,
-# generation, info, then reason/count pairs. Writes the rebuilt counters unless the state
-# exists already.
-_RESTORE = """
-if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('SET', KEYS[2], ARGV[2])
-redis.call('DEL', KEYS[3])
-for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
-redis.call('SET', KEYS[5], ARGV[4])
-redis.call('SET', KEYS[4], ARGV[3])
-return 1
-"""
+class RebuildInterrupted(RuntimeError):
+    """The rebuild lost its lock, or Redis changed process under it: start it again."""
 
+
+@dataclass
+class RebuiltCounts:
+    """What a rebuild read from the durable facts (see ``rollstream.producers.budget_restore``)."""
+
+    admitted: list[str] = field(default_factory=list)  # committed train task ids (their markers)
+    drops: dict[str, str] = field(default_factory=dict)  # task id -> reason, of those
+    admitted_count: int = 0  # counted as admitted when above len(admitted) (cursors: retention)
+    version_floor: int = 0  # a version the trainer is known to have reached
+    trainer_dropped: int = 0  # groups the trainer dropped as stale (its committed count)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class BudgetUsage:
+    """One consistent reading of the budget (one script)."""
+
+    admitted: int
+    dropped: int
+    trainer_dropped: int
+    version: int  # the trainer's version key
+    version_floor: int
+    capacity: int
+    state: str  # "valid", "missing" or "stale"
+
+    @property
+    def in_use(self) -> int:
+        """What the bound compares with the capacity: admitted minus every returned slot."""
+        return self.admitted - self.dropped - self.trainer_dropped
+
+
+_STATES = {1: "valid", -2: "missing", -5: "stale"}
 
 
 class StalenessBudget:
     """Admission control across any number of producers, counted in prompts (groups).
 
-    A prompt is admitted only while ``admitted - dropped < (eta + version + 1) * batch_size``.
-    Eval prompts never touch the budget. Dropped (or fully rejected) groups return their slot.
+    A prompt is admitted only while ``admitted - dropped - trainer_dropped < (eta + v + 1) *
+    batch_size`` with ``v = max(version, version_floor)``. Eval prompts never touch the budget.
+    Dropped (or fully rejected) groups return their slot, as do groups the trainer drops as stale.
     """
 
     def __init__(
@@ -87,80 +86,102 @@ class StalenessBudget:
         self._keys = keys
         self._eta = max_head_offpolicyness
         self._batch_size = batch_size
-        self._admit = client.register_script(_ADMIT)
-        self._release = client.register_script(_RELEASE)
-        self._restore = client.register_script(_RESTORE)
+        self._admit = client.register_script(scripts.ADMIT)
+        self._release = client.register_script(scripts.RELEASE)
+        self._trainer_drops = client.register_script(scripts.TRAINER_DROPS)
+        self._generation = client.register_script(scripts.GENERATION)
+        self._usage = client.register_script(scripts.USAGE)
+        self._lock = client.register_script(scripts.LOCK)
+        self._renew = client.register_script(scripts.RENEW_LOCK)
+        self._unlock = client.register_script(scripts.UNLOCK)
+        self._restore = client.register_script(scripts.RESTORE)
 
-    def _admit_keys(self, task_id: str) -> list[str]:
-        k = self._keys.key
-        return [k("admitted"), k("dropped"), k("version"), k(f"admit:{task_id}"), k("state")]
+    @property
+    def _state_key(self) -> str:
+        return self._keys.key("budget")
+
+    # -- counting --
 
     async def try_admit(self, task_id: str, generation: str | None = None) -> bool:
         """Admit ``task_id`` if the budget allows (idempotent: a re-admission returns True).
 
         ``generation``: the budget generation the caller's uncommitted admissions were counted
-        in (None: any). Raises :class:`StateMissingError` (rebuild first),
-        :class:`GenerationChanged` or :class:`RedisStateError`."""
+        in (None: any). Raises :class:`StateMissingError` / :class:`StateStaleError` (rebuild
+        first), :class:`GenerationChanged` or :class:`RedisStateError`."""
+        k = self._keys.key
+        keys = [self._state_key, k("version"), k(f"admit:{task_id}")]
         args = [self._eta, self._batch_size, MARKER_TTL_SECONDS, generation or ""]
-        return script_answer(await self._admit(keys=self._admit_keys(task_id), args=args)) == 1
-
-    async def generation(self) -> str | None:
-        """The budget's current generation; None while its state is missing."""
-        raw = await self._redis.get(self._keys.key("state"))
-        return raw.decode() if isinstance(raw, bytes) else raw
+        return script_answer(await self._admit(keys=keys, args=args)) == 1
 
     async def release(self, task_id: str, reason: str) -> bool:
-        """Return a dropped group's slot and count the drop by reason; idempotent per task."""
+        """Return a dropped group's slot and count the drop by reason; idempotent per task
+        within a generation. Raises like :meth:`try_admit` while the state is unusable."""
         k = self._keys.key
-        keys = [k("dropped"), k("drops_by_reason"), k(f"drop:{task_id}"), k(f"admit:{task_id}"), k("state")]
+        keys = [self._state_key, k("drops_by_reason"), k(f"drop:{task_id}"), k(f"admit:{task_id}")]
         return script_answer(await self._release(keys=keys, args=[reason, MARKER_TTL_SECONDS])) == 1
 
+    async def note_trainer_drops(self, cumulative: int) -> None:
+        """Record the trainer's cumulative count of groups it dropped as stale (their slots
+        return); idempotent, never lowers the count. Raises like :meth:`try_admit`."""
+        script_answer(await self._trainer_drops(keys=[self._state_key], args=[cumulative]))
+
+    async def generation(self) -> str | None:
+        """The budget's current generation; None while its state is missing or stale."""
+        answer = await self._generation(keys=[self._state_key])
+        if isinstance(answer, int):
+            return None
+        return answer.decode() if isinstance(answer, bytes) else str(answer)
+
     async def has_state(self) -> bool:
-        return bool(await self._redis.exists(self._keys.key("state")))
+        """True when the state exists and was written on the Redis process that holds it now."""
+        return await self.generation() is not None
 
-    async def restore(
-        self, admitted: list[str], drops: dict[str, str], admitted_count: int | None = None, note: str = ""
-    ) -> bool:
-        """Write counters rebuilt from the topics: ``admitted`` train task ids (counted as
-        ``admitted_count`` when larger, e.g. from producer cursors) and the reasons of the
-        ``drops`` among them, under a new generation. False (nothing written) when the state
-        exists already.
+    # -- rebuilding --
 
-        Markers first, the counters and the ``state`` marker last in one script, so no
-        admission or release can count between the two (they refuse while the state is gone).
-        """
-        k = self._keys.key
-        chunk = 1000
-        for start in range(0, len(admitted), chunk):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for task_id in admitted[start:start + chunk]:
-                    pipe.set(k(f"admit:{task_id}"), "1", ex=MARKER_TTL_SECONDS)
-                await pipe.execute()
-        items = list(drops.items())
-        for start in range(0, len(items), chunk):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for task_id, reason in items[start:start + chunk]:
-                    pipe.set(k(f"drop:{task_id}"), reason, ex=MARKER_TTL_SECONDS)
-                await pipe.execute()
-        by_reason: dict[str, int] = {}
-        for reason in drops.values():
-            by_reason[reason] = by_reason.get(reason, 0) + 1
-        pairs = [x for reason, n in sorted(by_reason.items()) for x in (reason, n)]
-        count = max(len(admitted), admitted_count or 0)
-        generation = uuid.uuid4().hex
-        info = json.dumps({"restored_at": time.time(), "generation": generation, "admitted": count,
-                           "dropped": len(drops), "note": note})
-        keys = [k("admitted"), k("dropped"), k("drops_by_reason"), k("state"), k("state-info")]
-        return bool(await self._restore(keys=keys, args=[count, len(drops), generation, info, *pairs]))
+    async def lock(self, owner: str, ttl_seconds: float) -> str | None:
+        """Take the rebuild lock (one rebuilder at a time): the epoch it is held on, None when
+        another owner holds it on this epoch. Expires after ``ttl_seconds`` unless renewed."""
+        answer = await self._lock(keys=[self._keys.key("restore-lock")], args=[owner, int(ttl_seconds * 1000)])
+        return answer.decode() if isinstance(answer, bytes) else answer
 
-    async def try_lock(self, owner: str, ttl_seconds: int) -> bool:
-        """Take the rebuild lock (one rebuilder at a time); expires after ``ttl_seconds``."""
-        return bool(await self._redis.set(self._keys.key("restore-lock"), owner, nx=True, ex=ttl_seconds))
+    async def renew_lock(self, owner: str, ttl_seconds: float) -> bool:
+        """Extend the lock; False when it is no longer ``owner``'s on this epoch."""
+        return bool(await self._renew(keys=[self._keys.key("restore-lock")], args=[owner, int(ttl_seconds * 1000)]))
 
     async def unlock(self, owner: str) -> None:
-        key = self._keys.key("restore-lock")
-        if await self._redis.get(key) == owner.encode():
-            await self._redis.delete(key)
+        await self._unlock(keys=[self._keys.key("restore-lock")], args=[owner])
+
+    async def restore(self, counts: RebuiltCounts, lock_owner: str | None = None) -> bool:
+        """Write counters rebuilt from the durable facts under a new generation, stamped with
+        the epoch of the process that takes them. False (nothing written) when a valid state
+        exists already; :class:`RebuildInterrupted` when ``lock_owner`` no longer holds the
+        lock on this epoch (the markers written here may be on a process that is gone).
+
+        Markers first (valued with the new generation), the counters and the stamp last in one
+        script, so no admission or release can count between the two (they refuse until the
+        stamp is written)."""
+        k = self._keys.key
+        generation = uuid.uuid4().hex
+        for prefix, items in (("admit", [(t, "") for t in counts.admitted]), ("drop", list(counts.drops.items()))):
+            for start in range(0, len(items), CHUNK):
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for task_id, _ in items[start:start + CHUNK]:
+                        pipe.set(k(f"{prefix}:{task_id}"), generation, ex=MARKER_TTL_SECONDS)
+                    await pipe.execute()
+        by_reason: dict[str, int] = {}
+        for reason in counts.drops.values():
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        pairs = [x for reason, n in sorted(by_reason.items()) for x in (reason, n)]
+        admitted = max(len(counts.admitted), counts.admitted_count)
+        args = [lock_owner or "", admitted, len(counts.drops), generation, counts.version_floor,
+                counts.trainer_dropped, time.time(), counts.note, *pairs]
+        keys = [self._state_key, k("drops_by_reason"), k("restore-lock")]
+        answer = int(await self._restore(keys=keys, args=args))
+        if answer == scripts.LOCK_LOST:
+            raise RebuildInterrupted("the rebuild lock was lost or Redis changed process during the rebuild")
+        return answer == 1
+
+    # -- waiting and reading --
 
     async def wait_for_room(self, timeout: float) -> None:
         """Sleep until the budget may have grown (a version or a release), at most ``timeout``."""
@@ -174,18 +195,23 @@ class StalenessBudget:
     async def notify(self) -> None:
         await self._redis.publish(self._keys.channel, json.dumps({"event": "release"}))
 
+    async def read(self) -> BudgetUsage:
+        """The counters, the version and the state's validity in one reading;
+        :class:`RedisStateError` naming a key that is not a number."""
+        raw = await self._usage(keys=[self._state_key, self._keys.key("version")])
+        names = ("admitted", "dropped", "trainer_dropped", "version_floor")
+        admitted, dropped, trainer_dropped, floor = (
+            parse_int(f"{self._state_key}.{name}", value) for name, value in zip(names, raw[:4]))
+        version = parse_int(self._keys.key("version"), raw[4])
+        return BudgetUsage(admitted, dropped, trainer_dropped, version, floor,
+                           (self._eta + max(version, floor) + 1) * self._batch_size, _STATES[int(raw[5])])
+
     async def usage(self) -> dict[str, int]:
-        """Counters for status displays: admitted, dropped, capacity, version."""
-        k = self._keys.key
-        names = ("admitted", "dropped", "version")
-        raw = await self._redis.mget(*(k(n) for n in names))
-        admitted, dropped, v = (parse_int(k(n), value) for n, value in zip(names, raw))
-        return {
-            "admitted": admitted,
-            "dropped": dropped,
-            "version": v,
-            "capacity": (self._eta + v + 1) * self._batch_size,
-        }
+        """Counters for status displays: admitted, dropped, trainer_dropped, in_use, capacity,
+        version (see :meth:`read`)."""
+        u = await self.read()
+        return {"admitted": u.admitted, "dropped": u.dropped, "trainer_dropped": u.trainer_dropped,
+                "in_use": u.in_use, "capacity": u.capacity, "version": u.version, "version_floor": u.version_floor}
 
     async def drops_by_reason(self) -> dict[str, int]:
         raw = await self._redis.hgetall(self._keys.key("drops_by_reason"))

@@ -26,6 +26,7 @@ MARKER_TTL_SECONDS = 7 * 24 * 3600
 STATE_MISSING = -2
 MALFORMED = -3
 GENERATION_CHANGED = -4
+STATE_STALE = -5
 
 
 class RedisStateError(RedisError):
@@ -35,6 +36,12 @@ class RedisStateError(RedisError):
 class StateMissingError(RedisError):
     """The staleness budget's state is gone (Redis restarted without persistence, or a new
     trial): it must be rebuilt from the topics before anything is admitted or released."""
+
+
+class StateStaleError(StateMissingError):
+    """The staleness budget's state was built on another redis-server process (an earlier
+    moment's state after a restart from a snapshot or a failover; rollstream.state.epoch): it is
+    rebuilt from the topics like a missing one before anything is admitted or released."""
 
 
 class GenerationChanged(Exception):
@@ -90,6 +97,9 @@ def script_answer(result: object) -> int:
         key = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
         parse_int(key, result[2] if len(result) > 2 else b"?")
         raise RedisStateError(f"redis key {key} is malformed")
+    if result == STATE_STALE:
+        raise StateStaleError("the staleness budget's state in Redis was written by another redis-server process "
+                              "(a restart from a snapshot, a failover): a producer rebuilds it from the topics")
     if result == STATE_MISSING:
         raise StateMissingError("the staleness budget's state is missing in Redis (restarted without persistence, or a new trial); a producer rebuilds it from the topics")
     return int(result)  # type: ignore[call-overload]

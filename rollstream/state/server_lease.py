@@ -2,21 +2,30 @@
 
 Keys (hash-tagged like every rollstream key, so each script touches one slot on Redis Cluster):
 
-* ``rs:{experiment.trial}:sync:lease:<url>``: ``"<owner>|<token>"`` with a TTL: who owns it now;
-* ``rs:{experiment.trial}:sync:fence:<url>``: a counter, the fencing token of each new ownership;
+* ``rs:{experiment.trial}:sync:lease:<url>``: ``"<owner>|<token>|<epoch>"`` with a TTL: who owns
+  it now, granted on which redis-server process (``rollstream.state.epoch``);
+* ``rs:{experiment.trial}:sync:fence:<url>``: the fencing token of the last ownership;
 * ``rs:{experiment.trial}:sync:state``: hash ``url -> ServerSyncState`` (JSON), what the owner did;
 * channel ``rs:{experiment.trial}:sync:events``: the new state, each time one is written.
 
 Callers may rely on:
 
-* :meth:`ServerLeases.acquire` grants a server to at most one owner at a time; each new
-  ownership gets a strictly larger fencing token; the holder acquiring again renews.
+* :meth:`ServerLeases.acquire` grants a server to at most one owner at a time *in Redis*, also
+  when Redis comes back with an earlier moment's state (empty, from a snapshot, a lagging
+  replica): a lease granted on another redis-server process is no lease, so the holder of a
+  grant Redis forgot can neither renew it nor write with it, and the server is granted anew.
+  Each new ownership gets a larger fencing token (across a restore too: tokens go on above
+  Redis's clock in ms); the holder acquiring again renews.
+* Acting on a server is safe only right after Redis confirmed the lease: an owner records each
+  step (pause, load) with :meth:`write_state` first and takes a refusal OR an unreachable Redis
+  as "not mine" (``rollout_workers/weight_sync.py``), so an owner whose grant Redis forgot
+  starts no new step; only a call already in flight can overlap its successor.
 * :meth:`renew`, :meth:`release` and :meth:`write_state` take effect only while the caller's
   ``(owner, token)`` still holds the lease, atomically (one Lua script): an owner whose lease
   expired and was taken over can neither extend it nor overwrite its successor's state.
 * :meth:`Lease.valid` is the holder's own, conservative view: ``ttl`` after the last grant was
-  *sent*, less a margin, so it ends before Redis can grant the lease to anyone else. An owner
-  acts on a server only while it is valid.
+  *sent*, less a margin, so it ends before Redis can grant the lease to anyone else (as long as
+  Redis keeps its state). An owner acts on a server only while it is valid and just confirmed.
 * Redis errors (``redis.exceptions.RedisError``, ``OSError``) propagate: callers treat them as
   "not confirmed" and never crash on them.
 """
@@ -33,49 +42,85 @@ import msgspec
 import redis.asyncio as aioredis
 
 from rollstream.state.client import RedisKeys
+from rollstream.state.epoch import EPOCH_LUA
 
 log = logging.getLogger(__name__)
 
 Phase = Literal["pausing", "loading", "continuing", "serving", "failed", "down"]
 
-_ACQUIRE = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  local owner, token = string.match(current, '^(.*)|(%d+)$')
-  if owner == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return tonumber(token)
-  end
-  return 0
+# A lease is "owner|token|epoch": granted on which redis-server process (rollstream.state.epoch).
+# One granted on another process (Redis came back from a snapshot, a lagging replica, a restart)
+# is no lease at all: nobody can renew it, write with it or be refused because of it. Defines
+# ``lease_of(raw) -> owner, token`` (nil for no lease on this epoch) and ``now`` (Redis's clock, ms).
+_LEASES = EPOCH_LUA + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function lease_of(raw)
+  if not raw then return nil end
+  local owner, token, epoch = string.match(raw, '^(.*)|(%d+)|(%x+)$')
+  if epoch ~= run_id then return nil end
+  return owner, token
 end
-local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
-return token
 """
 
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+# KEYS: lease, fence. ARGV: owner, ttl ms. The token granted (or renewed), 0 when another owner
+# holds it. A new token is above the last one AND above Redis's clock in ms: the counter may
+# have come back older with its process, the clock has not (as long as fewer than one lease a
+# millisecond is granted, tokens only grow across a restore too).
+_ACQUIRE = _LEASES + """
+local owner, token = lease_of(redis.call('GET', KEYS[1]))
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(token)
+end
+if owner then return 0 end
+local fence = (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1
+if fence < now then fence = now end
+redis.call('SET', KEYS[2], fence)
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. fence .. '|' .. run_id, 'PX', ARGV[2])
+return fence
+"""
+
+# KEYS: lease (then the script's own). ARGV: "owner|token" first. Defines ``mine``: the caller
+# holds the lease on this epoch.
+_MINE = _LEASES + """
+local owner, token = lease_of(redis.call('GET', KEYS[1]))
+local mine = owner ~= nil and owner .. '|' .. token == ARGV[1]
+"""
+
+# KEYS: lease. ARGV: "owner|token", ttl ms.
+_RENEW = _MINE + """
+if mine then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 return 0
 """
 
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+# KEYS: lease. ARGV: "owner|token".
+_RELEASE = _MINE + """
+if mine then
   redis.call('DEL', KEYS[1])
   return 1
 end
 return 0
 """
 
-_WRITE_STATE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+# KEYS: lease, state hash. ARGV: "owner|token", url, state, channel.
+_WRITE_STATE = _MINE + """
+if mine then
   redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
   redis.call('PUBLISH', ARGV[4], ARGV[3])
   return 1
 end
 return 0
+"""
+
+# KEYS: lease. {owner, token} holding it on this epoch, or nil.
+_HOLDER = _LEASES + """
+local owner, token = lease_of(redis.call('GET', KEYS[1]))
+if owner then return {owner, token} end
+return nil
 """
 
 
@@ -130,9 +175,11 @@ class ServerLeases:
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._write = client.register_script(_WRITE_STATE)
+        self._holder = client.register_script(_HOLDER)
 
     def _lease_key(self, url: str) -> str:
         return self._keys.key(f"sync:lease:{url}")
+
 
     @property
     def state_key(self) -> str:
@@ -150,8 +197,8 @@ class ServerLeases:
     async def acquire(self, url: str) -> Lease | None:
         """The lease on ``url`` if it is free or already ours; None when another owner holds it."""
         sent_at = time.monotonic()
-        token = int(await self._acquire(keys=[self._lease_key(url), self._keys.key(f"sync:fence:{url}")],
-                                        args=[self.owner, self._ttl_ms()]))
+        keys = [self._lease_key(url), self._keys.key(f"sync:fence:{url}")]
+        token = int(await self._acquire(keys=keys, args=[self.owner, self._ttl_ms()]))
         if token == 0:
             return None
         return Lease(url, self.owner, token, self._deadline(sent_at))
@@ -177,12 +224,12 @@ class ServerLeases:
         return bool(await self._write(keys=keys, args=[lease.value, lease.url, payload, self.channel]))
 
     async def holder(self, url: str) -> tuple[str, int] | None:
-        """``(owner, token)`` holding ``url`` now, or None."""
-        raw = await self._redis.get(self._lease_key(url))
-        if raw is None:
+        """``(owner, token)`` holding ``url`` now (on this redis-server process), or None."""
+        answer = await self._holder(keys=[self._lease_key(url)])
+        if answer is None:
             return None
-        owner, _, token = raw.decode().rpartition("|")
-        return owner, int(token)
+        owner, token = answer
+        return owner.decode(), int(token)
 
     async def states(self) -> dict[str, ServerSyncState]:
         """The last state each server's owners wrote (unreadable entries are skipped)."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from rollstream.trainer.batch import GroupRows, TrainingBatch, assemble, batch_group
+from rollstream.trajectory.versions import staleness
 from rollstream.wire import Batch, GroupDropped, WireDecodeError, decode_batch
 
 log = logging.getLogger(__name__)
@@ -24,10 +25,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class StepGroups:
     """The groups of one step, in the order they were read, and the offsets committing them
-    commits: the next offset per partition, for every record taken up to them."""
+    commits: the next offset per partition, for every record taken up to them; ``stale``: the
+    task ids of the groups dropped as stale since the step before (their records are committed
+    with this step)."""
 
     groups: list[GroupRows]
     offsets: dict[int, int]
+    stale: list[str] = field(default_factory=list)
 
 
 class RecentTasks:
@@ -56,6 +60,10 @@ class BatchAccumulator:
     The offsets of a step cover every record taken so far (one group per record), except the
     records of groups that wait for a later step: they are committed with that step.
 
+    The consumption bound (:meth:`drop_stale`): a train group that would reach a step more than
+    ``eta`` versions behind the version that step trains (a crash that re-emitted it late, a
+    long prefetch) is dropped as ``stale``, counted, and never handed out.
+
     Second line of defence against training on a group twice (the first is the pipeline's
     exactly-once emission): a group whose task id was handed out in the last
     ``remember_steps`` steps (e.g. re-delivered after a commit that a rebalance refused, or
@@ -76,6 +84,8 @@ class BatchAccumulator:
         self.undecodable = 0
         self.eval_skipped = 0
         self.duplicates_skipped = 0
+        self._stale: list[tuple[str, int]] = []  # (task id, partition) dropped as stale, in no step yet
+        self.newest_tag = 0  # the newest trainer version a group read was tagged with
         self.trained = RecentTasks(max(1, remember_steps) * batch_size)
         self._groups: list[GroupRows] = []
         self._progress: dict[int, int] = {}  # next offset after the last record taken
@@ -92,6 +102,25 @@ class BatchAccumulator:
         """Forget what was taken but not handed out."""
         self._groups.clear()
         self._progress.clear()
+        self._stale.clear()
+
+    def drop_stale(self, consume_version: int, eta: int) -> list[str]:
+        """Drop the waiting train groups whose oldest token is more than ``eta`` versions behind
+        ``consume_version`` (the version of the weights the next step trains): counted in
+        ``drops_by_reason["stale"]`` and listed in the next step's ``stale``. Eval groups are
+        never dropped. Returns the task ids dropped now."""
+        dropped = [g for g in self._groups
+                   if not g.is_eval and staleness(consume_version, g.head_version) > eta]
+        if not dropped:
+            return []
+        gone = {id(g) for g in dropped}
+        self._groups = [g for g in self._groups if id(g) not in gone]
+        for group in dropped:
+            self.drops_by_reason["stale"] += 1
+            self._stale.append((group.task_id, group.partition))
+            log.warning("dropping group %s (head version %d) as stale: the next step trains version %d "
+                        "(eta %d)", group.task_id, group.head_version, consume_version, eta)
+        return [g.task_id for g in dropped]
 
     def forget(self, partitions: Collection[int]) -> None:
         """Forget what was taken from ``partitions`` and not handed out (they were revoked: their
@@ -99,6 +128,8 @@ class BatchAccumulator:
         self._groups = [g for g in self._groups if g.partition not in partitions]
         for p in partitions:
             self._progress.pop(p, None)
+        # a stale drop of a lost partition is read (and dropped) again by whoever owns it next
+        self._stale = [(t, p) for t, p in self._stale if p not in partitions]
 
     def remember(self, task_ids: Iterable[str]) -> None:
         """Count ``task_ids`` as handed out already (groups a ledger says were trained)."""
@@ -128,6 +159,7 @@ class BatchAccumulator:
             return
         waiting = {g.task_id for g in self._groups}
         for group in groups:
+            self.newest_tag = max(self.newest_tag, group.trainer_version)
             if group.task_id in self.trained or group.task_id in waiting:
                 self.duplicates_skipped += 1
                 log.warning("skipping group %s at %d@%d: already trained on (or waiting) in this run",
@@ -144,7 +176,8 @@ class BatchAccumulator:
         offsets = dict(self._progress)
         for left in self._groups:  # waiting for a later step: its record is committed with it
             offsets[left.partition] = min(offsets.get(left.partition, left.offset), left.offset)
-        return StepGroups(taken, offsets)
+        stale, self._stale = [t for t, _ in self._stale], []
+        return StepGroups(taken, offsets, stale)
 
     def hand_out(self) -> TrainingBatch:
         """:meth:`next_step` padded into one :class:`TrainingBatch`."""

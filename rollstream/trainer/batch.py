@@ -50,6 +50,11 @@ class GroupRows:
     trainer_version_known: bool = True
 
     @property
+    def head_version(self) -> int:
+        """The version of the group's oldest generated token (-1: none known)."""
+        return head_and_tail(row_spans(self.tensors)).head_version
+
+    @property
     def tokens(self) -> int:
         """Attended positions over the group's rows (what a step's share is balanced on)."""
         mask = self.tensors.get("attention_mask")

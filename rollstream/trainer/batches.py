@@ -67,6 +67,9 @@ class TrainerBatches:
     process group whose ranks share the steps (default: every rank). ``wait_seconds`` is the
     length of one round of :meth:`__iter__`. Every rank rebuilds the vision inputs of its share
     with ``image_processor`` (default: the one of ``trainer.processor_path``, when set).
+    ``published`` (rank 0): the newest version this trainer published (e.g.
+    ``SyncVersionPublisher.last_published``), the version a step trains for ``trainer.drop_stale``
+    (default: what Redis says, which a Redis that came back older understates).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class TrainerBatches:
         group: Any = None,
         wait_seconds: float = 2.0,
         image_processor: Any = None,
+        published: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
         self.ranks = Ranks.detect(group, config.trainer.collective_timeout_seconds)
@@ -100,7 +104,7 @@ class TrainerBatches:
         self._health = RankHealth(self.ranks, config.trainer)
         if self.ranks.is_leader:
             factory = source or (lambda: KafkaStepSource(config, include_eval=include_eval, client_id=client_id,
-                                                          use_ledger=ledger))
+                                                          use_ledger=ledger, published=published))
             self._thread = LoopThread()
 
             async def make() -> StepSource:

@@ -16,6 +16,15 @@ Commits: a step's ledger lines are written first, then its offsets are committed
 is reconciled with what Kafka has committed (see :mod:`rollstream.trainer.ledger`), and the
 task ids of its last steps are never handed out again (the accumulator's second line of
 defence, kept across restarts).
+
+The consumption bound (``trainer.drop_stale``): before a step is handed out, the waiting train
+groups more than ``staleness.max_head_offpolicyness`` versions behind the version the step
+trains are dropped as ``stale`` (:meth:`BatchAccumulator.drop_stale`). That version is the
+newest one published when the step is handed out: the trainer's own word (``published``, e.g.
+``VersionPublisher.last_published``) and what Redis answers, never less than the newest version
+a group read was tagged with (a Redis that came back older answers less), never going back. The count of stale drops is cumulative and committed with every step as the
+offsets' metadata (``rollstream.wire.messages.TrainerCommit``), then written to the staleness budget
+in Redis, which returns their slots (a budget rebuilt from the topics reads it from Kafka).
 """
 
 from __future__ import annotations
@@ -24,22 +33,30 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
+from redis.exceptions import RedisError
 
-from rollstream.runtime.tasks import wait_event
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer, start_client
+from rollstream.kafka.clients import make_admin, make_consumer, start_client, stop_client, wait_out_outage
 from rollstream.kafka.partition_loop import AtLeastOnce, CommitRefused, PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.retry import KAFKA_RETRY
+from rollstream.runtime.tasks import wait_event
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.versions import VersionStore
 from rollstream.trainer.accumulator import BatchAccumulator
 from rollstream.trainer.ledger import LedgerEntry, StepLedger, check_owner, reconcile
 from rollstream.trainer.steps import Step
+from rollstream.wire import TrainerCommit, decode_trainer_commit, encode_trainer_commit
 
 log = logging.getLogger(__name__)
+
+VERSION_READ_SECONDS = 2.0
 
 
 def ledger_path(config: RollstreamConfig) -> Path:
@@ -88,6 +105,9 @@ class StepIntake:
     def committable(self, positions: dict[int, int]) -> dict[int, int]:
         return {}  # steps are committed when the trainer says so (KafkaStepSource.commit)
 
+    def committed(self, offsets: dict[int, int]) -> None:
+        return None
+
     async def tick(self) -> None:
         return None
 
@@ -97,7 +117,7 @@ class KafkaStepSource:
 
     def __init__(
         self, config: RollstreamConfig, *, include_eval: bool = False, client_id: str = "trainer",
-        ledger: StepLedger | None = None, use_ledger: bool = True,
+        ledger: StepLedger | None = None, use_ledger: bool = True, published: Callable[[], int] | None = None,
     ) -> None:
         tc = config.trainer
         names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
@@ -128,6 +148,15 @@ class KafkaStepSource:
         self._poll_seconds = tc.poll_timeout_ms / 1000
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._drop_stale = tc.drop_stale and config.staleness.enabled  # no staleness control: none here either
+        self._eta = config.staleness.max_head_offpolicyness
+        self._redis = connect(config.redis)
+        keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
+        self._versions = VersionStore(self._redis, keys)
+        self._budget = StalenessBudget(self._redis, keys, self._eta, config.staleness.batch_size)
+        self.published_version = 0  # the newest version known to be published (never goes back)
+        self._published = published  # the trainer's own word for it (e.g. VersionPublisher.last_published)
+        self.stale_committed = 0  # groups dropped as stale in committed steps, since the trial began
 
     @property
     def assignments(self) -> int:
@@ -152,9 +181,10 @@ class KafkaStepSource:
         await start_client(self._consumer, self._kafka, f"the trainer's consumer (group {self.group_id})")
         try:
             self._last_step = await self._reconcile()
+            self.stale_committed = await self._committed_stale_count()
             self.loop.subscribe()
         except BaseException:
-            await self._consumer.stop()
+            await stop_client(self._consumer, f"the trainer's consumer (group {self.group_id})")
             raise
         self._task = asyncio.create_task(self.loop.run(self._stop), name="trainer-poll")
         return self._last_step
@@ -168,7 +198,8 @@ class KafkaStepSource:
             except TimeoutError:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
-        await self._consumer.stop()
+        await stop_client(self._consumer, f"the trainer's consumer (group {self.group_id})")
+        await self._redis.aclose()
 
     async def _reconcile(self) -> int:
         if self.ledger is None:
@@ -197,12 +228,15 @@ class KafkaStepSource:
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             self._check_poll()
+            consume = await self._consume_version() if self._drop_stale else 0
             async with self.ownership.lock:
+                if self._drop_stale:
+                    self.accumulator.drop_stale(max(consume, self.accumulator.newest_tag), self._eta)
                 if self.accumulator.ready():
                     groups = self.accumulator.next_step()
                     self.intake.handed_out()
                     self._last_step += 1
-                    return Step(self._last_step, groups.groups, groups.offsets)
+                    return Step(self._last_step, groups.groups, groups.offsets, groups.stale)
                 arrived.clear()
             left = None if deadline is None else deadline - loop.time()
             if left is not None and left <= 0:
@@ -211,6 +245,32 @@ class KafkaStepSource:
                 await asyncio.wait_for(arrived.wait(), left)
             except asyncio.TimeoutError:
                 return None
+
+    async def _consume_version(self) -> int:
+        """The newest version published: the trainer's own word when it gives one, and what
+        Redis says now (the last answer when it cannot), never less than an earlier answer."""
+        if self._published is not None:
+            self.published_version = max(self.published_version, self._published())
+        try:
+            version = await asyncio.wait_for(self._versions.get_version(), VERSION_READ_SECONDS)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            log.debug("cannot read the trainer version (%s); using %d", exc, self.published_version)
+        else:
+            self.published_version = max(self.published_version, version)
+        return self.published_version
+
+    async def _committed_stale_count(self) -> int:
+        """The cumulative stale-drop count this group committed last (0: none)."""
+        admin = make_admin(self._kafka, f"trainer-stale-{self.group_id}")
+        await start_client(admin, self._kafka, "reading the trainer's committed offsets")
+        try:
+            offsets = await wait_out_outage(self._kafka, lambda: admin.list_consumer_group_offsets(self.group_id),
+                                            "reading the trainer's committed offsets")
+        finally:
+            await stop_client(admin, "the admin client reading the trainer's offsets")
+        counts = [c.stale_dropped for tp, meta in offsets.items()
+                  if tp.topic == self.topic and (c := decode_trainer_commit(meta.metadata)) is not None]
+        return max(counts, default=0)
 
     def _check_poll(self) -> None:
         """Re-raise what stopped the background poll (a dead task is never ignored)."""
@@ -237,10 +297,24 @@ class KafkaStepSource:
         await self.record(entries)
         # Offsets only move forward (commit skips the ones that did not move).
         step = entries[-1].step
+        stale = self.stale_committed + sum(len(e.stale) for e in entries)
+        metadata = encode_trainer_commit(TrainerCommit(step=step, stale_dropped=stale))
         try:
-            await self._delivery.commit(entries[-1].offsets, what=f"committing trainer step {step}")
+            await self._delivery.commit(entries[-1].offsets, what=f"committing trainer step {step}", metadata=metadata)
         except CommitRefused as exc:
             raise CommitRefused(
                 f"step {step}: {exc}; another member of group {self.group_id!r} may own these partitions: run "
                 "one trainer job per trainer.group_id"
             ) from exc.__cause__
+        if stale > self.stale_committed:
+            self.stale_committed = stale
+            await self._return_stale_slots()
+
+    async def _return_stale_slots(self) -> None:
+        """Tell the staleness budget how many groups were dropped as stale (their slots return);
+        a Redis that cannot take it now gets it with the next step that drops one (and a budget
+        rebuilt meanwhile reads it from Kafka)."""
+        try:
+            await asyncio.wait_for(self._budget.note_trainer_drops(self.stale_committed), VERSION_READ_SECONDS)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("cannot return the staleness slots of %d stale groups yet (%s)", self.stale_committed, exc)

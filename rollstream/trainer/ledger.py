@@ -31,7 +31,7 @@ class LedgerEntry(msgspec.Struct, forbid_unknown_fields=False):
     ``topic`` for ``group_id``); its groups' task ids in step order with where each group's
     record is (``records[i] = [partition, offset]``, what a replay of the step reads); the task
     ids of each rank's share (``ranks[r]``); when it was written and by which ``torchrun``
-    restart of the job."""
+    restart of the job; ``stale``: the groups read for it and dropped as stale (never trained)."""
 
     step: int
     offsets: dict[int, int]
@@ -42,6 +42,7 @@ class LedgerEntry(msgspec.Struct, forbid_unknown_fields=False):
     group_id: str = ""
     written_at: float = 0.0
     restart: int = 0  # TORCHELASTIC_RESTART_COUNT of the job that trained the step
+    stale: list[str] = msgspec.field(default_factory=list)
 
 
 _decoder = msgspec.json.Decoder(LedgerEntry)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -46,7 +47,7 @@ class StepBook:
         """Step ``step`` went out, ``shares[r]`` being rank r's task ids."""
         self.pending[step.number] = LedgerEntry(
             step.number, dict(step.offsets), [g.task_id for g in step.groups],
-            [[g.partition, g.offset] for g in step.groups], shares,
+            [[g.partition, g.offset] for g in step.groups], shares, stale=list(step.stale),
         )
 
     def due(self, step: int) -> list[LedgerEntry]:
@@ -84,6 +85,7 @@ class BatchStream:
         source: StepSource | None = None,
         ledger: bool = True,
         image_processor: Any = None,
+        published: Callable[[], int] | None = None,
     ) -> None:
         if poll_timeout_ms is not None:
             trainer = msgspec.structs.replace(config.trainer, poll_timeout_ms=poll_timeout_ms)
@@ -91,7 +93,7 @@ class BatchStream:
         self.config = config
         self.batch_size = config.staleness.batch_size
         self.source: StepSource = source or KafkaStepSource(
-            config, include_eval=include_eval, client_id=client_id, use_ledger=ledger
+            config, include_eval=include_eval, client_id=client_id, use_ledger=ledger, published=published
         )
         self.book = StepBook()
         self._pad_value = config.grouping.pad_value

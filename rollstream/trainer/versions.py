@@ -93,6 +93,7 @@ class VersionPublisher:
         self.keep = keep if keep is not None else config.trainer.keep_checkpoints
         if self.keep < 1:
             raise ValueError(f"keep must be >= 1, got {self.keep}")
+        self.last_published = 0  # the newest version this publisher published (what its steps train)
 
     async def __aenter__(self) -> VersionPublisher:
         return self
@@ -127,6 +128,7 @@ class VersionPublisher:
         current = await _waiting_out(once, f"publishing weight version {version}")
         if current is not None and not (tries > 1 and current == version):  # a retry may find its own
             raise VersionRefused(version, current)
+        self.last_published = max(self.last_published, version)
         if self.checkpoints is not None:
             await self.retain(version)
 
@@ -166,6 +168,11 @@ class SyncVersionPublisher:
             self._thread.run(self._publisher.close(), timeout=10)
         finally:
             self._thread.close()
+
+    @property
+    def last_published(self) -> int:
+        """The newest version this publisher published (0: none yet); safe from any thread."""
+        return self._publisher.last_published
 
     def current_version(self) -> int:
         return self._thread.run(self._publisher.current_version())

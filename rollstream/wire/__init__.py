@@ -18,7 +18,9 @@ from rollstream.wire.codec import (
     decode_outcome,
     decode_prompt,
     decode_scored,
+    decode_trainer_commit,
     encode,
+    encode_trainer_commit,
 )
 from rollstream.wire.messages import (
     SCHEMA_VERSION,
@@ -32,6 +34,7 @@ from rollstream.wire.messages import (
     SampleRejected,
     ScoredEpisode,
     TaskFailed,
+    TrainerCommit,
 )
 from rollstream.wire.packed import (
     ArrayArena,
@@ -63,6 +66,7 @@ __all__ = [
     "SampleRejected",
     "ScoredEpisode",
     "TaskFailed",
+    "TrainerCommit",
     "WireDecodeError",
     "WireTensor",
     "allocate_arrays",
@@ -77,7 +81,9 @@ __all__ = [
     "decode_outcome",
     "decode_prompt",
     "decode_scored",
+    "decode_trainer_commit",
     "encode",
+    "encode_trainer_commit",
     "encode_array",
     "encode_arrays",
     "pack_arrays",

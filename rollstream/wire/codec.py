@@ -29,6 +29,7 @@ from rollstream.wire.messages import (
     PromptTask,
     ScoredEpisode,
     ScoredMessage,
+    TrainerCommit,
 )
 from rollstream.vision.images import image_digest
 from rollstream.wire.packed import check_packed, unpack_arrays
@@ -216,3 +217,23 @@ def decode_outcome(data: bytes | memoryview | None) -> GroupOutcome:
 
 def decode_cursor(data: bytes | memoryview | None) -> ProducerCursor:
     return _decode(ProducerCursor, data)
+
+
+_commit_decoder = msgspec.json.Decoder(TrainerCommit)
+
+
+def encode_trainer_commit(commit: TrainerCommit) -> str:
+    """The trainer's offset-commit metadata (a string: Kafka keeps text there)."""
+    return msgspec.json.encode(commit).decode()
+
+
+def decode_trainer_commit(metadata: str | None) -> TrainerCommit | None:
+    """The :class:`TrainerCommit` in an offset's metadata; None for an empty one or anything
+    else (a commit made by another tool, a newer schema)."""
+    if not metadata:
+        return None
+    try:
+        commit = _commit_decoder.decode(metadata)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    return commit if commit.schema_version <= FIRST_VERSION else None

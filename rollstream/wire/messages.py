@@ -213,6 +213,9 @@ class GroupOutcome(_Message, tag="outcome"):
     source_partition: int
     max_offset: int
     at: float = 0.0
+    # the trainer version the group's record was tagged with (-1: unknown, an older writer): a
+    # version the trainer had reached, which an instance taking the partition never goes below
+    trainer_version: int = -1
 
 
 class DeadLetter(_Message, tag="dead_letter"):
@@ -241,6 +244,19 @@ class ProducerCursor(_Message, tag="cursor"):
     published: int = 0
     at: float = 0.0
     is_eval: bool = False  # the producer publishes eval prompts (they are not admitted)
+
+
+class TrainerCommit(msgspec.Struct, kw_only=True):
+    """What the trainer's consumer group commits beside its offsets on ``batches`` (Kafka keeps a
+    metadata string with every committed offset, in ``__consumer_offsets``; this is JSON there):
+    the ``step`` committed and ``stale_dropped``, the groups dropped as stale in all committed
+    steps so far (cumulative, so a repeat is harmless). It returns staleness slots
+    (``rollstream.state.budget``), and a budget rebuilt from the topics reads it back from Kafka
+    (``rollstream.producers.budget_restore``), so a Redis that forgot it cannot keep them."""
+
+    schema_version: int = FIRST_VERSION
+    step: int
+    stale_dropped: int = 0
 
 
 EpisodesMessage = Episode | SampleRejected | TaskFailed

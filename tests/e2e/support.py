@@ -87,7 +87,7 @@ async def budget_watch(config: RollstreamConfig) -> AsyncIterator[list[dict[str,
     async def watch() -> None:
         while not stop.is_set():
             usage = await budget.usage()
-            if usage["admitted"] - usage["dropped"] > usage["capacity"]:
+            if usage["in_use"] > usage["capacity"]:
                 violations.append(usage)
             await asyncio.sleep(0.1)
 

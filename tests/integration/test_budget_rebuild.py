@@ -180,3 +180,65 @@ async def test_an_admission_after_the_rebuild_is_refused_to_a_producer_of_the_ol
         await a.admission.try_admit("a:0:2", is_eval=False)  # a must start over, not add a third
     committed = await committed_train_prompts(a.config)
     assert committed == BATCH == (await a.budget.usage())["admitted"]  # never beyond the bound
+
+
+async def test_the_rebuild_sees_prompts_committed_above_an_open_transaction_and_fences_eval_producers(
+    configs, redis  # type: ignore[no-untyped-def]
+) -> None:
+    """A transaction left open on ``prompts`` by a writer no fence knows holds the last stable
+    offset back; train prompts committed above it must still be counted (the rebuild reads to
+    the high watermark after its fence, waiting for that transaction). An eval producer is
+    fenced too: its open transaction is aborted and its commit answers BudgetRebuilt."""
+    one = {pid: msgspec.structs.replace(c, kafka=msgspec.structs.replace(c.kafka, partitions=1))
+           for pid, c in configs.items()}  # every record in one partition, behind the open transaction
+    eval_config = msgspec.structs.replace(one["b"], producer=msgspec.structs.replace(one["b"].producer, is_eval=True))
+    a, e = Producer(one["a"], redis), Producer(eval_config, redis)
+    e.admission = Admission(e.budget, redis, 0.2, e.stop, counts=False,
+                            restore=lambda: restore_budget(e.config, e.names, e.budget))
+    e.publisher = PromptPublisher(e.txn, e.names, RetryPolicy(initial=0.1, max_attempts=3), e.admission)
+    e.cursor = ProducerCursor(producer_id="b", epoch=0, index=0, published=0, is_eval=True)
+    await a.start()
+    await e.start()
+    other = TransactionalProducer(a.config.kafka, "test-other", f"{a.names.prompts}.other-writer")
+    await other.start()
+    held_open, release = asyncio.Event(), asyncio.Event()
+
+    async def write_and_hold(producer):  # type: ignore[no-untyped-def]
+        task = PromptTask(task_id="other:0:0", group_size=2, data={}, is_eval=True)
+        futures = [await producer.send(a.names.prompts, encode(task), key=b"other:0:0")]
+        await asyncio.gather(*futures)
+        held_open.set()
+        await release.wait()
+        return []
+
+    holding = asyncio.create_task(other.commit(write_and_hold))
+    eval_sent = asyncio.Event()
+
+    async def eval_write(producer):  # type: ignore[no-untyped-def]
+        task = PromptTask(task_id="b:0:0", group_size=2, data={}, is_eval=True)
+        futures = [await producer.send(a.names.prompts, encode(task), key=b"b:0:0")]
+        await asyncio.gather(*futures)
+        eval_sent.set()
+        await release.wait()
+        return futures
+
+    eval_open = asyncio.create_task(e.txn.commit(eval_write))
+    await held_open.wait()
+    await eval_sent.wait()
+    await a.publisher.commit(await a.admit(2))  # committed above both open transactions
+    await lose_state(redis, a.config)
+    rebuilding = asyncio.create_task(restore_budget(a.config, a.names, a.budget))
+    await asyncio.sleep(2.0)
+    assert not rebuilding.done()  # waiting for the open transaction, not reading past it
+    release.set()
+    await asyncio.wait_for(rebuilding, 60)
+    await holding
+    assert (await a.budget.usage())["admitted"] == 2  # the two prompts above the open transaction
+    generation = (await a.budget.generation()).encode()  # type: ignore[union-attr]
+    keys = RedisKeys(a.config.experiment.experiment_name, a.config.experiment.trial_name)
+    for index in (0, 1):  # read from the topic itself (not only from the cursor's count): their markers
+        assert await redis.get(keys.key(f"admit:a:0:{index}")) == generation
+    with pytest.raises(TransactionFenced):
+        await eval_open  # the eval producer was fenced: its open transaction was aborted
+    assert await e.admission.rebuilt()  # so its publisher answers BudgetRebuilt, not "duplicate id"
+    await other.stop()

@@ -288,7 +288,7 @@ async def test_tail_stop_at_end_prints_what_there_is_and_exits(config: Rollstrea
 
 
 async def test_status_in_flight_is_admitted_minus_emitted_minus_dropped(config: RollstreamConfig) -> None:
-    from rollstream.state.budget import StalenessBudget
+    from rollstream.state.budget import RebuiltCounts, StalenessBudget
 
     rows = [single_turn("what is two plus two", "four <eos>", [1, 2])] * 4
     records = [(b"a", encode(recorded_batch("a", rows[:2]))), (b"b", encode(recorded_batch("b", rows[2:]))),
@@ -298,7 +298,7 @@ async def test_status_in_flight_is_admitted_minus_emitted_minus_dropped(config: 
     client = connect(config.redis)
     exp = config.experiment
     budget = StalenessBudget(client, RedisKeys(exp.experiment_name, exp.trial_name), 4, 8)
-    await budget.restore([], {})  # a fresh trial's counters, as a producer writes them first
+    await budget.restore(RebuiltCounts())  # a fresh trial's counters, as a producer writes them first
     for task in ("a", "b", "c", "d", "f"):
         assert await budget.try_admit(task)
     await budget.release("c", "all_failed")
@@ -458,7 +458,8 @@ async def test_replayed_batches_read_by_a_trainer_bit_for_bit(config: Rollstream
     await replay(config, "batches", ReplayOptions(to_experiment=f"{unique_name}-train"))
     trainer = make_config(
         config.kafka.bootstrap_servers, config.redis.url, f"{unique_name}-train",
-        {"staleness": {"batch_size": 1}, "trainer": {"group_id": f"{unique_name}-trainer"}},
+        # recorded groups replayed: trained as they are, however many versions behind
+        {"staleness": {"batch_size": 1}, "trainer": {"group_id": f"{unique_name}-trainer", "drop_stale": False}},
     )
     expected = {batch.task_id: batch_tensors(batch) for batch in records}
     async with BatchStream(trainer, ledger=False) as consumer:

@@ -22,7 +22,7 @@ from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.state.budget import StalenessBudget
+from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys
 from rollstream.state.versions import VersionStore
 from rollstream.wire import Batch, GroupDropped, decode_batch, decode_dead_letter, decode_outcome, encode
@@ -102,7 +102,7 @@ async def test_groups_drops_and_dead_letters(kafka_bootstrap: str, redis_url: st
     keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
     await VersionStore(redis_client, keys).publish(WeightUpdate(3, "/weights/3"))
     budget = StalenessBudget(redis_client, keys, 0, 1)
-    await budget.restore([], {})  # a fresh trial's counters (producers write them in a pipeline)
+    await budget.restore(RebuiltCounts())  # a fresh trial's counters (producers write them in a pipeline)
     await ensure_topics(config.kafka, names)
     items: list[tuple[msgspec.Struct | bytes, int]] = []
     for t in range(6):  # complete groups, samples shuffled and one duplicated

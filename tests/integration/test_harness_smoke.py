@@ -243,3 +243,36 @@ def _scram_producer(bootstrap: str, mechanism: str, password: str) -> AIOKafkaPr
         bootstrap_servers=bootstrap, security_protocol="SASL_PLAINTEXT", sasl_mechanism=mechanism,
         sasl_plain_username="alice", sasl_plain_password=password, request_timeout_ms=10000,
     )
+
+
+async def test_a_topic_follower_waits_for_its_topic_and_every_wait_ends(
+    kafka_bootstrap: str, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The harness's follower starts once its topic exists (a node may not know a topic created
+    a moment ago), reads it by assignment, and its start and its stop have deadlines that name
+    the topic (the 3-node cluster test once hung in a follower's stop for 600 s)."""
+    from bench.harness.ledger import TopicFollower
+    from rollstream.config import KafkaConfig
+    from rollstream.runtime.deadline import DeadlineExceeded
+
+    config = KafkaConfig(bootstrap_servers=kafka_bootstrap)
+    topic = f"{unique_name}-followed"
+    seen: list[ConsumerRecord] = []
+    follower = TopicFollower(config, topic, seen.append)
+    starting = asyncio.create_task(follower.__aenter__())
+    await asyncio.sleep(1.0)
+    assert not starting.done()  # the topic does not exist yet: waiting, not failing
+    await create_topics(kafka_bootstrap, topic)
+    await asyncio.wait_for(starting, WAIT_S)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"x")
+    finally:
+        await producer.stop()
+    await eventually(lambda: asyncio.sleep(0, len(seen) == 1), "the follower reading the record")
+    await asyncio.wait_for(follower.__aexit__(), TopicFollower.STOP_SECONDS + 5)
+    monkeypatch.setattr(TopicFollower, "START_SECONDS", 1.0)
+    never = TopicFollower(config, f"{unique_name}-never-created", seen.append)
+    with pytest.raises(DeadlineExceeded, match=f"starting the follower of {unique_name}-never-created"):
+        await never.__aenter__()

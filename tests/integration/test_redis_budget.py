@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis.asyncio as aioredis
 
-from rollstream.producers.budget_restore import restore_budget
+from rollstream.producers.budget_restore import restore_budget, while_locked
 from rollstream.api.engine import WeightUpdate
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.state.budget import StalenessBudget
+from rollstream.state.budget import RebuildInterrupted, RebuiltCounts, StalenessBudget
 from rollstream.state.client import GenerationChanged, RedisKeys, RedisStateError, StateMissingError
 from rollstream.state.versions import VersionStore
 from rollstream.wire import GroupDropped, ProducerCursor, PromptTask, encode
@@ -26,7 +28,7 @@ def budget_of(client: aioredis.Redis, name: str, eta: int = 0, batch_size: int =
 async def test_a_malformed_version_is_an_error_naming_the_key_never_a_crash(redis_client, unique_name: str) -> None:
     keys = RedisKeys(unique_name, "t0")
     budget = budget_of(redis_client, unique_name)
-    await budget.restore([], {})
+    await budget.restore(RebuiltCounts())
     await redis_client.set(keys.key("version"), "garbage")
     with pytest.raises(RedisStateError, match=r"version holds 'garbage', not an integer"):
         await VersionStore(redis_client, keys).get_version()
@@ -45,10 +47,10 @@ async def test_without_its_state_the_budget_counts_nothing_until_restored(redis_
     with pytest.raises(StateMissingError):
         await budget.release("p:0:0", "timeout")
     assert await budget.generation() is None
-    assert await budget.restore(["p:0:0"], {}, admitted_count=1)
+    assert await budget.restore(RebuiltCounts(["p:0:0"], admitted_count=1))
     generation = await budget.generation()
     assert generation is not None
-    assert not await budget.restore([], {})  # a second rebuilder writes nothing
+    assert not await budget.restore(RebuiltCounts())  # a second rebuilder writes nothing
     assert await budget.generation() == generation
     assert await budget.try_admit("p:0:0", generation)  # known from the rebuild: not counted again
     assert await budget.try_admit("p:0:1", generation) and not await budget.try_admit("p:0:2", generation)  # capacity 2
@@ -60,12 +62,12 @@ async def test_without_its_state_the_budget_counts_nothing_until_restored(redis_
 
 async def test_an_admission_in_a_generation_that_is_gone_is_refused(redis_client, unique_name: str) -> None:
     budget = budget_of(redis_client, unique_name, eta=0, batch_size=2)
-    assert await budget.restore([], {})
+    assert await budget.restore(RebuiltCounts())
     old = await budget.generation()
     assert await budget.try_admit("p:0:0", old)
     for key in await redis_client.keys(RedisKeys(unique_name, "t0").key("*")):
         await redis_client.delete(key)  # what a Redis restart without persistence does
-    assert await budget.restore([], {})
+    assert await budget.restore(RebuiltCounts())
     with pytest.raises(GenerationChanged) as refused:
         await budget.try_admit("p:0:1", old)
     assert refused.value.current == await budget.generation() != old
@@ -99,3 +101,25 @@ async def test_restore_rebuilds_the_counters_from_the_topics(
     assert await budget.try_admit("p:0:3") and (await budget.usage())["admitted"] == 7  # a marker
     await restore_budget(config, names, budget)  # has its state: a no-op
     assert (await budget.usage())["admitted"] == 7
+
+
+async def test_the_rebuild_lock_lives_as_long_as_the_rebuild_and_a_lost_lock_stops_it(
+    redis_client, unique_name: str
+) -> None:
+    budget = budget_of(redis_client, unique_name)
+    assert await budget.lock("r1", 0.6) is not None and await budget.lock("r2", 0.6) is None
+    await while_locked(budget, "r1", asyncio.sleep(2.0), ttl_seconds=0.6)  # past three TTLs: renewed
+    assert await budget.lock("r2", 0.6) is None  # still r1's
+    stolen = asyncio.Event()
+
+    async def long_rebuild() -> None:
+        await redis_client.delete(RedisKeys(unique_name, "t0").key("restore-lock"))  # expired, say
+        await budget.lock("r2", 60)
+        stolen.set()
+        await asyncio.sleep(30)
+
+    with pytest.raises(RebuildInterrupted):
+        await asyncio.wait_for(while_locked(budget, "r1", long_rebuild(), ttl_seconds=0.6), 10)
+    assert stolen.is_set()
+    with pytest.raises(RebuildInterrupted):  # and its final write is refused on a lock it does not hold
+        await budget.restore(RebuiltCounts(), lock_owner="r1")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import yaml
 from aiokafka.structs import TopicPartition
 
 from bench.stack import TierProcess
+from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
@@ -182,45 +184,68 @@ async def test_worker_follows_published_weight_versions(
     assert any((ep.head_version, ep.tail_version) == (0, 1) for ep in eps), "no episode spans the update"
 
 
-async def test_rebalance_between_two_workers_loses_nothing(
-    kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, caplog: pytest.LogCaptureFixture
+async def test_a_join_while_redis_is_paused_runs_no_prompt_twice(
+    kafka_bootstrap: str, unique_name: str, tiny_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Worker b joins while Redis is frozen (SIGSTOP) for longer than the workers' failure
+    detection time: every liveness key has expired when Redis wakes, and the partitions move
+    right after. Neither worker runs a prompt the other runs: nothing waits for a Redis that
+    cannot answer except what a worker cannot know by itself, and after the outage no absence
+    (a claim, a holder's liveness) is trusted until the live workers wrote theirs again."""
     caplog.set_level(logging.INFO, logger="rollstream.rollout_workers")
-    slow = {"max_new_tokens": 128, "min_new_tokens": 128}
-    config_a = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=slow,
-                       max_concurrent_rollouts=2, worker_id="w-a")
-    config_b = msgspec.structs.replace(config_a, rollout=msgspec.structs.replace(config_a.rollout, worker_id="w-b"))
-    names = names_of(config_a)
-    await ensure_topics(config_a.kafka, names)
-    prompts = [_prompt(f"task-{i}") for i in range(12)]
-    await publish_prompts(config_a, *prompts)
-    wanted = {(p.task_id, i) for p in prompts for i in range(2)}
-    stop_a, stop_b = asyncio.Event(), asyncio.Event()
-    worker_a = asyncio.create_task(run(config_a, stop_a))
-    async with TopicReader(config_a, names.episodes, decode_episode) as reader:
-        await reader.until(lambda m: len(episodes(m)) >= 1, timeout=120, what="a first episode")
-        worker_b = asyncio.create_task(run(config_b, stop_b))  # joining revokes worker a's partitions
-        # the move itself, before the rest of the run: on a loaded machine worker b may take
-        # longer to join than worker a takes to finish, and then nothing would move
-        await reader.until(lambda _: revoked(caplog), timeout=120, what="worker a's partitions revoked")
-        await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
-        # Prompts that were running when their partition moved publish from the old owner;
-        # the new owner finds their claims, waits for them and then commits past them.
-        await _until_committed_to_end(config_a, timeout=120)
-        await stop_worker(worker_a, stop_a)
-        await stop_worker(worker_b, stop_b)
-        await reader.drain()
+    slow = {"max_new_tokens": 384, "min_new_tokens": 384}
+    with LocalRedisServer(tmp_path / "redis") as redis:
+        config_a = _config(kafka_bootstrap, redis.url, unique_name, tiny_model, gconfig=slow,
+                           max_concurrent_rollouts=8, worker_id="w-a", failure_detection_seconds=6)
+        config_b = msgspec.structs.replace(config_a, rollout=msgspec.structs.replace(config_a.rollout, worker_id="w-b"))
+        names = names_of(config_a)
+        await ensure_topics(config_a.kafka, names)
+        prompts = [_prompt(f"task-{i}") for i in range(16)]
+        await publish_prompts(config_a, *prompts)
+        wanted = {(p.task_id, i) for p in prompts for i in range(2)}
+        stop_a, stop_b = asyncio.Event(), asyncio.Event()
+        worker_a = asyncio.create_task(run(config_a, stop_a))
+        async with TopicReader(config_a, names.episodes, decode_episode) as reader:
+            # a's first claims waited until Redis served them for a window (see claim_scripts)
+            await reader.until(lambda m: len(episodes(m)) >= 1, timeout=120, what="a first episode")
+            worker_b = asyncio.create_task(run(config_b, stop_b))
+            client = connect(config_a.redis)
+            b_alive = RedisKeys(unique_name, "t0").key("worker:w-b")
+            while not await client.exists(b_alive):  # b registered; its consumer joins next
+                await asyncio.sleep(0.05)
+            await client.aclose()
+            redis.pause()  # from just before b joins the group: the partitions move while Redis is frozen
+            try:
+                await reader.until(lambda _: revoked(caplog), timeout=120, what="worker a's partitions revoked")
+                await asyncio.sleep(8)  # past the liveness keys' lifetime: they expire when Redis wakes
+            finally:
+                redis.resume()
+            await reader.until(lambda m: sample_keys(m) >= wanted, timeout=180, what="all samples")
+            # Prompts that were running when their partition moved publish from the old owner;
+            # the new owner finds their claims, waits for them and then commits past them.
+            await _until_committed_to_end(config_a, timeout=120)
+            await stop_worker(worker_a, stop_a)
+            await stop_worker(worker_b, stop_b)
+            await reader.drain()
+        leftover = await connect(config_a.redis).keys(RedisKeys(unique_name, "t0").key("claim:*"))
     assert revoked(caplog)
     for ep in episodes(reader.messages):
         _check_episode(ep)
     published = [(ep.task_id, ep.sample_idx) for ep in episodes(reader.messages)]
-    assert len(published) == len(set(published)) == 24, "a prompt ran twice although its worker lived"
+    assert len(published) == len(set(published)) == 32, "a prompt ran twice although its worker lived"
     committed, ends = await _committed_vs_end(config_a)
-    assert committed == ends and sum(ends.values()) == 12
+    assert committed == ends and sum(ends.values()) == 16
+    assert unfinished_at_revocation(caplog) > 0  # prompts were running when their partition moved
+    assert len(leftover) <= 2, leftover  # claims are deleted once committed past (the last commits may lag)
 
 
 def revoked(caplog: pytest.LogCaptureFixture) -> bool:
     return any("partitions revoked" in r.getMessage() for r in caplog.records)
+
+
+def unfinished_at_revocation(caplog: pytest.LogCaptureFixture) -> int:
+    found = [re.search(r"\((\d+) prompts not finished", r.getMessage()) for r in caplog.records]
+    return max((int(m.group(1)) for m in found if m), default=0)
 
 
 async def _until_committed_to_end(config: RollstreamConfig, timeout: float) -> None:

@@ -32,7 +32,7 @@ from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import KafkaAuthenticationError, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.state.budget import StalenessBudget
+from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.wire import PromptTask, decode_prompt, encode
 from bench.harness.ledger import read_topic
@@ -164,7 +164,7 @@ async def test_redis_acl_user(auth_redis: LocalRedisServer, acl_user: str, uniqu
     client = connect(config)
     try:  # the Lua scripts of the staleness budget run as the ACL user
         budget = StalenessBudget(client, RedisKeys(unique_name, "t0"), 0, 2)
-        assert await budget.restore([], {})  # what a producer does first (rebuilt from the topics)
+        assert await budget.restore(RebuiltCounts())  # what a producer does first (rebuilt from the topics)
         generation = await budget.generation()
         assert await budget.try_admit("task-1", generation) and (await budget.usage())["admitted"] == 1
         assert await budget.release("task-1", "timeout") and (await budget.usage())["dropped"] == 1

@@ -10,7 +10,7 @@ import pytest
 
 from rollstream.consumers.emission import SlotReleaser
 from rollstream.consumers.grouping import DroppedGroup
-from rollstream.state.budget import StalenessBudget
+from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys
 
 pytestmark = pytest.mark.broker
@@ -23,7 +23,7 @@ def drop(task_id: str, partition: int) -> DroppedGroup:
 async def test_two_partitions_releasing_at_once_return_each_slot_once(redis_client, unique_name: str) -> None:
     budget = StalenessBudget(redis_client, RedisKeys(unique_name, "t0"), 0, 8)
     tasks = [f"p:0:{i}" for i in range(6)]
-    await budget.restore(tasks, {})
+    await budget.restore(RebuiltCounts(tasks))
     releaser = SlotReleaser(budget)
     await asyncio.gather(releaser.release([drop(t, 0) for t in tasks[:3]]),
                          releaser.release([drop(t, 1) for t in tasks[3:]]))

@@ -51,7 +51,10 @@ def kafka_job(name: str, ranks: int, tree: dict[str, Any], workdir: Path, max_re
     ledger = workdir / name / "ledger.jsonl"
     trainer = {"group_id": f"{tree['experiment']['experiment_name']}-{name}",
                "ledger_path": str(ledger), "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
-               "poll_timeout_ms": 200, "rank_timeout_seconds": RANK_TIMEOUT}
+               "poll_timeout_ms": 200, "rank_timeout_seconds": RANK_TIMEOUT,
+               # two jobs read one stream whose versions the pipeline's stand-in trainer publishes:
+               # Redis's version is not what these jobs train, so it cannot tell them what is stale
+               "drop_stale": False}
     staleness = {**tree.get("staleness", {}), "batch_size": BATCH}
     return TrainerJob(name, ranks, {**tree, "staleness": staleness, "trainer": trainer}, workdir, steps=STEPS, max_restarts=max_restarts,
                       job_args=["--step-seconds", "1.5"])

@@ -80,7 +80,7 @@ async def test_an_expired_lease_goes_to_the_next_owner(redis_client: aioredis.Re
     await asyncio.sleep(0.35)  # a crashed: no renewal
     assert not held.valid()  # its own view ended no later than Redis's
     taken = await b.acquire("http://s")
-    assert taken is not None and taken.token == held.token + 1
+    assert taken is not None and taken.token > held.token
 
 
 @contextlib.asynccontextmanager

@@ -129,3 +129,26 @@ async def test_room_made_before_the_loop_waits_is_taken_at_once() -> None:
     async with asyncio.timeout(1.0):
         await intake.wait_for_room(30.0)
     assert intake.room() == 1
+
+
+def test_a_group_more_than_eta_behind_the_version_a_step_trains_is_dropped_as_stale() -> None:
+    acc = BatchAccumulator(batch_size=2, include_eval=True)
+    for offset, (task, head, is_eval) in enumerate([("old", 1, False), ("ok", 2, False), ("eval", 0, True),
+                                                    ("new", 3, False)]):
+        acc.take(record(encode(build_batch(group(task, [1], version=head, is_eval=is_eval), 3)), offset, offset % 2))
+    assert acc.newest_tag == 3
+    assert acc.drop_stale(consume_version=3, eta=1) == ["old"]  # 3 - 1 > 1; eval groups are never dropped
+    assert acc.drops_by_reason["stale"] == 1 and acc.waiting == 3
+    step = acc.next_step()
+    assert [g.task_id for g in step.groups] == ["ok", "eval"] and step.stale == ["old"]
+    assert step.offsets == {0: 3, 1: 3}  # the dropped group's record is committed with the step
+    assert acc.next_step().stale == []  # listed once
+
+
+def test_a_stale_drop_of_a_lost_partition_belongs_to_no_step() -> None:
+    acc = BatchAccumulator(batch_size=1)
+    acc.take(record(encode(build_batch(group("old", [1], version=0), 5)), 0, partition=1))
+    acc.take(record(encode(build_batch(group("ok", [1], version=5), 5)), 0, partition=0))
+    assert acc.drop_stale(consume_version=5, eta=2) == ["old"]
+    acc.forget({1})  # whoever reads partition 1 next drops it (and counts it) again
+    assert acc.next_step().stale == []

@@ -106,11 +106,17 @@ def test_admissions_from_the_topics_against_versions_and_drops() -> None:
 # -- versions only go up --
 
 
-def test_the_version_in_redis_goes_down_only_to_nothing_after_a_wipe() -> None:
-    assert inv.version_regression(4, 5, wiped=False) is None and inv.version_regression(4, 4, wiped=False) is None
-    assert inv.version_regression(4, 0, wiped=True) is None
-    assert inv.version_regression(4, 0, wiped=False) is not None
-    assert inv.version_regression(4, 3, wiped=True).invariant == inv.VERSIONS_UP  # type: ignore[union-attr]
+def test_the_version_in_redis_goes_down_only_after_a_restart_that_may_have_lost_data() -> None:
+    assert inv.version_regression(4, 5, forgetting=False) is None and inv.version_regression(4, 4, False) is None
+    assert inv.version_regression(4, 0, forgetting=True) is None  # empty
+    assert inv.version_regression(4, 2, forgetting=True) is None  # an earlier snapshot
+    assert inv.version_regression(4, 3, forgetting=False).invariant == inv.VERSIONS_UP  # type: ignore[union-attr]
+
+
+def test_a_batch_below_a_known_tag_of_its_partition_is_a_regression() -> None:
+    assert inv.batch_tag_regression(5, view([[2, 3]], trainer=5), partition=1) is None
+    low = inv.batch_tag_regression(6, view([[2, 3]], trainer=5), partition=1)
+    assert low is not None and low.invariant == inv.VERSIONS_UP and "batches[1] tagged version 5" in low.saw
 
 
 # -- token versions in bounds --
@@ -137,6 +143,16 @@ def test_a_trainer_version_older_than_the_tokens_is_a_violation_unless_the_batch
     assert inv.batch_versions(view([[2, 3]], trainer=2))[0].saw.endswith("(tail 3) and said to be known")
     assert inv.batch_versions(view([[2, 3]], trainer=2, known=False)) == []
     assert "staleness 9 != trainer version 5 - head 2" in inv.batch_versions(view([[2, 3]], staleness=9))[0].saw
+
+
+# -- trained within eta --
+
+
+def test_a_trained_group_more_than_eta_behind_its_steps_version_is_a_violation() -> None:
+    heads = {"ok": 2, "old": 1, "unknown": -1}
+    assert inv.trained_staleness(entry(4, ["ok", "unknown", "not read yet"]), heads, eta=1) == []  # step 4 trains 3
+    found = inv.trained_staleness(entry(4, ["ok", "old"]), heads, eta=1)
+    assert [v.invariant for v in found] == [inv.TRAINED_STALENESS] and "2 versions behind version 3" in found[0].saw
 
 
 # -- nothing in flight --

@@ -47,18 +47,33 @@ def test_a_redis_sample_waits_for_the_ledger_read_after_it_and_uses_its_version(
     assert len(seen.violations) == 1
 
 
-def test_the_version_in_redis_may_read_nothing_only_after_a_wipe(tmp_path: Path) -> None:
+def test_the_version_in_redis_may_read_less_only_after_a_restart_that_may_have_lost_data(tmp_path: Path) -> None:
     seen = observer(tmp_path)
     seen.sampled(1.0, 0, 0, version=5)
-    seen.redis_wiped()
-    seen.sampled(time.time(), 0, 0, version=9)  # read just before the stop: the wipe is still coming
-    seen.sampled(time.time(), 0, 0, version=0)
+    seen.redis_forgets()
+    seen.sampled(time.time(), 0, 0, version=9)  # read just before the restart: it is still coming
+    seen.sampled(time.time(), 0, 0, version=3)
     seen.redis_back()
-    seen.sampled(time.time(), 0, 0, version=0)
+    seen.sampled(time.time(), 0, 0, version=3)  # an earlier snapshot's version
     seen.sampled(time.time() + 1, 0, 0, version=10)  # the trainer published again
     assert seen.violations == []
-    seen.sampled(time.time() + 2, 0, 0, version=0)  # no wipe this time
+    seen.sampled(time.time() + 2, 0, 0, version=0)  # no restart this time
     assert [v.invariant for v in seen.violations] == [inv.VERSIONS_UP]
+
+
+def test_trained_groups_are_judged_against_their_steps_version_once_their_batch_is_read(tmp_path: Path) -> None:
+    seen = observer(tmp_path)  # eta 1
+    StepLedger(tmp_path / "ledger.jsonl").append(
+        [LedgerEntry(step=n, offsets={0: 1}, task_ids=[], records=[], ranks=[[]]) for n in (1, 2, 3)]
+        + [LedgerEntry(step=4, offsets={0: 2}, task_ids=["old"], records=[[0, 0]], ranks=[["old"]], stale=["x"],
+                       written_at=7.0)])
+    seen.read_ledger()
+    assert seen.violations == [] and seen.stale_times == [7.0]  # its batch not read yet
+    batch = build_batch(group("old", [1, 1]), trainer_version=3)  # head 1: 3 - 1 = 2 > eta 1
+    seen.ledger.add(batch)
+    seen.on_batch(record(b""), batch)
+    seen.read_ledger()
+    assert [v.invariant for v in seen.violations] == [inv.TRAINED_STALENESS]
 
 
 def test_prompts_and_batches_are_checked_as_they_arrive(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ def test_the_same_seed_draws_the_same_schedule_and_another_seed_another() -> Non
 
 @pytest.mark.parametrize("seed", range(20))
 def test_a_short_run_meets_every_kind_and_a_long_one_has_enough(seed: int) -> None:
-    short = s.draw_schedule(seed, 120, mean_gap=10)
+    short = s.draw_schedule(seed, 150, mean_gap=10)
     assert set(s.KINDS) <= {f.kind for f in short[: len(s.KINDS) + 2]}
     long = s.draw_schedule(seed, 1800)
     assert 60 <= len(long) <= 110 and all(0 < f.at < 1800 for f in long)

@@ -1,0 +1,60 @@
+"""What a rollout worker answers for itself, without Redis (rollout_workers/local_claims.py)."""
+
+from __future__ import annotations
+
+from aiokafka.structs import TopicPartition
+
+from rollstream.rollout_workers.local_claims import Known, LocalClaims
+
+P0, P1 = TopicPartition("prompts", 0), TopicPartition("prompts", 1)
+
+
+def test_running_and_finished_records_are_known_by_their_identity() -> None:
+    local = LocalClaims()
+    local.started(P0, 5, "t:a")
+    assert local.known(P0, 5, "t:a") is Known.MINE
+    assert local.known(P0, 5, "u:a") is None  # another record at that offset (a recreated topic)
+    local.finished(P0, 5, "t:a")
+    assert local.known(P0, 5, "t:a") is Known.DONE and not local.running
+    assert local.known(P1, 5, "t:a") is None
+
+
+def test_a_commit_forgets_the_finished_records_below_it_and_names_them() -> None:
+    local = LocalClaims()
+    for offset in (1, 2, 4):
+        local.finished(P0, offset, f"r{offset}")
+    assert local.committed(P0, 3) == [1, 2]
+    assert local.known(P0, 2, "r2") is None and local.known(P0, 4, "r4") is Known.DONE
+    assert local.committed(P0, 3) == []
+
+
+def test_only_records_at_or_beyond_the_frontier_of_a_partition_taken_are_fresh() -> None:
+    local = LocalClaims()
+    assert not local.fresh(P0, 100)  # not taken: nothing is known
+    local.taken(P0, 10)
+    assert not local.fresh(P0, 9) and local.fresh(P0, 10) and local.fresh(P0, 11)
+    local.taken(P1, None)  # the last stable offset could not be read
+    assert not local.fresh(P1, 10**9)
+    local.lost(P0)
+    assert not local.fresh(P0, 11)
+
+
+def test_losing_a_partition_keeps_its_finished_records_only_while_some_of_it_runs_here() -> None:
+    local = LocalClaims()
+    local.finished(P0, 1, "a")
+    local.started(P0, 2, "b")
+    local.finished(P1, 1, "c")
+    local.lost(P0)
+    local.lost(P1)
+    assert local.known(P0, 1, "a") is Known.DONE  # above a prompt still running here: not committed yet
+    assert local.known(P1, 1, "c") is None
+
+
+def test_what_is_written_again_after_redis_forgot() -> None:
+    local = LocalClaims()
+    local.started(P1, 3, "x")
+    local.started(P0, 7, "y")
+    local.finished(P0, 2, "z")
+    assert local.to_assert() == [(P0, 7, "y", False), (P1, 3, "x", False), (P0, 2, "z", True)]
+    local.stopped(P1, 3)
+    assert local.running_on([P1]) == 0 and local.running_on([P0]) == 1
