@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.common import RESULTS_DIR, fmt
 
-ORDER = ("codec", "grouping", "pipeline", "inprocess", "latency", "trainer", "memory", "gpu")
+ORDER = ("codec", "grouping", "pipeline", "inprocess", "latency", "trainer", "memory", "server")
 
 
 def load(name: str) -> dict[str, Any] | None:
@@ -64,9 +64,9 @@ def headline(name: str, r: dict[str, Any]) -> list[str]:
         for row in r["extra"].get("tiers", []):
             rows.append(f"| memory | {row['tier']}: peak RSS / peak private, MB | {fmt(row['peak RSS MB'])} / "
                         f"{fmt(row['peak private MB'])} | with children {fmt(row['peak RSS with children MB'])} |")
-    if name == "gpu":
+    if name == "server":
         for row in r["tables"][next(iter(r["tables"]))]:
-            rows.append(f"| gpu | {row['path']}, tokens/s | {fmt(row['tokens/s'])} | {fmt(row.get('% of direct', ''))} |")
+            rows.append(f"| server | {r['extra'].get('engine', '')} {row['path']}, tokens/s | {fmt(row['tokens/s'])} | {fmt(row.get('% of direct', ''))} |")
     for t in r["targets"]:
         verdict = "PASS" if t["passed"] else "FAIL"
         op = ">=" if t["higher_is_better"] else "<="
