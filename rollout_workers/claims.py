@@ -35,6 +35,14 @@ worker runs only what its own knowledge allows (``local_claims``); nothing it ru
 commits waits for Redis: claims it could not write are written once Redis answers, and claims
 are deleted once an offset commit passed them.
 
+A claim whose answer was lost (a timeout, a dropped connection) may still have been made:
+Redis runs a script it received, whether or not the caller is still waiting (a Redis paused
+or slow past the client's timeout runs the queued scripts when it wakes). Such a claim names a
+live worker that does not know it holds it, and would keep the record from every other worker
+for as long as that worker lives. So the worker remembers every claim it sent without an
+answer until a later answer settles it, and releases the ones of records it stops caring
+about (its partition moved away) as soon as Redis answers (:meth:`PromptClaims.abandon`).
+
 Every claim carries the hash tag of the trial's keys (``rollstream.state.client.RedisKeys``),
 so each script touches one slot, and the identity of its record (timestamp and key), so a
 claim of a recreated topic's earlier record is no claim.
@@ -115,7 +123,9 @@ class PromptClaims:
         self._disrupted = False  # a call failed or was slow, and none succeeded since
         self._registered = False
         self._reassert = False  # write every claim this worker answers for again
-        self._pending: dict[tuple[int, int], tuple[str, str]] = {}  # (partition, offset) -> (state, identity)
+        # (partition, offset) -> (state, identity); state "running" | "done" | "release" | "" (delete)
+        self._pending: dict[tuple[int, int], tuple[str, str]] = {}
+        self._unanswered: dict[tuple[int, int], str] = {}  # claims sent whose answer was lost -> identity
         self._wake = asyncio.Event()
 
     def _claim_key(self, partition: int, offset: int) -> str:
@@ -249,14 +259,30 @@ class PromptClaims:
 
     async def claim(self, partition: int, offset: int, identity: str) -> Claim | None:
         """Claim the record at ``partition``/``offset``, or say who has it (module docstring);
-        None while Redis cannot be reached (one try: the caller decides what that means)."""
+        None while Redis cannot be reached (one try: the caller decides what that means; the
+        claim may have been made all the same, see :meth:`abandon`)."""
+        record = (partition, offset)
+        if self._pending.get(record, ("",))[0] == "release":
+            del self._pending[record]  # this claim's answer settles it
         try:
             claim = await self._claim_once(partition, offset, identity)
         except REDIS_FAULTS as exc:
             log.warning("cannot claim prompt %d@%d (%s: %s)", partition, offset, type(exc).__name__, exc)
+            self._unanswered[record] = identity
             claim = None
+        else:
+            self._unanswered.pop(record, None)
         raise_if_cancelled()
         return claim
+
+    def abandon(self, partition: int, offset: int) -> None:
+        """This worker stops asking about the record (its partition moved away): a claim of
+        it sent without an answer, which Redis may have made after all, is released once Redis
+        answers, so the partition's new owner is not kept waiting by a claim nobody runs."""
+        identity = self._unanswered.pop((partition, offset), None)
+        if identity is not None:
+            log.info("releasing a possible claim of prompt %d@%d (its answer was lost)", partition, offset)
+            self._queue(partition, offset, "release", identity)
 
     async def _claim_once(self, partition: int, offset: int, identity: str) -> Claim:
         key = self._claim_key(partition, offset)
@@ -289,6 +315,8 @@ class PromptClaims:
             self._queue(partition, offset, "", "")
 
     def _queue(self, partition: int, offset: int, state: str, identity: str) -> None:
+        if state != "release":
+            self._unanswered.pop((partition, offset), None)  # what this worker writes now settles it
         self._pending[(partition, offset)] = (state, identity)
         self._wake.set()
 
@@ -311,7 +339,9 @@ class PromptClaims:
         async with self._redis.pipeline(transaction=False) as pipe:
             for (partition, offset), (state, identity) in batch.items():
                 key = self._claim_key(partition, offset)
-                if state:
+                if state == "release":
+                    await self._scripts["RELEASE"](keys=[key], args=[self.worker_id, self.incarnation], client=pipe)
+                elif state:
                     await self._scripts["ASSERT"](keys=[key], args=[self.worker_id, self.incarnation,
                                                                     CLAIM_TTL_SECONDS, identity, state], client=pipe)
                 else:

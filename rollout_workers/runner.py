@@ -165,8 +165,7 @@ class PromptRunner:
         forgotten (their new owner asks)."""
         for (tp, offset), (record, _) in list(self.held.items()):
             if tp not in owned:
-                self.held.pop((tp, offset), None)
-                self.unsure.discard((tp, offset))
+                self._stop_waiting(tp, offset)
                 continue
             claim = await self._resolve(tp, record)
             if (tp, offset) in self.held and claim.outcome not in (Outcome.HELD, Outcome.UNSURE):
@@ -174,9 +173,13 @@ class PromptRunner:
 
     def forget(self, tps: set[TopicPartition]) -> None:
         """Partitions revoked: stop waiting for their held records (what runs here goes on)."""
-        for key in [key for key in self.held if key[0] in tps]:
-            del self.held[key]
-            self.unsure.discard(key)
+        for tp, offset in [key for key in self.held if key[0] in tps]:
+            self._stop_waiting(tp, offset)
+
+    def _stop_waiting(self, tp: TopicPartition, offset: int) -> None:
+        self.held.pop((tp, offset), None)
+        self.unsure.discard((tp, offset))
+        self._claims.abandon(tp.partition, offset)
 
     async def release_unfinished(self) -> None:
         """After cancelling: give up the claims of records that did not finish, so their

@@ -186,6 +186,13 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
 
 
+def lost_bootstrap(exc: AssertionError) -> bool:
+    """aiokafka's producer start asserts it knows a broker when it looks up its transaction
+    coordinator; a broker restarting between the bootstrap and that lookup fails the assertion.
+    It is the broker being away, as a connection error is."""
+    return "bootstrap" in str(exc)
+
+
 async def wait_out_outage(
     config: KafkaConfig, fn: Callable[[], Awaitable[T]], what: str, patience: float | None = None
 ) -> T:
@@ -209,6 +216,10 @@ async def wait_out_outage(
         tries += 1
         try:
             return await fn()
+        except AssertionError as exc:
+            if not lost_bootstrap(exc):
+                raise
+            raise KafkaConnectionError(f"no broker known while {what}: {exc}") from exc
         except KafkaConnectionError as exc:
             refusal = await authentication_refusal(config)
             if refusal is not None:

@@ -152,3 +152,48 @@ async def test_a_worker_starting_while_redis_is_down_waits_for_it(unique_name: s
             assert value.decode().startswith(a.incarnation + "|")
         finally:
             await client.aclose()
+
+
+async def test_a_claim_whose_answer_was_lost_is_released_once_its_partition_moved_away(
+    tmp_path: Path, unique_name: str
+) -> None:
+    """Redis frozen past the client's timeout runs the queued claim when it wakes: worker a,
+    told nothing (None), holds a claim it does not know of, and b finds the record HELD by a
+    live worker that will never run it. Once a stops asking (its partition moved to b), a
+    releases it and b runs the record, instead of waiting for as long as a lives."""
+    with LocalRedisServer(tmp_path / "redis") as redis:
+        impatient = aioredis.from_url(redis.url, socket_timeout=0.5)
+        client = aioredis.from_url(redis.url)
+        a, b = worker(impatient, unique_name, "a", detection=3.0), worker(client, unique_name, "b", detection=3.0)
+        beats = None
+        try:
+            await a.register()
+            await b.register()
+            beats = asyncio.create_task(a.maintain())
+            await asyncio.sleep(3.1)  # the new redis-server process is settled for the claims
+            assert (await a.claim(0, 2, REC)).outcome is Outcome.RUN  # the script is in Redis's cache
+            redis.pause()
+            try:
+                assert await within(a.claim(0, 3, REC), 10, "a claim to a frozen Redis") is None
+            finally:
+                redis.resume()
+            key = RedisKeys(unique_name, "t0").key("claim:0:3")
+            for _ in range(50):  # the queued script ran when Redis woke
+                if await client.hget(key, "worker") == b"a":
+                    break
+                await asyncio.sleep(0.1)
+            held = await b.claim(0, 3, REC)
+            assert held is not None and held.outcome is Outcome.HELD and held.holder == "a"
+            a.abandon(0, 3)  # the partition moved to b
+            for _ in range(50):
+                claim = await b.claim(0, 3, REC)
+                if claim is not None and claim.outcome is Outcome.RUN:
+                    break
+                await asyncio.sleep(0.1)
+            assert claim is not None and claim.outcome is Outcome.RUN
+        finally:
+            if beats is not None:
+                beats.cancel()
+                await within(asyncio.gather(beats, return_exceptions=True), 10, "a's heartbeats")
+            await impatient.aclose()
+            await client.aclose()
