@@ -37,6 +37,7 @@ class Known(enum.Enum):
 class _Partition:
     finished: dict[int, str] = field(default_factory=dict)  # offset -> record identity
     fresh_from: int | None = None  # None: nothing is known to be fresh (not taken, or unknown)
+    lost: bool = False  # taken, then moved away
 
 
 class LocalClaims:
@@ -54,15 +55,22 @@ class LocalClaims:
     def taken(self, tp: TopicPartition, last_stable_offset: int | None) -> None:
         """This worker took ``tp``; ``last_stable_offset`` as of now (None: unknown, so no
         record of it counts as fresh)."""
-        self._part(tp).fresh_from = last_stable_offset
+        part = self._part(tp)
+        part.fresh_from, part.lost = last_stable_offset, False
 
     def lost(self, tp: TopicPartition) -> None:
         """``tp`` moved away: nothing of it is fresh any more. Finished records are kept while
         records of ``tp`` still run here (they are above the commit point: taking ``tp`` back
-        finds them DONE without Redis); otherwise the release's commit passed them all."""
+        finds them DONE without Redis) and forgotten once the last of them ended; otherwise the
+        release's commit passed them all. (Kept longer, they would be written again after every
+        disruption, over the deletion of the partition's new owner, which commits past them.)"""
         part = self._part(tp)
-        part.fresh_from = None
-        if not any(key[0] == tp for key in self.running):
+        part.fresh_from, part.lost = None, True
+        self._forget_if_lost(tp)
+
+    def _forget_if_lost(self, tp: TopicPartition) -> None:
+        part = self._part(tp)
+        if part.lost and not any(key[0] == tp for key in self.running):
             part.finished.clear()
 
     # -- records --
@@ -92,6 +100,7 @@ class LocalClaims:
         """Every sample of the record is published (here), or its claim says done."""
         self.running.pop((tp, offset), None)
         self._part(tp).finished[offset] = identity
+        self._forget_if_lost(tp)
 
     def committed(self, tp: TopicPartition, offset: int) -> list[int]:
         """This worker committed ``tp`` up to ``offset``: the finished records below it are

@@ -2,9 +2,8 @@
 # The test command: set up, then run the whole suite against a real Kafka broker and Redis
 # (started by the test fixtures, or taken from KAFKA_BOOTSTRAP_SERVERS / REDIS_URL).
 # Fails on any test failure and when no test ran (pytest exit 5).
-# Two pytest-xdist workers: the pipeline tests (faults, e2e) in order on one, the integration
-# tests in order on the other, the unit tests wherever there is room (tests/conftest.py,
-# pytest_xdist_make_scheduler).
+# Two pytest-xdist workers: the unit tests (no services, no timing) on one beside the rest,
+# which run on the other in order (tests/conftest.py, pytest_xdist_make_scheduler).
 # ROLLSTREAM_TEST_WORKERS=0 runs everything in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -103,26 +103,16 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 # The tests that share nothing with the session's services: pure functions and classes, no
 # broker, no Redis, no subprocess timing. Under pytest-xdist (`scripts/test.sh`: `-n 2`) each
-# of them is its own unit of work for any worker. Every other test is in one of two units,
-# each run by one worker in collection order, each worker with its own broker and Redis: the
-# pipelines of tier processes (fault and end-to-end tests) in one, the integration tests in
-# the other, which also holds every test of the session's vLLM server (one server per run).
-# The two units run side by side (a fault test's timeouts hold with another test, or a
-# CPU-bound process, beside it); the units go to whichever worker is free.
+# of them is its own unit of work for any worker, while every other test is in one unit, run
+# by one worker in collection order as without xdist: the fault and pipeline tests size their
+# timeouts for one pipeline at a time on a 2-core machine.
 PARALLEL_SAFE = ("tests/unit/", "tests/fuzz/test_decoders.py")
-PIPELINES = ("tests/faults/", "tests/e2e/")
-ON_THE_VLLM_SERVER = ("tests/e2e/test_vllm_pipeline.py",)
 SERVICES = "services"
-PIPELINE_SCOPE = "pipelines"
 
 
 def unit_of_work(nodeid: str) -> str:
     """The xdist scheduling unit of the test ``nodeid``."""
-    if nodeid.startswith(PARALLEL_SAFE):
-        return nodeid
-    if nodeid.startswith(PIPELINES) and not nodeid.startswith(ON_THE_VLLM_SERVER):
-        return PIPELINE_SCOPE
-    return SERVICES
+    return nodeid if nodeid.startswith(PARALLEL_SAFE) else SERVICES
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -58,3 +58,21 @@ def test_what_is_written_again_after_redis_forgot() -> None:
     assert local.to_assert() == [(P0, 7, "y", False), (P1, 3, "x", False), (P0, 2, "z", True)]
     local.stopped(P1, 3)
     assert local.running_on([P1]) == 0 and local.running_on([P0]) == 1
+
+
+def test_a_lost_partitions_finished_records_are_forgotten_once_the_last_of_them_ends() -> None:
+    """Kept longer, they would be written again as done after a disruption, over the deletion
+    of the new owner that committed past them (a claim left behind for a day)."""
+    local = LocalClaims()
+    local.taken(P0, 0)
+    local.finished(P0, 1, "a")
+    local.started(P0, 2, "b")
+    local.started(P0, 3, "c")
+    local.lost(P0)
+    local.finished(P0, 2, "b")
+    assert local.known(P0, 1, "a") is Known.DONE and local.known(P0, 2, "b") is Known.DONE  # 3 still runs
+    local.finished(P0, 3, "c")
+    assert local.to_assert() == [] and local.known(P0, 3, "c") is None
+    local.taken(P0, 4)  # taken back: what finishes is kept until committed past
+    local.finished(P0, 5, "d")
+    assert local.known(P0, 5, "d") is Known.DONE
