@@ -10,6 +10,8 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
+# the vLLM service's compose health check runs curl; a unit test runs that check
+command -v curl >/dev/null || missing+=(curl)
 # compose.yaml is validated with `docker-compose config` in the tests (no engine needed)
 command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || missing+=(docker-compose)
 if [ ${#missing[@]} -gt 0 ]; then

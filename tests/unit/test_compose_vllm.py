@@ -79,8 +79,6 @@ def health_server() -> Iterator[int]:
         server.server_close()
 
 
-@pytest.mark.skipif(subprocess.run(["which", "curl"], capture_output=True).returncode != 0,
-                    reason="the health check runs curl")
 def test_health_check_follows_the_servers_health(health_server: int) -> None:
     test = vllm()["healthcheck"]["test"]
     assert test[0] == "CMD"

@@ -76,8 +76,7 @@ def test_the_environment_wins_over_testcontainers(local_fakes: None, monkeypatch
 
 def test_testcontainers_without_an_engine_is_an_error_that_says_so(local_fakes: None, monkeypatch: pytest.MonkeyPatch,
                                                                     tmp_path: Path) -> None:
-    docker = pytest.importorskip("docker")
-    pytest.importorskip("testcontainers")
+    import docker  # testcontainers' dependency, installed with rollstream
 
     def no_engine(**_: Any) -> None:
         raise docker.errors.DockerException("Error while fetching server API version")
