@@ -106,6 +106,7 @@ class LocalVLLMServer(LocalServer):
 
     START_TIMEOUT = 300.0  # 30-60 s on 2 CPU cores; more under load
     STOP_TIMEOUT = 30.0
+    ORPHAN_GRACE = 3.0
 
     def __init__(self, workdir: Path, model: Path | str, *, max_model_len: int = 256, max_num_seqs: int = 8,
                  cpus: str = "", detached: bool = False) -> None:
@@ -162,10 +163,13 @@ class LocalVLLMServer(LocalServer):
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM the server (it stops its engine processes); SIGKILL the whole group after
-        ``timeout`` seconds."""
+        ``timeout`` seconds, or :data:`ORPHAN_GRACE` seconds after the API server exited
+        (what it left running would otherwise hold the stop for the whole timeout)."""
         self._process.terminate()
         deadline = time.monotonic() + (self.STOP_TIMEOUT if timeout is None else timeout)
         while self._group_alive() and time.monotonic() < deadline:
+            if self._process.exit_code() is not None:
+                deadline = min(deadline, time.monotonic() + self.ORPHAN_GRACE)
             time.sleep(0.2)
         self.kill()
 

@@ -10,13 +10,23 @@ writes the one line that says which rank, its step and phase, this rank's, the r
 follows and where the job resumes, ends a stalled rank on this host, and ends this process
 (:data:`~rollstream.trainer.watch.RANK_LOST_EXIT`): its main thread may sit in a collective that
 never returns, and ``torchrun`` restarts the job once its ranks are gone.
+
+``torchrun`` ends the surviving ranks with SIGTERM as soon as one rank's process exits, which
+can come before a survivor's heartbeat thread ran (a busy machine). So while it watches, a rank
+answers SIGTERM by having its heartbeats check the peers once more (a dead peer's connection is
+closed by then): a lost peer is named in the one line and the process ends; otherwise the rank
+acts as it would have without the watch.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
+import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from rollstream.config import TrainerConfig
@@ -28,6 +38,7 @@ from rollstream.trainer.watch import RANK_LOST_EXIT, RankWatch, Verdict, end_sta
 log = logging.getLogger(__name__)
 
 SETTLE_SECONDS = 5.0  # after a collective failed: how long to wait for the heartbeats' verdict
+TERM_CHECK_SECONDS = 2.0  # on SIGTERM: the longest wait for the heartbeats' one more check
 
 
 class RankFailed(RuntimeError):
@@ -56,6 +67,9 @@ class RankHealth:
         self.resume: tuple[int, dict[int, int]] = (0, {})
         self._collective_timeout = config.collective_timeout_seconds
         self._watch = RankWatch.start(ranks, config.rank_timeout_seconds, self._on_lost) if ranks.group is not None else None
+        self._previous_term: Any = None
+        if self._watch is not None and threading.current_thread() is threading.main_thread():
+            self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
 
     @property
     def lost(self) -> bool:
@@ -72,6 +86,9 @@ class RankHealth:
         rank shares; ``failed`` with ``error`` otherwise, so that the others end too, naming it."""
         if self._watch is None:
             return
+        if self._previous_term is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_term)
+            self._previous_term = None
         if error is None or agreed(error):
             self._watch.close("closed")
         else:
@@ -116,6 +133,19 @@ class RankHealth:
             world = self.ranks.world_size
             log.info("trainer job of %d rank%s, %s: %s", world, "s" if world > 1 else "", restarts.this_run(),
                      self.resume_text())
+
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM while watching (see the module docstring): a verdict ends this process with
+        its line (on the watch's thread); otherwise the handler that was there before runs."""
+        assert self._watch is not None
+        if self._watch.check_now(TERM_CHECK_SECONDS) is not None:
+            time.sleep(SETTLE_SECONDS)  # the watch's thread writes the line and ends the process
+        previous = self._previous_term
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _on_lost(self, verdict: Verdict) -> None:
         """The heartbeats' verdict (on the watch's thread): one line, then end this process."""

@@ -142,6 +142,8 @@ class RankWatch:
         self._decided = threading.Event()
         self._verdict: Verdict | None = None
         self._began = time.monotonic()
+        self._rounds = 0  # the watching thread's checks so far
+        self._round_done = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"rank-watch-{rank}", daemon=True)
 
     # -- lifecycle --
@@ -200,6 +202,17 @@ class RankWatch:
         """Wait up to ``timeout`` seconds (default: the rank timeout and one beat) for a verdict:
         after a collective failed, it tells a lost peer from another cause."""
         self._decided.wait(self.timeout + self.interval if timeout is None else timeout)
+        return self._verdict
+
+    def check_now(self, timeout: float) -> Verdict | None:
+        """Have the watching thread read what its peers sent and check them once more (waiting
+        up to ``timeout`` seconds): the verdict, if there is one. A peer that died has its
+        connection closed already, so this names it without waiting for heartbeats."""
+        with self._round_done:
+            wanted = self._rounds + 2  # the round under way may have read its sockets already
+            self._wake()
+            self._round_done.wait_for(lambda: self._rounds >= wanted or self._decided.is_set()
+                                      or not self._thread.is_alive(), timeout)
         return self._verdict
 
     # -- sockets --
@@ -281,6 +294,9 @@ class RankWatch:
                 if verdict is not None and not self._closing.is_set():
                     self._decide(verdict)
                     return
+                with self._round_done:
+                    self._rounds += 1
+                    self._round_done.notify_all()
         except Exception:  # the job goes on without the watch; the collective timeout remains
             log.exception("rank %d: the heartbeat watch failed; dead or stalled ranks are now found only "
                           "by trainer.collective_timeout_seconds", self.rank)
@@ -354,6 +370,8 @@ class RankWatch:
                         peer.outbox += data
                         self._flush(peer, wait=1.0)
         self._decided.set()
+        with self._round_done:
+            self._round_done.notify_all()
         self._on_lost(verdict)
 
 

@@ -98,6 +98,20 @@ def test_a_rank_whose_connection_closes_without_a_goodbye_is_gone_at_once(job: J
     assert "is gone: its connection closed without a goodbye (the process ended) in step 2, phase 'commit'" in verdict.describe()
 
 
+def test_a_check_now_names_a_peer_that_died_just_before_and_returns_at_once_while_all_live(job: Job) -> None:
+    """What a rank does on torchrun's SIGTERM, which follows a peer's death by milliseconds:
+    the peer's closed connection is named without waiting for the next heartbeat."""
+    leader = job.start(0)
+    follower = job.impostor(1, step=6, phase="train")
+    time.sleep(0.05)
+    began = time.monotonic()
+    assert leader.check_now(5.0) is None
+    assert time.monotonic() - began < TIMEOUT / 2  # one round of the watching thread, not a heartbeat's wait
+    follower.close()  # rank 1 dies: the kernel closes its connection
+    verdict = leader.check_now(5.0)
+    assert verdict is not None and (verdict.rank, verdict.kind, verdict.step) == (1, "gone", 6), verdict
+
+
 def test_live_ranks_reach_no_verdict_and_a_goodbye_ends_the_watching(job: Job) -> None:
     leader, follower = job.start(0), job.start(1)
     follower.at(5, "checkpoint")
