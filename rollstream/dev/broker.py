@@ -33,6 +33,11 @@ SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 _SCRAM_SAFE = re.compile(r"^[^\s,=\[\]\"']+$")
 
 
+# A local broker is for development and tests, where it starts often and carries little: one
+# GC thread, and only the JIT's quick tier (C1), which on 2 cores brings a start (and a node's
+# restart in a cluster) from 10-15 s to 5-8 s (measured side by side, the machine busy).
+QUICK_START_JVM = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
 class BrokerStartError(RuntimeError):
     """The broker did not become ready; the message ends with the last lines of its log."""
 
@@ -137,7 +142,7 @@ class LocalKafkaBroker(LocalServer):
             self._format(libs, config)
         offset = self._process.log_offset()
         argv = [
-            java_executable(), "-Xms128m", f"-Xmx{self.heap}", "-XX:+UseSerialGC",
+            java_executable(), "-Xms128m", f"-Xmx{self.heap}", *QUICK_START_JVM,
             "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
             "-cp", classpath(libs), "kafka.Kafka", str(config),
@@ -244,7 +249,7 @@ class LocalKafkaBroker(LocalServer):
 
     def _format(self, libs: Path, config: Path) -> None:
         argv = [
-            java_executable(), "-Xmx256m", "-XX:+UseSerialGC",
+            java_executable(), "-Xmx256m", *QUICK_START_JVM,
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
             "-cp", classpath(libs), "kafka.tools.StorageTool", "format",
             "-t", new_cluster_id() if self.layout is None else self.layout.cluster_id, "-c", str(config),
