@@ -100,6 +100,12 @@ class LocalKafkaCluster:
         for node in self.nodes.values():
             node.stop(max(0.1, deadline - time.monotonic()))
 
+    def kill(self) -> None:
+        """SIGKILL every node: the end of a cluster whose data nobody keeps (a test's), without
+        the wait for shutdowns that cannot reach a quorum."""
+        for node_id in self.nodes:
+            self.kill_node(node_id)
+
     def start_node(self, node_id: int, timeout: float | None = None) -> None:
         """Start one stopped or killed node again (same ports and data) and wait until it serves."""
         self.node(node_id).start(self.START_TIMEOUT if timeout is None else timeout)

@@ -35,4 +35,4 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKaf
     try:
         yield cluster
     finally:
-        cluster.stop()
+        cluster.kill()  # its data goes with the test's temp dir: no clean shutdown to wait for
