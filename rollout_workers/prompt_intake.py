@@ -3,8 +3,11 @@
 The worker runs the one :class:`~rollstream.kafka.partition_loop.PartitionLoop` with the
 :class:`~rollstream.kafka.partition_loop.AtLeastOnce` delivery around a :class:`PromptIntake`:
 
-- room: prompt records are taken while fewer than ``rollout.max_concurrent_rollouts`` samples
-  are in flight (the loop pauses the partitions otherwise, and keeps polling);
+- room: prompt records are taken while fewer than twice ``rollout.max_concurrent_rollouts``
+  samples are in flight: as many generate, and up to as many more wait for a slot, so that a
+  slot that frees is filled at once and not after the next poll and claim (a group that ends
+  all at once left the server idle for that long); the loop pauses the partitions otherwise,
+  and keeps polling;
 - acquire: each partition's fresh frontier, its last stable offset now
   (``rollout_workers/local_claims.py``: records from there on were never fetched by anyone);
 - take: each record goes to the :class:`~rollstream.rollout_workers.runner.PromptRunner`
@@ -36,6 +39,7 @@ from rollstream.rollout_workers.runner import PromptRunner
 log = logging.getLogger(__name__)
 
 RECHECK_SECONDS = 1.0  # how often prompts held by other workers are asked about again
+QUEUED_ROUNDS = 2  # samples in flight, in rounds of max_concurrent_rollouts: one generating, one waiting
 EndOffsets = Callable[[list[TopicPartition]], Awaitable[dict[TopicPartition, int]]]
 
 
@@ -81,9 +85,10 @@ class PromptIntake:
 
     def room(self) -> int:
         # A record holds group_size samples; taking at most ``room`` records keeps the backlog
-        # (work a crash would redo) small.
+        # (work a crash would redo) to one round of waiting samples.
         # (records waiting for Redis to vouch for them count too: each may run here next)
-        return max(0, self._limit - self._runner.inflight_samples - self._runner.claiming - len(self._runner.unsure))
+        return max(0, QUEUED_ROUNDS * self._limit - self._runner.inflight_samples - self._runner.claiming
+                   - len(self._runner.unsure))
 
     async def wait_for_room(self, timeout: float) -> None:
         await self._runner.wait_for_room(timeout, lambda: self.room() > 0)

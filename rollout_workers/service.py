@@ -4,8 +4,9 @@
 read_committed, manual commits, sticky assignment), the prompt claims in Redis
 (``rollout_workers/claims.py``: whoever reads a prompt again never re-runs one a live worker
 runs), an idempotent producer, the engine, the workflow allow-list and the
-:class:`VersionFollower`. The loop takes prompt records while fewer than
-``rollout.max_concurrent_rollouts`` samples are in flight (partitions are paused, not left
+:class:`VersionFollower`. The loop takes prompt records while fewer than twice
+``rollout.max_concurrent_rollouts`` samples are in flight (as many generate, the others wait for
+a slot: ``prompt_intake.py``; partitions are paused, not left
 unpolled, when full, so the worker stays in its group during long generations), asks again
 about prompts other workers hold, commits finished prompts every
 ``rollout.commit_interval_seconds``, and re-raises the first failure of any background task.
