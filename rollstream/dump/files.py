@@ -30,12 +30,12 @@ import json
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollstream.file_names import file_stem
+from rollstream.trajectory.versions import PROMPT_VERSION, Versions, head_and_tail
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,6 @@ def dump_path(
 ) -> Path:
     """Where the group of ``task_id`` lies when its version is ``version``."""
     return Path(fileroot) / experiment / trial / scope_dir(is_eval) / str(version) / f"{file_stem(task_id)}{SUFFIX}"
-
-
-def group_version(tail_versions: Iterable[int]) -> int:
-    """The version that names a group's directory: the newest ``tail_version`` of its lines
-    (AReaL's choice: the group's global tail), -1 when none has a generated token."""
-    return max(tail_versions, default=-1)
 
 
 def line_key(record: dict[str, Any]) -> tuple[int, int]:
@@ -132,7 +126,8 @@ class TaskFiles:
             added += 1
         if added == 0 and len(paths) == 1:
             return self._remember((is_eval, task_id), MergeResult(0, len(records), paths[0]))
-        version = group_version(tail for key, tail, _ in lines if key != _NO_KEY)
+        # the directory is named by the group's tail version (AReaL's choice)
+        version = head_and_tail(Versions(PROMPT_VERSION, tail) for key, tail, _ in lines if key != _NO_KEY).tail_version
         target = scope / str(version) / name
         _replace(target, "".join(text for _, _, text in sorted(lines, key=lambda line: line[0])))
         for old in paths:
@@ -178,7 +173,7 @@ def _read_lines(paths: list[Path]) -> list[tuple[tuple[int, int], int, str]]:
                 lines.append((line_key(record), int(record["tail_version"]), text))
             except (ValueError, KeyError, TypeError):
                 log.warning("dump file %s holds a line that is not a dump record; kept as it is", path)
-                lines.append((_NO_KEY, -1, text))
+                lines.append((_NO_KEY, PROMPT_VERSION, text))
     return lines
 
 
