@@ -3,7 +3,7 @@
 AReaL's ``stats_tracker`` keeps every recorded value until ``export_all()``, which AReaL's
 trainer calls each step and nothing in a rollout worker would call: the worker grows with every
 episode. The rollout worker exports and resets it every 10 s into its metrics
-(``rollstream.api.areal_stats.export_periodically``). This runs AReaL's own ``RLVRWorkflow``
+(``rollstream.areal.stats.export_periodically``). This runs AReaL's own ``RLVRWorkflow``
 (areal installed) episode after episode in this process, as a worker does (rollstream's AReaL
 adapter, the tiny model's tokenizer, AReaL's reward process pool, a scripted engine answering
 at once), twice: without the export (what a worker did before) and with the worker's export
@@ -22,7 +22,7 @@ from typing import Any
 from bench.common import Report
 from bench.procstats import rss_bytes
 from bench.stack import tokenizer_path
-from rollstream.api.areal_stats import export_periodically
+from rollstream.areal.stats import export_periodically
 from rollstream.api.context import workflow_context
 from rollstream.api.stats import StatsTracker
 
@@ -57,7 +57,7 @@ def held(stats_tracker: Any) -> int:
 
 
 async def _episodes(n: int, checkpoints: list[int], export: bool) -> list[dict[str, Any]]:
-    from rollstream.api.areal_adapter import ArealWorkflow
+    from rollstream.areal.workflow import ArealWorkflow
     from rollstream.testing import ScriptedEngine
 
     stats_tracker, (areal_workflow, tok) = _areal()

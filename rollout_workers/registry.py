@@ -24,7 +24,7 @@ Special values in ``kwargs`` (also inside nested lists and dicts):
 
 The tokenizer is ``AutoTokenizer.from_pretrained`` as transformers makes it, for rollstream's
 workflows and AReaL's alike. An AReaL workflow class runs as AReaL runs it
-(``rollstream.api.areal_adapter``).
+(``rollstream.areal.workflow``).
 
 An entry whose object is an agent (``async def run(data, **extra)``) is served by the worker's
 OpenAI-compatible agent endpoint (``rollout.agent``, ``rollstream.agent``), started with the
@@ -43,13 +43,14 @@ from collections.abc import Callable
 from typing import Any
 
 from rollstream.agent import AgentEndpoint, AgentWorkflow
-from rollstream.api.areal_adapter import is_areal_workflow
+from rollstream.areal.workflow import is_areal_workflow
 from rollstream.api.io_struct import GenerationHyperparameters
-from rollstream.api.workflow import RolloutWorkflow, resolve_workflow
+from rollstream.api.workflow import RolloutWorkflow
 from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
 from rollstream.imports import import_object
 from rollstream.runtime.import_effects import undo_import_effects
 from rollstream.rewards.wrapper import close_workflow
+from rollstream.workflows.resolve import resolve_workflow
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from rollstream.rollout_workers.data_copies import copier
 from rollstream.rollout_workers.episode_images import ImageLedger
 from rollstream.rollout_workers.episodes import MAX_REASON_CHARS, describe_error, failed_sample, to_episode
 from rollstream.rollout_workers.offsets import OffsetTracker
-from rollstream.rollout_workers.recording import EpisodeEngine
+from rollstream.engines.episode_engine import EpisodeEngine
 from rollstream.rollout_workers.registry import UnknownWorkflowError, WorkflowRegistry
 from rollstream.rollout_workers.tasks import TaskSet
 

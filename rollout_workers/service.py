@@ -33,7 +33,7 @@ import time
 from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
 
-from rollstream.api.areal_stats import export_periodically
+from rollstream.areal.stats import export_periodically
 from rollstream.config import RollstreamConfig
 from rollstream.dump.lines import DumpWriter
 from rollstream.runtime.health import mark_ready

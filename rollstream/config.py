@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
-from rollstream.dump.files import is_plain_name
+from rollstream.file_names import is_plain_name
 
 
 class ConfigError(ValueError):
@@ -326,6 +326,13 @@ class RollstreamConfig(_Section):
 
 SECRET_FIELDS = ("sasl_password", "ssl_password", "password")
 ENV_PREFIX = "ROLLSTREAM__"
+CACHE_DIR_ENV = "ROLLSTREAM_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """Where rollstream keeps what it downloads or builds once (the broker's jars, the tiny
+    models): ``$ROLLSTREAM_CACHE_DIR``, else ``~/.cache/rollstream`` (not created here)."""
+    return Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "rollstream").expanduser()
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

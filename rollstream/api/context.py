@@ -3,7 +3,7 @@
 Built on :mod:`contextvars`, so each asyncio task sees the episode it runs: a task copies the
 context it was created in, and a value set inside one task never leaks into another. Concurrently
 running episodes are therefore isolated as long as each runs in its own task (as the rollout
-worker and :class:`~rollstream.api.workflow.GroupedRolloutWorkflow` do).
+worker and :class:`~rollstream.workflows.grouped.GroupedRolloutWorkflow` do).
 
 Reading outside any episode returns defaults (``is_eval`` False, ``task_id`` "",
 ``sample_idx`` 0, ``stat_scope()`` "rollout") rather than raising: library code such as stats

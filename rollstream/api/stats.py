@@ -88,7 +88,7 @@ class StatsTracker:
 
     def absorb(self, key: str, total: float, count: int) -> None:
         """Add ``count`` values summing to ``total`` under ``key`` as it is (already scoped):
-        statistics reduced elsewhere (AReaL's tracker, ``rollstream.api.areal_stats``)."""
+        statistics reduced elsewhere (AReaL's tracker, ``rollstream.areal.stats``)."""
         if count <= 0:
             return
         with self._lock:

@@ -18,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from rollstream.config import cache_dir
 from rollstream.dev.processes import MissingToolError
 
 logger = logging.getLogger(__name__)
@@ -27,12 +28,6 @@ POM_PATH = Path(__file__).with_name("pom.xml")
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 MAVEN_TIMEOUT_S = 1200.0
 _MARKER = ".complete"
-
-
-def cache_dir() -> Path:
-    """The directory that holds `libs/` for this Kafka version (not created here)."""
-    root = os.environ.get("ROLLSTREAM_CACHE_DIR") or Path.home() / ".cache" / "rollstream"
-    return Path(root).expanduser() / f"kafka-{KAFKA_VERSION}"
 
 
 def java_executable() -> str:
@@ -62,7 +57,7 @@ def ensure_kafka_jars() -> Path:
     missing and RuntimeError (with Maven's output) when resolution fails.
     """
     java_executable()
-    target = cache_dir()
+    target = cache_dir() / f"kafka-{KAFKA_VERSION}"
     libs = target / "libs"
     want = _pom_digest()
     if _is_complete(target, want):

@@ -6,13 +6,10 @@ Layout (AReaL's)::
 
 What callers may rely on:
 
-- **The file is named by the task id as written** when the id is a plain file name
-  (:func:`is_plain_name`): every id our producers make (``{producer_id}:{epoch}:{index}``,
-  with ``producer.producer_id`` checked to be plain). Any other id is percent-encoded
-  (:func:`file_stem`): ``/``, ``%``, control characters and a leading ``.`` become ``%XX``,
-  so the name can neither leave its directory nor collide with another id's, and
-  ``urllib.parse.unquote`` gives the id back. An id too long for a file name is cut and gets
-  ``%%`` plus 16 hex digits of its SHA-256. The lines inside always carry the id itself.
+- **The file is named by the task id as written** when the id is a plain file name: every id
+  our producers make (``{producer_id}:{epoch}:{index}``, with ``producer.producer_id`` checked
+  to be plain). Any other id is escaped (:mod:`rollstream.file_names`). The lines inside always
+  carry the id itself.
 - **One group, one file, one directory.** ``{version}`` is the group's version: the newest
   ``tail_version`` over its lines (-1 when no line has a generated token). Lines of a task are
   merged into its file as they arrive (:meth:`TaskFiles.merge`): the file is rewritten whole
@@ -29,69 +26,21 @@ What callers may rely on:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollstream.file_names import file_stem
+from rollstream.trajectory.versions import PROMPT_VERSION, Versions, head_and_tail
+
 log = logging.getLogger(__name__)
 
 SUFFIX = ".jsonl"
-MAX_NAME_BYTES = 200  # below Linux's 255-byte NAME_MAX, with room for the suffix and temp names
-_DIGEST_HEX = 16
 _NO_KEY = (1 << 62, 0)  # sorts unreadable lines last (kept, never dropped)
-
-
-def _needs_escape(char: str, index: int) -> bool:
-    code = ord(char)
-    return char in "/%" or code < 0x20 or code == 0x7F or (index == 0 and char == ".")
-
-
-def is_plain_name(text: str) -> bool:
-    """True when ``text`` can name a file as it is: not empty, at most 200 UTF-8 bytes, no
-    ``/``, ``%`` or control character, and not starting with ``.`` (so never ``.`` or ``..``)."""
-    return (
-        bool(text)
-        and len(text.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES
-        and not any(_needs_escape(char, i) for i, char in enumerate(text))
-    )
-
-
-def file_stem(task_id: str) -> str:
-    """The file name (without ``.jsonl``) of ``task_id``: the id itself when it is plain, else
-    its percent-encoding, cut and suffixed with a digest when too long (module docstring)."""
-    if is_plain_name(task_id):
-        return task_id
-    encoded = "".join(
-        "".join(f"%{b:02X}" for b in char.encode("utf-8", "surrogatepass")) if _needs_escape(char, i) else char
-        for i, char in enumerate(task_id)
-    )
-    if encoded and len(encoded.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES:
-        return encoded
-    digest = hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_HEX]
-    return f"{_cut(encoded, MAX_NAME_BYTES - _DIGEST_HEX - 2)}%%{digest}"
-
-
-def _cut(text: str, max_bytes: int) -> str:
-    """``text`` cut to at most ``max_bytes`` UTF-8 bytes, never inside a character or an escape."""
-    out, size = [], 0
-    for char in text:
-        size += len(char.encode("utf-8", "surrogatepass"))
-        if size > max_bytes:
-            break
-        out.append(char)
-    cut = "".join(out)
-    tail = cut[-2:]
-    if tail.endswith("%"):
-        return cut[:-1]
-    if tail.startswith("%"):
-        return cut[:-2]
-    return cut
 
 
 def scope_dir(is_eval: bool) -> str:
@@ -104,12 +53,6 @@ def dump_path(
 ) -> Path:
     """Where the group of ``task_id`` lies when its version is ``version``."""
     return Path(fileroot) / experiment / trial / scope_dir(is_eval) / str(version) / f"{file_stem(task_id)}{SUFFIX}"
-
-
-def group_version(tail_versions: Iterable[int]) -> int:
-    """The version that names a group's directory: the newest ``tail_version`` of its lines
-    (AReaL's choice: the group's global tail), -1 when none has a generated token."""
-    return max(tail_versions, default=-1)
 
 
 def line_key(record: dict[str, Any]) -> tuple[int, int]:
@@ -183,7 +126,8 @@ class TaskFiles:
             added += 1
         if added == 0 and len(paths) == 1:
             return self._remember((is_eval, task_id), MergeResult(0, len(records), paths[0]))
-        version = group_version(tail for key, tail, _ in lines if key != _NO_KEY)
+        # the directory is named by the group's tail version (AReaL's choice)
+        version = head_and_tail(Versions(PROMPT_VERSION, tail) for key, tail, _ in lines if key != _NO_KEY).tail_version
         target = scope / str(version) / name
         _replace(target, "".join(text for _, _, text in sorted(lines, key=lambda line: line[0])))
         for old in paths:
@@ -229,7 +173,7 @@ def _read_lines(paths: list[Path]) -> list[tuple[tuple[int, int], int, str]]:
                 lines.append((line_key(record), int(record["tail_version"]), text))
             except (ValueError, KeyError, TypeError):
                 log.warning("dump file %s holds a line that is not a dump record; kept as it is", path)
-                lines.append((_NO_KEY, -1, text))
+                lines.append((_NO_KEY, PROMPT_VERSION, text))
     return lines
 
 

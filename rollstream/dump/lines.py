@@ -45,7 +45,7 @@ from redis.exceptions import RedisError
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import ConfigError, RollstreamConfig
-from rollstream.dump.files import TaskFiles, dump_path, file_stem, read_task, scope_dir
+from rollstream.dump.files import TaskFiles, dump_path, read_task, scope_dir
 from rollstream.tokenizer_file import Tokenizer, load_tokenizer
 from rollstream.trajectory.versions import RowSpan, row_spans
 from rollstream.wire import Batch, Episode, ScoredEpisode, batch_arrays, decode_arrays
@@ -53,7 +53,7 @@ from rollstream.wire.dtypes import to_float32
 
 __all__ = [
     "DUMP_FIELDS", "EXTENDED_FIELDS", "DumpLine", "DumpRow", "DumpWriter", "Tokenizer", "dump_lines", "dump_path",
-    "dump_record", "file_stem", "load_tokenizer", "message_rows", "read_task", "scope_dir",
+    "dump_record", "load_tokenizer", "message_rows", "read_task", "scope_dir",
 ]
 
 log = logging.getLogger(__name__)

@@ -134,7 +134,7 @@ def restore_standard_logging() -> bool:
     hangs under a root without handlers, so rollstream's lines would lose their format, their
     secret masking and, below WARNING, themselves. Loggers the library made keep what it gave
     them. Cheap when nothing changed; called after workflow code is loaded and around AReaL
-    episodes (``rollstream.api.areal_adapter``)."""
+    episodes (``rollstream.areal.workflow``)."""
     global _restored_once
     if logging.Logger.manager is _STANDARD_MANAGER and logging.Logger.root is _STANDARD_ROOT:
         return False

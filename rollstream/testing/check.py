@@ -23,12 +23,12 @@ from torch import Tensor
 from rollstream.api.context import workflow_context
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import ModelResponse
-from rollstream.api.recording import EpisodeEngine
-from rollstream.api.workflow import resolve_workflow
+from rollstream.engines.episode_engine import EpisodeEngine
 from rollstream.trajectory.normalize import TrajectoryError, episode_tensors
 from rollstream.rewards.wrapper import close_workflow
 from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, encode
 from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
+from rollstream.workflows.resolve import resolve_workflow
 
 Outcome = Literal["episode", "rejected", "failed"]
 

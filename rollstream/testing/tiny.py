@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rollstream.api.io_struct import GenerationHyperparameters
-from rollstream.dev.kafka_jars import cache_dir
+from rollstream.config import cache_dir
 from rollstream.tiny.text_model import ensure_tiny_model
 from rollstream.tiny.vlm import ensure_tiny_vlm
 

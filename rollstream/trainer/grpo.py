@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rollstream.trajectory.versions import token_staleness
 from rollstream.vision.forward import trajectory_logits
 from rollstream.vision.inputs import VisionInputs
 
@@ -113,12 +114,11 @@ class Staleness:
 
 
 def staleness_stats(versions: Tensor, loss_mask: Tensor, trainer_version: int) -> Staleness:
-    """How far behind the trainer the generated tokens of a batch are."""
-    generated = (loss_mask > 0) & (versions >= 0)
-    lag = (trainer_version - versions[generated]).to(torch.float32)
-    if lag.numel() == 0:
+    """How far behind the trainer the generated tokens of a batch are (:func:`token_staleness`)."""
+    lag = token_staleness(trainer_version, versions, loss_mask)
+    if lag.size == 0:
         return Staleness(0.0, 0, 0, 0)
-    return Staleness(float(lag.mean().item()), int(lag.max().item()), int(lag.min().item()), int(lag.numel()))
+    return Staleness(float(lag.mean()), int(lag.max()), int(lag.min()), int(lag.size))
 
 
 @dataclass(frozen=True)

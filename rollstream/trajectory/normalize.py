@@ -4,7 +4,7 @@
 publishes an episode, ``rollstream.testing`` when it checks a workflow). Callers may rely on:
 
 * ``None`` is never passed in (a rejection is not a result); a dict of ``Interaction`` becomes
-  one row per interaction (``interactions_to_tensors``).
+  one row per interaction (:func:`interactions_to_tensors`).
 * ``reward`` is taken as ``rewards``.
 * AReaL's guide form ``{"input_ids": prompt, "output_ids": completion, ...}`` (each
   ``[L]`` or ``[1, L]``) becomes one standard row: prompt then completion in ``input_ids``,
@@ -31,8 +31,16 @@ import torch
 from torch import Tensor
 
 from rollstream.api.io_struct import ModelResponse
-from rollstream.api.workflow import interactions_to_tensors, is_interactions
-from rollstream.trajectory.rows import ROW_KEYS, SEQUENCE_KEYS, TrajectoryBuilder, trajectory_dtypes, validate_trajectory
+from rollstream.api.workflow import Interaction, is_interactions
+from rollstream.trajectory.padding import concat_padded_tensors
+from rollstream.trajectory.rows import (
+    ROW_KEYS,
+    SEQUENCE_KEYS,
+    TrajectoryBuilder,
+    trajectory_dtypes,
+    trajectory_row,
+    validate_trajectory,
+)
 from rollstream.vision.inputs import VISION_RESULT_KEYS
 
 
@@ -61,6 +69,27 @@ def episode_tensors(result: Any, responses: Sequence[ModelResponse] = ()) -> dic
     if td["input_ids"].shape[0] < 1:
         raise TrajectoryError("malformed trajectory: input_ids has no rows")
     return td
+
+
+def interactions_to_tensors(interactions: dict[str, Interaction]) -> dict[str, Tensor]:
+    """One row per interaction (in dict order), right-padded with :func:`concat_padded_tensors`.
+
+    Row: ``input_ids`` = input + output tokens; ``loss_mask`` 1 on output; ``logprobs`` 0.0 and
+    ``versions`` -1 on the input; ``attention_mask`` ones; ``rewards`` the interaction's reward
+    (0.0 when ``None``); ``is_truncated`` when the stop reason was "length".
+    """
+    rows = []
+    for inter in interactions.values():
+        resp = inter.response
+        prompt = resp.input_tokens or inter.request.input_ids
+        rows.append(
+            trajectory_row(
+                prompt, resp.output_tokens, resp.output_logprobs, resp.output_versions,
+                reward=0.0 if inter.reward is None else inter.reward,
+                is_truncated=resp.stop_reason == "length",
+            )
+        )
+    return concat_padded_tensors(rows)
 
 
 def _tensor_dict(result: Any) -> dict[str, Tensor]:

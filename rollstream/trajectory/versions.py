@@ -103,6 +103,14 @@ def staleness(trainer_version: int, head_version: int) -> int:
     return trainer_version - head_version if head_version >= 0 else 0
 
 
+def token_staleness(trainer_version: int, versions: Any, loss_mask: Any) -> numpy.ndarray:
+    """THE staleness (:func:`staleness`) of every generated token of known version of a
+    ``[B, L]`` batch (arrays or tensors): ``loss_mask`` 1 and version ``>= 0``; flat, row by row."""
+    known = _as_array(versions)
+    generated = (_as_array(loss_mask) == 1) & (known >= 0)
+    return trainer_version - known[generated].astype(numpy.int64)
+
+
 def batch_trainer_version(trainer_version: int, tail_version: int) -> int:
     """The trainer version data is tagged with: the one known (read from Redis) or its newest
     token's, whichever is newer. A version is published before any token of it is generated,

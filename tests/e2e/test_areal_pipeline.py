@@ -33,7 +33,7 @@ from transformers import AutoTokenizer
 
 from bench.harness.pipeline import pipeline_config
 from bench.stack import TierProcess, write_config
-from rollstream.api.areal_adapter import areal_task_id
+from rollstream.areal.workflow import areal_task_id
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
 from rollstream.kafka.topics import TopicNames

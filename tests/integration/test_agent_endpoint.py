@@ -24,7 +24,7 @@ from examples.agent_calculator import CALCULATOR, run_tool
 from rollstream.agent import AgentEndpoint, AgentWorkflow
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import ModelResponse
-from rollstream.api.recording import EpisodeEngine
+from rollstream.engines.episode_engine import EpisodeEngine
 from rollstream.config import AgentConfig
 from rollstream.engines.hf import HFEngine
 from rollstream.trajectory.rows import trajectory_dtypes

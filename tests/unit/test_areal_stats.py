@@ -1,5 +1,5 @@
 """AReaL's stats_tracker in a rollout worker: exported and reset into rollstream's tracker, so
-it holds nothing between exports (rollstream/api/areal_stats.py; areal 1.0.4 installed)."""
+it holds nothing between exports (rollstream/areal/stats.py; areal 1.0.4 installed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from rollstream.api.areal_stats import export_areal_stats
+from rollstream.areal.stats import export_areal_stats
 from rollstream.api.stats import StatsTracker
 from tests.reference_libs import import_reference
 

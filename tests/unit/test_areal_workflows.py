@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from rollstream.api.areal_adapter import ArealWorkflow, areal_task_id
+from rollstream.areal.workflow import ArealWorkflow, areal_task_id
 from rollstream.api.io_struct import ModelResponse
 from rollstream.api.request_check import InvalidRequestError
 from rollstream.config import RolloutConfig, WorkflowSpec

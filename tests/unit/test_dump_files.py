@@ -10,7 +10,8 @@ from urllib.parse import unquote
 import pytest
 
 from rollstream.dump.lines import DumpWriter
-from rollstream.dump.files import MAX_NAME_BYTES, TaskFiles, dump_path, file_stem, is_plain_name, read_task, task_files
+from rollstream.dump.files import TaskFiles, dump_path, read_task, task_files
+from rollstream.file_names import MAX_NAME_BYTES, file_stem, is_plain_name
 from tests.unit.fakes import make_tokenizer
 from tests.unit.test_dump_record import scored, single_turn
 

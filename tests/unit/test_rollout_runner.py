@@ -16,7 +16,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.rollout_workers.data_copies import copier
 from rollstream.wire import Episode, PromptTask, SampleRejected
 from rollstream.rollout_workers.offsets import OffsetTracker
-from rollstream.rollout_workers.recording import EpisodeEngine
+from rollstream.engines.episode_engine import EpisodeEngine
 from rollstream.rollout_workers.registry import WorkflowRegistry
 from rollstream.rollout_workers.runner import PromptRunner, outcome_of
 from rollstream.rollout_workers.tasks import TaskSet

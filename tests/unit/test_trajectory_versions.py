@@ -9,6 +9,7 @@ versions and staleness.
 
 from __future__ import annotations
 
+import numpy
 import pytest
 import torch
 from hypothesis import given, settings
@@ -22,7 +23,15 @@ from rollstream.tools.filters import RecordFilter, tail_version_of
 from rollstream.trainer.batch import assemble, batch_group
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import TrajectoryBuilder
-from rollstream.trajectory.versions import RowSpan, Versions, batch_trainer_version, head_and_tail, row_spans, staleness
+from rollstream.trajectory.versions import (
+    RowSpan,
+    Versions,
+    batch_trainer_version,
+    head_and_tail,
+    row_spans,
+    staleness,
+    token_staleness,
+)
 from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_batch, encode
 from tests.unit.fakes import ids, make_tokenizer
 
@@ -130,6 +139,13 @@ def test_staleness_and_the_trainer_version_data_is_tagged_with() -> None:
     assert staleness(7, 4) == 3 and staleness(7, -1) == 0
     assert batch_trainer_version(3, 5) == 5  # the tokens prove the trainer reached 5
     assert batch_trainer_version(6, 5) == 6 and batch_trainer_version(6, -1) == 6
+
+
+def test_token_staleness_of_generated_tokens_of_known_version() -> None:
+    versions = torch.tensor([[-1, 3, 4, -1], [-1, 2, -1, 2]], dtype=torch.int32)
+    loss_mask = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 0]], dtype=torch.int32)  # row 1: one token of no version
+    assert token_staleness(5, versions, loss_mask).tolist() == [2, 1, 3]
+    assert token_staleness(5, versions.numpy(), numpy.zeros((2, 4))).size == 0
 
 
 def group_of(task_id: str, versions: list[list[int]]) -> CompleteGroup:

@@ -10,14 +10,11 @@ import pytest
 from rollstream.api.context import workflow_context
 from rollstream.api.io_struct import ModelRequest, ModelResponse
 from rollstream.agent import AgentError, AgentWorkflow
-from rollstream.api.workflow import (
-    GroupedRolloutWorkflow,
-    Interaction,
-    RolloutWorkflow,
-    interactions_to_tensors,
-    resolve_workflow,
-)
+from rollstream.api.workflow import Interaction, RolloutWorkflow
+from rollstream.trajectory.normalize import interactions_to_tensors
 from rollstream.trajectory.rows import validate_trajectory
+from rollstream.workflows.grouped import GroupedRolloutWorkflow
+from rollstream.workflows.resolve import resolve_workflow
 from tests.unit.fakes import EchoWorkflow, FakeEngine, SilentAgent, TwoTurnAgent
 
 DATA = {"input_ids": [1, 2, 3]}
@@ -139,7 +136,7 @@ def test_resolve_instance_as_is() -> None:
 
 def test_resolve_instance_with_kwargs_warns(caplog: pytest.LogCaptureFixture) -> None:
     wf = EchoWorkflow()
-    with caplog.at_level(logging.WARNING, logger="rollstream.api.workflow"):
+    with caplog.at_level(logging.WARNING, logger="rollstream.workflows.resolve"):
         assert resolve_workflow(wf, {"reward": 2.0}) is wf
     assert "ignoring workflow_kwargs ['reward']" in caplog.text
 
