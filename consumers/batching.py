@@ -20,7 +20,7 @@ import numpy
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
 from rollstream.trajectory.padding import align_keys, concat_padded_arrays
 from rollstream.trajectory.versions import batch_trainer_version, staleness
-from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_arrays, pack_arrays
+from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, decode_arrays, pack_arrays
 from rollstream.wire.dtypes import to_float32
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def episode_rows(scored: ScoredEpisode) -> dict[str, numpy.ndarray]:
     return rows
 
 
-def build_batch(group: CompleteGroup, trainer_version: int, pad_value: float = 0.0, version_known: bool = True) -> Batch:
+def build_batch(group: CompleteGroup, trainer_version: int, pad_value: float = 0.0, version_known: bool = True) -> EmittedGroup:
     """The ``batch`` record of one complete group.
 
     ``trainer_version`` (``version_known``: read from Redis just now) is what the grouping tier
@@ -66,7 +66,7 @@ def build_batch(group: CompleteGroup, trainer_version: int, pad_value: float = 0
     arrays = concat_padded_arrays(align_keys(parts, pad_value), pad_value)
     head, tail = group.versions
     tagged = batch_trainer_version(trainer_version, tail)
-    return Batch(
+    return EmittedGroup(
         task_id=group.task_id,
         group_size=group.group_size,
         sample_idx=sample_idx,
@@ -86,7 +86,7 @@ def build_batch(group: CompleteGroup, trainer_version: int, pad_value: float = 0
 
 
 def group_images(group: CompleteGroup) -> tuple[list[bytes], list[list[int]]]:
-    """``(images, row_images)`` of a group's batch (``Batch``'s fields): its distinct images
+    """``(images, row_images)`` of a group's batch (``EmittedGroup``'s fields): its distinct images
     once, in first-use order, and per row the indexes of those it shows. Empty lists for a
     text group."""
     if not group.images:

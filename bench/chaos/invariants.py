@@ -34,8 +34,8 @@ import numpy as np
 
 from bench.harness.ledger import Ledger
 from rollstream.trainer.ledger import LedgerEntry
-from rollstream.wire import Batch
-from rollstream.wire.codec import batch_arrays
+from rollstream.wire import EmittedGroup
+from rollstream.wire.codec import group_arrays
 
 ENDS_ONCE = "ends exactly once"
 TRAINED_ONCE = "trained at most once"
@@ -229,7 +229,7 @@ def batch_tag_regression(known_before: int, view: BatchView, partition: int, at:
 
 @dataclass(frozen=True)
 class BatchView:
-    """What the version checks read from one ``Batch`` record."""
+    """What the version checks read from one ``EmittedGroup`` record."""
 
     task_id: str
     trainer_version: int
@@ -241,8 +241,8 @@ class BatchView:
     loss_mask: np.ndarray  # [N, L], 1 on generated tokens
 
 
-def batch_view(batch: Batch) -> BatchView:
-    arrays = batch_arrays(batch)
+def batch_view(batch: EmittedGroup) -> BatchView:
+    arrays = group_arrays(batch)
     return BatchView(
         task_id=batch.task_id, trainer_version=batch.trainer_version,
         trainer_version_known=batch.trainer_version_known,

@@ -28,7 +28,7 @@ from rollstream.config import RollstreamConfig
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
-from rollstream.wire import Batch, GroupDropped, decode_prompt
+from rollstream.wire import EmittedGroup, GroupDropped, decode_prompt
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class Observer:
             return
         self.prompts[task.task_id] = record.timestamp / 1000
 
-    def on_batch(self, record: ConsumerRecord, message: Batch | GroupDropped) -> None:
+    def on_batch(self, record: ConsumerRecord, message: EmittedGroup | GroupDropped) -> None:
         now = time.time()
         if isinstance(message, GroupDropped):
             if not message.is_eval:

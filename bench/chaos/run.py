@@ -27,7 +27,7 @@ from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from rollstream.config import config_from_dict
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
-from rollstream.wire import Batch, decode_batch, decode_prompt
+from rollstream.wire import EmittedGroup, decode_group, decode_prompt
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ async def _drain(stage: Stage, s: Settings, prompts: TopicFollower) -> dict[str,
     lags = await _lags(stage)
     entries = observer.read_ledger()
     trainer_left = await unconsumed(pipeline.config.kafka, pipeline.names.batches, pipeline.config.trainer.group_id)
-    waiting = sum(isinstance(decode_batch(r.value), Batch) for r in trainer_left)
+    waiting = sum(isinstance(decode_group(r.value), EmittedGroup) for r in trainer_left)
     emitted = set(ledger.emitted)
     observer.report(inv.accounting(admitted, len(records), ledger))
     observer.report(inv.trained_twice(entries))

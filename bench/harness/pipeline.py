@@ -33,13 +33,13 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.state.budget import StalenessBudget
-from rollstream.wire import Batch, Episode, GroupDropped, SampleRejected, decode_episode, decode_prompt
+from rollstream.wire import EmittedGroup, Episode, GroupDropped, SampleRejected, decode_episode, decode_prompt
 from bench.harness.ledger import BatchesWatcher, Ledger, read_topic
 from bench.stack import TierProcess
 
 log = logging.getLogger(__name__)
 
-BatchHook = Callable[[ConsumerRecord, Batch | GroupDropped], None]
+BatchHook = Callable[[ConsumerRecord, EmittedGroup | GroupDropped], None]
 
 TICK_SECONDS = 0.25
 

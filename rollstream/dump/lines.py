@@ -48,7 +48,7 @@ from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.dump.files import TaskFiles, dump_path, file_stem, read_task, scope_dir
 from rollstream.tokenizer_file import Tokenizer, load_tokenizer
 from rollstream.trajectory.versions import RowSpan, row_spans
-from rollstream.wire import Batch, Episode, ScoredEpisode, batch_arrays, decode_arrays
+from rollstream.wire import EmittedGroup, Episode, ScoredEpisode, group_arrays, decode_arrays
 from rollstream.wire.dtypes import to_float32
 
 __all__ = [
@@ -92,14 +92,14 @@ class DumpRow:
 
 
 def message_rows(message: Any) -> list[DumpRow]:
-    """The trajectory rows of an ``Episode``, ``ScoredEpisode`` or ``Batch``; [] for any
+    """The trajectory rows of an ``Episode``, ``ScoredEpisode`` or ``EmittedGroup``; [] for any
     other message (rejections, failures, drops, prompts, dead letters)."""
     match message:
         case ScoredEpisode():
             return _episode_rows(message.episode, message.reward)
         case Episode():
             return _episode_rows(message, None)
-        case Batch():
+        case EmittedGroup():
             return _batch_rows(message)
     return []
 
@@ -128,8 +128,8 @@ def _episode_rows(episode: Episode, reward: float | None) -> list[DumpRow]:
     return out
 
 
-def _batch_rows(batch: Batch) -> list[DumpRow]:
-    tensors = batch_arrays(batch)
+def _batch_rows(batch: EmittedGroup) -> list[DumpRow]:
+    tensors = group_arrays(batch)
     spans = row_spans(tensors, fallback_version=batch.tail_version)
     rewards = _rewards(tensors)
     rows_of: dict[int, int] = defaultdict(int)

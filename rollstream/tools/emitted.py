@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from rollstream.wire import Batch, WireDecodeError, decode_batch
+from rollstream.wire import EmittedGroup, WireDecodeError, decode_group
 
 READ_SECONDS = 10.0  # per call; what is left is read by the next call
 
@@ -69,7 +69,7 @@ class EmittedCounter:
 
 def _train_groups(value: bytes | None) -> int:
     try:
-        message = decode_batch(value)
+        message = decode_group(value)
     except WireDecodeError:
         return 0  # the trainer skips it too; it is not an emitted group
-    return int(isinstance(message, Batch) and not message.is_eval)
+    return int(isinstance(message, EmittedGroup) and not message.is_eval)

@@ -14,12 +14,12 @@ from typing import Any
 from rollstream.dump.lines import message_rows
 from rollstream.trajectory.versions import head_and_tail
 from rollstream.wire import (
-    Batch,
     DeadLetter,
+    EmittedGroup,
     Episode,
     ScoredEpisode,
-    batch_arrays,
     decode_array,
+    group_arrays,
 )
 from rollstream.wire.dtypes import to_float32
 
@@ -50,8 +50,8 @@ def reward_of(message: Any) -> float | None:
         case Episode():
             wire = message.trajectory.get("rewards")
             return float(to_float32(decode_array(wire)).mean()) if wire is not None else None
-        case Batch():
-            rewards = batch_arrays(message).get("rewards")
+        case EmittedGroup():
+            rewards = group_arrays(message).get("rewards")
             return float(to_float32(rewards).mean()) if rewards is not None and rewards.size else None
     return None
 

@@ -18,18 +18,18 @@ import msgspec
 
 from rollstream.dump.lines import Tokenizer, message_rows, row_record
 from rollstream.wire import (
-    Batch,
     DeadLetter,
+    EmittedGroup,
     Episode,
     GroupDropped,
+    PackedTensors,
     PromptTask,
     SampleRejected,
     ScoredEpisode,
-    PackedTensors,
     TaskFailed,
     WireTensor,
 )
-from rollstream.wire.torch_tensors import batch_tensors, decode_tensor, encode_tensor_dict
+from rollstream.wire.torch_tensors import group_tensors, decode_tensor, encode_tensor_dict
 
 TensorMode = Literal["full", "summary"]
 TEXT_PREVIEW_CHARS = 300
@@ -54,8 +54,8 @@ def to_jsonable(obj: Any, tensors: TensorMode = "full") -> Any:
             out["kind"] = tag
         for field in obj.__struct_fields__:
             out[field] = to_jsonable(getattr(obj, field), tensors)
-        if isinstance(obj, Batch):
-            out["tensors"] = to_jsonable(encode_tensor_dict(batch_tensors(obj)), tensors)
+        if isinstance(obj, EmittedGroup):
+            out["tensors"] = to_jsonable(encode_tensor_dict(group_tensors(obj)), tensors)
         return out
     if isinstance(obj, dict):
         return {str(key): to_jsonable(value, tensors) for key, value in obj.items()}
@@ -94,8 +94,8 @@ def _preview(text: str | None) -> str:
     return shown if len(shown) <= TEXT_PREVIEW_CHARS else shown[:TEXT_PREVIEW_CHARS] + "..."
 
 
-def _batch_summary(batch: Batch) -> str:
-    tensors = batch_tensors(batch)
+def _batch_summary(batch: EmittedGroup) -> str:
+    tensors = group_tensors(batch)
     rewards = tensors.get("rewards")
     mean = f"{float(rewards.float().mean()):.4g}" if rewards is not None and rewards.numel() else "-"
     shape = list(tensors["input_ids"].shape) if "input_ids" in tensors else []
@@ -125,7 +125,7 @@ def summary_line(message: Any, tokenizer: Tokenizer | None = None) -> str:
                 f"task={message.task_id} group={message.group_size} workflow={message.workflow or '-'} "
                 f"epoch={message.epoch} index={message.index}{' eval' if message.is_eval else ''}"
             )
-        case Batch():
+        case EmittedGroup():
             body = _batch_summary(message)
         case GroupDropped():
             body = f"task={message.task_id} reason={message.reason} trainer={message.trainer_version} detail={message.detail!r}"

@@ -46,7 +46,7 @@ from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import describe_topics, ensure_topics
 from rollstream.kafka.clients import make_admin
 from rollstream.kafka.topics import TopicNames
-from rollstream.wire import Batch, decode_batch
+from rollstream.wire import EmittedGroup, decode_group
 from bench.harness.cluster import BudgetWatch, ClusterProbe, FaultRecord
 from bench.harness.ledger import read_topic
 from bench.harness.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
@@ -253,8 +253,8 @@ async def test_exactly_once_on_a_replicated_cluster_under_node_faults(
                 pipeline.step_seconds = FINAL_STEP_SECONDS
                 await pipeline.wait_for(pipeline.finished, 300, "every admitted prompt to end")
                 outcome = await pipeline.outcome()
-            batches = await read_topic(pipeline.config.kafka, pipeline.names.batches, decode_batch)
-    max_staleness = max((b.staleness for b in batches if isinstance(b, Batch)), default=0)
+            batches = await read_topic(pipeline.config.kafka, pipeline.names.batches, decode_group)
+    max_staleness = max((b.staleness for b in batches if isinstance(b, EmittedGroup)), default=0)
     text = report(outcome, faults, budget, max_staleness, felt(pipeline))
     show_report(text)
     assert not outcome.problems, "\n".join(outcome.problems) + "\n" + text

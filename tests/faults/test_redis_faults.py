@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys
-from rollstream.wire import GroupDropped, decode_batch, decode_prompt
+from rollstream.wire import GroupDropped, decode_group, decode_prompt
 from bench.harness.ledger import read_records
 from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
@@ -118,7 +118,7 @@ async def admission_excess(pipeline: Pipeline, eta: int, batch_size: int) -> tup
     and the largest excess."""
     prompts = await timestamped(pipeline, pipeline.names.prompts, decode_prompt)
     train = sorted(ts for ts, task in prompts if not task.is_eval)
-    drops = sorted(m.dropped_at for _, m in await timestamped(pipeline, pipeline.names.batches, decode_batch)
+    drops = sorted(m.dropped_at for _, m in await timestamped(pipeline, pipeline.names.batches, decode_group)
                    if isinstance(m, GroupDropped) and not m.is_eval)
     times = [t for t, _ in pipeline.published_at]
     violations, worst = 0, 0

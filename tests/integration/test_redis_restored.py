@@ -46,7 +46,7 @@ from rollstream.state.client import RedisKeys, StateStaleError, wait_for_redis
 from rollstream.state.server_lease import ServerLeases, ServerSyncState
 from rollstream.state.versions import VersionStore
 from rollstream.trainer.versions import VersionPublisher
-from rollstream.wire import Batch, PromptTask, decode_batch, decode_outcome, encode
+from rollstream.wire import EmittedGroup, PromptTask, decode_group, decode_outcome, encode
 from tests.fakes import FakeSGLangServer
 from tests.helpers import make_config, until, within
 from tests.integration.test_budget_rebuild import BATCH, Producer, budget_of, committed_train_prompts
@@ -171,9 +171,9 @@ async def emit_one(transform: GroupingTransform, names: TopicNames, config: Roll
     return out
 
 
-def the_batch(out: PartitionOutput, names: TopicNames) -> Batch:
-    (batch,) = [decode_batch(r.value) for r in out.records if r.topic == names.batches]
-    assert isinstance(batch, Batch)
+def the_batch(out: PartitionOutput, names: TopicNames) -> EmittedGroup:
+    (batch,) = [decode_group(r.value) for r in out.records if r.topic == names.batches]
+    assert isinstance(batch, EmittedGroup)
     return batch
 
 

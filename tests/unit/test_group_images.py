@@ -16,7 +16,7 @@ from rollstream.trainer import assemble, batch_group
 from rollstream.vision.images import image_digest
 from rollstream.vision.inputs import build_vision_inputs
 from rollstream.vision.processor import load_image_processor
-from rollstream.wire import ScoredEpisode, WireDecodeError, decode_batch, encode
+from rollstream.wire import ScoredEpisode, WireDecodeError, decode_group, encode
 from tests.unit.test_grouping_support import rejected, scored
 from tests.unit.vision_helpers import noise_png
 
@@ -44,7 +44,7 @@ def test_a_group_gathers_each_image_once_from_whichever_message_carries_it() -> 
     assert isinstance(group, CompleteGroup) and group.images == {image_digest(CAT): CAT, image_digest(DOG): DOG}
     batch = build_batch(group, trainer_version=1)
     assert batch.images == [CAT, DOG] and batch.row_images == [[0, 1], [0, 1], [0, 1]]
-    assert decode_batch(encode(batch)) == batch
+    assert decode_group(encode(batch)) == batch
 
 
 def test_a_complete_group_waits_for_images_a_duplicate_carries() -> None:
@@ -75,7 +75,7 @@ def test_a_batch_names_its_rows_images_and_a_text_batch_has_none() -> None:
     assert batch.images == [DOG, CAT] and batch.row_images == [[0, 1], [1]]
     bad = msgspec.structs.replace(batch, row_images=[[0, 2], [1]])
     with pytest.raises(WireDecodeError, match=r"row 0 shows image \[0, 2\] but its group has 2 images"):
-        decode_batch(encode(bad))
+        decode_group(encode(bad))
     text_only = build_batch(CompleteGroup("b", 1, False, (scored("b", 0, 1),), 0, 0, 0, 0, 0.0), trainer_version=2)
     assert text_only.images == [] and text_only.row_images == []
 

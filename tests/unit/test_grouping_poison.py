@@ -16,8 +16,8 @@ from rollstream.consumers.trainer_version import VersionReading
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
-from rollstream.wire import Batch, GroupDropped, ScoredEpisode, WireDecodeError, decode_batch, decode_scored, encode
-from rollstream.wire.torch_tensors import batch_tensors, encode_tensor
+from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, WireDecodeError, decode_group, decode_scored, encode
+from rollstream.wire.torch_tensors import group_tensors, encode_tensor
 from tests.unit.test_grouping_support import scored
 
 NAMES = TopicNames("x", "t0")
@@ -32,9 +32,9 @@ def group(task: str, samples: list[ScoredEpisode], offset: int = 0) -> CompleteG
     return CompleteGroup(task, len(samples), False, tuple(samples), 0, 0, offset, offset + len(samples), 0.0)
 
 
-def emitted(out: PartitionOutput) -> tuple[list[Batch], list[GroupDropped]]:
-    messages = [decode_batch(r.value) for r in out.records if r.topic == NAMES.batches]
-    return [m for m in messages if isinstance(m, Batch)], [m for m in messages if isinstance(m, GroupDropped)]
+def emitted(out: PartitionOutput) -> tuple[list[EmittedGroup], list[GroupDropped]]:
+    messages = [decode_group(r.value) for r in out.records if r.topic == NAMES.batches]
+    return [m for m in messages if isinstance(m, EmittedGroup)], [m for m in messages if isinstance(m, GroupDropped)]
 
 
 def test_a_group_whose_samples_do_not_concatenate_is_dead_lettered_and_the_others_emitted() -> None:
@@ -99,7 +99,7 @@ def test_any_mix_of_per_sample_shapes_ranks_and_dtypes_ends_every_group_once(
     _, refused = Emission(NAMES, 0.0).batches(groups, VersionReading(1, known=True), out)
     good, drops = emitted(out)
     for batch in good:
-        batch_tensors(batch)  # what the trainer reads
+        group_tensors(batch)  # what the trainer reads
     ended = [b.task_id for b in good] + [d.task_id for d in drops]
     assert sorted(ended) == sorted(g.task_id for g in groups)
     assert {d.task_id for d in refused} == {d.task_id for d in drops} and len(out.dead_letters) == len(drops)

@@ -23,7 +23,7 @@ from rollstream.trainer.batch import assemble, batch_group
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import TrajectoryBuilder
 from rollstream.trajectory.versions import RowSpan, Versions, batch_trainer_version, head_and_tail, row_spans, staleness
-from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_batch, encode
+from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_group, encode
 from tests.unit.fakes import ids, make_tokenizer
 
 ENGINE_VERSION = 9  # the engine's version when the episode ended: the fallback
@@ -162,7 +162,7 @@ def test_a_group_passes_the_stale_filter_exactly_when_its_batch_is_within_the_bo
     step, assembled from the record, says the same."""
     group = group_of("g", versions)
     passed = apply_filters(group, GroupFilters(max_head_offpolicyness=eta), read) is group
-    batch = decode_batch(encode(build_batch(group, read)))
+    batch = decode_group(encode(build_batch(group, read)))
     assert (batch.head_version, batch.tail_version) == group.versions
     assert passed == (batch.staleness <= eta), (batch.trainer_version, batch.head_version)
     step = assemble([batch_group(batch)])
