@@ -2,7 +2,7 @@
 
 For 1, 2 and 4 ranks (``--ranks``), a ``torchrun`` job of ``bench/trainer_rank.py`` (gloo, CPU)
 reads ``batches`` with :class:`rollstream.trainer.TrainerBatches`: rank 0 owns the consumer,
-splits each step (``staleness.batch_size`` = one group per rank) and scatters the shares. This
+splits each step (``staleness.groups_per_step`` = one group per rank) and scatters the shares. This
 process plays the grouping tier: each step's groups (8 episodes of 512 + 1,536 tokens each, one
 ``EmittedGroup`` record per group, as the grouping tier writes them) go to ``batches``
 in one Kafka transaction, one step every ``--spacing-ms``. Latency = from that transaction's
@@ -88,7 +88,7 @@ async def measure_ranks(svc: Services, workdir: Path, ranks: int, steps: int, wa
         "kafka": {"bootstrap_servers": svc.kafka_bootstrap, "partitions": 2},
         "redis": {"url": svc.redis_url},
         "experiment": {"experiment_name": name, "trial_name": "t0"},
-        "staleness": {"enabled": False, "batch_size": ranks}, "trainer": {"group_id": f"{name}-trainer", "ledger_path": str(out / "ledger.jsonl")},
+        "staleness": {"enabled": False, "groups_per_step": ranks}, "trainer": {"group_id": f"{name}-trainer", "ledger_path": str(out / "ledger.jsonl")},
     }
     config = config_from_dict(tree)
     names = TopicNames(name, "t0")

@@ -71,7 +71,7 @@ class GroupingTransform:
         self.buffer = GroupBuffer(g.group_timeout_seconds, g.dedupe_window_seconds, filters)
         keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
         self.version = TrainerVersion(VersionStore(redis, keys))
-        budget = StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.batch_size)
+        budget = StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.groups_per_step)
         self.releaser = SlotReleaser(budget)
         self.emission = Emission(names, g.pad_value)
         self.committed_offsets: dict[int, int] = {}  # partition -> input offset committed by this instance

@@ -83,7 +83,7 @@ def worker(dump: Path, model_path: Path, out: Path, cpu: bool) -> None:
     else:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if ddp else 0)
         torch.cuda.set_device(device)
-    config = config_from_dict({"staleness": {"batch_size": world}})
+    config = config_from_dict({"staleness": {"groups_per_step": world}})
     model = AutoModelForCausalLM.from_pretrained(model_path).to(device)
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=None if cpu else [device.index])

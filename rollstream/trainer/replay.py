@@ -10,7 +10,7 @@ the same trainer code, on one rank or many:
   the same order, read from the records the ledger names, so the tensors are bit for bit the
   ones the step trained on (and, with the same number of ranks, every rank gets the same share);
 - :class:`RangeReplay`: a range of offsets per partition, partition 0 first, each in offset
-  order, cut into ``staleness.batch_size`` groups (the rest, if any, is a last smaller step);
+  order, cut into ``staleness.groups_per_step`` groups (the rest, if any, is a last smaller step);
 - :class:`DumpReplay`: the same over a JSONL file written by
   ``rollstream replay batches --to-jsonl F`` (full tensors), without a broker.
 
@@ -65,7 +65,7 @@ class _Replay:
     def __init__(self, config: RollstreamConfig, include_eval: bool, first_step: int) -> None:
         self.topic = TopicNames(config.experiment.experiment_name, config.experiment.trial_name).batches
         # Counts drops, undecodable records and repeated groups as the live source does.
-        self.accumulator = BatchAccumulator(config.staleness.batch_size, config.grouping.pad_value, include_eval,
+        self.accumulator = BatchAccumulator(config.staleness.groups_per_step, config.grouping.pad_value, include_eval,
                                             config.trainer.remember_steps, topic=self.topic)
         self._number = first_step - 1
         self._done = False

@@ -63,7 +63,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tree = pipeline_config(
         kafka, redis_url, name, model, trial="agent-e2e",
-        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": ETA},
+        staleness={"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": ETA},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         rollout={
             "max_concurrent_rollouts": MAX_CONCURRENT,

@@ -75,7 +75,7 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 def _tree(name: str, kafka: str, redis_url: str, model: Path, workflows: dict[str, Any], **rollout: Any) -> dict[str, Any]:
     return pipeline_config(
-        kafka, redis_url, name, model, trial="areal", staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": 1},
+        kafka, redis_url, name, model, trial="areal", staleness={"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": 1},
         rollout={"max_concurrent_rollouts": 4, "gconfig": {"max_new_tokens": 8, "temperature": 1.0},
                  "workflows": workflows, "default_workflow": next(iter(workflows)), **rollout},
         reward={"reward_fn": "", "tokenizer_path": ""},

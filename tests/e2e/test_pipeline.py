@@ -50,7 +50,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tree = pipeline_config(
         kafka, redis_url, name, model, trial="e2e",
-        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": ETA},
+        staleness={"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": ETA},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         # two samples at a time: a step's samples take several waves, so a published version
         # lands while some sample is mid-generation (rows spanning two versions, checked

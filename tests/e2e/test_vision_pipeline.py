@@ -66,7 +66,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
     dataset.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
     tree = pipeline_config(
         kafka, redis_url, name, model, trial="vision",
-        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": 3},
+        staleness={"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": 3},
         kafka={"max_message_bytes": LIMIT},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         rollout={"max_concurrent_rollouts": 8, "gconfig": {"max_new_tokens": 8, "temperature": 1.0},

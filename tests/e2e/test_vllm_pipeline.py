@@ -55,7 +55,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, server: Loca
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tree = pipeline_config(
         kafka, redis_url, name, Path(server.model), trial="vllm",
-        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": ETA},
+        staleness={"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": ETA},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         rollout={"engine": "vllm", "server_urls": [server.url], "tokenizer_path": server.model,
                  "max_concurrent_rollouts": 4, "shutdown_grace_seconds": 20,

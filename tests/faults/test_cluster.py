@@ -25,7 +25,7 @@ its full ISR again):
    SIGCONT.
 
 Then it checks: admitted = emitted + counted drops, no task or row twice, none lost; the
-staleness bound ``admitted - dropped <= (eta + version + 1) * batch_size`` held at every sample
+staleness bound ``admitted - dropped <= (eta + version + 1) * groups_per_step`` held at every sample
 of the Redis counters; no emitted batch staler than ``max_head_offpolicyness``.
 """
 

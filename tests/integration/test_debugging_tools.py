@@ -459,7 +459,7 @@ async def test_replayed_batches_read_by_a_trainer_bit_for_bit(config: Rollstream
     trainer = make_config(
         config.kafka.bootstrap_servers, config.redis.url, f"{unique_name}-train",
         # recorded groups replayed: trained as they are, however many versions behind
-        {"staleness": {"batch_size": 1}, "trainer": {"group_id": f"{unique_name}-trainer", "drop_stale": False}},
+        {"staleness": {"groups_per_step": 1}, "trainer": {"group_id": f"{unique_name}-trainer", "drop_stale": False}},
     )
     expected = {batch.task_id: group_tensors(batch) for batch in records}
     async with BatchStream(trainer, ledger=False) as consumer:

@@ -39,7 +39,7 @@ PROMPTS = 48  # every other one constant: enough varied prompts for the steps
 
 def _config(kafka: str, redis_url: str, name: str, tokenizer: Path, dataset: Path) -> RollstreamConfig:
     return make_config(kafka, redis_url, name, {
-        "staleness": {"max_head_offpolicyness": 0, "batch_size": STEP},
+        "staleness": {"max_head_offpolicyness": 0, "groups_per_step": STEP},
         "producer": {"dataset": str(dataset), "group_size": 4, "batch_linger_ms": 20},
         "rollout": {"engine": "custom", "engine_factory": "tests.integration.group_filter_parts:make_engine",
                     "tokenizer_path": str(tokenizer), "seed": 0, "worker_id": "rw", "max_concurrent_rollouts": 16,

@@ -79,7 +79,7 @@ def _config(kafka: str, redis_url: str, name: str, model: Path, dataset: Path, f
     workflow = {"path": "tests.workflow_pkg.ScriptedTemplate", "kwargs": {
         "gconfig": "$gconfig", "tokenizer": "$tokenizer", "reward_fn": "tests.workflow_pkg.number_reward", "form": form}}
     return make_config(kafka, redis_url, name, {
-        "staleness": {"max_head_offpolicyness": 15, "batch_size": 1},  # 16 prompts at version 0
+        "staleness": {"max_head_offpolicyness": 15, "groups_per_step": 1},  # 16 prompts at version 0
         "producer": {"dataset": str(dataset), "group_size": GROUP, "batch_linger_ms": 20},
         "rollout": {"model_path": str(model), "seed": 0, "worker_id": "rw", "max_concurrent_rollouts": 8,
                     "commit_interval_seconds": 0.2, "workflows": {"template": workflow},

@@ -41,7 +41,7 @@ async def test_batches_are_redelivered_until_acked(kafka_bootstrap: str, redis_u
     config = make_config(
         kafka_bootstrap, redis_url, unique_name,
         # eta 4: these groups (tokens of version 1, tagged up to 4) are not stale when trained
-        {"staleness": {"batch_size": 2, "max_head_offpolicyness": 4}, "trainer": {"group_id": f"{unique_name}-trainer"}}
+        {"staleness": {"groups_per_step": 2, "max_head_offpolicyness": 4}, "trainer": {"group_id": f"{unique_name}-trainer"}}
     )
     await ensure_topics(config.kafka, TopicNames(config.experiment.experiment_name, config.experiment.trial_name))
     await write_batches(config, [

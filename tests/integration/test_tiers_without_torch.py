@@ -92,7 +92,7 @@ async def test_producer_publishes_image_prompts_without_torch(
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tree = base_tree(kafka_bootstrap, redis_url, unique_name)
     # a budget of 2 prompts and no trainer: the producer publishes 2, then waits (stays up)
-    tree["staleness"] = {"enabled": True, "batch_size": 2, "max_head_offpolicyness": 0}
+    tree["staleness"] = {"enabled": True, "groups_per_step": 2, "max_head_offpolicyness": 0}
     tree["producer"] = {"dataset": str(dataset), "group_size": 2, "admission_poll_seconds": 0.2}
     tier = Tier("producer", tree, tmp_path)
     try:

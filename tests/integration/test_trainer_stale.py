@@ -39,7 +39,7 @@ async def test_a_stale_group_is_dropped_counted_and_its_slot_returned(
     kafka_bootstrap: str, redis_url: str, redis_client: aioredis.Redis, unique_name: str, tmp_path: Path,
 ) -> None:
     config = make_config(kafka_bootstrap, redis_url, unique_name, {
-        "kafka": {"partitions": 1}, "staleness": {"batch_size": 2, "max_head_offpolicyness": 1},
+        "kafka": {"partitions": 1}, "staleness": {"groups_per_step": 2, "max_head_offpolicyness": 1},
         "trainer": {"group_id": f"{unique_name}-trainer", "ledger_path": str(tmp_path / "ledger.jsonl")}})
     names = TopicNames(unique_name, "t0")
     await ensure_topics(config.kafka, names)

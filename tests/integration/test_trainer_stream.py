@@ -53,9 +53,9 @@ def group(task: str, gen_len: int = 2) -> CompleteGroup:
 
 
 def trainer_config(kafka: str, redis_url: str, name: str, tmp: Path, **trainer: Any) -> RollstreamConfig:
-    step = trainer.pop("batch_size", 2)
+    step = trainer.pop("groups_per_step", 2)
     settings = {"group_id": f"{name}-trainer", "ledger_path": str(tmp / "ledger.jsonl"), "poll_timeout_ms": 200, **trainer}
-    return make_config(kafka, redis_url, name, {"staleness": {"batch_size": step}, "trainer": settings})
+    return make_config(kafka, redis_url, name, {"staleness": {"groups_per_step": step}, "trainer": settings})
 
 
 async def write(config: RollstreamConfig, tasks: list[str], partition: int = 0) -> None:
@@ -189,7 +189,7 @@ async def test_groups_in_the_ledger_are_never_handed_out_again(
 ) -> None:
     """The second line of defence across a restart: a group trained in a committed step that
     shows up again on ``batches`` (a duplicate the pipeline should never write) is skipped."""
-    config = trainer_config(kafka_bootstrap, redis_url, unique_name, tmp_path, batch_size=1)
+    config = trainer_config(kafka_bootstrap, redis_url, unique_name, tmp_path, groups_per_step=1)
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
     await ensure_topics(config.kafka, names)
     producer = make_producer(config.kafka, "test-batches")

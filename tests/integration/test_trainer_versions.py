@@ -198,7 +198,7 @@ async def test_the_example_trainer_resumes_after_a_crash_between_checkpoint_and_
     ckpt = tmp_path / "ckpt"
     tree = {"kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": 1}, "redis": {"url": redis_url},
             "experiment": {"experiment_name": unique_name, "trial_name": "t0"},
-            "staleness": {"batch_size": 2, "max_head_offpolicyness": 3},  # 3 steps of version-0 groups: none stale
+            "staleness": {"groups_per_step": 2, "max_head_offpolicyness": 3},  # 3 steps of version-0 groups: none stale
             "trainer": {"group_id": f"{unique_name}-trainer", "checkpoint_dir": str(ckpt),
                         "model_path": str(model), "learning_rate": 1e-3, "keep_checkpoints": 2, "poll_timeout_ms": 200}}
     config_file = tmp_path / "config.yaml"

@@ -23,7 +23,7 @@ from tests.unit.test_chaos_invariants import group
 
 def observer(tmp_path: Path) -> Observer:
     tree = pipeline_config("127.0.0.1:1", "redis://127.0.0.1:1/0", "obs", tmp_path, tmp_path / "d.jsonl", None)
-    tree["staleness"] = {"batch_size": 4, "max_head_offpolicyness": 1}  # capacity (2 + v) * 4
+    tree["staleness"] = {"groups_per_step": 4, "max_head_offpolicyness": 1}  # capacity (2 + v) * 4
     return Observer(config_from_dict(tree), tmp_path / "ledger.jsonl")
 
 
