@@ -4,7 +4,7 @@ Two messages: one episode (prompt 512 + completion 1,536 tokens, every trajector
 padded batch (16 x 2,048). For the episode, "rollstream" encodes with ``encode_tensor_dict`` +
 ``encode`` and decodes with ``decode_episode`` + ``decode_tensor_dict`` (torch, as the rollout
 worker writes and a trainer reads). For the batch it does what the grouping tier and a trainer
-do: the batch arrays lie in one numpy arena (built outside the timed region, as ``build_batch``
+do: the batch arrays lie in one numpy arena (built outside the timed region, as ``build_emitted_group``
 pads into one with ``concat_padded_arrays``), encoding is ``pack_arrays`` (no copy) +
 ``encode(EmittedGroup(packed=...))``, decoding is ``decode_group`` + ``group_tensors``
 (torch tensors usable by the trainer). "rollstream, dict not in an arena" packs the plain
@@ -63,7 +63,7 @@ def rollstream_batch(tensors: dict[str, Tensor] | ArrayArena) -> Codec:
 
 
 def in_arena(tensors: dict[str, Tensor]) -> ArrayArena:
-    """The same values written into one numpy arena, as the grouping tier's ``build_batch`` leaves them."""
+    """The same values written into one numpy arena, as the grouping tier's ``build_emitted_group`` leaves them."""
     arena = concat_padded_arrays([{k: as_array(v) for k, v in tensors.items()}])
     assert isinstance(arena, ArrayArena)
     return arena
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 "one packed buffer), and decode_group/decode_episode without building tensors: the rest of "
                 "'rollstream' is the torch/numpy bookkeeping (episode: encode_tensor_dict, decode_tensor_dict; "
                 "batch: pack_arrays, group_tensors)")
-    report.note("batch 'rollstream' packs numpy arrays that lie in one arena, as build_batch leaves them "
+    report.note("batch 'rollstream' packs numpy arrays that lie in one arena, as build_emitted_group leaves them "
                 "(pack_arrays); 'dict not in an arena' packs a plain torch dict, so pack_tensor_dict copies it first")
     if args.profile:
         profile(batch)

@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaProducer
 from bench.common import Report, percentiles, run_bench
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, scored_episode, trajectory
 from bench.stack import REPO, services, tail, unique_name, write_config
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.config import config_from_dict
 from rollstream.dev.launcher import Services
@@ -45,7 +45,7 @@ GROUP_SIZE = 8
 def group_record(task_id: str, lengths: tuple[int, int], version: int) -> bytes:
     episodes = tuple(scored_episode(task_id, i, GROUP_SIZE, trajectory(*lengths, seed=i), reward=float(i % 2))
                      for i in range(GROUP_SIZE))
-    return encode(build_batch(CompleteGroup(task_id, GROUP_SIZE, False, episodes, 0, 0, 0, 0, 0.0), version))
+    return encode(build_emitted_group(CompleteGroup(task_id, GROUP_SIZE, False, episodes, 0, 0, 0, 0, 0.0), version))
 
 
 async def write_steps(producer: AIOKafkaProducer, topic: str, steps: list[list[tuple[str, bytes]]],

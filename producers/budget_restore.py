@@ -158,7 +158,7 @@ async def dropped_tasks(
     config: RollstreamConfig, names: TopicNames, train: set[str], end: dict[int, int],
 ) -> tuple[dict[str, str], int]:
     """``(task id -> drop reason of the committed drops of train tasks, the newest trainer
-    version a batch below ``end`` is tagged with)``."""
+    version a group below ``end`` is tagged with)``."""
     drops: dict[str, str] = {}
     version = 0
     records = scan_topic(config.kafka, names.batches, "budget-restore-batches", end, _stall_seconds(config))

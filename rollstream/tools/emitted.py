@@ -3,7 +3,7 @@
 Redis counts what was admitted and what was dropped; groups that became training data are
 counted here, so that ``rollstream status`` can show the prompts still in flight (admitted,
 neither emitted nor dropped). The counter keeps its position between calls and reads only
-what is new (``read_committed``, so aborted batches never count); its first call reads the
+what is new (``read_committed``, so aborted records never count); its first call reads the
 topic from its beginning, within a time bound. Eval groups are not counted (they never take a
 staleness slot, so they are not among the admitted either).
 """

@@ -279,7 +279,7 @@ async def test_grouping_input(kafka_bootstrap: str, redis_url: str, unique_name:
     await ensure_topics(config.kafka, names)
     await send(config, names.scored, [("reused", encode(first)), ("ranks", encode(ranks[0]))])
     reused: Case = ("reused", encode(second), "group_size 3 differs from the open group's 2")
-    ranked: Case = ("ranks", encode(ranks[1]), "group cannot be batched: ValueError: cannot concatenate 'x'")
+    ranked: Case = ("ranks", encode(ranks[1]), "group cannot be emitted: ValueError: cannot concatenate 'x'")
     good = ScoredEpisode(episode=episode(task_id="good", sample_idx=0, group_size=1), reward=1.0)
     reasons = await feed_and_check(
         config, tier, names.scored, cases + [reused, ranked], ("good", encode(good)), run_grouping, names.batches,

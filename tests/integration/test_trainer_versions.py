@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 import yaml
 
 from rollstream.api.engine import WeightUpdate
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.kafka.admin import ensure_topics
@@ -209,7 +209,7 @@ async def test_the_example_trainer_resumes_after_a_crash_between_checkpoint_and_
     producer = make_producer(config.kafka, "test-batches")
     await producer.start()
     for task in "abcdef":
-        await producer.send_and_wait(names.batches, encode(build_batch(group(task), trainer_version=0)))
+        await producer.send_and_wait(names.batches, encode(build_emitted_group(group(task), trainer_version=0)))
     await producer.stop()
 
     steps_file = tmp_path / "steps.jsonl"

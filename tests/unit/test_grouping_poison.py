@@ -42,7 +42,7 @@ def test_a_group_whose_samples_do_not_concatenate_is_dead_lettered_and_the_other
                         with_extra(scored("bad", 1, 2), "x", torch.zeros(1, 2, 2))], offset=10)
     good = [group(t, [with_extra(scored(t, i, 2), "x", torch.zeros(1, 2)) for i in range(2)]) for t in ("a", "b")]
     out = PartitionOutput(0, 16 * 1024 * 1024)
-    _, refused = Emission(NAMES, 0.0).batches([good[0], bad, good[1]], VersionReading(3, known=True), out)
+    _, refused = Emission(NAMES, 0.0).emit([good[0], bad, good[1]], VersionReading(3, known=True), out)
     assert [(d.task_id, d.reason) for d in refused] == [("bad", "dead_lettered")]
     batches, drops = emitted(out)
     assert sorted(b.task_id for b in batches) == ["a", "b"]
@@ -57,7 +57,7 @@ def test_a_group_whose_samples_do_not_concatenate_is_dead_lettered_and_the_other
 def test_a_batch_larger_than_the_producer_may_send_is_dead_lettered() -> None:
     big = group("big", [scored("big", 0, 1, gen_len=5000)])
     out = PartitionOutput(0, max_record_bytes=20_000)
-    _, refused = Emission(NAMES, 0.0).batches([big], VersionReading(0, known=True), out)
+    _, refused = Emission(NAMES, 0.0).emit([big], VersionReading(0, known=True), out)
     assert [d.reason for d in refused] == ["dead_lettered"]
     assert "exceeds kafka.max_message_bytes=20000" in refused[0].detail
     assert emitted(out)[0] == [] and len(out.dead_letters) == 1
@@ -96,7 +96,7 @@ def test_any_mix_of_per_sample_shapes_ranks_and_dtypes_ends_every_group_once(
         if members:
             groups.append(group(task, members))
     out = PartitionOutput(0, 16 * 1024 * 1024)
-    _, refused = Emission(NAMES, 0.0).batches(groups, VersionReading(1, known=True), out)
+    _, refused = Emission(NAMES, 0.0).emit(groups, VersionReading(1, known=True), out)
     good, drops = emitted(out)
     for batch in good:
         group_tensors(batch)  # what the trainer reads
