@@ -4,9 +4,9 @@ Two messages: one episode (prompt 512 + completion 1,536 tokens, every trajector
 padded batch (16 x 2,048). For the episode, "rollstream" encodes with ``encode_tensor_dict`` +
 ``encode`` and decodes with ``decode_episode`` + ``decode_tensor_dict`` (torch, as the rollout
 worker writes and a trainer reads). For the batch it does what the grouping tier and a trainer
-do: the batch arrays lie in one numpy arena (built outside the timed region, as ``build_batch``
+do: the batch arrays lie in one numpy arena (built outside the timed region, as ``build_emitted_group``
 pads into one with ``concat_padded_arrays``), encoding is ``pack_arrays`` (no copy) +
-``encode(Batch(packed=...))``, decoding is ``decode_batch`` + ``batch_tensors``
+``encode(EmittedGroup(packed=...))``, decoding is ``decode_group`` + ``group_tensors``
 (torch tensors usable by the trainer). "rollstream, dict not in an arena" packs the plain
 torch dict, so ``pack_tensor_dict`` copies it first: the cost a writer pays that does not use
 an arena.
@@ -32,12 +32,12 @@ from torch import Tensor
 from bench.common import Report, base_parser, time_interleaved, time_per_call
 from bench.data import padded_batch, payload_bytes, trajectory
 from rollstream.trajectory.padding import concat_padded_arrays
-from rollstream.wire import ArrayArena, Batch, Episode, decode_batch, decode_episode, encode, pack_arrays
+from rollstream.wire import ArrayArena, EmittedGroup, Episode, decode_group, decode_episode, encode, pack_arrays
 from rollstream.wire.torch_tensors import (
     as_array,
-    batch_tensors,
     decode_tensor_dict,
     encode_tensor_dict,
+    group_tensors,
     pack_tensor_dict,
 )
 
@@ -52,18 +52,18 @@ def rollstream_episode(tensors: dict[str, Tensor]) -> Codec:
 
 
 def rollstream_batch(tensors: dict[str, Tensor] | ArrayArena) -> Codec:
-    """Pack + encode, decode + ``batch_tensors``: an arena of arrays packs with ``pack_arrays``
+    """Pack + encode, decode + ``group_tensors``: an arena of arrays packs with ``pack_arrays``
     (zero copy, the grouping tier's path), a plain torch dict with ``pack_tensor_dict`` (a copy)."""
     rows = tensors["input_ids"].shape[0]
     pack = pack_arrays if isinstance(tensors, ArrayArena) else pack_tensor_dict
 
     def enc() -> bytes:
-        return encode(Batch(task_id="bench:0:0", group_size=rows, sample_idx=list(range(rows)), packed=pack(tensors)))
-    return enc, lambda data: batch_tensors(decode_batch(data))
+        return encode(EmittedGroup(task_id="bench:0:0", group_size=rows, sample_idx=list(range(rows)), packed=pack(tensors)))
+    return enc, lambda data: group_tensors(decode_group(data))
 
 
 def in_arena(tensors: dict[str, Tensor]) -> ArrayArena:
-    """The same values written into one numpy arena, as the grouping tier's ``build_batch`` leaves them."""
+    """The same values written into one numpy arena, as the grouping tier's ``build_emitted_group`` leaves them."""
     arena = concat_padded_arrays([{k: as_array(v) for k, v in tensors.items()}])
     assert isinstance(arena, ArrayArena)
     return arena
@@ -71,11 +71,11 @@ def in_arena(tensors: dict[str, Tensor]) -> ArrayArena:
 
 def message_only(case: str, tensors: dict[str, Tensor]) -> Codec:
     """The msgpack step alone: ``encode`` of a message already holding its wire tensors (the
-    batch: its one packed buffer), and ``decode_batch``/``decode_episode`` (validated, tensors
+    batch: its one packed buffer), and ``decode_group``/``decode_episode`` (validated, tensors
     not built). Not the target's path."""
     enc, _ = (rollstream_episode if case == "episode" else rollstream_batch)(tensors)
-    message = (decode_episode if case == "episode" else decode_batch)(enc())
-    decode = decode_episode if case == "episode" else decode_batch
+    message = (decode_episode if case == "episode" else decode_group)(enc())
+    decode = decode_episode if case == "episode" else decode_group
     return lambda: encode(message), decode
 
 
@@ -189,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     report.target("batch decode, x faster than pickle-5", b["dec x pickle"], 5.0, unit="x")
     report.note("decode is zero-copy (tensors view the message buffer), so it is not bounded by memcpy")
     report.note("'msgpack step only' = encode() of a message that already holds its wire tensors (a batch: "
-                "one packed buffer), and decode_batch/decode_episode without building tensors: the rest of "
+                "one packed buffer), and decode_group/decode_episode without building tensors: the rest of "
                 "'rollstream' is the torch/numpy bookkeeping (episode: encode_tensor_dict, decode_tensor_dict; "
-                "batch: pack_arrays, batch_tensors)")
-    report.note("batch 'rollstream' packs numpy arrays that lie in one arena, as build_batch leaves them "
+                "batch: pack_arrays, group_tensors)")
+    report.note("batch 'rollstream' packs numpy arrays that lie in one arena, as build_emitted_group leaves them "
                 "(pack_arrays); 'dict not in an arena' packs a plain torch dict, so pack_tensor_dict copies it first")
     if args.profile:
         profile(batch)

@@ -212,7 +212,7 @@ class Run:
         try:
             usage = await StalenessBudget(client, RedisKeys(self.names.experiment, self.names.trial),
                                           self.config.staleness.max_head_offpolicyness,
-                                          self.config.staleness.batch_size).usage()
+                                          self.config.staleness.groups_per_step).usage()
         finally:
             await client.aclose()
         return {"admitted": len(admitted), "emitted groups": len(ledger.emitted),

@@ -1,10 +1,10 @@
 """Grouping benchmark: gather + pad + emit of groups in the grouping logic alone (no broker).
 
 Groups of 8 samples with mixed lengths (prompt 128-512, completion 256-1,536 tokens) go through
-``GroupBuffer.add`` -> ``build_batch`` -> ``encode`` (what the grouping tier does per group,
+``GroupBuffer.add`` -> ``build_emitted_group`` -> ``encode`` (what the grouping tier does per group,
 minus Kafka), from decoded ``ScoredEpisode`` messages whose tensors view their record buffers.
 The floor pads the same row tensors with ``torch.nn.utils.rnn.pad_sequence`` (one call per key,
-plus the rewards), which is the least any grouping must do. ``build_batch`` pads numpy arrays
+plus the rewards), which is the least any grouping must do. ``build_emitted_group`` pads numpy arrays
 (the grouping tier never imports torch) with ``concat_padded_arrays`` straight into the batch's
 one packed buffer (so ``encode`` copies the bytes once); the padding rows time it alone (on the
 rows decoded as arrays, as the tier has them), and ``concat_padded_tensors`` (the trainer's and
@@ -24,7 +24,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from bench.common import Report, base_parser
 from bench.data import mixed_lengths, scored_episode, trajectory
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
 from rollstream.trajectory.padding import concat_padded_arrays
 from rollstream.trajectory.padding import concat_padded_tensors
@@ -50,7 +50,7 @@ def make_records(groups: int, seed: int = 0) -> list[list[bytes]]:
 
 
 def run_grouping(messages: list[list[ScoredEpisode]]) -> int:
-    """GroupBuffer + build_batch + encode for every group; returns the bytes emitted."""
+    """GroupBuffer + build_emitted_group + encode for every group; returns the bytes emitted."""
     buffer = GroupBuffer(group_timeout_seconds=600.0, dedupe_window_seconds=3600.0)
     emitted = 0
     offset = 0
@@ -59,7 +59,7 @@ def run_grouping(messages: list[list[ScoredEpisode]]) -> int:
         for message in group:
             for result in buffer.add(message, 0, offset, now, trainer_version=0):
                 assert isinstance(result, CompleteGroup)
-                emitted += len(encode(build_batch(result, trainer_version=0)))
+                emitted += len(encode(build_emitted_group(result, trainer_version=0)))
             offset += 1
     return emitted
 
@@ -95,7 +95,7 @@ def array_rows_of(messages: list[list[ScoredEpisode]]) -> list[list[dict[str, nu
 
 
 def run_concat_padded_arrays(rows: list[list[dict[str, numpy.ndarray]]]) -> int:
-    """concat_padded_arrays alone: the padding inside build_batch, into one packed buffer."""
+    """concat_padded_arrays alone: the padding inside build_emitted_group, into one packed buffer."""
     padded = 0
     for group in rows:
         padded += concat_padded_arrays(group)["input_ids"].size
@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = {
         "floor: pad_sequence": lambda: run_pad_sequence(rows),
         "concat_padded_tensors only": lambda: run_concat_padded(rows),
-        "concat_padded_arrays only (build_batch's padding)": lambda: run_concat_padded_arrays(array_rows),
-        "GroupBuffer+build_batch+encode": lambda: run_grouping(messages),
+        "concat_padded_arrays only (build_emitted_group's padding)": lambda: run_concat_padded_arrays(array_rows),
+        "GroupBuffer+build_emitted_group+encode": lambda: run_grouping(messages),
         "decode_scored+above (tier's per-record work)": lambda: run_decode_and_grouping(records),
     }
     results = {name: best_seconds(fn, repeats) for name, fn in cases.items()}
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     report.table(f"Gather + pad + emit, group size {GROUP_SIZE}, {groups} groups, mixed lengths (best of {repeats})", table)
     report.extra["episodes"] = episodes
     report.extra["mean_tokens_per_episode"] = tokens / episodes
-    ours = results["GroupBuffer+build_batch+encode"]
+    ours = results["GroupBuffer+build_emitted_group+encode"]
     report.note(f"grouping logic costs {ours / floor:.2f}x the pad_sequence floor; at "
                 f"{episodes / ours:,.0f} episodes/s it takes {1e6 * ours / episodes:.0f} us of one core per episode")
     return report.finish(args.out)

@@ -74,7 +74,7 @@ async def measure_interval(svc: Services, workdir: Path, interval_ms: int, group
         "redis": {"url": svc.redis_url},
         "experiment": {"experiment_name": name, "trial_name": "t0"},
         "grouping": {"instance_id": "bench-grouping-0", "commit_interval_ms": interval_ms},
-        "staleness": {"batch_size": 1},  # a trainer step per group: each group's latency on its own
+        "staleness": {"groups_per_step": 1},  # a trainer step per group: each group's latency on its own
         "trainer": {"group_id": "bench-trainer"},
     }
     config = config_from_dict(tree)

@@ -40,7 +40,7 @@ from bench.pipeline_run import PipelineSettings, memory_rows, run_pipeline
 from bench.procstats import rss_bytes
 from bench.stack import services
 from bench.workflow_memory import workflow_memory
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
 from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode
 from rollstream.wire.torch_tensors import encode_tensor_dict
@@ -110,7 +110,7 @@ def buffer_memory(report: Report, quick: bool, open_groups: int, rate: float, wi
         nonlocal offset, emitted
         for result in buffer.add(decode_scored(stream.record(group, sample)), 0, offset, now):
             assert isinstance(result, CompleteGroup)
-            encode(build_batch(result, trainer_version=0))
+            encode(build_emitted_group(result, trainer_version=0))
             emitted += 1
         offset += 1
 

@@ -116,7 +116,7 @@ def config_tree(services: Services, name: str, workdir: Path, s: PipelineSetting
         "kafka": {"bootstrap_servers": services.kafka_bootstrap, "partitions": s.partitions},
         "redis": {"url": services.redis_url},
         "experiment": {"experiment_name": name, "trial_name": "t0"},
-        "staleness": {"enabled": False, "batch_size": 1},  # no trainer publishes versions: measure capacity; one group a step
+        "staleness": {"enabled": False, "groups_per_step": 1},  # no trainer publishes versions: measure capacity; one group a step
         "producer": {"dataset": str(dataset), "group_size": s.group_size, "producer_id": "bench-producer"},
         "rollout": rollout,
         "reward": {"tokenizer_path": tokenizer, "worker_id": "bench-reward-0", "max_workers": 2},

@@ -145,14 +145,14 @@ async def run_phases(watcher: BatchesWatcher, replicas: Replicas, phase_seconds:
 
 async def pace(config: RollstreamConfig, watcher: BatchesWatcher, backlog: int, weights: str) -> None:
     """The fast trainer: keep the staleness budget ``backlog`` prompts ahead of the groups ended."""
-    exp, batch_size = config.experiment, config.staleness.batch_size
+    exp, groups_per_step = config.experiment, config.staleness.groups_per_step
     redis = connect(config.redis)
     store = VersionStore(redis, RedisKeys(exp.experiment_name, exp.trial_name))
     version = 0
     try:
         while True:
-            # capacity (version + 1) * batch_size (eta 0) >= ended + backlog
-            wanted = max(0, -(-(len(watcher.ledger.accounted) + backlog) // batch_size) - 1)
+            # capacity (version + 1) * groups_per_step (eta 0) >= ended + backlog
+            wanted = max(0, -(-(len(watcher.ledger.accounted) + backlog) // groups_per_step) - 1)
             if wanted > version:
                 version = wanted
                 await store.publish(WeightUpdate(version, weights))
@@ -196,7 +196,7 @@ async def measure(args: argparse.Namespace, report: Report) -> None:
         name = unique_name("scale")
         tree = config_tree(dev.services, name, workdir, settings)
         tree["kafka"]["replication_factor"] = dev.services.replication
-        tree["staleness"] = {"enabled": True, "batch_size": 8, "max_head_offpolicyness": 0}
+        tree["staleness"] = {"enabled": True, "groups_per_step": 8, "max_head_offpolicyness": 0}
         tree["producer"].update(admission_poll_seconds=0.1, max_batch_prompts=16)
         tree["reward"]["max_workers"] = 1  # up to ten tier processes here: one reward pool process each
         path = write_config(workdir / f"{name}.yaml", tree)

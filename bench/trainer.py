@@ -2,9 +2,9 @@
 
 For 1, 2 and 4 ranks (``--ranks``), a ``torchrun`` job of ``bench/trainer_rank.py`` (gloo, CPU)
 reads ``batches`` with :class:`rollstream.trainer.TrainerBatches`: rank 0 owns the consumer,
-splits each step (``staleness.batch_size`` = one group per rank) and scatters the shares. This
+splits each step (``staleness.groups_per_step`` = one group per rank) and scatters the shares. This
 process plays the grouping tier: each step's groups (8 episodes of 512 + 1,536 tokens each, one
-``Batch`` record per group, as the grouping tier writes them) go to ``batches``
+``EmittedGroup`` record per group, as the grouping tier writes them) go to ``batches``
 in one Kafka transaction, one step every ``--spacing-ms``. Latency = from that transaction's
 commit being sent to ``next_batch`` handing the group out on its rank (both ``time.monotonic()``,
 one clock for every process of the machine). The first ``--warmup`` steps are not counted.
@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaProducer
 from bench.common import Report, percentiles, run_bench
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, scored_episode, trajectory
 from bench.stack import REPO, services, tail, unique_name, write_config
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.config import config_from_dict
 from rollstream.dev.launcher import Services
@@ -45,7 +45,7 @@ GROUP_SIZE = 8
 def group_record(task_id: str, lengths: tuple[int, int], version: int) -> bytes:
     episodes = tuple(scored_episode(task_id, i, GROUP_SIZE, trajectory(*lengths, seed=i), reward=float(i % 2))
                      for i in range(GROUP_SIZE))
-    return encode(build_batch(CompleteGroup(task_id, GROUP_SIZE, False, episodes, 0, 0, 0, 0, 0.0), version))
+    return encode(build_emitted_group(CompleteGroup(task_id, GROUP_SIZE, False, episodes, 0, 0, 0, 0, 0.0), version))
 
 
 async def write_steps(producer: AIOKafkaProducer, topic: str, steps: list[list[tuple[str, bytes]]],
@@ -88,7 +88,7 @@ async def measure_ranks(svc: Services, workdir: Path, ranks: int, steps: int, wa
         "kafka": {"bootstrap_servers": svc.kafka_bootstrap, "partitions": 2},
         "redis": {"url": svc.redis_url},
         "experiment": {"experiment_name": name, "trial_name": "t0"},
-        "staleness": {"enabled": False, "batch_size": ranks}, "trainer": {"group_id": f"{name}-trainer", "ledger_path": str(out / "ledger.jsonl")},
+        "staleness": {"enabled": False, "groups_per_step": ranks}, "trainer": {"group_id": f"{name}-trainer", "ledger_path": str(out / "ledger.jsonl")},
     }
     config = config_from_dict(tree)
     names = TopicNames(name, "t0")

@@ -1,12 +1,12 @@
 """Turning ended groups into ``batches`` records: pure functions, no I/O, no torch.
 
-:func:`build_batch` pads the trajectories of one complete group (one ``batches`` record per
+:func:`build_emitted_group` pads the trajectories of one complete group (one ``batches`` record per
 group) into one ``[N, L]`` array dict (``versions`` pad with -1, ``attention_mask`` with 0, the rest with
 ``pad_value``), adds ``rewards`` ``[N]``, the version bookkeeping the trainer needs and how
 many samples were rejected and how many failed; for a group with images, its distinct images
 once and, per row, which of them it shows. The
 padded arrays are written straight into one buffer (an arena) that the record then carries
-as its ``packed`` tensors, so encoding the batch copies its bytes once. Everything here is
+as its ``packed`` tensors, so encoding the record copies its bytes once. Everything here is
 numpy (``rollstream.trajectory``): the grouping tier never imports torch.
 """
 
@@ -19,13 +19,13 @@ import numpy
 
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
 from rollstream.trajectory.padding import align_keys, concat_padded_arrays
-from rollstream.trajectory.versions import batch_trainer_version, staleness
-from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_arrays, pack_arrays
+from rollstream.trajectory.versions import group_trainer_version, staleness
+from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, decode_arrays, pack_arrays
 from rollstream.wire.dtypes import to_float32
 
 log = logging.getLogger(__name__)
 
-__all__ = ["align_keys", "build_batch", "drop_record", "episode_rows", "group_images"]
+__all__ = ["align_keys", "build_emitted_group", "drop_record", "episode_rows", "group_images"]
 
 
 def episode_rows(scored: ScoredEpisode) -> dict[str, numpy.ndarray]:
@@ -45,15 +45,15 @@ def episode_rows(scored: ScoredEpisode) -> dict[str, numpy.ndarray]:
     return rows
 
 
-def build_batch(group: CompleteGroup, trainer_version: int, pad_value: float = 0.0, version_known: bool = True) -> Batch:
-    """The ``batch`` record of one complete group.
+def build_emitted_group(group: CompleteGroup, trainer_version: int, pad_value: float = 0.0, version_known: bool = True) -> EmittedGroup:
+    """The ``EmittedGroup`` record of one complete group.
 
     ``trainer_version`` (``version_known``: read from Redis just now) is what the grouping tier
-    knows of the trainer. The batch's head and tail are the group's (its episodes' spans
+    knows of the trainer. The record's head and tail are the group's (its episodes' spans
     combined, ``rollstream.trajectory.versions.head_and_tail``: the numbers the staleness
-    filter judged). The batch is never tagged older than its newest token
-    (``batch_trainer_version``: a version was published before any token of it was generated,
-    so a tail above ``trainer_version`` proves the trainer was at least there); the batch then
+    filter judged). The record is never tagged older than its newest token
+    (``group_trainer_version``: a version was published before any token of it was generated,
+    so a tail above ``trainer_version`` proves the trainer was at least there); it then
     carries the tail with ``trainer_version_known`` False, and its staleness is never negative.
     """
     parts: list[dict[str, numpy.ndarray]] = []
@@ -65,8 +65,8 @@ def build_batch(group: CompleteGroup, trainer_version: int, pad_value: float = 0
     images, row_images = group_images(group)
     arrays = concat_padded_arrays(align_keys(parts, pad_value), pad_value)
     head, tail = group.versions
-    tagged = batch_trainer_version(trainer_version, tail)
-    return Batch(
+    tagged = group_trainer_version(trainer_version, tail)
+    return EmittedGroup(
         task_id=group.task_id,
         group_size=group.group_size,
         sample_idx=sample_idx,
@@ -86,7 +86,7 @@ def build_batch(group: CompleteGroup, trainer_version: int, pad_value: float = 0
 
 
 def group_images(group: CompleteGroup) -> tuple[list[bytes], list[list[int]]]:
-    """``(images, row_images)`` of a group's batch (``Batch``'s fields): its distinct images
+    """``(images, row_images)`` of a group's record (``EmittedGroup``'s fields): its distinct images
     once, in first-use order, and per row the indexes of those it shows. Empty lists for a
     text group."""
     if not group.images:

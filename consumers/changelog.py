@@ -1,8 +1,8 @@
 """The grouping changelog: compacted, co-partitioned with ``scored`` (partition p <-> p).
 
 Each ended group gets a ``GroupOutcome`` keyed by its task id, written to the changelog
-partition of the group's source partition in the same transaction as the group's batch or
-drop record. Outcomes older than the dedupe window get a tombstone (value None).
+partition of the group's source partition in the same transaction as the group's emitted or
+dropped record. Outcomes older than the dedupe window get a tombstone (value None).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """What a grouping cycle writes for one input partition, and the slots it returns afterwards.
 
 :class:`Emission` turns ended groups into records of the partition's transaction output
-(:class:`~rollstream.kafka.consume_transform_produce.PartitionOutput`): the ``batch`` (tagged
-with the trainer version read at emission, never older than its tokens: ``build_batch``) or
-``dropped`` record on ``batches``, an ``outcome`` per ended group and tombstones for forgotten
-outcomes on ``grouping-changelog`` (in the source partition). A group that cannot become a
-batch (its samples do not concatenate, a tensor is unusable, the record would exceed
+(:class:`~rollstream.kafka.consume_transform_produce.PartitionOutput`): the ``batch`` record
+(an ``EmittedGroup``, tagged with the trainer version read at emission, never older than its
+tokens: ``build_emitted_group``) or the ``dropped`` record on ``batches``, an ``outcome`` per
+ended group and tombstones for forgotten outcomes on ``grouping-changelog`` (in the source
+partition). A group that cannot become one record (its samples do not concatenate, a tensor is unusable, the record would exceed
 ``kafka.max_message_bytes``) is never retried forever: it becomes a dead letter naming the
 error and a ``dropped`` record with reason ``dead_lettered``; the other groups are emitted.
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from rollstream.consumers.batching import build_batch, drop_record
+from rollstream.consumers.batching import build_emitted_group, drop_record
 from rollstream.consumers.changelog import outcome_record
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
 from rollstream.consumers.trainer_version import VersionReading
@@ -44,8 +44,8 @@ MAX_DETAIL_CHARS = 500
 
 
 @dataclass(frozen=True)
-class EmittedBatch:
-    """A group queued as its ``batch`` record, with the trainer version it is tagged with."""
+class QueuedGroup:
+    """A group queued as its ``EmittedGroup`` record, with the trainer version it is tagged with."""
 
     group: CompleteGroup
     trainer_version: int
@@ -59,16 +59,16 @@ class Emission:
         self._names = names
         self._pad_value = pad_value
 
-    def batches(
+    def emit(
         self, groups: list[CompleteGroup], reading: VersionReading, out: PartitionOutput,
-    ) -> tuple[list[EmittedBatch], list[DroppedGroup]]:
-        """Queue each group's ``batch`` record; returns the batches queued and the groups that
-        could not be batched (already queued as dead letters and ``dead_lettered`` drops)."""
-        emitted: list[EmittedBatch] = []
+    ) -> tuple[list[QueuedGroup], list[DroppedGroup]]:
+        """Queue each group's ``EmittedGroup`` record; returns the groups queued and those that
+        could not become one record (already queued as dead letters and ``dead_lettered`` drops)."""
+        emitted: list[QueuedGroup] = []
         refused: list[DroppedGroup] = []
         for group in groups:
             try:
-                emitted.append(self._batch(group, reading, out))
+                emitted.append(self._emit_one(group, reading, out))
             except Exception as exc:  # noqa: BLE001 - this group is at fault, the others are emitted
                 refused.append(self._refuse(group, exc, reading.version, out))
         return emitted, refused
@@ -80,19 +80,19 @@ class Emission:
     def tombstone(self, task_id: str, partition: int, out: PartitionOutput) -> None:
         out.send(self._names.grouping_changelog, None, key=task_id.encode(), partition=partition)
 
-    def _batch(self, group: CompleteGroup, reading: VersionReading, out: PartitionOutput) -> EmittedBatch:
-        batch = build_batch(group, reading.version, self._pad_value, version_known=reading.known)
-        value = encode(batch)  # may raise: nothing queued yet
+    def _emit_one(self, group: CompleteGroup, reading: VersionReading, out: PartitionOutput) -> QueuedGroup:
+        record = build_emitted_group(group, reading.version, self._pad_value, version_known=reading.known)
+        value = encode(record)  # may raise: nothing queued yet
         out.send(self._names.batches, value, key=group.task_id.encode())
-        self._outcome(group, out, batch.trainer_version)
-        return EmittedBatch(group, batch.trainer_version, batch.trainer_version_known)
+        self._outcome(group, out, record.trainer_version)
+        return QueuedGroup(group, record.trainer_version, record.trainer_version_known)
 
     def _outcome(self, group: CompleteGroup | DroppedGroup, out: PartitionOutput, trainer_version: int) -> None:
         value = encode(outcome_record(group, trainer_version))
         out.send(self._names.grouping_changelog, value, key=group.task_id.encode(), partition=group.partition)
 
     def _refuse(self, group: CompleteGroup, error: Exception, version: int, out: PartitionOutput) -> DroppedGroup:
-        detail = f"group cannot be batched: {type(error).__name__}: {error}"[:MAX_DETAIL_CHARS]
+        detail = f"group cannot be emitted: {type(error).__name__}: {error}"[:MAX_DETAIL_CHARS]
         out.dead_letters.append(DeadLetter(
             tier=TIER, source_topic=self._names.scored, partition=group.partition, offset=group.min_offset,
             key=group.task_id.encode(), value=None, reason=detail, error_type=type(error).__name__, at=time.time(),

@@ -1,7 +1,7 @@
 """Gathering the samples of each prompt group: pure logic, no I/O.
 
 :class:`GroupBuffer` takes decoded ``scored`` messages with their partition and offset and
-returns what ended: a :class:`CompleteGroup` (its accepted episodes, ready for a batch) or a
+returns what ended: a :class:`CompleteGroup` (its accepted episodes, ready to be emitted) or a
 :class:`DroppedGroup` with a reason. It also answers the offset that is safe to commit per
 partition (:meth:`GroupBuffer.watermark`): below it, every group has ended.
 
@@ -19,7 +19,7 @@ Rules (what callers may rely on):
 - otherwise the filters run (train groups only; eval groups are never filtered): the group
   filters of ``grouping.group_filters`` in order (``rollstream.consumers.group_filters``; the
   first that refuses it -> "filtered"), then the oldest generated token more than
-  ``max_head_offpolicyness`` versions behind the trainer version its batch will carry ->
+  ``max_head_offpolicyness`` versions behind the trainer version its record will carry ->
   "stale"; a group that passes keeps its counts of rejected and failed samples;
 - :meth:`GroupBuffer.expire` drops groups open longer than the timeout ("timeout"). The clock
   restarts when a group is rebuilt after a crash (its first sample is re-read then).
@@ -38,7 +38,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from rollstream.consumers.outcomes import OutcomeLog
-from rollstream.trajectory.versions import Versions, batch_trainer_version, head_and_tail, staleness
+from rollstream.trajectory.versions import Versions, group_trainer_version, head_and_tail, staleness
 from rollstream.wire import SampleRejected, ScoredEpisode, TaskFailed
 from rollstream.wire.messages import DropReason
 
@@ -150,8 +150,8 @@ def _no_accepted(group: OpenGroup, rejected: int, failures: list[SampleRejected]
 def apply_filters(group: CompleteGroup, filters: GroupFilters, trainer_version: int) -> GroupResult:
     """``group`` itself, or its drop when a filter removes it (eval groups pass unfiltered).
 
-    Staleness is judged against the trainer version the group's batch will carry
-    (``batch_trainer_version``: ``trainer_version``, or the group's newest token's when
+    Staleness is judged against the trainer version the group's record will carry
+    (``group_trainer_version``: ``trainer_version``, or the group's newest token's when
     newer), so a group that passes is never emitted staler than the bound."""
     if group.is_eval:
         return group
@@ -161,7 +161,7 @@ def apply_filters(group: CompleteGroup, filters: GroupFilters, trainer_version: 
             return _drop(group, "filtered", detail)
     eta = filters.max_head_offpolicyness
     head, tail = group.versions
-    version = batch_trainer_version(trainer_version, tail)  # what its batch will be tagged with
+    version = group_trainer_version(trainer_version, tail)  # what its record will be tagged with
     lag = staleness(version, head)
     if eta is not None and lag > eta:
         detail = f"head version {head} is {lag} behind trainer version {version} (max {eta})"

@@ -1,10 +1,10 @@
-"""The grouping tier: ``scored`` samples in, exactly one batch or drop per group out.
+"""The grouping tier: ``scored`` samples in, exactly one emitted or dropped record per group out.
 
 The tier is the one partition loop (:mod:`rollstream.kafka.partition_loop`) with the
 exactly-once delivery (:mod:`rollstream.kafka.consume_transform_produce`) around
 :class:`GroupingTransform`. Each
 cycle feeds the polled ``scored`` records into a :class:`~rollstream.consumers.grouping.GroupBuffer`,
-then, per input partition, writes what ended (batches, drops, changelog outcomes, tombstones,
+then, per input partition, writes what ended (emitted and dropped groups, changelog outcomes, tombstones,
 dead letters) and the new input offset in ONE transaction under that partition's own
 transactional id (``<group id>.p<partition>``). The committed input offset of a partition
 never passes the first record of a group that has not been emitted, so after a crash,
@@ -32,7 +32,7 @@ from typing import Any
 from aiokafka.structs import ConsumerRecord
 
 from rollstream.consumers.changelog import read_outcomes, version_floor
-from rollstream.consumers.emission import EmittedBatch, Emission, SlotReleaser
+from rollstream.consumers.emission import QueuedGroup, Emission, SlotReleaser
 from rollstream.consumers.group_filters import load_group_filters
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
 from rollstream.consumers.trainer_version import TrainerVersion, VersionReading
@@ -71,7 +71,7 @@ class GroupingTransform:
         self.buffer = GroupBuffer(g.group_timeout_seconds, g.dedupe_window_seconds, filters)
         keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
         self.version = TrainerVersion(VersionStore(redis, keys))
-        budget = StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.batch_size)
+        budget = StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.groups_per_step)
         self.releaser = SlotReleaser(budget)
         self.emission = Emission(names, g.pad_value)
         self.committed_offsets: dict[int, int] = {}  # partition -> input offset committed by this instance
@@ -79,7 +79,7 @@ class GroupingTransform:
         self._reading = VersionReading(0, known=False)  # the trainer version of this cycle
         self._complete: dict[int, list[CompleteGroup]] = {}  # completed this cycle, per partition
         self._dropped: dict[int, list[DroppedGroup]] = {}  # ended this cycle, per partition
-        self._emitted: dict[int, tuple[list[EmittedBatch], list[DroppedGroup]]] = {}
+        self._emitted: dict[int, tuple[list[QueuedGroup], list[DroppedGroup]]] = {}
 
     # -- partitions --
 
@@ -124,7 +124,7 @@ class GroupingTransform:
         reading = self._reading
         ready = self._complete.pop(partition, [])
         drops = self._dropped.pop(partition, [])
-        emitted, refused = self.emission.batches(ready, reading, out)  # refused: queued as drops already
+        emitted, refused = self.emission.emit(ready, reading, out)  # refused: queued as drops already
         for drop in drops:
             self.emission.drop(drop, reading.version, out)
         drops += refused
@@ -139,8 +139,8 @@ class GroupingTransform:
     async def committed(self, partition: int, out: PartitionOutput) -> None:
         if out.offset is not None:
             self.committed_offsets[partition] = out.offset
-        batches, drops = self._emitted.pop(partition, ([], []))
-        self._account(batches, drops)
+        queued, drops = self._emitted.pop(partition, ([], []))
+        self._account(queued, drops)
         await self.releaser.release(drops)
 
     # -- helpers --
@@ -159,11 +159,11 @@ class GroupingTransform:
             return mark
         return None
 
-    def _account(self, batches: list[EmittedBatch], drops: list[DroppedGroup]) -> None:
+    def _account(self, queued: list[QueuedGroup], drops: list[DroppedGroup]) -> None:
         now = self._now
-        for batch in batches:
-            group, version = batch.group, batch.trainer_version
-            known = "" if batch.version_known else ", not read from Redis at emission"
+        for emitted in queued:
+            group, version = emitted.group, emitted.trainer_version
+            known = "" if emitted.version_known else ", not read from Redis at emission"
             log.info("%s: emitted group %s (trainer version %d%s)", self.config.grouping.instance_id,
                      group.task_id, version, known, extra={"task_id": group.task_id, "trainer_version": version})
             metrics.GROUPS.labels(TIER, "emitted").inc()

@@ -1,7 +1,7 @@
 """How recent groups ended: the in-memory side of the grouping changelog.
 
 The grouping consumer records every ended group here (and, in the same Kafka transaction as
-the group's batch or drop, in the compacted changelog). After a crash or a rebalance the new
+the group's emitted or dropped record, in the compacted changelog). After a crash or a rebalance the new
 owner restores this log from the changelog and skips every message of a task it finds here,
 so a group whose records are re-read from the uncommitted input is never emitted twice.
 

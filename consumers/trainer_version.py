@@ -7,14 +7,14 @@ a lower value (a Redis that restarted without persistence reads 0, one that came
 earlier snapshot an earlier version, until the trainer publishes again) is logged and ignored.
 An instance that takes partitions raises its floor to the newest version their changelog
 outcomes were tagged with (:meth:`TrainerVersion.raise_floor`), so a new instance meeting such
-a Redis never tags a partition's batches below what that partition was tagged before.
+a Redis never tags a partition's groups below what that partition was tagged before.
 
 Each answer says whether it is *known*: Redis answered this time, with a version no older
 than any answer before. Otherwise the version is only the newest one this instance knows to
-have been published, which may be older than the trainer's. :func:`rollstream.consumers.batching.build_batch`
-raises a batch's version to its newest token's (a token's version was published before it was
-generated) and marks it unknown then, so a batch is never tagged older than its tokens
-(docs/GUARANTEES.md, "A batch's trainer version").
+have been published, which may be older than the trainer's. :func:`rollstream.consumers.batching.build_emitted_group`
+raises a group's version to its newest token's (a token's version was published before it was
+generated) and marks it unknown then, so a group is never tagged older than its tokens
+(docs/GUARANTEES.md, "A group's trainer version").
 """
 
 from __future__ import annotations

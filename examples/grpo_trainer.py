@@ -8,7 +8,7 @@ Under ``torchrun`` every rank runs this file: the model is wrapped in Distribute
 (gloo on CPU, NCCL with ``trainer.device: cuda``, one GPU per rank) and
 :class:`~rollstream.trainer.TrainerBatches` gives each rank its share of every step. Each step:
 
-1. this rank's share of ``staleness.batch_size`` groups (whole groups, balanced by tokens);
+1. this rank's share of ``staleness.groups_per_step`` groups (whole groups, balanced by tokens);
 2. group-normalised advantages ``(r - mean_group) / (std_group + eps)``;
 3. ``trainer.ppo_epochs`` AdamW steps of the PPO-clip loss (ratio against the behaviour
    logprobs the rollout workers recorded, clip ``trainer.clip``) over ``loss_mask`` tokens,

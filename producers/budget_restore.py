@@ -53,7 +53,7 @@ from rollstream.kafka.transactions import TransactionalProducer
 from rollstream.producers.cursor import read_all_cursors
 from rollstream.producers.publisher import transactional_id
 from rollstream.state.budget import RebuildInterrupted, RebuiltCounts, StalenessBudget
-from rollstream.wire import Batch, GroupDropped, WireDecodeError, decode_batch, decode_prompt, decode_trainer_commit
+from rollstream.wire import EmittedGroup, GroupDropped, WireDecodeError, decode_group, decode_prompt, decode_trainer_commit
 
 log = logging.getLogger(__name__)
 
@@ -158,18 +158,18 @@ async def dropped_tasks(
     config: RollstreamConfig, names: TopicNames, train: set[str], end: dict[int, int],
 ) -> tuple[dict[str, str], int]:
     """``(task id -> drop reason of the committed drops of train tasks, the newest trainer
-    version a batch below ``end`` is tagged with)``."""
+    version a group below ``end`` is tagged with)``."""
     drops: dict[str, str] = {}
     version = 0
     records = scan_topic(config.kafka, names.batches, "budget-restore-batches", end, _stall_seconds(config))
     async for record in records:
         try:
-            message = decode_batch(record.value)
+            message = decode_group(record.value)
         except WireDecodeError:
             continue
         if isinstance(message, GroupDropped) and message.task_id in train:
             drops.setdefault(message.task_id, message.reason)
-        elif isinstance(message, Batch):
+        elif isinstance(message, EmittedGroup):
             version = max(version, message.trainer_version)
     return drops, version
 

@@ -89,7 +89,7 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
         stack.push_async_callback(redis.aclose)
         budget = StalenessBudget(
             redis, RedisKeys(config.experiment.experiment_name, config.experiment.trial_name),
-            config.staleness.max_head_offpolicyness, config.staleness.batch_size,
+            config.staleness.max_head_offpolicyness, config.staleness.groups_per_step,
         )
         admission = Admission(
             budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled,

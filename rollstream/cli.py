@@ -29,7 +29,7 @@ TIER_HELP = {
     "producer": "publish prompts from a dataset, gated by the staleness budget",
     "rollout-worker": "run workflows on prompts and publish episodes",
     "reward-worker": "score episodes (transactional)",
-    "grouping": "gather groups, pad, and emit training batches (transactional)",
+    "grouping": "gather each prompt's samples into a group, pad it, and emit it on batches (transactional)",
     "dump": "write scored episodes as JSONL trajectory dumps",
 }
 

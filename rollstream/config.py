@@ -102,7 +102,7 @@ class StalenessConfig(_Section):
     max_head_offpolicyness: Count = 0  # eta: versions a token may lag behind the trainer
     # groups (prompts) per trainer step: the ONE setting of it, read by the trainer side
     # (rollstream.trainer) for its steps and by producers and grouping for the budget's unit
-    batch_size: AtLeastOne = 8
+    groups_per_step: AtLeastOne = 8
     enabled: bool = True
 
 
@@ -251,7 +251,7 @@ class GroupingConfig(_Section):
 class TrainerConfig(_Section):
     """The trainer side (``rollstream.trainer``, docs/TRAINER.md) and the example GRPO trainer."""
 
-    group_id: str = "trainer"  # (groups per step: staleness.batch_size)
+    group_id: str = "trainer"  # (groups per step: staleness.groups_per_step)
     checkpoint_dir: str = "runs/checkpoints"
     # Kafka membership of the trainer's consumer (rank 0's). It polls on a background thread
     # during a step, so steps of any length keep it in its group.
@@ -400,10 +400,11 @@ def load_config(
 
 # Keys that are gone, and where what they set lives now: named in the error a user gets.
 MOVED_KEYS = {
-    ("trainer", "batch_size"): "groups per trainer step are staleness.batch_size (one setting for the "
+    ("staleness", "batch_size"): "groups per trainer step are staleness.groups_per_step",
+    ("trainer", "batch_size"): "groups per trainer step are staleness.groups_per_step (one setting for the "
                                "trainer's steps and the staleness budget)",
     ("grouping", "groups_per_batch"): "every batches record holds one group; groups per trainer step are "
-                                      "staleness.batch_size",
+                                      "staleness.groups_per_step",
     ("rollout", "sglang_urls"): "the servers of engine sglang or vllm are rollout.server_urls",
     ("rollout", "sglang"): "the settings of the inference servers (SGLang or vLLM) are rollout.server",
 }

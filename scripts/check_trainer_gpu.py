@@ -34,7 +34,7 @@ def write_inputs(workdir: Path, ranks: int) -> tuple[Path, Path]:
     """A dump of ``STEPS * ranks`` one-group records and the tiny model."""
     import torch
 
-    from rollstream.consumers.batching import build_batch
+    from rollstream.consumers.batching import build_emitted_group
     from rollstream.consumers.grouping import CompleteGroup
     from rollstream.tiny.text_model import build_tiny_model, default_corpus
     from rollstream.tools.render import message_json
@@ -59,7 +59,7 @@ def write_inputs(workdir: Path, ranks: int) -> tuple[Path, Path]:
             }
             episode = Episode(task_id=f"task-{g}", sample_idx=i, group_size=4, trajectory=encode_tensor_dict(tensors))
             episodes.append(ScoredEpisode(episode=episode, reward=float(i % 2)))
-        batch = build_batch([CompleteGroup(f"task-{g}", 4, False, tuple(episodes), 0, 0, 0, 0, 0.0)], trainer_version=0)
+        batch = build_emitted_group([CompleteGroup(f"task-{g}", 4, False, tuple(episodes), 0, 0, 0, 0, 0.0)], trainer_version=0)
         lines.append(b'{"partition":0,"offset":%d,"key":null,"message":' % g + message_json(batch) + b"}\n")
     dump = workdir / "batches.jsonl"
     dump.write_bytes(b"".join(lines))
@@ -83,7 +83,7 @@ def worker(dump: Path, model_path: Path, out: Path, cpu: bool) -> None:
     else:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if ddp else 0)
         torch.cuda.set_device(device)
-    config = config_from_dict({"staleness": {"batch_size": world}})
+    config = config_from_dict({"staleness": {"groups_per_step": world}})
     model = AutoModelForCausalLM.from_pretrained(model_path).to(device)
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=None if cpu else [device.index])

@@ -34,8 +34,8 @@ import numpy as np
 
 from bench.harness.ledger import Ledger
 from rollstream.trainer.ledger import LedgerEntry
-from rollstream.wire import Batch
-from rollstream.wire.codec import batch_arrays
+from rollstream.wire import EmittedGroup
+from rollstream.wire.codec import group_arrays
 
 ENDS_ONCE = "ends exactly once"
 TRAINED_ONCE = "trained at most once"
@@ -164,25 +164,25 @@ class VersionTimeline:
         return self._versions[-1] if self._versions else 0
 
 
-def capacity(eta: int, version: int, batch_size: int) -> int:
-    return (eta + version + 1) * batch_size
+def capacity(eta: int, version: int, groups_per_step: int) -> int:
+    return (eta + version + 1) * groups_per_step
 
 
-def budget_excess(admitted: int, dropped: int, version: int, eta: int, batch_size: int,
+def budget_excess(admitted: int, dropped: int, version: int, eta: int, groups_per_step: int,
                   at: float = 0.0) -> Violation | None:
     """One sample of the Redis counters (one MGET) against the bound with the trainer's version
     at the sample (``version``: at least any version a producer could have read then). Between
     admissions ``admitted - dropped`` only falls and the version only rises, and a rebuilt
     budget is never above the one it replaces, so a correct system passes every sample."""
-    limit = capacity(eta, version, batch_size)
+    limit = capacity(eta, version, groups_per_step)
     if admitted - dropped > limit:
         return Violation(STALENESS, f"redis: admitted {admitted} - dropped {dropped} = {admitted - dropped} > "
-                                    f"(eta {eta} + v {version} + 1) * B {batch_size} = {limit}", at)
+                                    f"(eta {eta} + v {version} + 1) * B {groups_per_step} = {limit}", at)
     return None
 
 
 def admission_excess(prompt_times: Sequence[float], drop_times: Sequence[float], versions: VersionTimeline,
-                     eta: int, batch_size: int) -> list[Violation]:
+                     eta: int, groups_per_step: int) -> list[Violation]:
     """Every train admission from the topics: the n-th prompt by record timestamp ``t`` was
     admitted before ``t``, as were the n - 1 before it, and no drop counted in Redis by ``t`` has
     a ``dropped_at`` after ``t``; so ``n - drops(<= t) <= (eta + v(t) + 1) * B`` in a correct
@@ -192,10 +192,10 @@ def admission_excess(prompt_times: Sequence[float], drop_times: Sequence[float],
     for n, t in enumerate(prompts, start=1):
         version = versions.version_at(t)
         dropped = bisect.bisect_right(drops, t)
-        limit = capacity(eta, version, batch_size)
+        limit = capacity(eta, version, groups_per_step)
         if n - dropped > limit:
             found.append(Violation(STALENESS, f"admission {n} at {clock(t)}: {n} admitted - {dropped} dropped = "
-                                              f"{n - dropped} > (eta {eta} + v {version} + 1) * B {batch_size} = "
+                                              f"{n - dropped} > (eta {eta} + v {version} + 1) * B {groups_per_step} = "
                                               f"{limit} (excess {n - dropped - limit})", t))
     return found
 
@@ -229,7 +229,7 @@ def batch_tag_regression(known_before: int, view: BatchView, partition: int, at:
 
 @dataclass(frozen=True)
 class BatchView:
-    """What the version checks read from one ``Batch`` record."""
+    """What the version checks read from one ``EmittedGroup`` record."""
 
     task_id: str
     trainer_version: int
@@ -241,8 +241,8 @@ class BatchView:
     loss_mask: np.ndarray  # [N, L], 1 on generated tokens
 
 
-def batch_view(batch: Batch) -> BatchView:
-    arrays = batch_arrays(batch)
+def batch_view(batch: EmittedGroup) -> BatchView:
+    arrays = group_arrays(batch)
     return BatchView(
         task_id=batch.task_id, trainer_version=batch.trainer_version,
         trainer_version_known=batch.trainer_version_known,

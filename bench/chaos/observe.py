@@ -28,7 +28,7 @@ from rollstream.config import RollstreamConfig
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
-from rollstream.wire import Batch, GroupDropped, decode_prompt
+from rollstream.wire import EmittedGroup, GroupDropped, decode_prompt
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class Observer:
     def __init__(self, config: RollstreamConfig, ledger_path: Path) -> None:
         self.config = config
         self.eta = config.staleness.max_head_offpolicyness
-        self.batch_size = config.staleness.batch_size
+        self.groups_per_step = config.staleness.groups_per_step
         self.ledger_file = StepLedger(ledger_path)
         self.ledger = Ledger()  # of batches: the pipeline's (see follow), filled before on_batch is called
         self.violations: list[inv.Violation] = []
@@ -99,7 +99,7 @@ class Observer:
             return
         self.prompts[task.task_id] = record.timestamp / 1000
 
-    def on_batch(self, record: ConsumerRecord, message: Batch | GroupDropped) -> None:
+    def on_batch(self, record: ConsumerRecord, message: EmittedGroup | GroupDropped) -> None:
         now = time.time()
         if isinstance(message, GroupDropped):
             if not message.is_eval:
@@ -165,8 +165,8 @@ class Observer:
         while self._pending and self._pending[0][0] < self._ledger_read_at:
             at, admitted, dropped = self._pending.popleft()
             version = self.timeline.version_at(at)
-            self.report(inv.budget_excess(admitted, dropped, version, self.eta, self.batch_size, at))
-            over = admitted - dropped - inv.capacity(self.eta, version, self.batch_size)
+            self.report(inv.budget_excess(admitted, dropped, version, self.eta, self.groups_per_step, at))
+            over = admitted - dropped - inv.capacity(self.eta, version, self.groups_per_step)
             if self.worst_budget is None or over > self.worst_budget[0]:
                 self.worst_budget = (over, f"admitted {admitted}, dropped {dropped}, trainer version {version}")
 
@@ -183,7 +183,7 @@ class Observer:
     async def _sample_redis(self) -> None:
         exp = self.config.experiment
         redis = connect(self.config.redis)
-        budget = StalenessBudget(redis, RedisKeys(exp.experiment_name, exp.trial_name), self.eta, self.batch_size)
+        budget = StalenessBudget(redis, RedisKeys(exp.experiment_name, exp.trial_name), self.eta, self.groups_per_step)
         try:
             while True:
                 try:

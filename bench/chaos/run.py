@@ -27,7 +27,7 @@ from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from rollstream.config import config_from_dict
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
-from rollstream.wire import Batch, decode_batch, decode_prompt
+from rollstream.wire import EmittedGroup, decode_group, decode_prompt
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Settings:
     mean_gap: float = 22.0  # seconds between faults, on average
     fleet: Fleet = Fleet()
     group_size: int = 4
-    batch_size: int = 4  # B: groups per trainer step, the staleness budget's unit
+    groups_per_step: int = 4  # B: groups per trainer step, the staleness budget's unit
     eta: int = 1  # staleness.max_head_offpolicyness
     max_new_tokens: int = 8
     startup_timeout: float = 480.0
@@ -68,8 +68,8 @@ def chaos_config(bootstrap: str, redis_url: str, name: str, model: Path, dataset
     """The fault tests' pipeline config, replicated, with a real trainer and the run's sizes."""
     tree = pipeline_config(bootstrap, redis_url, name, model, dataset, None)
     tree["kafka"].update({"replication_factor": 3, "prompt_partitions": s.fleet.rollout_max})
-    tree["staleness"] = {"batch_size": s.batch_size, "max_head_offpolicyness": s.eta}
-    tree["producer"].update({"group_size": s.group_size, "epochs": 1000, "max_batch_prompts": s.batch_size})
+    tree["staleness"] = {"groups_per_step": s.groups_per_step, "max_head_offpolicyness": s.eta}
+    tree["producer"].update({"group_size": s.group_size, "epochs": 1000, "max_batch_prompts": s.groups_per_step})
     tree["rollout"].update({"gconfig": {"max_new_tokens": s.max_new_tokens}, "max_concurrent_rollouts": 8,
                             "failure_detection_seconds": 6, "shutdown_grace_seconds": 30})
     tree["reward"]["reward_fn"] = "bench.chaos.rewards:exact_match_or_fail"  # one group in ~10 dropped
@@ -183,19 +183,19 @@ async def _drain(stage: Stage, s: Settings, prompts: TopicFollower) -> dict[str,
     prompts.check_alive()
     ledger = pipeline.ledger
     ended = await _until(pipeline, lambda: admitted <= ledger.accounted, s.drain_timeout)
-    trained = await _until(pipeline, lambda: _waiting(observer, ledger) < s.batch_size, 300)
+    trained = await _until(pipeline, lambda: _waiting(observer, ledger) < s.groups_per_step, 300)
     lags = await _lags(stage)
     entries = observer.read_ledger()
     trainer_left = await unconsumed(pipeline.config.kafka, pipeline.names.batches, pipeline.config.trainer.group_id)
-    waiting = sum(isinstance(decode_batch(r.value), Batch) for r in trainer_left)
+    waiting = sum(isinstance(decode_group(r.value), EmittedGroup) for r in trainer_left)
     emitted = set(ledger.emitted)
     observer.report(inv.accounting(admitted, len(records), ledger))
     observer.report(inv.trained_twice(entries))
     observer.report(inv.trained_unknown(entries, emitted))
     observer.report(inv.step_sequence(entries))
     observer.report(inv.admission_excess(list(observer.prompts.values()), observer.drop_times + observer.stale_times,
-                                         observer.timeline, s.eta, s.batch_size))
-    observer.report(inv.left_in_flight(admitted, ledger, lags, waiting, s.batch_size))
+                                         observer.timeline, s.eta, s.groups_per_step))
+    observer.report(inv.left_in_flight(admitted, ledger, lags, waiting, s.groups_per_step))
     return {"drain seconds": round(time.monotonic() - began), "every prompt ended in the drain": ended,
             "trainer caught up in the drain": trained, "admitted": len(admitted), "prompt records": len(records),
             "trainer groups waiting at the end": waiting, "lags at the end": lags}

@@ -151,7 +151,7 @@ class BudgetWatch:
         exp, staleness = self.config.experiment, self.config.staleness
         redis = connect(self.config.redis)
         budget = StalenessBudget(redis, RedisKeys(exp.experiment_name, exp.trial_name),
-                                 staleness.max_head_offpolicyness, staleness.batch_size)
+                                 staleness.max_head_offpolicyness, staleness.groups_per_step)
         try:
             while True:
                 try:

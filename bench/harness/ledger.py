@@ -25,7 +25,7 @@ from rollstream.kafka.admin import topic_partitions
 from rollstream.kafka.clients import make_admin, make_consumer, stop_client
 from rollstream.kafka.scan import read_bounded
 from rollstream.runtime.deadline import within
-from rollstream.wire import Batch, GroupDropped, decode_batch
+from rollstream.wire import EmittedGroup, GroupDropped, decode_group
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Ledger:
     batches: int = 0
     undecodable: int = 0
 
-    def add(self, message: Batch | GroupDropped) -> None:
+    def add(self, message: EmittedGroup | GroupDropped) -> None:
         if isinstance(message, GroupDropped):
             self.dropped[message.task_id] += 1
             self.drop_reasons[message.reason] += 1
@@ -191,14 +191,14 @@ class BatchesWatcher(TopicFollower):
     record too, with its Kafka record."""
 
     def __init__(self, config: KafkaConfig, topic: str,
-                 on_message: Callable[[ConsumerRecord, Batch | GroupDropped], None] | None = None) -> None:
+                 on_message: Callable[[ConsumerRecord, EmittedGroup | GroupDropped], None] | None = None) -> None:
         super().__init__(config, topic, self._add)
         self.ledger = Ledger()
         self._on_message = on_message
 
     def _add(self, record: ConsumerRecord) -> None:
         try:
-            message = decode_batch(record.value)
+            message = decode_group(record.value)
         except ValueError:
             self.ledger.undecodable += 1
             return

@@ -4,7 +4,7 @@
 starts each tier as its own process (:class:`~bench.stack.TierProcess`), follows ``batches``
 with a :class:`~bench.harness.ledger.BatchesWatcher`, and, unless told that a real trainer runs
 (``stand_in_trainer=False``: ``rollstream train`` as one more tier), acts as the trainer: every
-``staleness.batch_size`` emitted groups it publishes the next weight version (the tiny model's
+``staleness.groups_per_step`` emitted groups it publishes the next weight version (the tiny model's
 own weights) to Redis, which is what lets the producer admit more prompts; a version step takes
 at least ``step_seconds`` (the trainer is the pace-setter, as in real RL runs, which spreads the
 run, and so the faults, over time). Like an orchestrator it restarts a tier process that exits
@@ -33,13 +33,13 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.state.budget import StalenessBudget
-from rollstream.wire import Batch, Episode, GroupDropped, SampleRejected, decode_episode, decode_prompt
+from rollstream.wire import EmittedGroup, Episode, GroupDropped, SampleRejected, decode_episode, decode_prompt
 from bench.harness.ledger import BatchesWatcher, Ledger, read_topic
 from bench.stack import TierProcess
 
 log = logging.getLogger(__name__)
 
-BatchHook = Callable[[ConsumerRecord, Batch | GroupDropped], None]
+BatchHook = Callable[[ConsumerRecord, EmittedGroup | GroupDropped], None]
 
 TICK_SECONDS = 0.25
 
@@ -64,7 +64,7 @@ def pipeline_config(kafka_bootstrap: str, redis_url: str, name: str, model: Path
         "kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": 2, "transaction_timeout_ms": 10000},
         "redis": {"url": redis_url},
         "experiment": {"experiment_name": name, "trial_name": trial},
-        "staleness": {"batch_size": 8, "max_head_offpolicyness": 1},
+        "staleness": {"groups_per_step": 8, "max_head_offpolicyness": 1},
         "rollout": {"engine": "hf", "model_path": str(model), "seed": 0, "max_concurrent_rollouts": 16,
                     "gconfig": {"max_new_tokens": 4}, "worker_id": "rollout-0",
                     "commit_interval_seconds": 0.5, "shutdown_grace_seconds": 10},
@@ -166,10 +166,10 @@ class Pipeline:
         return len(self.ledger.accounted) / self.prompts if self.prompts else 0.0
 
     async def _train(self) -> None:
-        """The stand-in trainer: one version step per ``batch_size`` emitted groups."""
-        batch_size = self.config.staleness.batch_size
+        """The stand-in trainer: one version step per ``groups_per_step`` emitted groups."""
+        groups_per_step = self.config.staleness.groups_per_step
         while True:
-            target = len(self.ledger.emitted) // batch_size
+            target = len(self.ledger.emitted) // groups_per_step
             if target > self.version and not self.hold_versions:
                 try:
                     # the time BEFORE the publish, in whole ms as Kafka stamps records: producers
@@ -236,7 +236,7 @@ class Pipeline:
         samples = [m for m in await read_topic(self.config.kafka, self.names.episodes, decode_episode)
                    if isinstance(m, (Episode, SampleRejected))]
         budget = StalenessBudget(self._redis, self._store_keys, self.config.staleness.max_head_offpolicyness,
-                                 self.config.staleness.batch_size)
+                                 self.config.staleness.groups_per_step)
         ledger = self.ledger
         problems = ledger.check(admitted)
         if len(records) != len(admitted):

@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
     from rollstream.cli import add_config_arguments
 
     _register_demo(subparsers)
-    train = subparsers.add_parser("train", help="run the example GRPO trainer (examples/grpo_trainer.py) on the batch topic")
+    train = subparsers.add_parser("train", help="run the example GRPO trainer (examples/grpo_trainer.py) on the batches topic")
     add_config_arguments(train)
     train.add_argument("--ranks", type=int, default=1, help="trainer ranks, DDP across them under torchrun (default 1)")
     train.add_argument("--max-restarts", type=int, default=None,

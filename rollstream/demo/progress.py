@@ -96,7 +96,7 @@ class DemoProgress:
         return sum(s.episodes for s in self.steps)
 
     def episodes_per_second(self) -> float:
-        """Trained episodes per second since the first batch arrived (0 before the second)."""
+        """Trained episodes per second since the first step finished (0 before the second)."""
         if len(self.steps) < 2:
             return 0.0
         first, last = self.steps[0], self.steps[-1]
@@ -123,7 +123,7 @@ class DemoProgress:
         rows = [
             ("step", f"{len(self.steps)}/{self.total_steps}"),
             ("trainer version", str(last.version) if last else "0"),
-            ("reward (last batch)", f"{last.reward_mean:.3f}" if last else "-"),
+            ("reward (last step)", f"{last.reward_mean:.3f}" if last else "-"),
             ("reward (last 5 steps)", f"{sum(recent) / len(recent):.3f}" if recent else "-"),
             ("episodes trained", str(self.episodes())),
             ("episodes/s", f"{self.episodes_per_second():.1f}"),

@@ -44,7 +44,7 @@ def reward_trend(rewards: Sequence[float], window: int = WINDOW) -> RewardTrend:
 class StepRecord:
     """One finished step, all ranks together (one line of the trainer's steps file, the figures the
     demo shows); ``version`` is the version published after it, ``loss`` rank 0's last epoch,
-    ``seconds`` the step's wall time, waiting for the batch included."""
+    ``seconds`` the step's wall time, waiting for its groups included."""
 
     step: int
     version: int

@@ -27,7 +27,7 @@ class DemoSettings:
     trainer_ranks: int = 1  # > 1: the example trainer under torchrun (gloo, CPU), DDP across the ranks
     trainer_restarts: int = 3  # torchrun starts a failed trainer again this often (trainer.max_restarts)
     group_size: int = 8  # samples per prompt
-    prompts_per_step: int = 8  # groups per trainer step (staleness.batch_size)
+    prompts_per_step: int = 8  # groups per trainer step (staleness.groups_per_step)
     max_operand: int = 3  # a, b in 0..max_operand: few enough problems to learn in minutes
     learning_rate: float = 1e-3
     ppo_epochs: int = 2
@@ -75,7 +75,7 @@ def demo_config_tree(
         "redis": {"url": redis_url},
         "experiment": {"experiment_name": experiment, "trial_name": "t0"},
         "staleness": {"max_head_offpolicyness": settings.max_head_offpolicyness,
-                      "batch_size": settings.prompts_per_step},
+                      "groups_per_step": settings.prompts_per_step},
         "producer": {"dataset": str(dataset), "group_size": settings.group_size, "seed": settings.seed,
                      "producer_id": "demo-producer", "max_batch_prompts": settings.prompts_per_step},
         "rollout": rollout,

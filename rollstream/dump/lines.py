@@ -17,7 +17,7 @@ Then, only where needed or asked for (``dump.fields``):
   several rows (so ``(task_id, sample_idx, row)`` is unique where ``(task_id, sample_idx)``
   is not), and on every line with ``dump.fields: extended``.
 - with ``dump.fields: extended`` (:data:`EXTENDED_FIELDS`): ``stop_reason`` (the episode's;
-  ``null`` for batch rows), ``group_size``, ``trainer_version`` (a batch's: read when the
+  ``null`` for an emitted group's rows), ``group_size``, ``trainer_version`` (a group's: read when the
   grouping consumer emitted it; an episode's: the version in Redis when the writer wrote the
   line, ``null`` without Redis) and ``weight_path`` (where the weights of ``tail_version``
   are, from Redis; ``null`` when unknown).
@@ -48,7 +48,7 @@ from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.dump.files import TaskFiles, dump_path, read_task, scope_dir
 from rollstream.tokenizer_file import Tokenizer, load_tokenizer
 from rollstream.trajectory.versions import RowSpan, row_spans
-from rollstream.wire import Batch, Episode, ScoredEpisode, batch_arrays, decode_arrays
+from rollstream.wire import EmittedGroup, Episode, ScoredEpisode, group_arrays, decode_arrays
 from rollstream.wire.dtypes import to_float32
 
 __all__ = [
@@ -92,15 +92,15 @@ class DumpRow:
 
 
 def message_rows(message: Any) -> list[DumpRow]:
-    """The trajectory rows of an ``Episode``, ``ScoredEpisode`` or ``Batch``; [] for any
+    """The trajectory rows of an ``Episode``, ``ScoredEpisode`` or ``EmittedGroup``; [] for any
     other message (rejections, failures, drops, prompts, dead letters)."""
     match message:
         case ScoredEpisode():
             return _episode_rows(message.episode, message.reward)
         case Episode():
             return _episode_rows(message, None)
-        case Batch():
-            return _batch_rows(message)
+        case EmittedGroup():
+            return _group_rows(message)
     return []
 
 
@@ -128,20 +128,20 @@ def _episode_rows(episode: Episode, reward: float | None) -> list[DumpRow]:
     return out
 
 
-def _batch_rows(batch: Batch) -> list[DumpRow]:
-    tensors = batch_arrays(batch)
-    spans = row_spans(tensors, fallback_version=batch.tail_version)
+def _group_rows(group: EmittedGroup) -> list[DumpRow]:
+    tensors = group_arrays(group)
+    spans = row_spans(tensors, fallback_version=group.tail_version)
     rewards = _rewards(tensors)
     rows_of: dict[int, int] = defaultdict(int)
-    for sample_idx in batch.sample_idx:
+    for sample_idx in group.sample_idx:
         rows_of[sample_idx] += 1
     seen: dict[int, int] = defaultdict(int)
     out = []
-    for row, (sample_idx, span) in enumerate(zip(batch.sample_idx, spans)):
+    for row, (sample_idx, span) in enumerate(zip(group.sample_idx, spans)):
         out.append(DumpRow(
-            batch.task_id, sample_idx, seen[sample_idx], rows_of[sample_idx], batch.is_eval, span,
+            group.task_id, sample_idx, seen[sample_idx], rows_of[sample_idx], group.is_eval, span,
             _attended_ids(tensors, row), float(rewards[row]) if rewards is not None else None,
-            None, batch.group_size, batch.trainer_version,
+            None, group.group_size, group.trainer_version,
         ))
         seen[sample_idx] += 1
     return out
@@ -225,7 +225,7 @@ class DumpWriter:
     buffer is merged into the files when it reaches ``flush_every`` lines, on ``flush()`` and on
     ``close()``. After ``flush()`` returns, every line written before it is in its task's file.
     Flushes are serialized. ``versions`` (Redis) fills ``trainer_version`` and ``weight_path``
-    of extended lines; without it they stay ``null`` (batches carry their trainer version).
+    of extended lines; without it they stay ``null`` (emitted groups carry their trainer version).
     """
 
     def __init__(

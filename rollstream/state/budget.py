@@ -75,17 +75,17 @@ class StalenessBudget:
     """Admission control across any number of producers, counted in prompts (groups).
 
     A prompt is admitted only while ``admitted - dropped - trainer_dropped < (eta + v + 1) *
-    batch_size`` with ``v = max(version, version_floor)``. Eval prompts never touch the budget.
+    groups_per_step`` with ``v = max(version, version_floor)``. Eval prompts never touch the budget.
     Dropped (or fully rejected) groups return their slot, as do groups the trainer drops as stale.
     """
 
     def __init__(
-        self, client: aioredis.Redis, keys: RedisKeys, max_head_offpolicyness: int, batch_size: int
+        self, client: aioredis.Redis, keys: RedisKeys, max_head_offpolicyness: int, groups_per_step: int
     ) -> None:
         self._redis = client
         self._keys = keys
         self._eta = max_head_offpolicyness
-        self._batch_size = batch_size
+        self._groups_per_step = groups_per_step
         self._admit = client.register_script(scripts.ADMIT)
         self._release = client.register_script(scripts.RELEASE)
         self._trainer_drops = client.register_script(scripts.TRAINER_DROPS)
@@ -110,7 +110,7 @@ class StalenessBudget:
         first), :class:`GenerationChanged` or :class:`RedisStateError`."""
         k = self._keys.key
         keys = [self._state_key, k("version"), k(f"admit:{task_id}")]
-        args = [self._eta, self._batch_size, MARKER_TTL_SECONDS, generation or ""]
+        args = [self._eta, self._groups_per_step, MARKER_TTL_SECONDS, generation or ""]
         return script_answer(await self._admit(keys=keys, args=args)) == 1
 
     async def release(self, task_id: str, reason: str) -> bool:
@@ -204,7 +204,7 @@ class StalenessBudget:
             parse_int(f"{self._state_key}.{name}", value) for name, value in zip(names, raw[:4]))
         version = parse_int(self._keys.key("version"), raw[4])
         return BudgetUsage(admitted, dropped, trainer_dropped, version, floor,
-                           (self._eta + max(version, floor) + 1) * self._batch_size, _STATES[int(raw[5])])
+                           (self._eta + max(version, floor) + 1) * self._groups_per_step, _STATES[int(raw[5])])
 
     async def usage(self) -> dict[str, int]:
         """Counters for status displays: admitted, dropped, trainer_dropped, in_use, capacity,

@@ -24,7 +24,7 @@ if stamp[2] ~= run_id then return -5 end
 local generation = stamp[1]
 """
 
-# KEYS: budget, version, admit marker. ARGV: eta, batch size, marker TTL, the caller's
+# KEYS: budget, version, admit marker. ARGV: eta, groups per step, marker TTL, the caller's
 # generation ('' = any). 1 admitted, 0 no room, -2, -5, {-4, current generation}, or
 # {-3, key, value} for a counter that is not a number.
 ADMIT = _VALID_STATE + """

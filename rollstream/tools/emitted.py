@@ -3,7 +3,7 @@
 Redis counts what was admitted and what was dropped; groups that became training data are
 counted here, so that ``rollstream status`` can show the prompts still in flight (admitted,
 neither emitted nor dropped). The counter keeps its position between calls and reads only
-what is new (``read_committed``, so aborted batches never count); its first call reads the
+what is new (``read_committed``, so aborted records never count); its first call reads the
 topic from its beginning, within a time bound. Eval groups are not counted (they never take a
 staleness slot, so they are not among the admitted either).
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from rollstream.wire import Batch, WireDecodeError, decode_batch
+from rollstream.wire import EmittedGroup, WireDecodeError, decode_group
 
 READ_SECONDS = 10.0  # per call; what is left is read by the next call
 
@@ -69,7 +69,7 @@ class EmittedCounter:
 
 def _train_groups(value: bytes | None) -> int:
     try:
-        message = decode_batch(value)
+        message = decode_group(value)
     except WireDecodeError:
         return 0  # the trainer skips it too; it is not an emitted group
-    return int(isinstance(message, Batch) and not message.is_eval)
+    return int(isinstance(message, EmittedGroup) and not message.is_eval)

@@ -3,7 +3,7 @@
 A message that lacks the property a filter asks about never matches that filter: with a
 version range set, prompts, rejections, failures, drops and dead letters are left out; with a
 reward range set, everything but scored episodes, episodes whose workflow set ``rewards``,
-and batches (mean reward of their rows) is left out; dead letters have no eval flag.
+and emitted groups (mean reward of their rows) is left out; dead letters have no eval flag.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 from rollstream.dump.lines import message_rows
 from rollstream.trajectory.versions import head_and_tail
 from rollstream.wire import (
-    Batch,
     DeadLetter,
+    EmittedGroup,
     Episode,
     ScoredEpisode,
-    batch_arrays,
     decode_array,
+    group_arrays,
 )
 from rollstream.wire.dtypes import to_float32
 
@@ -36,7 +36,7 @@ def task_ids_of(message: Any) -> list[str]:
 
 
 def tail_version_of(message: Any) -> int | None:
-    """Newest version over the generated tokens of an episode, scored episode or batch: the
+    """Newest version over the generated tokens of an episode, scored episode or emitted group: the
     largest ``tail_version`` of its dump lines (``rollstream.trajectory.versions``, the one
     computation the episode message and the dumps use); None for other messages."""
     rows = message_rows(message)
@@ -50,8 +50,8 @@ def reward_of(message: Any) -> float | None:
         case Episode():
             wire = message.trajectory.get("rewards")
             return float(to_float32(decode_array(wire)).mean()) if wire is not None else None
-        case Batch():
-            rewards = batch_arrays(message).get("rewards")
+        case EmittedGroup():
+            rewards = group_arrays(message).get("rewards")
             return float(to_float32(rewards).mean()) if rewards is not None and rewards.size else None
     return None
 

@@ -4,7 +4,7 @@ JSON is deterministic: struct fields in schema order (with the ``kind`` tag firs
 sorted, tensors either ``{"dtype", "shape", "values"}`` (``tensors="full"``, nested lists) or
 ``{"dtype", "shape", "sha1"}`` (``tensors="summary"``: a digest of the raw little-endian bytes,
 enough to tell two tensors apart without printing them). Bytes (dead-letter keys and values)
-are base64 strings. NaN and infinities become ``null``. A batch shows its tensors under
+are base64 strings. NaN and infinities become ``null``. An emitted group shows its tensors under
 ``tensors``, as an episode does; ``packed`` shows only its layout (keys, dtypes, shapes, byte
 count).
 """
@@ -18,18 +18,18 @@ import msgspec
 
 from rollstream.dump.lines import Tokenizer, message_rows, row_record
 from rollstream.wire import (
-    Batch,
     DeadLetter,
+    EmittedGroup,
     Episode,
     GroupDropped,
+    PackedTensors,
     PromptTask,
     SampleRejected,
     ScoredEpisode,
-    PackedTensors,
     TaskFailed,
     WireTensor,
 )
-from rollstream.wire.torch_tensors import batch_tensors, decode_tensor, encode_tensor_dict
+from rollstream.wire.torch_tensors import group_tensors, decode_tensor, encode_tensor_dict
 
 TensorMode = Literal["full", "summary"]
 TEXT_PREVIEW_CHARS = 300
@@ -54,8 +54,8 @@ def to_jsonable(obj: Any, tensors: TensorMode = "full") -> Any:
             out["kind"] = tag
         for field in obj.__struct_fields__:
             out[field] = to_jsonable(getattr(obj, field), tensors)
-        if isinstance(obj, Batch):
-            out["tensors"] = to_jsonable(encode_tensor_dict(batch_tensors(obj)), tensors)
+        if isinstance(obj, EmittedGroup):
+            out["tensors"] = to_jsonable(encode_tensor_dict(group_tensors(obj)), tensors)
         return out
     if isinstance(obj, dict):
         return {str(key): to_jsonable(value, tensors) for key, value in obj.items()}
@@ -94,16 +94,16 @@ def _preview(text: str | None) -> str:
     return shown if len(shown) <= TEXT_PREVIEW_CHARS else shown[:TEXT_PREVIEW_CHARS] + "..."
 
 
-def _batch_summary(batch: Batch) -> str:
-    tensors = batch_tensors(batch)
+def _group_summary(group: EmittedGroup) -> str:
+    tensors = group_tensors(group)
     rewards = tensors.get("rewards")
     mean = f"{float(rewards.float().mean()):.4g}" if rewards is not None and rewards.numel() else "-"
     shape = list(tensors["input_ids"].shape) if "input_ids" in tensors else []
     return (
-        f"task={batch.task_id} group_size={batch.group_size} shape={shape} "
-        f"{_versions(batch.head_version, batch.tail_version)} trainer={batch.trainer_version} "
-        f"staleness={batch.staleness} reward_mean={mean} rejected={batch.rejected} "
-        f"failed={batch.failed}{' eval' if batch.is_eval else ''}"
+        f"task={group.task_id} group_size={group.group_size} shape={shape} "
+        f"{_versions(group.head_version, group.tail_version)} trainer={group.trainer_version} "
+        f"staleness={group.staleness} reward_mean={mean} rejected={group.rejected} "
+        f"failed={group.failed}{' eval' if group.is_eval else ''}"
     )
 
 
@@ -125,8 +125,8 @@ def summary_line(message: Any, tokenizer: Tokenizer | None = None) -> str:
                 f"task={message.task_id} group={message.group_size} workflow={message.workflow or '-'} "
                 f"epoch={message.epoch} index={message.index}{' eval' if message.is_eval else ''}"
             )
-        case Batch():
-            body = _batch_summary(message)
+        case EmittedGroup():
+            body = _group_summary(message)
         case GroupDropped():
             body = f"task={message.task_id} reason={message.reason} trainer={message.trainer_version} detail={message.detail!r}"
         case DeadLetter():

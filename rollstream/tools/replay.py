@@ -164,8 +164,8 @@ async def _open_sinks(
         if tokenizer is None:
             log.warning("no tokenizer configured: dump lines get prompt/completion null")
         exp = config.experiment
-        # No Redis: the trainer's version now says nothing about recorded episodes (batches
-        # carry theirs), so extended lines get trainer_version (episodes) and weight_path null.
+        # No Redis: the trainer's version now says nothing about recorded episodes (emitted
+        # groups carry theirs), so extended lines get trainer_version (episodes) and weight_path null.
         writer = DumpWriter(options.to_dump, exp.experiment_name, exp.trial_name, tokenizer, fields=config.dump.fields)
         sink = DumpSink(writer)
         stack.push_async_callback(sink.close)

@@ -7,9 +7,9 @@ from typing import Any
 
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import (
-    decode_batch,
     decode_dead_letter,
     decode_episode,
+    decode_group,
     decode_prompt,
     decode_scored,
 )
@@ -18,7 +18,7 @@ DECODERS: dict[str, Callable[[bytes | None], Any]] = {
     "prompts": decode_prompt,
     "episodes": decode_episode,
     "scored": decode_scored,
-    "batches": decode_batch,
+    "batches": decode_group,
     "dead-letter": decode_dead_letter,
 }
 ROLES: tuple[str, ...] = tuple(DECODERS)

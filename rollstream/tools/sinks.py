@@ -70,7 +70,7 @@ class JsonlSink:
 
 
 class DumpSink:
-    """Trajectory dump lines (episodes, scored episodes, batches; other kinds are skipped)."""
+    """Trajectory dump lines (episodes, scored episodes, emitted groups; other kinds are skipped)."""
 
     needs_message = True
 

@@ -110,7 +110,7 @@ class StatusCollector:
         exp = self.config.experiment
         self.budget = StalenessBudget(
             self.redis, RedisKeys(exp.experiment_name, exp.trial_name),
-            self.config.staleness.max_head_offpolicyness, self.config.staleness.batch_size,
+            self.config.staleness.max_head_offpolicyness, self.config.staleness.groups_per_step,
         )
         return self
 

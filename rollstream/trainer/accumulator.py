@@ -17,7 +17,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from rollstream.trainer.batch import GroupRows, TrainingBatch, assemble, batch_group
 from rollstream.trajectory.versions import staleness
-from rollstream.wire import Batch, GroupDropped, WireDecodeError, decode_batch
+from rollstream.wire import EmittedGroup, GroupDropped, WireDecodeError, decode_group
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +145,8 @@ class BatchAccumulator:
         """:meth:`take` for a record's value read from elsewhere (a replay)."""
         self._progress[partition] = offset + 1
         try:
-            message = decode_batch(value)
-            groups = [batch_group(message)] if isinstance(message, Batch) else []
+            message = decode_group(value)
+            groups = [batch_group(message)] if isinstance(message, EmittedGroup) else []
         except (WireDecodeError, ValueError) as exc:
             self.undecodable += 1
             log.warning("skipping undecodable batches record %d@%d: %s", partition, offset, exc)

@@ -1,9 +1,9 @@
 """What a trainer step receives: groups padded into one ``[N, L]`` tensor dict.
 
-Pure, no I/O: :func:`batch_group` reads the group of a ``Batch`` record (one group per record)
+Pure, no I/O: :func:`batch_group` reads the group of a ``EmittedGroup`` record (one group per record)
 and :func:`assemble` pads groups from any number of records into one :class:`TrainingBatch`.
 
-Vision: a group's images arrive once per group (``Batch.images``); each row says which it
+Vision: a group's images arrive once per group (``EmittedGroup.images``); each row says which it
 shows. With an image processor (the model's, as in the rollout: ``trainer.processor_path``,
 :func:`trainer_image_processor`), :func:`assemble` rebuilds the rows' ``pixel_values`` /
 ``image_grid_thw`` into ``TrainingBatch.vision`` (``rollstream.vision.inputs.VisionInputs``),
@@ -23,8 +23,8 @@ from rollstream.trajectory.padding import align_keys, concat_padded_tensors
 from rollstream.trajectory.versions import head_and_tail, row_spans, staleness
 from rollstream.config import RollstreamConfig
 from rollstream.vision.inputs import VisionInputs, build_vision_inputs
-from rollstream.wire import Batch
-from rollstream.wire.torch_tensors import batch_tensors
+from rollstream.wire import EmittedGroup
+from rollstream.wire.torch_tensors import group_tensors
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class GroupRows:
     failed: int = 0  # samples of the group that failed
     images: list[bytes] = field(default_factory=list)  # the group's distinct encoded images
     row_images: list[list[int]] = field(default_factory=list)  # per row: indexes into images ([] for text)
-    # False: trainer_version is not what Redis answered at emission (Batch.trainer_version_known)
+    # False: trainer_version is not what Redis answered at emission (EmittedGroup.trainer_version_known)
     trainer_version_known: bool = True
 
     @property
@@ -129,9 +129,9 @@ class TrainingBatch:
         return int(self.tensors["attention_mask"].sum().item()) if "attention_mask" in self.tensors else 0
 
 
-def batch_group(batch: Batch) -> GroupRows:
-    """The group a ``Batch`` record carries; ``ValueError`` if its bookkeeping is inconsistent."""
-    tensors = batch_tensors(batch)
+def batch_group(batch: EmittedGroup) -> GroupRows:
+    """The group a ``EmittedGroup`` record carries; ``ValueError`` if its bookkeeping is inconsistent."""
+    tensors = group_tensors(batch)
     n = tensors["input_ids"].shape[0] if "input_ids" in tensors else -1
     if len(batch.sample_idx) != n:
         raise ValueError(f"batch has {n} rows but {len(batch.sample_idx)} sample_idx entries")

@@ -12,7 +12,7 @@ Under ``torchrun`` (``torch.distributed`` initialized, more than one rank), ever
 creates ``TrainerBatches`` and runs the same loop; every call is collective:
 
 - rank 0 alone owns the Kafka consumer. Each round it takes the next step's
-  ``staleness.batch_size`` groups, splits them into one share per rank (whole groups, balanced
+  ``staleness.groups_per_step`` groups, splits them into one share per rank (whole groups, balanced
   by tokens, deterministic: :func:`~rollstream.trainer.split.split_by_tokens`) and scatters
   the shares over a gloo group (:mod:`rollstream.trainer.ranks`), so the ranks step in
   lockstep, each on different groups;
@@ -87,9 +87,9 @@ class TrainerBatches:
     ) -> None:
         self.config = config
         self.ranks = Ranks.detect(group, config.trainer.collective_timeout_seconds)
-        if config.staleness.batch_size < self.ranks.world_size:
+        if config.staleness.groups_per_step < self.ranks.world_size:
             raise ConfigError(
-                f"invalid configuration: staleness.batch_size {config.staleness.batch_size} is smaller than the "
+                f"invalid configuration: staleness.groups_per_step {config.staleness.groups_per_step} is smaller than the "
                 f"{self.ranks.world_size} ranks: every rank needs at least one group per step"
             )
         self.wait_seconds = wait_seconds

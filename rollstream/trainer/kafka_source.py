@@ -124,10 +124,10 @@ class KafkaStepSource:
         self.topic = names.batches
         self._names = names
         self._kafka = config.kafka
-        self.batch_size = config.staleness.batch_size
+        self.batch_size = config.staleness.groups_per_step
         self.group_id = tc.group_id
         self.accumulator = BatchAccumulator(
-            config.staleness.batch_size, config.grouping.pad_value, include_eval, tc.remember_steps, topic=self.topic
+            config.staleness.groups_per_step, config.grouping.pad_value, include_eval, tc.remember_steps, topic=self.topic
         )
         # Without a ledger, nothing survives a restart but Kafka's committed offsets.
         self.ledger = (ledger or StepLedger(ledger_path(config))) if use_ledger else None
@@ -137,7 +137,7 @@ class KafkaStepSource:
             session_timeout_ms=tc.session_timeout_ms, heartbeat_interval_ms=tc.heartbeat_interval_ms,
             max_poll_interval_ms=tc.max_poll_interval_ms,
         )
-        self.intake = StepIntake(self.accumulator, config.staleness.batch_size * tc.prefetch_steps)
+        self.intake = StepIntake(self.accumulator, config.staleness.groups_per_step * tc.prefetch_steps)
         self._delivery = AtLeastOnce(self.intake, commit_interval=None,
                                      retry=KAFKA_RETRY.limited(max_attempts=tc.commit_retries), name="trainer")
         self.loop = PartitionLoop(consumer=self._consumer, topic=self.topic, delivery=self._delivery,
@@ -153,7 +153,7 @@ class KafkaStepSource:
         self._redis = connect(config.redis)
         keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
         self._versions = VersionStore(self._redis, keys)
-        self._budget = StalenessBudget(self._redis, keys, self._eta, config.staleness.batch_size)
+        self._budget = StalenessBudget(self._redis, keys, self._eta, config.staleness.groups_per_step)
         self.published_version = 0  # the newest version known to be published (never goes back)
         self._published = published  # the trainer's own word for it (e.g. VersionPublisher.last_published)
         self.stale_committed = 0  # groups dropped as stale in committed steps, since the trial began

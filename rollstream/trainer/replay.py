@@ -10,7 +10,7 @@ the same trainer code, on one rank or many:
   the same order, read from the records the ledger names, so the tensors are bit for bit the
   ones the step trained on (and, with the same number of ranks, every rank gets the same share);
 - :class:`RangeReplay`: a range of offsets per partition, partition 0 first, each in offset
-  order, cut into ``staleness.batch_size`` groups (the rest, if any, is a last smaller step);
+  order, cut into ``staleness.groups_per_step`` groups (the rest, if any, is a last smaller step);
 - :class:`DumpReplay`: the same over a JSONL file written by
   ``rollstream replay batches --to-jsonl F`` (full tensors), without a broker.
 
@@ -39,7 +39,7 @@ from rollstream.trainer.batch import GroupRows, batch_group
 from rollstream.trainer.kafka_source import ledger_path
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
 from rollstream.trainer.steps import Step
-from rollstream.wire import Batch, GroupDropped, decode_batch, encode
+from rollstream.wire import EmittedGroup, GroupDropped, decode_group, encode
 from rollstream.wire.torch_tensors import DTYPES, pack_tensor_dict
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class _Replay:
     def __init__(self, config: RollstreamConfig, include_eval: bool, first_step: int) -> None:
         self.topic = TopicNames(config.experiment.experiment_name, config.experiment.trial_name).batches
         # Counts drops, undecodable records and repeated groups as the live source does.
-        self.accumulator = BatchAccumulator(config.staleness.batch_size, config.grouping.pad_value, include_eval,
+        self.accumulator = BatchAccumulator(config.staleness.groups_per_step, config.grouping.pad_value, include_eval,
                                             config.trainer.remember_steps, topic=self.topic)
         self._number = first_step - 1
         self._done = False
@@ -158,7 +158,7 @@ class RangeReplay(_OrderedReplay):
         return self._records_in_order()
 
 
-def batch_from_json(message: dict[str, Any]) -> Batch | GroupDropped:
+def batch_from_json(message: dict[str, Any]) -> EmittedGroup | GroupDropped:
     """A ``batches`` message from its JSON rendering with full tensors (``rollstream replay
     --to-jsonl``; the tensors' ``values`` are nested lists)."""
     if message.get("kind") == "dropped":
@@ -172,7 +172,7 @@ def batch_from_json(message: dict[str, Any]) -> Batch | GroupDropped:
         values = torch.tensor(_no_nulls(spec["values"]), dtype=DTYPES[spec["dtype"]])
         tensors[key] = values.reshape(spec["shape"])
     fields = {k: v for k, v in message.items() if k not in ("tensors", "packed")}
-    return msgspec.convert({**fields, "packed": pack_tensor_dict(tensors)}, Batch)
+    return msgspec.convert({**fields, "packed": pack_tensor_dict(tensors)}, EmittedGroup)
 
 
 def _no_nulls(values: Any) -> Any:
@@ -231,8 +231,8 @@ class LedgerReplay(_Replay):
         by_task: dict[str, GroupRows] = {}
         for partition, offset in sorted({(p, o) for p, o in entry.records}):
             value = await self._record(partition, offset)
-            message = decode_batch(value)
-            if isinstance(message, Batch):
+            message = decode_group(value)
+            if isinstance(message, EmittedGroup):
                 group = batch_group(message)
                 group.partition, group.offset = partition, offset
                 by_task[group.task_id] = group

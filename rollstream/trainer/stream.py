@@ -1,7 +1,7 @@
 """The asyncio trainer API, for a single-process trainer whose loop is a coroutine.
 
     async with BatchStream(config) as batches:
-        async for batch in batches:                       # staleness.batch_size groups
+        async for batch in batches:                       # staleness.groups_per_step groups
             await asyncio.to_thread(train_step, batch)    # keep the event loop free
             await batches.commit(batch)                   # now the step is never delivered again
 
@@ -91,7 +91,7 @@ class BatchStream:
             trainer = msgspec.structs.replace(config.trainer, poll_timeout_ms=poll_timeout_ms)
             config = msgspec.structs.replace(config, trainer=trainer)
         self.config = config
-        self.batch_size = config.staleness.batch_size
+        self.batch_size = config.staleness.groups_per_step
         self.source: StepSource = source or KafkaStepSource(
             config, include_eval=include_eval, client_id=client_id, use_ledger=ledger, published=published
         )

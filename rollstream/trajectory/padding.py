@@ -93,7 +93,7 @@ def concat_padded_tensors(dicts: Sequence[Mapping[str, Any]], pad_value: float =
 
 def align_keys(parts: list[dict[str, Any]], pad_value: float = 0.0) -> list[dict[str, Any]]:
     """Give every trajectory the keys of all of them, so that none is lost when trajectories
-    of different workflows meet in one batch (or one trainer step).
+    of different workflows meet in one group (or one trainer step).
 
     A key some parts lack is kept: those parts get it filled with the value padding gets
     (:func:`pad_value_for`: ``versions`` -1, ``attention_mask`` 0, the rest ``pad_value``;

@@ -17,13 +17,13 @@ only on **generated positions**:
   caller's ``fallback_version`` stands for them: the rollout worker passes its engine's
   version when the episode ended (AReaL's fallback), which is the only place
   that knows it. The grouping tier combines the episodes' spans (:func:`head_and_tail`)
-  instead of reading the tokens again, so the episode, its group's staleness filter, its batch
-  and the dump agree; the trainer reads its tensors with these same functions (without a
+  instead of reading the tokens again, so the episode, its group's staleness filter, its emitted
+  record and the dump agree; the trainer reads its tensors with these same functions (without a
   fallback, so only tokens versioned by it can differ).
 
 ``head`` is the oldest known version, ``tail`` the newest; ``-1`` (:data:`PROMPT_VERSION`)
 when there is none. Staleness is ``trainer_version - head`` (0 without a head), with the
-trainer version never below the tail (:func:`batch_trainer_version`).
+trainer version never below the tail (:func:`group_trainer_version`).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def head_and_tail(spans: Iterable[Versioned]) -> Versions:
 def staleness(trainer_version: int, head_version: int) -> int:
     """THE staleness of data whose oldest generated token has ``head_version``, trained on by
     ``trainer_version``: how many versions behind it is; 0 without a known head. Pass the
-    trainer version the data is tagged with (:func:`batch_trainer_version`), never less."""
+    trainer version the data is tagged with (:func:`group_trainer_version`), never less."""
     return trainer_version - head_version if head_version >= 0 else 0
 
 
@@ -111,11 +111,11 @@ def token_staleness(trainer_version: int, versions: Any, loss_mask: Any) -> nump
     return trainer_version - known[generated].astype(numpy.int64)
 
 
-def batch_trainer_version(trainer_version: int, tail_version: int) -> int:
+def group_trainer_version(trainer_version: int, tail_version: int) -> int:
     """The trainer version data is tagged with: the one known (read from Redis) or its newest
     token's, whichever is newer. A version is published before any token of it is generated,
     so a tail above the version read proves the trainer was at least there (Redis failed,
-    lagged or lost the version). The staleness filter and the batch use this same value, so a
+    lagged or lost the version). The staleness filter and the emitted group use this same value, so a
     group that passes the filter is never emitted with a staleness above the bound."""
     return max(trainer_version, tail_version)
 

@@ -1,8 +1,8 @@
 """Wire schemas and codecs for every topic.
 
 This package is numpy only: messages, decoders and the numpy tensor functions
-(``decode_array``, ``batch_arrays``, ``pack_arrays``...). The torch face of the wire
-(``decode_tensor_dict``, ``batch_tensors``, ``pack_tensor_dict``...) is
+(``decode_array``, ``group_arrays``, ``pack_arrays``...). The torch face of the wire
+(``decode_tensor_dict``, ``group_tensors``, ``pack_tensor_dict``...) is
 :mod:`rollstream.wire.torch_tensors`, imported by name where a model runs. The modules import
 each other in one direction: ``dtypes`` <- ``tensor_codec`` <- ``packed`` <- ``messages`` <-
 ``codec`` <- ``torch_tensors``.
@@ -10,22 +10,22 @@ each other in one direction: ``dtypes`` <- ``tensor_codec`` <- ``packed`` <- ``m
 
 from rollstream.wire.codec import (
     WireDecodeError,
-    batch_arrays,
-    decode_batch,
     decode_cursor,
     decode_dead_letter,
     decode_episode,
+    decode_group,
     decode_outcome,
     decode_prompt,
     decode_scored,
     decode_trainer_commit,
     encode,
     encode_trainer_commit,
+    group_arrays,
 )
 from rollstream.wire.messages import (
     SCHEMA_VERSION,
-    Batch,
     DeadLetter,
+    EmittedGroup,
     Episode,
     GroupDropped,
     GroupOutcome,
@@ -55,8 +55,8 @@ from rollstream.wire.tensor_codec import (
 __all__ = [
     "SCHEMA_VERSION",
     "ArrayArena",
-    "Batch",
     "DeadLetter",
+    "EmittedGroup",
     "Episode",
     "GroupDropped",
     "GroupOutcome",
@@ -70,22 +70,22 @@ __all__ = [
     "WireDecodeError",
     "WireTensor",
     "allocate_arrays",
-    "batch_arrays",
     "check_packed",
     "decode_array",
     "decode_arrays",
-    "decode_batch",
     "decode_cursor",
     "decode_dead_letter",
     "decode_episode",
+    "decode_group",
     "decode_outcome",
     "decode_prompt",
     "decode_scored",
     "decode_trainer_commit",
     "encode",
-    "encode_trainer_commit",
     "encode_array",
     "encode_arrays",
+    "encode_trainer_commit",
+    "group_arrays",
     "pack_arrays",
     "unpack_arrays",
 ]

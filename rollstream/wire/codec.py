@@ -4,8 +4,8 @@ Every decoding failure, whatever its cause (truncated bytes, wrong kind, newer s
 inconsistent tensors, out-of-range fields), raises ``WireDecodeError`` with a reason that
 a dead letter can carry. No other exception type escapes ``decode_*``.
 
-Numpy only (no torch): :func:`batch_arrays` gives a batch's tensors as arrays;
-``rollstream.wire.torch_tensors.batch_tensors`` as torch tensors.
+Numpy only (no torch): :func:`group_arrays` gives an emitted group's tensors as arrays;
+``rollstream.wire.torch_tensors.group_tensors`` as torch tensors.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from rollstream.wire.messages import (
     FIRST_VERSION,
     OLDEST_READABLE,
     SCHEMA_VERSION,
-    Batch,
-    BatchesMessage,
     DeadLetter,
+    EmittedGroup,
     Episode,
     EpisodesMessage,
+    GroupMessage,
     GroupOutcome,
     ProducerCursor,
     PromptTask,
@@ -55,7 +55,7 @@ _decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {
         PromptTask,
         EpisodesMessage,
         ScoredMessage,
-        BatchesMessage,
+        GroupMessage,
         DeadLetter,
         GroupOutcome,
         ProducerCursor,
@@ -171,38 +171,39 @@ def decode_scored(data: bytes | memoryview | None) -> ScoredMessage:
     return message
 
 
-def _check_batch_tensors(batch: Batch) -> None:
-    """Validation only (``batch_arrays`` builds the arrays): consistent packed tensors, images."""
+def _check_group_tensors(group: EmittedGroup) -> None:
+    """Validation only (``group_arrays`` builds the arrays): consistent packed tensors, images."""
     try:
-        check_packed(batch.packed)
+        check_packed(group.packed)
     except TensorDecodeError as exc:
         raise WireDecodeError(str(exc)) from None
-    if batch.images or batch.row_images:
-        _check_batch_images(batch)
+    if group.images or group.row_images:
+        _check_group_images(group)
 
 
-def _check_batch_images(batch: Batch) -> None:
-    if len(batch.row_images) != len(batch.sample_idx):
-        raise WireDecodeError(f"batch has images for {len(batch.row_images)} rows; expected {len(batch.sample_idx)}")
-    count = len(batch.images)
-    for row, images in enumerate(batch.row_images):
+def _check_group_images(group: EmittedGroup) -> None:
+    if len(group.row_images) != len(group.sample_idx):
+        raise WireDecodeError(f"group has images for {len(group.row_images)} rows; expected {len(group.sample_idx)}")
+    count = len(group.images)
+    for row, images in enumerate(group.row_images):
         if any(not 0 <= i < count for i in images):
             raise WireDecodeError(f"row {row} shows image {images} but its group has {count} images")
 
 
-def decode_batch(data: bytes | memoryview | None) -> BatchesMessage:
-    message = _decode(BatchesMessage, data)
-    if isinstance(message, Batch):
-        _check_batch_tensors(message)
+def decode_group(data: bytes | memoryview | None) -> GroupMessage:
+    """A record of ``batches``: an emitted group (its tensors checked) or a dropped one."""
+    message = _decode(GroupMessage, data)
+    if isinstance(message, EmittedGroup):
+        _check_group_tensors(message)
     return message
 
 
-def batch_arrays(batch: Batch) -> dict[str, numpy.ndarray]:
-    """A batch's tensors as numpy arrays (bfloat16: ``uint16`` words): views of the message
-    buffer, read-only. Raises ``WireDecodeError`` when they are inconsistent (``decode_batch``
-    has already checked that for decoded batches)."""
+def group_arrays(group: EmittedGroup) -> dict[str, numpy.ndarray]:
+    """An emitted group's tensors as numpy arrays (bfloat16: ``uint16`` words): views of the
+    message buffer, read-only. Raises ``WireDecodeError`` when they are inconsistent
+    (``decode_group`` has already checked that for decoded groups)."""
     try:
-        return unpack_arrays(batch.packed)
+        return unpack_arrays(group.packed)
     except TensorDecodeError as exc:
         raise WireDecodeError(str(exc)) from None
 

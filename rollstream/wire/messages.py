@@ -11,21 +11,25 @@ rolled-back tier must still read) refuse messages they could read.
 History:
 
 - 1: every kind.
-- 2: ``Batch`` carries its tensors in ``packed`` (one buffer, see ``rollstream.wire.packed``)
-  instead of one ``WireTensor`` each in ``tensors``.
-- 3: ``Batch`` has no ``tensors`` field; ``packed``, ``rejected`` and ``failed`` (per group:
-  samples the workflow rejected / samples that failed) are required, one count per group.
-  Readers refuse batches of versions 1 and 2, and older readers refuse version 3. Every
-  other kind still writes 1.
+- 2: ``EmittedGroup`` carries its tensors in ``packed`` (one buffer, see
+  ``rollstream.wire.packed``) instead of one ``WireTensor`` each in ``tensors``.
+- 3: ``EmittedGroup`` has no ``tensors`` field; ``packed``, ``rejected`` and ``failed`` (per
+  group: samples the workflow rejected / samples that failed) are required, one count per
+  group. Readers refuse emitted groups of versions 1 and 2, and older readers refuse version
+  3. Every other kind still writes 1.
 
 Added later without a version bump: ``ScoredEpisode.reward_source`` with a default (old
 readers ignore it, new readers of old messages get the default); the drop reasons
 ``all_failed`` and ``dead_lettered``, which a reader older than them refuses like any
 undecodable record (upgrade readers before writers, docs/DEPLOYMENT.md). Also without a bump,
 for vision (docs/ARCHITECTURE.md, "Images travel once"): ``Episode.row_images`` /
-``Episode.images`` and ``Batch.images`` / ``Batch.row_images``, empty for text. A reader
-older than them would drop a batch's images, so upgrade trainers before the grouping tier
-when a trial has images.
+``Episode.images`` and ``EmittedGroup.images`` / ``EmittedGroup.row_images``, empty for
+text. A reader older than them would drop a group's images, so upgrade trainers before the
+grouping tier when a trial has images.
+
+A kind's tag, not its Python name, is what the bytes carry: ``EmittedGroup`` is the kind
+``batch``, the record of the ``batches`` topic (tests/unit/test_wire.py decodes bytes written
+under that tag by every version-3 writer).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ SampleIdx = Annotated[int, msgspec.Meta(ge=0, lt=MAX_GROUP_SIZE)]
 
 SCHEMA_VERSION = 3  # the newest version this reader understands (any kind)
 FIRST_VERSION = 1
-BATCH_VERSION = 3
+EMITTED_GROUP_VERSION = 3
 
 DropReason = Literal[
     "all_rejected",  # every sample of the group was rejected by the workflow (returned None)
@@ -58,7 +62,7 @@ DropReason = Literal[
     "stale",  # the oldest generated token is beyond the staleness bound
     "timeout",  # the group did not complete within the grouping timeout
     "task_failed",  # the prompt could not be run (dead-lettered upstream)
-    "dead_lettered",  # the group's samples cannot form a batch (dead-lettered by grouping)
+    "dead_lettered",  # the group's samples cannot be padded into one record (dead-lettered by grouping)
 ]
 
 
@@ -151,9 +155,10 @@ class ScoredEpisode(_Message, tag="scored"):
             raise ValueError(f"reward {self.reward} is not finite")
 
 
-class Batch(_Message, tag="batch", kw_only=True):
-    """One complete group: its accepted samples' rows padded to one ``[N, L]`` tensor dict in
-    ``packed`` (read it with ``batch_arrays``, numpy, or ``batch_tensors``, torch).
+class EmittedGroup(_Message, tag="batch", kw_only=True):
+    """One complete group, emitted on ``batches`` (wire tag ``batch``): its accepted samples'
+    rows padded to one ``[N, L]`` tensor dict in ``packed`` (read it with ``group_arrays``,
+    numpy, or ``group_tensors``, torch).
 
     ``sample_idx[r]``: the sample row ``r`` comes from. ``trainer_version`` is the trainer's
     version at emission as the grouping tier knew it, never older than ``tail_version``;
@@ -166,7 +171,7 @@ class Batch(_Message, tag="batch", kw_only=True):
     shows, in the order of its image slots.
     """
 
-    schema_version: int = BATCH_VERSION
+    schema_version: int = EMITTED_GROUP_VERSION
     task_id: TaskId
     group_size: GroupSize
     sample_idx: list[SampleIdx]
@@ -187,11 +192,11 @@ class Batch(_Message, tag="batch", kw_only=True):
         if self.rejected + self.failed > self.group_size:
             raise ValueError(f"group of {self.group_size} samples has {self.rejected} rejected and {self.failed} failed")
         if self.row_images and len(self.row_images) != len(self.sample_idx):
-            raise ValueError(f"batch has {len(self.sample_idx)} rows but {len(self.row_images)} row_images entries")
+            raise ValueError(f"group has {len(self.sample_idx)} rows but {len(self.row_images)} row_images entries")
 
 
 # The oldest version of a kind this reader reads (a kind not named: FIRST_VERSION).
-OLDEST_READABLE: dict[type, int] = {Batch: BATCH_VERSION}
+OLDEST_READABLE: dict[type, int] = {EmittedGroup: EMITTED_GROUP_VERSION}
 
 
 class GroupDropped(_Message, tag="dropped"):
@@ -261,4 +266,4 @@ class TrainerCommit(msgspec.Struct, kw_only=True):
 
 EpisodesMessage = Episode | SampleRejected | TaskFailed
 ScoredMessage = ScoredEpisode | SampleRejected | TaskFailed
-BatchesMessage = Batch | GroupDropped
+GroupMessage = EmittedGroup | GroupDropped  # a record of ``batches``: how a group ended

@@ -19,8 +19,8 @@ import numpy
 import torch
 
 from rollstream.wire.dtypes import BFLOAT16_WORDS, ITEMSIZES, NUMPY_DTYPES, WIRE_DTYPES
-from rollstream.wire.codec import batch_arrays
-from rollstream.wire.messages import Batch
+from rollstream.wire.codec import group_arrays
+from rollstream.wire.messages import EmittedGroup
 from rollstream.wire.packed import ArrayArena, ArraySpec, PackedTensors, allocate_arrays, pack_copy, unpack_arrays
 from rollstream.wire.tensor_codec import WireTensor, decode_array
 
@@ -35,7 +35,7 @@ _TORCH: dict[numpy.dtype, torch.dtype] = {NUMPY_DTYPES[name]: dtype for name, dt
 
 __all__ = [
     "DTYPES", "DTYPE_NAMES", "TensorSpec", "allocate_packed", "as_array", "as_array_dict", "as_tensor", "as_tensor_dict",
-    "batch_tensors",
+    "group_tensors",
     "decode_tensor", "decode_tensor_dict", "encode_tensor", "encode_tensor_dict", "pack_tensor_dict", "raw_bytes",
     "tensor_arena", "unpack_tensor_dict",
 ]
@@ -141,11 +141,11 @@ def unpack_tensor_dict(packed: PackedTensors) -> dict[str, torch.Tensor]:
     return {key: as_tensor(array) for key, array in unpack_arrays(packed).items()}
 
 
-def batch_tensors(batch: Batch) -> dict[str, torch.Tensor]:
-    """A batch's tensors (:func:`rollstream.wire.codec.batch_arrays` as torch tensors): views of
-    the message buffer, read-only. Raises ``WireDecodeError`` when they are inconsistent
-    (``decode_batch`` has already checked that for decoded batches)."""
-    return {key: as_tensor(array) for key, array in batch_arrays(batch).items()}
+def group_tensors(group: EmittedGroup) -> dict[str, torch.Tensor]:
+    """An emitted group's tensors (:func:`rollstream.wire.codec.group_arrays` as torch tensors):
+    views of the message buffer, read-only. Raises ``WireDecodeError`` when they are
+    inconsistent (``decode_group`` has already checked that for decoded groups)."""
+    return {key: as_tensor(array) for key, array in group_arrays(group).items()}
 
 
 def allocate_packed(specs: Sequence[TensorSpec]) -> dict[str, torch.Tensor]:
@@ -203,7 +203,7 @@ class _ArenaRecord:
 
 def _pack_recorded(tensors: dict[str, torch.Tensor]) -> PackedTensors | None:
     """The ready description of an unchanged ``allocate_packed`` dict (2-3 µs); else None.
-    Runs per emitted batch, so it reads no tensor attribute but ids and shapes."""
+    Runs per emitted group, so it reads no tensor attribute but ids and shapes."""
     first = next(iter(tensors.values()), None)
     record = getattr(first, _ARENA_ATTRIBUTE, None)
     return record.packed if record is not None and record.describes(tensors) else None

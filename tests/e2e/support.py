@@ -80,7 +80,7 @@ async def budget_watch(config: RollstreamConfig) -> AsyncIterator[list[dict[str,
     list it yields collects each sample that held more in flight than the capacity allowed."""
     redis = connect(config.redis)
     keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
-    budget = StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.batch_size)
+    budget = StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.groups_per_step)
     violations: list[dict[str, int]] = []
     stop = asyncio.Event()
 

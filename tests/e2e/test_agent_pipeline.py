@@ -26,7 +26,7 @@ from bench.stack import write_config
 from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
-from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
+from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_prompt
 from tests.agent_model import agent_base_model, perturbed_copy, tool_model
 from tests.e2e.support import budget_watch, check_alive, check_logprobs, running, stop_cleanly, tails
 from tests.helpers import read_topic
@@ -63,7 +63,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tree = pipeline_config(
         kafka, redis_url, name, model, trial="agent-e2e",
-        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": ETA},
+        staleness={"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": ETA},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         rollout={
             "max_concurrent_rollouts": MAX_CONCURRENT,
@@ -118,8 +118,8 @@ async def test_agent_pipeline_end_to_end(
             stop_cleanly(tiers)
 
     prompts = {m.task_id: m.data for m in await read_topic(config, names.prompts, decode_prompt)}
-    outcomes = await read_topic(config, names.batches, decode_batch)
-    emitted = [m.task_id for m in outcomes if isinstance(m, Batch)]
+    outcomes = await read_topic(config, names.batches, decode_group)
+    emitted = [m.task_id for m in outcomes if isinstance(m, EmittedGroup)]
     dropped = {m.task_id: m for m in outcomes if isinstance(m, GroupDropped)}
     print(f"\nagent e2e: admitted={len(prompts)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)} "
           f"drops={drops}")

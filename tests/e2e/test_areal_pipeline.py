@@ -38,7 +38,7 @@ from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
 from rollstream.kafka.topics import TopicNames
 from rollstream.testing import tiny_vlm_dir
-from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_batch, decode_prompt, decode_scored
+from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, decode_group, decode_prompt, decode_scored
 from tests.areal_pkg.rewards import answer_reward
 from tests.e2e.support import (check_alive, check_batch_tensors, check_logprobs, check_vision_logprobs, running,
                                save_versions, start_tier, stop_cleanly, tails)
@@ -75,7 +75,7 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 def _tree(name: str, kafka: str, redis_url: str, model: Path, workflows: dict[str, Any], **rollout: Any) -> dict[str, Any]:
     return pipeline_config(
-        kafka, redis_url, name, model, trial="areal", staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": 1},
+        kafka, redis_url, name, model, trial="areal", staleness={"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": 1},
         rollout={"max_concurrent_rollouts": 4, "gconfig": {"max_new_tokens": 8, "temperature": 1.0},
                  "workflows": workflows, "default_workflow": next(iter(workflows)), **rollout},
         reward={"reward_fn": "", "tokenizer_path": ""},
@@ -107,12 +107,12 @@ async def _train(config: RollstreamConfig, tiers: dict[str, TierProcess], steps:
     return batches
 
 
-async def _ended_once(config: RollstreamConfig, prompts: int) -> tuple[dict[str, Any], list[Batch]]:
+async def _ended_once(config: RollstreamConfig, prompts: int) -> tuple[dict[str, Any], list[EmittedGroup]]:
     """Every admitted prompt ended exactly once; the prompts by task id and the batch records."""
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
     admitted = {m.task_id: m for m in await read_topic(config, names.prompts, decode_prompt)}
-    ended = await read_topic(config, names.batches, decode_batch)
-    records = [m for m in ended if isinstance(m, Batch)]
+    ended = await read_topic(config, names.batches, decode_group)
+    records = [m for m in ended if isinstance(m, EmittedGroup)]
     tasks = [m.task_id for m in records] + [m.task_id for m in ended if isinstance(m, GroupDropped)]
     assert len(admitted) == prompts and sorted(tasks) == sorted(admitted), "every prompt ends exactly once"
     return admitted, records

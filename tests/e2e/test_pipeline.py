@@ -23,7 +23,7 @@ from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
-from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
+from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_prompt
 from tests.e2e.support import (acked_batches, budget_watch, check_batch_tensors, check_logprobs, running, save_versions,
                                start_tier, stop_cleanly, tails)
 from tests.helpers import read_topic
@@ -50,7 +50,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tree = pipeline_config(
         kafka, redis_url, name, model, trial="e2e",
-        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": ETA},
+        staleness={"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": ETA},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         # two samples at a time: a step's samples take several waves, so a published version
         # lands while some sample is mid-generation (rows spanning two versions, checked
@@ -84,8 +84,8 @@ async def test_pipeline_end_to_end(
             stop_cleanly(tiers)
 
     admitted = {m.task_id for m in await read_topic(config, names.prompts, decode_prompt)}
-    outcomes = await read_topic(config, names.batches, decode_batch)
-    emitted = [m.task_id for m in outcomes if isinstance(m, Batch)]
+    outcomes = await read_topic(config, names.batches, decode_group)
+    emitted = [m.task_id for m in outcomes if isinstance(m, EmittedGroup)]
     dropped = [m.task_id for m in outcomes if isinstance(m, GroupDropped)]
     print(f"\ne2e: admitted={len(admitted)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)}")
     assert len(admitted) == PROMPTS

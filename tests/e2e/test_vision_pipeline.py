@@ -28,7 +28,7 @@ from rollstream.trainer import BatchStream, TrainingBatch
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import (
-    Batch, Episode, GroupDropped, ScoredEpisode, decode_batch, decode_dead_letter, decode_episode, decode_prompt, decode_scored,
+    EmittedGroup, Episode, GroupDropped, ScoredEpisode, decode_group, decode_dead_letter, decode_episode, decode_prompt, decode_scored,
 )
 from tests.e2e.support import acked_batches, check_vision_logprobs, running, stop_cleanly, tails
 from tests.helpers import read_topic
@@ -66,7 +66,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
     dataset.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
     tree = pipeline_config(
         kafka, redis_url, name, model, trial="vision",
-        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": 3},
+        staleness={"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": 3},
         kafka={"max_message_bytes": LIMIT},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         rollout={"max_concurrent_rollouts": 8, "gconfig": {"max_new_tokens": 8, "temperature": 1.0},
@@ -97,8 +97,8 @@ async def test_vision_pipeline_end_to_end(
     [letter] = await read_topic(config, names.dead_letter, decode_dead_letter)
     assert letter.tier == "producer" and letter.offset == OVERSIZED_ROW
     assert "too large for the prompts topic" in letter.reason and f"kafka.max_message_bytes={LIMIT}" in letter.reason
-    outcomes = await read_topic(config, names.batches, decode_batch)
-    emitted = [m.task_id for m in outcomes if isinstance(m, Batch)]
+    outcomes = await read_topic(config, names.batches, decode_group)
+    emitted = [m.task_id for m in outcomes if isinstance(m, EmittedGroup)]
     dropped = [m.task_id for m in outcomes if isinstance(m, GroupDropped)]
     assert sorted(emitted + dropped) == sorted(images_of), "every admitted prompt ends exactly once"
     assert sorted(tid for b in batches for tid in b.task_ids) == sorted(emitted)
@@ -111,7 +111,7 @@ async def test_vision_pipeline_end_to_end(
         "prompts": sum(len(i) for p in prompts for i in p.data["images"]),
         "episodes": sum(len(i) for e in episodes for i in e.images.values()),
         "scored": sum(len(i) for e in scored for i in e.images.values()),
-        "batches": sum(len(i) for b in outcomes if isinstance(b, Batch) for i in b.images),
+        "batches": sum(len(i) for b in outcomes if isinstance(b, EmittedGroup) for i in b.images),
     }
     once = sum(len(i) for images in images_of.values() for i in images)
     print(f"\ne2e vision: prompts={len(prompts)} groups={len(emitted)} dropped={len(dropped)} "

@@ -29,7 +29,7 @@ from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.vllm_server import LocalVLLMServer
 from rollstream.kafka.topics import TopicNames
 from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
-from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
+from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_prompt
 from tests.e2e.support import acked_batches, budget_watch, check_batch_tensors, running, save_versions, stop_cleanly, tails
 from tests.helpers import read_topic
 from tests.vllm_support import LogprobAudit, fresh_server
@@ -55,7 +55,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, server: Loca
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tree = pipeline_config(
         kafka, redis_url, name, Path(server.model), trial="vllm",
-        staleness={"batch_size": STEP_GROUPS, "max_head_offpolicyness": ETA},
+        staleness={"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": ETA},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         rollout={"engine": "vllm", "server_urls": [server.url], "tokenizer_path": server.model,
                  "max_concurrent_rollouts": 4, "shutdown_grace_seconds": 20,
@@ -102,8 +102,8 @@ async def test_pipeline_on_a_real_vllm_server(
             stop_cleanly(tiers)
 
     admitted = {m.task_id for m in await read_topic(config, names.prompts, decode_prompt)}
-    outcomes = await read_topic(config, names.batches, decode_batch)
-    emitted = [m for m in outcomes if isinstance(m, Batch)]
+    outcomes = await read_topic(config, names.batches, decode_group)
+    emitted = [m for m in outcomes if isinstance(m, EmittedGroup)]
     dropped = [m for m in outcomes if isinstance(m, GroupDropped)]
     print(f"\nvLLM e2e: admitted={len(admitted)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)}")
     assert len(admitted) == PROMPTS and not dropped, [(d.task_id, d.reason, d.detail) for d in dropped]

@@ -25,7 +25,7 @@ its full ISR again):
    SIGCONT.
 
 Then it checks: admitted = emitted + counted drops, no task or row twice, none lost; the
-staleness bound ``admitted - dropped <= (eta + version + 1) * batch_size`` held at every sample
+staleness bound ``admitted - dropped <= (eta + version + 1) * groups_per_step`` held at every sample
 of the Redis counters; no emitted batch staler than ``max_head_offpolicyness``.
 """
 
@@ -46,7 +46,7 @@ from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import describe_topics, ensure_topics
 from rollstream.kafka.clients import make_admin
 from rollstream.kafka.topics import TopicNames
-from rollstream.wire import Batch, decode_batch
+from rollstream.wire import EmittedGroup, decode_group
 from bench.harness.cluster import BudgetWatch, ClusterProbe, FaultRecord
 from bench.harness.ledger import read_topic
 from bench.harness.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
@@ -253,8 +253,8 @@ async def test_exactly_once_on_a_replicated_cluster_under_node_faults(
                 pipeline.step_seconds = FINAL_STEP_SECONDS
                 await pipeline.wait_for(pipeline.finished, 300, "every admitted prompt to end")
                 outcome = await pipeline.outcome()
-            batches = await read_topic(pipeline.config.kafka, pipeline.names.batches, decode_batch)
-    max_staleness = max((b.staleness for b in batches if isinstance(b, Batch)), default=0)
+            batches = await read_topic(pipeline.config.kafka, pipeline.names.batches, decode_group)
+    max_staleness = max((b.staleness for b in batches if isinstance(b, EmittedGroup)), default=0)
     text = report(outcome, faults, budget, max_staleness, felt(pipeline))
     show_report(text)
     assert not outcome.problems, "\n".join(outcome.problems) + "\n" + text

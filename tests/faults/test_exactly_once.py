@@ -3,7 +3,7 @@
 Engine: the HF engine with the tiny offline model (hidden 32, 2 layers, max_new_tokens 4) and the
 built-in RLVR workflow, so every episode is real generation with per-token logprobs and versions;
 the reward worker scores with the default exact-match reward. A stand-in trainer publishes a new
-weight version every ``staleness.batch_size`` emitted groups, so the producer is paced by the
+weight version every ``staleness.groups_per_step`` emitted groups, so the producer is paced by the
 staleness budget and lives through the whole run (and its kill lands mid-stream).
 
 Redis: the test's own redis-server with ``appendonly`` (fsync always), so the version and the

@@ -39,7 +39,7 @@ class Trainer:
     """A trainer on the public API: reads steps of groups, records what it trained, acks."""
 
     def __init__(self, tree: dict, name: str) -> None:
-        config = config_from_dict({**tree, "staleness": {**tree["staleness"], "batch_size": 4}, "trainer": {"group_id": f"{name}-trainer"}})
+        config = config_from_dict({**tree, "staleness": {**tree["staleness"], "groups_per_step": 4}, "trainer": {"group_id": f"{name}-trainer"}})
         self.consumer = BatchStream(config, ledger=False, client_id="fault-trainer")
         self.trained: Counter[str] = Counter()
         self.steps = 0

@@ -56,7 +56,7 @@ async def test_producer_waits_for_redis_and_never_over_admits(
     with LocalRedisServer(tmp_path / "redis", appendonly=True) as redis:
         config = make_config(kafka_bootstrap, redis.url, unique_name, {
             "producer": {"dataset": str(dataset), "group_size": 2, "admission_poll_seconds": 0.2},
-            "staleness": {"batch_size": 4, "max_head_offpolicyness": 0},  # room for 4 prompts at version 0
+            "staleness": {"groups_per_step": 4, "max_head_offpolicyness": 0},  # room for 4 prompts at version 0
         })
         names = names_of(config)
         await ensure_topics(config.kafka, names)

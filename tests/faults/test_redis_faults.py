@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys
-from rollstream.wire import GroupDropped, decode_batch, decode_prompt
+from rollstream.wire import GroupDropped, decode_group, decode_prompt
 from bench.harness.ledger import read_records
 from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
@@ -55,7 +55,7 @@ async def test_a_garbage_version_key_for_30s_crashes_no_tier(
     async with Pipeline(tree, tmp_path, tiny_model, step_seconds=1.0) as pipeline:
         start(pipeline)
         client = aioredis.from_url(redis_url)
-        budget = StalenessBudget(client, keys, 3, tree["staleness"]["batch_size"])
+        budget = StalenessBudget(client, keys, 3, tree["staleness"]["groups_per_step"])
         try:
             in_flight = 0
             while in_flight < 8 or pipeline.version < 1:  # the key goes bad while groups are open
@@ -90,7 +90,7 @@ async def test_a_redis_restart_without_persistence_keeps_the_staleness_bound(
     with LocalRedisServer(tmp_path / "redis", appendonly=False) as redis:
         dataset = write_dataset(tmp_path / "prompts.jsonl", prompts)
         tree = pipeline_config(kafka_bootstrap, redis.url, unique_name, tiny_model, dataset, prompts)
-        eta, batch_size = tree["staleness"]["max_head_offpolicyness"], tree["staleness"]["batch_size"]
+        eta, groups_per_step = tree["staleness"]["max_head_offpolicyness"], tree["staleness"]["groups_per_step"]
         async with Pipeline(tree, tmp_path, tiny_model, step_seconds=1.5) as pipeline:
             start(pipeline)
             await pipeline.wait_for(lambda: pipeline.progress() >= 0.4, 180, "40% ended")
@@ -98,7 +98,7 @@ async def test_a_redis_restart_without_persistence_keeps_the_staleness_bound(
             await pipeline.in_thread(redis.restart, 60, "the redis restart")
             await pipeline.wait_for(pipeline.finished, 300, "every admitted prompt to end")
             outcome = await pipeline.outcome()
-            violations, worst = await admission_excess(pipeline, eta, batch_size)
+            violations, worst = await admission_excess(pipeline, eta, groups_per_step)
     rebuilt = pipeline.tiers["producer"].grep("staleness budget rebuilt")
     text = report("redis restarted without persistence", outcome, {
         "restart at": f"{at:.0%}",
@@ -113,18 +113,18 @@ async def test_a_redis_restart_without_persistence_keeps_the_staleness_bound(
     assert outcome.budget["admitted"] == prompts, text  # the rebuilt counter is exact
 
 
-async def admission_excess(pipeline: Pipeline, eta: int, batch_size: int) -> tuple[int, int]:
+async def admission_excess(pipeline: Pipeline, eta: int, groups_per_step: int) -> tuple[int, int]:
     """How many training prompts were committed beyond the bound (see the module docstring),
     and the largest excess."""
     prompts = await timestamped(pipeline, pipeline.names.prompts, decode_prompt)
     train = sorted(ts for ts, task in prompts if not task.is_eval)
-    drops = sorted(m.dropped_at for _, m in await timestamped(pipeline, pipeline.names.batches, decode_batch)
+    drops = sorted(m.dropped_at for _, m in await timestamped(pipeline, pipeline.names.batches, decode_group)
                    if isinstance(m, GroupDropped) and not m.is_eval)
     times = [t for t, _ in pipeline.published_at]
     violations, worst = 0, 0
     for n, ts in enumerate(train, start=1):
         version = pipeline.published_at[bisect.bisect_right(times, ts) - 1][1]
-        excess = n - bisect.bisect_right(drops, ts) - (eta + version + 1) * batch_size
+        excess = n - bisect.bisect_right(drops, ts) - (eta + version + 1) * groups_per_step
         if excess > 0:
             violations += 1
             worst = max(worst, excess)

@@ -2,7 +2,7 @@
 
 Three rollout workers (their own processes, the HF engine on the tiny model, 32 new tokens a
 sample so that every change lands mid-generation), a stand-in trainer publishing a version
-every ``staleness.batch_size`` groups, and each fleet change made right after a publish, while
+every ``staleness.groups_per_step`` groups, and each fleet change made right after a publish, while
 the workers reload weights: a worker joins, one leaves (SIGTERM), one restarts with the same
 ``rollout.worker_id``, one crashes (SIGKILL). The accounting holds (every admitted prompt ends
 as one group or one counted drop, no group twice), and a prompt is generated a second time

@@ -10,8 +10,8 @@ import torch
 from hypothesis import strategies as st
 
 from rollstream.wire import (
-    Batch,
     DeadLetter,
+    EmittedGroup,
     Episode,
     GroupDropped,
     GroupOutcome,
@@ -54,7 +54,7 @@ def episode(task_id: str = "t-1", sample_idx: int = 0, group_size: int = 2, **kw
 def valid_messages() -> dict[str, bytes]:
     """One valid encoding per message kind, keyed by the decoder that reads it."""
     ep = episode()
-    batch = Batch(task_id="t-1", group_size=1, sample_idx=[0],
+    batch = EmittedGroup(task_id="t-1", group_size=1, sample_idx=[0],
                   packed=pack_tensor_dict(trajectory()))
     return {
         "prompt": encode(PromptTask(task_id="t-1", group_size=2, data={"prompt": "p"})),

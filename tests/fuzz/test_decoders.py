@@ -18,14 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollstream.wire import (
-    Batch,
+    EmittedGroup,
     Episode,
     ScoredEpisode,
     WireDecodeError,
-    decode_batch,
     decode_cursor,
     decode_dead_letter,
     decode_episode,
+    decode_group,
     decode_outcome,
     decode_prompt,
     decode_scored,
@@ -34,12 +34,12 @@ from rollstream.wire import (
 from rollstream.wire.codec import MAX_MESSAGE_BYTES
 from rollstream.wire.messages import MAX_GROUP_SIZE
 from rollstream.wire.messages import OLDEST_READABLE, SCHEMA_VERSION
-from rollstream.wire.torch_tensors import batch_tensors, decode_tensor_dict, encode_tensor
+from rollstream.wire.torch_tensors import group_tensors, decode_tensor_dict, encode_tensor
 from tests.fuzz.strategies import BUDGET, FLOATS, INTS, as_dict, float32, broken_bytes, episode, float_tensor, raw, valid_messages
 
 DECODERS = {
     "prompt": decode_prompt, "episode": decode_episode, "rejected": decode_episode,
-    "task_failed": decode_episode, "scored": decode_scored, "batch": decode_batch, "dropped": decode_batch,
+    "task_failed": decode_episode, "scored": decode_scored, "batch": decode_group, "dropped": decode_group,
     "dead_letter": decode_dead_letter, "outcome": decode_outcome, "cursor": decode_cursor,
 }
 VALID = valid_messages()
@@ -68,8 +68,8 @@ def check_promises(message: Any) -> None:
         assert all(t.shape == shape for k, t in tensors.items() if k != "rewards")
         if "logprobs" in tensors:
             assert bool(tensors["logprobs"].isfinite().all())
-    if isinstance(message, Batch):
-        batch_tensors(message)  # must not raise
+    if isinstance(message, EmittedGroup):
+        group_tensors(message)  # must not raise
     if hasattr(message, "schema_version"):
         assert 1 <= message.schema_version <= SCHEMA_VERSION
 
@@ -170,4 +170,4 @@ def test_inconsistent_packed_tensors_are_refused(
 ) -> None:
     batch = as_dict(VALID["batch"])
     batch["packed"] = [keys, dtypes, shapes, bytes(nbytes)]
-    decode_or_reason(decode_batch, raw(batch))  # a wire error or a consistent message
+    decode_or_reason(decode_group, raw(batch))  # a wire error or a consistent message

@@ -32,7 +32,7 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import (
-    Batch,
+    EmittedGroup,
     Episode,
     GroupDropped,
     PromptTask,
@@ -40,9 +40,9 @@ from rollstream.wire import (
     ScoredEpisode,
     TaskFailed,
     WireDecodeError,
-    decode_batch,
     decode_dead_letter,
     decode_episode,
+    decode_group,
     decode_prompt,
     decode_scored,
     encode,
@@ -279,13 +279,13 @@ async def test_grouping_input(kafka_bootstrap: str, redis_url: str, unique_name:
     await ensure_topics(config.kafka, names)
     await send(config, names.scored, [("reused", encode(first)), ("ranks", encode(ranks[0]))])
     reused: Case = ("reused", encode(second), "group_size 3 differs from the open group's 2")
-    ranked: Case = ("ranks", encode(ranks[1]), "group cannot be batched: ValueError: cannot concatenate 'x'")
+    ranked: Case = ("ranks", encode(ranks[1]), "group cannot be emitted: ValueError: cannot concatenate 'x'")
     good = ScoredEpisode(episode=episode(task_id="good", sample_idx=0, group_size=1), reward=1.0)
     reasons = await feed_and_check(
         config, tier, names.scored, cases + [reused, ranked], ("good", encode(good)), run_grouping, names.batches,
-        lambda m: isinstance(m, Batch) and m.task_id == "good", decode_batch,
+        lambda m: isinstance(m, EmittedGroup) and m.task_id == "good", decode_group,
     )
     assert "differs" in reasons["reused"]
-    ended = {m.task_id: m.reason for m in await read_topic(config.kafka, names.batches, decode_batch)
+    ended = {m.task_id: m.reason for m in await read_topic(config.kafka, names.batches, decode_group)
              if isinstance(m, GroupDropped)}
     assert ended["ranks"] == "dead_lettered"

@@ -28,7 +28,7 @@ from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.retry import RetryPolicy
 from rollstream.trainer.batch import assemble, batch_group
-from rollstream.wire import Batch, decode_batch, encode
+from rollstream.wire import EmittedGroup, decode_group, encode
 from tests.helpers import make_config
 from tests.unit.test_grouping_support import scored
 
@@ -61,7 +61,7 @@ class Grouping:
         self.transform.version = TrainerVersion(VersionStore(self.redis, keys), retry=retry)
         self.offset = 0
 
-    async def emit(self, task_id: str, token_version: int) -> Batch:
+    async def emit(self, task_id: str, token_version: int) -> EmittedGroup:
         """One cycle: a group of 2 samples whose tokens are all of ``token_version``; its batch."""
         records = []
         for idx in range(2):
@@ -74,7 +74,7 @@ class Grouping:
         for record in records:
             await self.transform.transform(record, out)
         await self.transform.finish(0, out, final=True)
-        batches = [decode_batch(r.value) for r in out.records if r.topic == self.names.batches]
+        batches = [decode_group(r.value) for r in out.records if r.topic == self.names.batches]
         assert len(batches) == 1, out.records
         return batches[0]  # type: ignore[return-value]
 
@@ -92,7 +92,7 @@ async def publish(config: RollstreamConfig, version: int) -> None:
         await client.aclose()
 
 
-def check_invariant(batch: Batch) -> None:
+def check_invariant(batch: EmittedGroup) -> None:
     """Never older than the newest token; staleness never negative; the trainer side agrees."""
     assert batch.trainer_version >= batch.tail_version and batch.staleness >= 0, batch
     groups = [batch_group(batch)]

@@ -36,7 +36,7 @@ from tests.integration.test_producer_service import names_of, producer_config, r
 
 pytestmark = pytest.mark.broker
 
-BATCH = 4  # staleness.batch_size; eta 0: capacity 4 at version 0
+STEP_GROUPS = 4  # staleness.groups_per_step; eta 0: capacity 4 at version 0
 
 
 class Producer:
@@ -75,7 +75,7 @@ class Producer:
 
 def budget_of(config: RollstreamConfig, redis: aioredis.Redis) -> StalenessBudget:
     keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
-    return StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.batch_size)
+    return StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.groups_per_step)
 
 
 async def lose_state(redis: aioredis.Redis, config: RollstreamConfig) -> None:
@@ -92,7 +92,7 @@ async def committed_train_prompts(config: RollstreamConfig) -> int:
 @pytest.fixture
 def configs(kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path) -> dict[str, RollstreamConfig]:
     dataset = write_dataset(tmp_path / "d.jsonl", 6)
-    staleness = {"batch_size": BATCH, "max_head_offpolicyness": 0}
+    staleness = {"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": 0}
     return {
         pid: producer_config(kafka_bootstrap, redis_url, unique_name, dataset, producer_id=pid, staleness=dict(staleness))
         for pid in ("a", "b")
@@ -116,10 +116,10 @@ async def test_a_batch_admitted_before_the_loss_is_never_committed(configs, redi
     assert await committed_train_prompts(a.config) == 0
     await a.txn.stop()
     # the producer starts again from its committed cursor and admits the same prompts anew
-    again = msgspec.structs.replace(a.config, producer=msgspec.structs.replace(a.config.producer, max_prompts=BATCH))
+    again = msgspec.structs.replace(a.config, producer=msgspec.structs.replace(a.config.producer, max_prompts=STEP_GROUPS))
     summary = await asyncio.wait_for(run_producer(again, asyncio.Event()), 60)
-    assert summary.published == BATCH  # the bound (4 at version 0), every one counted
-    assert await committed_train_prompts(a.config) == (await a.budget.usage())["admitted"] == BATCH
+    assert summary.published == STEP_GROUPS  # the bound (4 at version 0), every one counted
+    assert await committed_train_prompts(a.config) == (await a.budget.usage())["admitted"] == STEP_GROUPS
 
 
 async def test_a_transaction_open_at_the_loss_is_aborted_by_the_rebuild(configs, redis) -> None:  # type: ignore[no-untyped-def]
@@ -165,7 +165,7 @@ async def test_an_admission_after_the_rebuild_is_refused_to_a_producer_of_the_ol
     await a.admit(2)  # pending in a: 2 of the 4 slots
     await lose_state(redis, a.config)
     b_batch = PendingBatch()
-    for index in range(BATCH):  # b finds the state missing, rebuilds, and takes the whole bound
+    for index in range(STEP_GROUPS):  # b finds the state missing, rebuilds, and takes the whole bound
         task = PromptTask(task_id=f"b:0:{index}", group_size=2, data={})
         try:
             assert await b.admission.try_admit(task.task_id, is_eval=False)
@@ -179,7 +179,7 @@ async def test_an_admission_after_the_rebuild_is_refused_to_a_producer_of_the_ol
     with pytest.raises(BudgetRebuilt):
         await a.admission.try_admit("a:0:2", is_eval=False)  # a must start over, not add a third
     committed = await committed_train_prompts(a.config)
-    assert committed == BATCH == (await a.budget.usage())["admitted"]  # never beyond the bound
+    assert committed == STEP_GROUPS == (await a.budget.usage())["admitted"]  # never beyond the bound
 
 
 async def test_the_rebuild_sees_prompts_committed_above_an_open_transaction_and_fences_eval_producers(

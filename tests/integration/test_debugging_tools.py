@@ -35,7 +35,7 @@ from rollstream.kafka.admin import topic_partitions
 from rollstream.tools.roles import topic_for
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.wire import (
-    Batch,
+    EmittedGroup,
     Episode,
     GroupDropped,
     SampleRejected,
@@ -44,7 +44,7 @@ from rollstream.wire import (
     decode_scored,
     encode,
 )
-from rollstream.wire.torch_tensors import batch_tensors, decode_tensor, pack_tensor_dict
+from rollstream.wire.torch_tensors import group_tensors, decode_tensor, pack_tensor_dict
 from tests.helpers import make_config
 from tests.unit.fakes import make_tokenizer
 from tests.unit.test_dump_record import multi_turn, scored, single_turn
@@ -459,9 +459,9 @@ async def test_replayed_batches_read_by_a_trainer_bit_for_bit(config: Rollstream
     trainer = make_config(
         config.kafka.bootstrap_servers, config.redis.url, f"{unique_name}-train",
         # recorded groups replayed: trained as they are, however many versions behind
-        {"staleness": {"batch_size": 1}, "trainer": {"group_id": f"{unique_name}-trainer", "drop_stale": False}},
+        {"staleness": {"groups_per_step": 1}, "trainer": {"group_id": f"{unique_name}-trainer", "drop_stale": False}},
     )
-    expected = {batch.task_id: batch_tensors(batch) for batch in records}
+    expected = {batch.task_id: group_tensors(batch) for batch in records}
     async with BatchStream(trainer, ledger=False) as consumer:
         seen: dict[str, dict[str, torch.Tensor]] = {}
         for _ in range(len(expected)):
@@ -480,10 +480,10 @@ async def test_replayed_batches_read_by_a_trainer_bit_for_bit(config: Rollstream
             assert got.contiguous().view(torch.uint8).numpy().tobytes() == original.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def recorded_batch(task_id: str, rows: list[dict[str, torch.Tensor]]) -> Batch:
-    """The ``Batch`` of a group of ``rows`` (a row a sample), its tensors packed as the grouping
+def recorded_batch(task_id: str, rows: list[dict[str, torch.Tensor]]) -> EmittedGroup:
+    """The ``EmittedGroup`` of a group of ``rows`` (a row a sample), its tensors packed as the grouping
     tier writes them."""
-    return Batch(
+    return EmittedGroup(
         task_id=task_id, group_size=len(rows), sample_idx=list(range(len(rows))), trainer_version=5,
         head_version=2, tail_version=5, staleness=3, packed=pack_tensor_dict(concat_padded_tensors(rows)),
     )

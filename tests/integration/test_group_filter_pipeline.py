@@ -27,7 +27,7 @@ from rollstream.state.client import RedisKeys, connect
 from rollstream.reward_workers import service as reward_service
 from rollstream.rollout_workers import service as rollout_service
 from rollstream.trainer import BatchStream, VersionPublisher
-from rollstream.wire import Batch, GroupDropped, decode_batch, decode_prompt
+from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_prompt
 from tests.helpers import make_config, read_topic, stop_in_process_tiers
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
@@ -39,7 +39,7 @@ PROMPTS = 48  # every other one constant: enough varied prompts for the steps
 
 def _config(kafka: str, redis_url: str, name: str, tokenizer: Path, dataset: Path) -> RollstreamConfig:
     return make_config(kafka, redis_url, name, {
-        "staleness": {"max_head_offpolicyness": 0, "batch_size": STEP},
+        "staleness": {"max_head_offpolicyness": 0, "groups_per_step": STEP},
         "producer": {"dataset": str(dataset), "group_size": 4, "batch_linger_ms": 20},
         "rollout": {"engine": "custom", "engine_factory": "tests.integration.group_filter_parts:make_engine",
                     "tokenizer_path": str(tokenizer), "seed": 0, "worker_id": "rw", "max_concurrent_rollouts": 16,
@@ -99,8 +99,8 @@ async def test_steps_stay_full_while_half_the_groups_are_filtered(
     assert [len(step) for step in steps] == [STEP] * STEPS, "every step is full"
     trained = [task for step in steps for task in step]
     assert not any(constant[task] for task in trained), "no zero-variance group is trained on"
-    ended = await read_topic(config, names.batches, decode_batch)
-    emitted = [m.task_id for m in ended if isinstance(m, Batch)]
+    ended = await read_topic(config, names.batches, decode_group)
+    emitted = [m.task_id for m in ended if isinstance(m, EmittedGroup)]
     dropped = {m.task_id: m for m in ended if isinstance(m, GroupDropped)}
     assert set(trained) <= set(emitted) and not set(emitted) & set(dropped), "each group ends once"
     assert {d.reason for d in dropped.values()} == {"filtered"}

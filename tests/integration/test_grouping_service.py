@@ -25,8 +25,8 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys
 from rollstream.state.versions import VersionStore
-from rollstream.wire import Batch, GroupDropped, decode_batch, decode_dead_letter, decode_outcome, encode
-from rollstream.wire.torch_tensors import batch_tensors
+from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_dead_letter, decode_outcome, encode
+from rollstream.wire.torch_tensors import group_tensors
 from tests.helpers import make_config
 from tests.unit.test_grouping_support import failed, rejected, scored
 
@@ -59,7 +59,7 @@ async def write_scored(config: RollstreamConfig, items: Iterable[tuple[msgspec.S
 
 async def read_all(config: RollstreamConfig, topic: str, until: int, settle_s: float = 2.0) -> list:
     """Every committed record of ``topic`` once at least ``until`` arrived (waiting ``settle_s``
-    more, so duplicates would show). Values decoded with decode_batch (raw for other topics)."""
+    more, so duplicates would show). Values decoded with decode_group (raw for other topics)."""
     consumer = make_consumer(config.kafka, "test-reader", group_id=None, read_committed=True)
     await consumer.start()
     records: list = []
@@ -84,8 +84,8 @@ def outcome_per_task(records: list) -> dict[str, list[str]]:
     """task -> every outcome recorded for it ("batch" or the drop reason)."""
     seen: dict[str, list[str]] = {}
     for record in records:
-        message = decode_batch(record.value)
-        if isinstance(message, Batch):
+        message = decode_group(record.value)
+        if isinstance(message, EmittedGroup):
             seen.setdefault(message.task_id, []).append("batch")
         else:
             seen.setdefault(message.task_id, []).append(message.reason)
@@ -129,9 +129,9 @@ async def test_groups_drops_and_dead_letters(kafka_bootstrap: str, redis_url: st
     expected |= {"rej": ["all_rejected"], "fail": ["task_failed"], "mixed": ["batch"], "late": ["timeout"]}
     expected |= {"junk": ["task_failed"]}  # undecodable: its key's group is told at once
     assert seen == expected
-    batches = [decode_batch(r.value) for r in records]
-    for batch in (b for b in batches if isinstance(b, Batch)):
-        tensors = batch_tensors(batch)
+    batches = [decode_group(r.value) for r in records]
+    for batch in (b for b in batches if isinstance(b, EmittedGroup)):
+        tensors = group_tensors(batch)
         assert batch.trainer_version == 3 and batch.packed.keys
         if batch.task_id == "mixed":  # two accepted samples of 2 prompt + 3 generated tokens
             assert tensors["input_ids"].shape == (2, 5) and batch.sample_idx == [0, 2]
@@ -143,7 +143,7 @@ async def test_groups_drops_and_dead_letters(kafka_bootstrap: str, redis_url: st
         assert tensors["attention_mask"][0].tolist() == [True] * 3 + [False] * 3
         assert batch.sample_idx == [0, 1, 2, 3] and tensors["rewards"].tolist() == [0.0, 1.0, 0.0, 1.0]
         assert (batch.head_version, batch.tail_version, batch.staleness) == (1, 1, 2)
-    assert all(isinstance(b, GroupDropped) and b.trainer_version == 3 for b in batches if not isinstance(b, Batch))
+    assert all(isinstance(b, GroupDropped) and b.trainer_version == 3 for b in batches if not isinstance(b, EmittedGroup))
     reasons = sorted(decode_dead_letter(r.value).reason for r in letters)
     assert len(reasons) == 2 and "group_size 2" in reasons[0] + reasons[1]
     assert await budget.drops_by_reason() == {"all_rejected": 1, "task_failed": 2, "timeout": 1}
@@ -169,10 +169,10 @@ async def test_a_record_per_group_and_tombstones(
     finally:
         stop.set()
         await asyncio.wait_for(service, 60)
-    batches = sorted((decode_batch(r.value) for r in records), key=lambda b: b.task_id)
+    batches = sorted((decode_group(r.value) for r in records), key=lambda b: b.task_id)
     assert [(b.task_id, b.is_eval) for b in batches] == [("b0", False), ("b1", False), ("b2", False), ("b3", False),
                                                            ("ev", True)]
-    assert batch_tensors(batches[0])["input_ids"].shape == (2, 4) and batches[0].sample_idx == [0, 1]
+    assert group_tensors(batches[0])["input_ids"].shape == (2, 4) and batches[0].sample_idx == [0, 1]
     history: dict[str, list[str]] = {}
     for record in changelog:
         outcome = "tombstone" if record.value is None else decode_outcome(record.value).outcome

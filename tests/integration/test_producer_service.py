@@ -35,7 +35,7 @@ def write_dataset(path: Path, n: int) -> str:
 def producer_config(
     kafka_bootstrap: str, redis_url: str, name: str, dataset: str, **producer: Any
 ) -> RollstreamConfig:
-    staleness = producer.pop("staleness", {"batch_size": 1000})
+    staleness = producer.pop("staleness", {"groups_per_step": 1000})
     sections = {
         "producer": {"dataset": dataset, "group_size": 3, "admission_poll_seconds": 0.2, **producer},
         "staleness": staleness,
@@ -116,7 +116,7 @@ async def test_stopped_while_waiting_then_restarted_publishes_the_rest_exactly_o
     dataset = write_dataset(tmp_path / "d.jsonl", 7)
     config = producer_config(
         kafka_bootstrap, redis_url, unique_name, dataset, epochs=2, shuffle=True,
-        staleness={"batch_size": 5, "max_head_offpolicyness": 0},
+        staleness={"groups_per_step": 5, "max_head_offpolicyness": 0},
     )
     stop = asyncio.Event()
     task = start_producer(config, stop)
@@ -172,7 +172,7 @@ async def test_staleness_gating_follows_versions_and_releases(
     dataset = write_dataset(tmp_path / "d.jsonl", 20)
     config = producer_config(
         kafka_bootstrap, redis_url, unique_name, dataset,
-        staleness={"batch_size": 2, "max_head_offpolicyness": 0},
+        staleness={"groups_per_step": 2, "max_head_offpolicyness": 0},
     )
     redis = connect(config.redis)
     keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
@@ -205,7 +205,7 @@ async def test_two_producers_share_one_bound(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
 ) -> None:
     dataset = write_dataset(tmp_path / "d.jsonl", 10)
-    staleness = {"batch_size": 3, "max_head_offpolicyness": 0}
+    staleness = {"groups_per_step": 3, "max_head_offpolicyness": 0}
     configs = [
         producer_config(kafka_bootstrap, redis_url, unique_name, dataset, producer_id=pid, staleness=dict(staleness))
         for pid in ("prod-a", "prod-b")
@@ -235,7 +235,7 @@ async def test_eval_prompts_are_not_gated(
     dataset = write_dataset(tmp_path / "d.jsonl", 6)
     config = producer_config(
         kafka_bootstrap, redis_url, unique_name, dataset, is_eval=True, producer_id="eval-0",
-        staleness={"batch_size": 1, "max_head_offpolicyness": 0},
+        staleness={"groups_per_step": 1, "max_head_offpolicyness": 0},
     )
     summary = await asyncio.wait_for(run_producer(config, asyncio.Event()), 60)
     assert (summary.published, summary.eval_prompts, summary.admission_waits) == (6, 6, 0)

@@ -21,8 +21,8 @@ from tests.helpers import make_config
 pytestmark = pytest.mark.broker
 
 
-def budget_of(client: aioredis.Redis, name: str, eta: int = 0, batch_size: int = 2) -> StalenessBudget:
-    return StalenessBudget(client, RedisKeys(name, "t0"), eta, batch_size)
+def budget_of(client: aioredis.Redis, name: str, eta: int = 0, groups_per_step: int = 2) -> StalenessBudget:
+    return StalenessBudget(client, RedisKeys(name, "t0"), eta, groups_per_step)
 
 
 async def test_a_malformed_version_is_an_error_naming_the_key_never_a_crash(redis_client, unique_name: str) -> None:
@@ -41,7 +41,7 @@ async def test_a_malformed_version_is_an_error_naming_the_key_never_a_crash(redi
 
 
 async def test_without_its_state_the_budget_counts_nothing_until_restored(redis_client, unique_name: str) -> None:
-    budget = budget_of(redis_client, unique_name, eta=0, batch_size=2)
+    budget = budget_of(redis_client, unique_name, eta=0, groups_per_step=2)
     with pytest.raises(StateMissingError):
         await budget.try_admit("p:0:0")
     with pytest.raises(StateMissingError):
@@ -61,7 +61,7 @@ async def test_without_its_state_the_budget_counts_nothing_until_restored(redis_
 
 
 async def test_an_admission_in_a_generation_that_is_gone_is_refused(redis_client, unique_name: str) -> None:
-    budget = budget_of(redis_client, unique_name, eta=0, batch_size=2)
+    budget = budget_of(redis_client, unique_name, eta=0, groups_per_step=2)
     assert await budget.restore(RebuiltCounts())
     old = await budget.generation()
     assert await budget.try_admit("p:0:0", old)
@@ -94,7 +94,7 @@ async def test_restore_rebuilds_the_counters_from_the_topics(
         await producer.send_and_wait(names.producer_cursor, encode(cursor), key=b"other")
     finally:
         await producer.stop()
-    budget = budget_of(redis_client, unique_name, eta=2, batch_size=2)
+    budget = budget_of(redis_client, unique_name, eta=2, groups_per_step=2)
     await restore_budget(config, names, budget)
     assert (await budget.usage())["admitted"] == 7 and (await budget.usage())["dropped"] == 1
     assert await budget.drops_by_reason() == {"timeout": 1}

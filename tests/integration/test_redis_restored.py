@@ -46,10 +46,10 @@ from rollstream.state.client import RedisKeys, StateStaleError, wait_for_redis
 from rollstream.state.server_lease import ServerLeases, ServerSyncState
 from rollstream.state.versions import VersionStore
 from rollstream.trainer.versions import VersionPublisher
-from rollstream.wire import Batch, PromptTask, decode_batch, decode_outcome, encode
+from rollstream.wire import EmittedGroup, PromptTask, decode_group, decode_outcome, encode
 from tests.fakes import FakeSGLangServer
 from tests.helpers import make_config, until, within
-from tests.integration.test_budget_rebuild import BATCH, Producer, budget_of, committed_train_prompts
+from tests.integration.test_budget_rebuild import STEP_GROUPS, Producer, budget_of, committed_train_prompts
 from tests.integration.test_producer_service import producer_config, write_dataset
 from tests.unit.test_grouping_support import scored
 
@@ -79,7 +79,7 @@ async def restore(server: LocalRedisServer, snapshot: Path, client: aioredis.Red
 def config_for(kafka_bootstrap: str, redis_server: LocalRedisServer, unique_name: str, tmp_path: Path,
                producer_id: str = "a") -> RollstreamConfig:
     dataset = write_dataset(tmp_path / "d.jsonl", 6)
-    staleness = {"batch_size": BATCH, "max_head_offpolicyness": 0}  # capacity 4 at version 0
+    staleness = {"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": 0}  # capacity 4 at version 0
     return producer_config(kafka_bootstrap, redis_server.url, unique_name, dataset, producer_id=producer_id,
                            staleness=staleness)
 
@@ -148,10 +148,10 @@ async def test_a_snapshot_from_before_a_rebuild_is_stale_too_and_its_markers_cou
     await a.admission.begin()
     await a.txn.start()
     # g1's markers said a:0:0 and a:0:1 were admitted; the new state counts them anew
-    for index in range(BATCH):
+    for index in range(STEP_GROUPS):
         assert await a.admission.try_admit(f"a:0:{index}", is_eval=False)
-    assert not await a.admission.try_admit(f"a:0:{BATCH}", is_eval=False)
-    assert (await a.budget.read()).admitted == BATCH
+    assert not await a.admission.try_admit(f"a:0:{STEP_GROUPS}", is_eval=False)
+    assert (await a.budget.read()).admitted == STEP_GROUPS
 
 
 async def emit_one(transform: GroupingTransform, names: TopicNames, config: RollstreamConfig, task_id: str,
@@ -171,9 +171,9 @@ async def emit_one(transform: GroupingTransform, names: TopicNames, config: Roll
     return out
 
 
-def the_batch(out: PartitionOutput, names: TopicNames) -> Batch:
-    (batch,) = [decode_batch(r.value) for r in out.records if r.topic == names.batches]
-    assert isinstance(batch, Batch)
+def the_batch(out: PartitionOutput, names: TopicNames) -> EmittedGroup:
+    (batch,) = [decode_group(r.value) for r in out.records if r.topic == names.batches]
+    assert isinstance(batch, EmittedGroup)
     return batch
 
 
@@ -181,7 +181,7 @@ async def test_versions_never_go_back_for_their_readers_when_redis_comes_back_ol
     kafka_bootstrap: str, redis_server: LocalRedisServer, client: aioredis.Redis, unique_name: str,
 ) -> None:
     config = make_config(kafka_bootstrap, redis_server.url, unique_name,
-                         {"staleness": {"batch_size": 2, "max_head_offpolicyness": 1}})
+                         {"staleness": {"groups_per_step": 2, "max_head_offpolicyness": 1}})
     names = TopicNames(unique_name, "t0")
     await ensure_topics(config.kafka, names)
     store = VersionStore(client, RedisKeys(unique_name, "t0"))

@@ -33,7 +33,7 @@ from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.testing import workflow_tokenizer
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
-from rollstream.wire import Batch, GroupDropped, ScoredEpisode, decode_batch, decode_prompt, decode_scored
+from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, decode_group, decode_prompt, decode_scored
 from tests.helpers import make_config, read_topic, stop_in_process_tiers
 from tests.workflow_pkg.reward import number_reward
 from tests.workflow_pkg.variants import FORMS
@@ -79,7 +79,7 @@ def _config(kafka: str, redis_url: str, name: str, model: Path, dataset: Path, f
     workflow = {"path": "tests.workflow_pkg.ScriptedTemplate", "kwargs": {
         "gconfig": "$gconfig", "tokenizer": "$tokenizer", "reward_fn": "tests.workflow_pkg.number_reward", "form": form}}
     return make_config(kafka, redis_url, name, {
-        "staleness": {"max_head_offpolicyness": 15, "batch_size": 1},  # 16 prompts at version 0
+        "staleness": {"max_head_offpolicyness": 15, "groups_per_step": 1},  # 16 prompts at version 0
         "producer": {"dataset": str(dataset), "group_size": GROUP, "batch_linger_ms": 20},
         "rollout": {"model_path": str(model), "seed": 0, "worker_id": "rw", "max_concurrent_rollouts": 8,
                     "commit_interval_seconds": 0.2, "workflows": {"template": workflow},
@@ -157,11 +157,11 @@ async def test_reference_template_through_the_pipeline(
     row_of = {p.task_id: p.index for p in await read_topic(config, names.prompts, decode_prompt)}
     assert sorted(row_of.values()) == list(range(len(PLAN)))
     outcomes: dict[str, tuple[str, ...]] = {}
-    for message in await read_topic(config, names.batches, decode_batch):
+    for message in await read_topic(config, names.batches, decode_group):
         if isinstance(message, GroupDropped):
             outcomes[message.task_id] = (message.reason, message.detail)
         else:
-            assert isinstance(message, Batch)
+            assert isinstance(message, EmittedGroup)
             episodes = message.group_size - message.rejected - message.failed
             assert len(message.sample_idx) == episodes
             outcomes[message.task_id] = ("batch", str(episodes), str(message.rejected), str(message.failed))

@@ -118,7 +118,7 @@ async def test_producer_tier_over_scram(scram_broker: LocalKafkaBroker, unique_n
     dataset.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(3)))
     config = sasl_config(scram_broker, unique_name, "SCRAM-SHA-256", redis={"url": redis_url},
                          producer={"dataset": str(dataset), "group_size": 2},
-                         staleness={"batch_size": 100})
+                         staleness={"groups_per_step": 100})
     summary = await asyncio.wait_for(run_producer(config, asyncio.Event()), 90)
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
     prompts = await read_topic(config.kafka, names.prompts, decode_prompt)
@@ -195,7 +195,7 @@ async def test_secrets_never_reach_the_logs(scram_broker: LocalKafkaBroker, auth
         "redis": {"url": auth_redis.url, "password": REDIS_PASSWORD},
         "experiment": {"experiment_name": unique_name, "trial_name": "logs"},
         "producer": {"dataset": str(dataset), "group_size": 1},
-        "staleness": {"batch_size": 10},
+        "staleness": {"groups_per_step": 10},
     }
     config_file = tmp_path / "tier.yaml"
     config_file.write_text(yaml.safe_dump(tree))

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from rollstream.trainer import BatchStream
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
@@ -41,18 +41,18 @@ async def test_batches_are_redelivered_until_acked(kafka_bootstrap: str, redis_u
     config = make_config(
         kafka_bootstrap, redis_url, unique_name,
         # eta 4: these groups (tokens of version 1, tagged up to 4) are not stale when trained
-        {"staleness": {"batch_size": 2, "max_head_offpolicyness": 4}, "trainer": {"group_id": f"{unique_name}-trainer"}}
+        {"staleness": {"groups_per_step": 2, "max_head_offpolicyness": 4}, "trainer": {"group_id": f"{unique_name}-trainer"}}
     )
     await ensure_topics(config.kafka, TopicNames(config.experiment.experiment_name, config.experiment.trial_name))
     await write_batches(config, [
-        build_batch(group("a"), trainer_version=2),
+        build_emitted_group(group("a"), trainer_version=2),
         GroupDropped(task_id="x", reason="timeout"),
         b"\x00 garbage",
-        build_batch(group("e", is_eval=True), trainer_version=2),
-        build_batch(group("b", gen_len=5), trainer_version=3),
-        build_batch(group("c"), trainer_version=3),
-        build_batch(group("d"), trainer_version=3),
-        build_batch(group("f"), trainer_version=4),
+        build_emitted_group(group("e", is_eval=True), trainer_version=2),
+        build_emitted_group(group("b", gen_len=5), trainer_version=3),
+        build_emitted_group(group("c"), trainer_version=3),
+        build_emitted_group(group("d"), trainer_version=3),
+        build_emitted_group(group("f"), trainer_version=4),
     ])
     async with BatchStream(config, ledger=False) as consumer:
         first = await consumer.next_batch(timeout=60)

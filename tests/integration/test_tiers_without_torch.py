@@ -24,7 +24,7 @@ from rollstream.config import config_from_dict
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.wire import Batch, Episode, ScoredEpisode, decode_batch, decode_scored, encode, encode_arrays
+from rollstream.wire import EmittedGroup, Episode, ScoredEpisode, decode_group, decode_scored, encode, encode_arrays
 from tests.fakes import free_port
 from tests.integration.test_grouping_service import group_messages, read_all, write_scored
 from tests.integration.test_producer_service import read_prompts
@@ -92,7 +92,7 @@ async def test_producer_publishes_image_prompts_without_torch(
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tree = base_tree(kafka_bootstrap, redis_url, unique_name)
     # a budget of 2 prompts and no trainer: the producer publishes 2, then waits (stays up)
-    tree["staleness"] = {"enabled": True, "batch_size": 2, "max_head_offpolicyness": 0}
+    tree["staleness"] = {"enabled": True, "groups_per_step": 2, "max_head_offpolicyness": 0}
     tree["producer"] = {"dataset": str(dataset), "group_size": 2, "admission_poll_seconds": 0.2}
     tier = Tier("producer", tree, tmp_path)
     try:
@@ -163,8 +163,8 @@ async def test_grouping_emits_a_batch_without_torch(
         tier.wait_ready()
         await write_scored(tier.config, [(m, 0) for m in group_messages("t0", size=4, version=1)])
         records = await read_all(tier.config, TopicNames(unique_name, "t0").batches, until=1)
-        batch = decode_batch(records[0].value)
-        assert isinstance(batch, Batch) and batch.task_id == "t0" and batch.packed.keys
+        batch = decode_group(records[0].value)
+        assert isinstance(batch, EmittedGroup) and batch.task_id == "t0" and batch.packed.keys
         check_small(tier)
     finally:
         tier.stop()

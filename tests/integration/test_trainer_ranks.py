@@ -85,7 +85,7 @@ class MemorySource:
 def run_rank(rank: int, world: int, port: int, tmp: str, mode: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    config = make_config("127.0.0.1:1", "redis://127.0.0.1:1", "ranks", {"staleness": {"batch_size": BATCH}})
+    config = make_config("127.0.0.1:1", "redis://127.0.0.1:1", "ranks", {"staleness": {"groups_per_step": BATCH}})
     out = Path(tmp)
     seen: list[dict[str, Any]] = []
     try:
@@ -182,7 +182,7 @@ async def test_a_torchrun_job_recovers_from_a_dead_a_stalled_and_a_failed_rank(t
     job resumes; the stalled rank is found within the rank timeout; every step is committed
     once and every group trained once."""
     tree = {"experiment": {"experiment_name": "ranks", "trial_name": "t0"},
-            "staleness": {"batch_size": BATCH}, "trainer": {"rank_timeout_seconds": RANK_TIMEOUT}}
+            "staleness": {"groups_per_step": BATCH}, "trainer": {"rank_timeout_seconds": RANK_TIMEOUT}}
     job = TrainerJob("job", 2, tree, tmp_path, steps=FILE_STEPS, max_restarts=4,
                      job_args=["--source", "file", "--groups", str(FILE_GROUPS), "--step-seconds", "0.3",
                                "--fail", "4:2:1"])

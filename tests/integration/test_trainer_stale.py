@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from rollstream.api.engine import WeightUpdate
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin
@@ -39,7 +39,7 @@ async def test_a_stale_group_is_dropped_counted_and_its_slot_returned(
     kafka_bootstrap: str, redis_url: str, redis_client: aioredis.Redis, unique_name: str, tmp_path: Path,
 ) -> None:
     config = make_config(kafka_bootstrap, redis_url, unique_name, {
-        "kafka": {"partitions": 1}, "staleness": {"batch_size": 2, "max_head_offpolicyness": 1},
+        "kafka": {"partitions": 1}, "staleness": {"groups_per_step": 2, "max_head_offpolicyness": 1},
         "trainer": {"group_id": f"{unique_name}-trainer", "ledger_path": str(tmp_path / "ledger.jsonl")}})
     names = TopicNames(unique_name, "t0")
     await ensure_topics(config.kafka, names)
@@ -48,11 +48,11 @@ async def test_a_stale_group_is_dropped_counted_and_its_slot_returned(
     await budget.restore(RebuiltCounts([f"t{i}" for i in range(5)]))
     await VersionStore(redis_client, keys).publish(WeightUpdate(3, "/w/3"))  # the trainer is at 3
     # tokens of version 1 (group() writes version 1): 3 - 1 = 2 > eta 1 for the two trained at 3
-    await write_batches(config, [build_batch(group("t0"), trainer_version=3), build_batch(group("t1"), 3)])
+    await write_batches(config, [build_emitted_group(group("t0"), trainer_version=3), build_emitted_group(group("t1"), 3)])
     async with BatchStream(config) as stream:
         assert await stream.next_batch(timeout=3) is None  # both stale: no step
         assert stream.drops_by_reason["stale"] == 2
-    await write_batches(config, [build_batch(versioned(f"t{i}", 2), 3) for i in (2, 3)])  # 3 - 2 <= 1
+    await write_batches(config, [build_emitted_group(versioned(f"t{i}", 2), 3) for i in (2, 3)])  # 3 - 2 <= 1
     async with BatchStream(config) as stream:  # a restart: the drops were never committed
         step = await stream.next_batch(timeout=30)
         assert step is not None and step.task_ids == ["t2", "t3"]

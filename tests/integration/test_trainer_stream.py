@@ -20,7 +20,7 @@ from aiokafka import ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 from torch.utils.data import DataLoader
 
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
@@ -53,9 +53,9 @@ def group(task: str, gen_len: int = 2) -> CompleteGroup:
 
 
 def trainer_config(kafka: str, redis_url: str, name: str, tmp: Path, **trainer: Any) -> RollstreamConfig:
-    step = trainer.pop("batch_size", 2)
+    step = trainer.pop("groups_per_step", 2)
     settings = {"group_id": f"{name}-trainer", "ledger_path": str(tmp / "ledger.jsonl"), "poll_timeout_ms": 200, **trainer}
-    return make_config(kafka, redis_url, name, {"staleness": {"batch_size": step}, "trainer": settings})
+    return make_config(kafka, redis_url, name, {"staleness": {"groups_per_step": step}, "trainer": settings})
 
 
 async def write(config: RollstreamConfig, tasks: list[str], partition: int = 0) -> None:
@@ -65,7 +65,7 @@ async def write(config: RollstreamConfig, tasks: list[str], partition: int = 0) 
     await producer.start()
     try:
         for task in tasks:
-            value = encode(build_batch(group(task, gen_len=1 + len(task) % 3), trainer_version=1))
+            value = encode(build_emitted_group(group(task, gen_len=1 + len(task) % 3), trainer_version=1))
             await producer.send_and_wait(names.batches, value, key=task.encode(), partition=partition)
     finally:
         await producer.stop()
@@ -189,18 +189,18 @@ async def test_groups_in_the_ledger_are_never_handed_out_again(
 ) -> None:
     """The second line of defence across a restart: a group trained in a committed step that
     shows up again on ``batches`` (a duplicate the pipeline should never write) is skipped."""
-    config = trainer_config(kafka_bootstrap, redis_url, unique_name, tmp_path, batch_size=1)
+    config = trainer_config(kafka_bootstrap, redis_url, unique_name, tmp_path, groups_per_step=1)
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
     await ensure_topics(config.kafka, names)
     producer = make_producer(config.kafka, "test-batches")
     await producer.start()
-    await producer.send_and_wait(names.batches, encode(build_batch(group("a"), 1)), partition=0)
+    await producer.send_and_wait(names.batches, encode(build_emitted_group(group("a"), 1)), partition=0)
     async with BatchStream(config) as stream:
         first = await stream.next_batch(timeout=60)
         assert first is not None and first.task_ids == ["a"]
         await stream.commit(first)
     for task in ("a", "b"):  # "a" again after its step was committed, then a new group
-        await producer.send_and_wait(names.batches, encode(build_batch(group(task), 1)), partition=0)
+        await producer.send_and_wait(names.batches, encode(build_emitted_group(group(task), 1)), partition=0)
     await producer.stop()
     async with BatchStream(config) as again:
         assert again.last_committed_step == 1

@@ -55,7 +55,7 @@ def kafka_job(name: str, ranks: int, tree: dict[str, Any], workdir: Path, max_re
                # two jobs read one stream whose versions the pipeline's stand-in trainer publishes:
                # Redis's version is not what these jobs train, so it cannot tell them what is stale
                "drop_stale": False}
-    staleness = {**tree.get("staleness", {}), "batch_size": BATCH}
+    staleness = {**tree.get("staleness", {}), "groups_per_step": BATCH}
     return TrainerJob(name, ranks, {**tree, "staleness": staleness, "trainer": trainer}, workdir, steps=STEPS, max_restarts=max_restarts,
                       job_args=["--step-seconds", "1.5"])
 

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 import yaml
 
 from rollstream.api.engine import WeightUpdate
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.kafka.admin import ensure_topics
@@ -198,7 +198,7 @@ async def test_the_example_trainer_resumes_after_a_crash_between_checkpoint_and_
     ckpt = tmp_path / "ckpt"
     tree = {"kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": 1}, "redis": {"url": redis_url},
             "experiment": {"experiment_name": unique_name, "trial_name": "t0"},
-            "staleness": {"batch_size": 2, "max_head_offpolicyness": 3},  # 3 steps of version-0 groups: none stale
+            "staleness": {"groups_per_step": 2, "max_head_offpolicyness": 3},  # 3 steps of version-0 groups: none stale
             "trainer": {"group_id": f"{unique_name}-trainer", "checkpoint_dir": str(ckpt),
                         "model_path": str(model), "learning_rate": 1e-3, "keep_checkpoints": 2, "poll_timeout_ms": 200}}
     config_file = tmp_path / "config.yaml"
@@ -209,7 +209,7 @@ async def test_the_example_trainer_resumes_after_a_crash_between_checkpoint_and_
     producer = make_producer(config.kafka, "test-batches")
     await producer.start()
     for task in "abcdef":
-        await producer.send_and_wait(names.batches, encode(build_batch(group(task), trainer_version=0)))
+        await producer.send_and_wait(names.batches, encode(build_emitted_group(group(task), trainer_version=0)))
     await producer.stop()
 
     steps_file = tmp_path / "steps.jsonl"

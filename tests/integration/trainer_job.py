@@ -10,7 +10,7 @@ one-weight model on the share's mean reward (a real gradient all-reduce across t
 sleep of ``--step-seconds``, the commit. Stops after committing step ``--steps``.
 
 ``--source kafka`` (the default) reads ``batches`` in the config's trainer group. ``--source
-file`` reads ``--groups`` groups made here, ``staleness.batch_size`` a step, and commits steps to
+file`` reads ``--groups`` groups made here, ``staleness.groups_per_step`` a step, and commits steps to
 ``DIR/commits.jsonl`` (fsynced), where a restarted job resumes: the trainer machinery without a
 broker. ``--fail STEP:RESTART:RANK`` makes that rank raise in that step of that restart.
 """
@@ -122,7 +122,7 @@ def main() -> int:
     config = load_config(args.config)
     source = None
     if args.source == "file":
-        source = lambda: FileSource(args.out / "commits.jsonl", args.groups, config.staleness.batch_size)  # noqa: E731
+        source = lambda: FileSource(args.out / "commits.jsonl", args.groups, config.staleness.groups_per_step)  # noqa: E731
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1, bias=False))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with TrainerBatches(config, wait_seconds=1.0, source=source, ledger=source is None) as batches:

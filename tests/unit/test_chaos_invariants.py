@@ -7,10 +7,10 @@ import numpy as np
 
 from bench.chaos import invariants as inv
 from bench.harness.ledger import Ledger
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.trainer.ledger import LedgerEntry
-from rollstream.wire import GroupDropped, decode_batch, encode
+from rollstream.wire import GroupDropped, decode_group, encode
 from tests.unit.test_grouping_support import scored
 
 
@@ -37,7 +37,7 @@ def view(versions: list[list[int]], loss: list[list[int]] | None = None, trainer
 
 def test_a_task_that_ends_twice_is_found_the_moment_it_does() -> None:
     ledger = Ledger()
-    first = decode_batch(encode(build_batch(group("a", [1, 1]), trainer_version=2)))
+    first = decode_group(encode(build_emitted_group(group("a", [1, 1]), trainer_version=2)))
     ledger.add(first)
     assert inv.repeated_ends(ledger, ["a"]) == []
     ledger.add(GroupDropped(task_id="a", reason="timeout"))
@@ -123,7 +123,7 @@ def test_a_batch_below_a_known_tag_of_its_partition_is_a_regression() -> None:
 
 
 def test_a_real_batch_passes_and_its_view_reads_its_tensors() -> None:
-    batch = decode_batch(encode(build_batch(group("a", [2, 3, 3]), trainer_version=5)))
+    batch = decode_group(encode(build_emitted_group(group("a", [2, 3, 3]), trainer_version=5)))
     seen = inv.batch_view(batch)
     assert (seen.task_id, seen.head_version, seen.tail_version, seen.trainer_version) == ("a", 2, 3, 5)
     assert seen.trainer_version_known and int(seen.loss_mask.sum()) == 9 and inv.batch_versions(seen) == []

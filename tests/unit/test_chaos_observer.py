@@ -15,7 +15,7 @@ from bench.chaos import invariants as inv
 from bench.chaos.observe import Observer
 from bench.harness.pipeline import pipeline_config
 from rollstream.config import config_from_dict
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
 from rollstream.wire import PromptTask, encode
 from tests.unit.test_chaos_invariants import group
@@ -23,7 +23,7 @@ from tests.unit.test_chaos_invariants import group
 
 def observer(tmp_path: Path) -> Observer:
     tree = pipeline_config("127.0.0.1:1", "redis://127.0.0.1:1/0", "obs", tmp_path, tmp_path / "d.jsonl", None)
-    tree["staleness"] = {"batch_size": 4, "max_head_offpolicyness": 1}  # capacity (2 + v) * 4
+    tree["staleness"] = {"groups_per_step": 4, "max_head_offpolicyness": 1}  # capacity (2 + v) * 4
     return Observer(config_from_dict(tree), tmp_path / "ledger.jsonl")
 
 
@@ -69,7 +69,7 @@ def test_trained_groups_are_judged_against_their_steps_version_once_their_batch_
                        written_at=7.0)])
     seen.read_ledger()
     assert seen.violations == [] and seen.stale_times == [7.0]  # its batch not read yet
-    batch = build_batch(group("old", [1, 1]), trainer_version=3)  # head 1: 3 - 1 = 2 > eta 1
+    batch = build_emitted_group(group("old", [1, 1]), trainer_version=3)  # head 1: 3 - 1 = 2 > eta 1
     seen.ledger.add(batch)
     seen.on_batch(record(b""), batch)
     seen.read_ledger()
@@ -84,7 +84,7 @@ def test_prompts_and_batches_are_checked_as_they_arrive(tmp_path: Path) -> None:
     assert seen.prompts == {"p:0:1": 1.5} and seen.prompt_records == 2
     assert [v.saw for v in seen.violations] == ["prompt p:0:1 published twice"]
     # a trainer version older than the batch's tail 3 that the batch says it knows
-    batch = msgspec.structs.replace(build_batch(group("a", [2, 3]), trainer_version=3), trainer_version=2, staleness=0)
+    batch = msgspec.structs.replace(build_emitted_group(group("a", [2, 3]), trainer_version=3), trainer_version=2, staleness=0)
     seen.follow(seen.ledger)
     seen.ledger.add(batch)
     seen.on_batch(record(b""), batch)

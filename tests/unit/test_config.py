@@ -53,6 +53,20 @@ def test_secrets_are_redacted_and_listed() -> None:
 
 
 def test_a_key_that_moved_is_an_error_naming_where_it_went() -> None:
-    with pytest.raises(ConfigError, match=r"trainer.batch_size is no longer a setting: groups per trainer step are staleness.batch_size"):
+    with pytest.raises(ConfigError, match=r"trainer.batch_size is no longer a setting: groups per trainer step are staleness.groups_per_step"):
         config_from_dict({"trainer": {"batch_size": 4}})
-    assert config_from_dict({"staleness": {"batch_size": 4}}).staleness.batch_size == 4
+    assert config_from_dict({"staleness": {"groups_per_step": 4}}).staleness.groups_per_step == 4
+
+
+def test_staleness_batch_size_is_refused_naming_groups_per_step_in_a_file_and_the_environment(tmp_path: Path) -> None:
+    moved = r"staleness.batch_size is no longer a setting: groups per trainer step are staleness.groups_per_step"
+    path = tmp_path / "rollstream.yaml"
+    path.write_text("staleness:\n  batch_size: 4\n")
+    with pytest.raises(ConfigError, match=moved):
+        load_config(path, environ={})
+    with pytest.raises(ConfigError, match=moved):
+        load_config(environ={"ROLLSTREAM__STALENESS__BATCH_SIZE": "4"})
+    with pytest.raises(ConfigError, match=moved):
+        load_config(overrides=["staleness.batch_size=4"], environ={})
+    config = load_config(environ={"ROLLSTREAM__STALENESS__GROUPS_PER_STEP": "4"})
+    assert config.staleness.groups_per_step == 4

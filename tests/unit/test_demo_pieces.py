@@ -67,7 +67,7 @@ def test_demo_config_validates_and_names_the_demo_reward(tmp_path: Path) -> None
     tree = demo_config_tree(settings, kafka_bootstrap="k:1", redis_url="redis://r:2/0", experiment="demo-x",
                             run_dir=tmp_path, model_dir=tmp_path / "model", dataset=tmp_path / "d.jsonl")
     config = load_config(write_config(tree, tmp_path / "config.yaml"), environ={})
-    assert config.trainer.max_steps == 4 and config.staleness.batch_size == 2
+    assert config.trainer.max_steps == 4 and config.staleness.groups_per_step == 2
     assert config.reward.reward_fn == "rollstream.demo.task:digit_answer_reward"
     assert config.trainer.group_id == "demo-x-trainer"
     assert config.trainer.max_restarts == settings.trainer_restarts == 3

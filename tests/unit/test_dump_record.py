@@ -11,7 +11,7 @@ from rollstream.config import ConfigError, config_from_dict
 from rollstream.dump.lines import DUMP_FIELDS, EXTENDED_FIELDS, DumpWriter, dump_lines, dump_record
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import TrajectoryBuilder
-from rollstream.wire import Batch, Episode, SampleRejected, ScoredEpisode
+from rollstream.wire import EmittedGroup, Episode, SampleRejected, ScoredEpisode
 from rollstream.wire.torch_tensors import encode_tensor_dict, pack_tensor_dict
 from tests.unit.fakes import ids, make_tokenizer
 
@@ -107,7 +107,7 @@ def test_batches_dump_one_line_per_row_with_their_task() -> None:
         single_turn("hello", "world", [4], 1.0), single_turn("what", "is two", [5, 6], 0.0),
         single_turn("what", "four", [6], 0.5),
     ])
-    batch = Batch(task_id="b", group_size=3, sample_idx=[0, 2, 2], tail_version=6, trainer_version=7, rejected=1,
+    batch = EmittedGroup(task_id="b", group_size=3, sample_idx=[0, 2, 2], tail_version=6, trainer_version=7, rejected=1,
                   packed=pack_tensor_dict(rows))
     lines = dump_lines(batch, make_tokenizer())
     assert [(line.task_id, line.tail_version, line.record["reward"]) for line in lines] == [

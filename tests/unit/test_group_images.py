@@ -10,13 +10,13 @@ import msgspec
 import pytest
 import torch
 
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer
 from rollstream.trainer import assemble, batch_group
 from rollstream.vision.images import image_digest
 from rollstream.vision.inputs import build_vision_inputs
 from rollstream.vision.processor import load_image_processor
-from rollstream.wire import ScoredEpisode, WireDecodeError, decode_batch, encode
+from rollstream.wire import ScoredEpisode, WireDecodeError, decode_group, encode
 from tests.unit.test_grouping_support import rejected, scored
 from tests.unit.vision_helpers import noise_png
 
@@ -42,9 +42,9 @@ def test_a_group_gathers_each_image_once_from_whichever_message_carries_it() -> 
     results = [r for offset, m in enumerate(messages) for r in buf.add(m, 0, offset, 0.0)]
     [group] = results
     assert isinstance(group, CompleteGroup) and group.images == {image_digest(CAT): CAT, image_digest(DOG): DOG}
-    batch = build_batch(group, trainer_version=1)
+    batch = build_emitted_group(group, trainer_version=1)
     assert batch.images == [CAT, DOG] and batch.row_images == [[0, 1], [0, 1], [0, 1]]
-    assert decode_batch(encode(batch)) == batch
+    assert decode_group(encode(batch)) == batch
 
 
 def test_a_complete_group_waits_for_images_a_duplicate_carries() -> None:
@@ -71,12 +71,12 @@ def test_a_batch_names_its_rows_images_and_a_text_batch_has_none() -> None:
     image_group = CompleteGroup("a", 2, False, (shows(scored("a", 0, 2), [DOG, CAT], [DOG, CAT]),
                                                  shows(scored("a", 1, 2), [CAT])), 0, 0, 0, 1, 0.0,
                                 images={image_digest(CAT): CAT, image_digest(DOG): DOG})
-    batch = build_batch(image_group, trainer_version=2)
+    batch = build_emitted_group(image_group, trainer_version=2)
     assert batch.images == [DOG, CAT] and batch.row_images == [[0, 1], [1]]
     bad = msgspec.structs.replace(batch, row_images=[[0, 2], [1]])
     with pytest.raises(WireDecodeError, match=r"row 0 shows image \[0, 2\] but its group has 2 images"):
-        decode_batch(encode(bad))
-    text_only = build_batch(CompleteGroup("b", 1, False, (scored("b", 0, 1),), 0, 0, 0, 0, 0.0), trainer_version=2)
+        decode_group(encode(bad))
+    text_only = build_emitted_group(CompleteGroup("b", 1, False, (scored("b", 0, 1),), 0, 0, 0, 0, 0.0), trainer_version=2)
     assert text_only.images == [] and text_only.row_images == []
 
 
@@ -91,7 +91,7 @@ def test_the_trainer_side_rebuilds_each_rows_images_once_per_distinct_image(imag
             ([DOG, CAT], [DOG, CAT]), ([CAT], []), ([DOG, CAT], [])])), 0, 0, 0, 2, 0.0,
         images={image_digest(CAT): CAT, image_digest(DOG): DOG})
     text_group = CompleteGroup("b", 1, False, (scored("b", 0, 1),), 0, 0, 0, 0, 0.0)
-    groups = [batch_group(build_batch(image_group, 1)), batch_group(build_batch(text_group, 1))]
+    groups = [batch_group(build_emitted_group(image_group, 1)), batch_group(build_emitted_group(text_group, 1))]
     batch = assemble(groups, image_processor=image_processor)
     assert batch.group_images == [[DOG, CAT], []] and batch.row_images == [[0, 1], [1], [0, 1], []]
     vision = batch.vision
@@ -111,7 +111,7 @@ def test_a_ranks_share_carries_its_groups_images() -> None:
     group = CompleteGroup("a", 2, False, (shows(scored("a", 0, 2), [DOG, CAT], [DOG, CAT]),
                                          shows(scored("a", 1, 2), [CAT])), 0, 0, 0, 1, 0.0,
                           images={image_digest(CAT): CAT, image_digest(DOG): DOG})
-    rows = batch_group(build_batch(group, trainer_version=1))
+    rows = batch_group(build_emitted_group(group, trainer_version=1))
     share = decode_share(encode_share(StepShare(kind="step", step=1, groups=[share_group(rows)])))
     received = group_rows(share.groups[0])
     assert received.images == [DOG, CAT] and received.row_images == [[0, 1], [1]]

@@ -16,8 +16,8 @@ from rollstream.consumers.trainer_version import VersionReading
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
-from rollstream.wire import Batch, GroupDropped, ScoredEpisode, WireDecodeError, decode_batch, decode_scored, encode
-from rollstream.wire.torch_tensors import batch_tensors, encode_tensor
+from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, WireDecodeError, decode_group, decode_scored, encode
+from rollstream.wire.torch_tensors import group_tensors, encode_tensor
 from tests.unit.test_grouping_support import scored
 
 NAMES = TopicNames("x", "t0")
@@ -32,9 +32,9 @@ def group(task: str, samples: list[ScoredEpisode], offset: int = 0) -> CompleteG
     return CompleteGroup(task, len(samples), False, tuple(samples), 0, 0, offset, offset + len(samples), 0.0)
 
 
-def emitted(out: PartitionOutput) -> tuple[list[Batch], list[GroupDropped]]:
-    messages = [decode_batch(r.value) for r in out.records if r.topic == NAMES.batches]
-    return [m for m in messages if isinstance(m, Batch)], [m for m in messages if isinstance(m, GroupDropped)]
+def emitted(out: PartitionOutput) -> tuple[list[EmittedGroup], list[GroupDropped]]:
+    messages = [decode_group(r.value) for r in out.records if r.topic == NAMES.batches]
+    return [m for m in messages if isinstance(m, EmittedGroup)], [m for m in messages if isinstance(m, GroupDropped)]
 
 
 def test_a_group_whose_samples_do_not_concatenate_is_dead_lettered_and_the_others_emitted() -> None:
@@ -42,7 +42,7 @@ def test_a_group_whose_samples_do_not_concatenate_is_dead_lettered_and_the_other
                         with_extra(scored("bad", 1, 2), "x", torch.zeros(1, 2, 2))], offset=10)
     good = [group(t, [with_extra(scored(t, i, 2), "x", torch.zeros(1, 2)) for i in range(2)]) for t in ("a", "b")]
     out = PartitionOutput(0, 16 * 1024 * 1024)
-    _, refused = Emission(NAMES, 0.0).batches([good[0], bad, good[1]], VersionReading(3, known=True), out)
+    _, refused = Emission(NAMES, 0.0).emit([good[0], bad, good[1]], VersionReading(3, known=True), out)
     assert [(d.task_id, d.reason) for d in refused] == [("bad", "dead_lettered")]
     batches, drops = emitted(out)
     assert sorted(b.task_id for b in batches) == ["a", "b"]
@@ -57,7 +57,7 @@ def test_a_group_whose_samples_do_not_concatenate_is_dead_lettered_and_the_other
 def test_a_batch_larger_than_the_producer_may_send_is_dead_lettered() -> None:
     big = group("big", [scored("big", 0, 1, gen_len=5000)])
     out = PartitionOutput(0, max_record_bytes=20_000)
-    _, refused = Emission(NAMES, 0.0).batches([big], VersionReading(0, known=True), out)
+    _, refused = Emission(NAMES, 0.0).emit([big], VersionReading(0, known=True), out)
     assert [d.reason for d in refused] == ["dead_lettered"]
     assert "exceeds kafka.max_message_bytes=20000" in refused[0].detail
     assert emitted(out)[0] == [] and len(out.dead_letters) == 1
@@ -96,10 +96,10 @@ def test_any_mix_of_per_sample_shapes_ranks_and_dtypes_ends_every_group_once(
         if members:
             groups.append(group(task, members))
     out = PartitionOutput(0, 16 * 1024 * 1024)
-    _, refused = Emission(NAMES, 0.0).batches(groups, VersionReading(1, known=True), out)
+    _, refused = Emission(NAMES, 0.0).emit(groups, VersionReading(1, known=True), out)
     good, drops = emitted(out)
     for batch in good:
-        batch_tensors(batch)  # what the trainer reads
+        group_tensors(batch)  # what the trainer reads
     ended = [b.task_id for b in good] + [d.task_id for d in drops]
     assert sorted(ended) == sorted(g.task_id for g in groups)
     assert {d.task_id for d in refused} == {d.task_id for d in drops} and len(out.dead_letters) == len(drops)

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from rollstream.api.io_struct import ModelResponse
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.trajectory.normalize import episode_tensors
 from rollstream.trajectory.rows import trajectory_row
 from rollstream.trainer.batch import assemble, batch_group
 from rollstream.rollout_workers.episodes import to_episode
-from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_batch, encode
-from rollstream.wire.torch_tensors import batch_tensors
+from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_group, encode
+from rollstream.wire.torch_tensors import group_tensors
 
 PROMPT = [5, 6, 7]
 
@@ -58,8 +58,8 @@ def test_a_batch_of_typed_and_literal_results_keeps_every_key_and_says_where_it_
     caplog.set_level(logging.DEBUG)
     mixed = group("mixed", [typed_result([8, 9], truncated=True), typed_result([8], truncated=False),
                             literal_result([8, 9, 10], engine_saw_it=True), literal_result([9], engine_saw_it=False)])
-    batch = decode_batch(encode(build_batch(mixed, trainer_version=4)))
-    tensors = batch_tensors(batch)
+    batch = decode_group(encode(build_emitted_group(mixed, trainer_version=4)))
+    tensors = group_tensors(batch)
     assert tensors["is_truncated"].tolist() == [True, False, False, False]
     assert tensors["is_truncated_present"].tolist() == [True, True, False, False]
     # the literal sample no engine response matched has no logprobs/versions: kept, marked
@@ -75,17 +75,17 @@ def test_a_batch_of_typed_and_literal_results_keeps_every_key_and_says_where_it_
 def test_a_trainer_step_across_batches_keeps_the_key_and_the_mask() -> None:
     """One batch whose episodes all have is_truncated (no mask on it), one whose episodes have
     none, one that is mixed (its own mask): the step has every row's truth."""
-    all_typed = build_batch(group("a", [typed_result([8], truncated=True)]), trainer_version=1)
-    all_literal = build_batch(group("b", [literal_result([8, 9], engine_saw_it=True)]), trainer_version=1)
-    mixed = build_batch(group("c", [typed_result([9], truncated=True), literal_result([9], engine_saw_it=True)]),
+    all_typed = build_emitted_group(group("a", [typed_result([8], truncated=True)]), trainer_version=1)
+    all_literal = build_emitted_group(group("b", [literal_result([8, 9], engine_saw_it=True)]), trainer_version=1)
+    mixed = build_emitted_group(group("c", [typed_result([9], truncated=True), literal_result([9], engine_saw_it=True)]),
                         trainer_version=1)
-    assert "is_truncated_present" not in batch_tensors(all_typed)
-    step = assemble([batch_group(decode_batch(encode(b))) for b in (all_typed, all_literal, mixed)])
+    assert "is_truncated_present" not in group_tensors(all_typed)
+    step = assemble([batch_group(decode_group(encode(b))) for b in (all_typed, all_literal, mixed)])
     assert step.task_ids == ["a", "b", "c"]
     assert step.tensors["is_truncated"].tolist() == [True, False, True, False]
     assert step.tensors["is_truncated_present"].tolist() == [True, False, True, False]
     # the same rows batched as one group give the same tensors
-    at_once = batch_tensors(build_batch(group("all", [
+    at_once = group_tensors(build_emitted_group(group("all", [
         typed_result([8], truncated=True), literal_result([8, 9], engine_saw_it=True),
         typed_result([9], truncated=True), literal_result([9], engine_saw_it=True),
     ]), trainer_version=1))

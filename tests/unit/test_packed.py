@@ -11,27 +11,27 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollstream.wire import Batch, PackedTensors, WireDecodeError, check_packed, decode_batch, encode
+from rollstream.wire import EmittedGroup, PackedTensors, WireDecodeError, check_packed, decode_group, encode
 from rollstream.wire.messages import SCHEMA_VERSION
 from rollstream.wire.tensor_codec import TensorDecodeError
 from rollstream.wire.torch_tensors import (
     DTYPES,
     allocate_packed,
-    batch_tensors,
     encode_tensor_dict,
+    group_tensors,
     pack_tensor_dict,
     unpack_tensor_dict,
 )
 
 
-def batch_of(packed: PackedTensors, **kw) -> Batch:
-    return Batch(task_id="a", group_size=1, sample_idx=[0],
+def batch_of(packed: PackedTensors, **kw) -> EmittedGroup:
+    return EmittedGroup(task_id="a", group_size=1, sample_idx=[0],
                  packed=packed, **kw)
 
 
 def round_trip(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Through the wire as a grouping tier writes a batch and a trainer reads it."""
-    return batch_tensors(decode_batch(encode(batch_of(pack_tensor_dict(tensors)))))
+    return group_tensors(decode_group(encode(batch_of(pack_tensor_dict(tensors)))))
 
 
 def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
@@ -139,7 +139,7 @@ def test_dicts_not_in_an_arena_layout_are_copied() -> None:
 
 def test_unpacked_tensors_view_the_message_buffer() -> None:
     message = encode(batch_of(pack_tensor_dict({"x": torch.arange(10, dtype=torch.int64)})))
-    tensors = batch_tensors(decode_batch(message))
+    tensors = group_tensors(decode_group(message))
     buffer = numpy.frombuffer(message, dtype=numpy.uint8)
     assert numpy.shares_memory(buffer, tensors["x"].numpy())
 
@@ -203,9 +203,9 @@ def test_malformed_packed_tensors_are_decode_errors(name: str) -> None:
     with pytest.raises(TensorDecodeError, match=re.escape(reason)):
         check_packed(packed)
     with pytest.raises(WireDecodeError, match=re.escape(decoder_reason)):
-        decode_batch(encode(batch_of(packed)))
+        decode_group(encode(batch_of(packed)))
     with pytest.raises(WireDecodeError):
-        batch_tensors(batch_of(packed))  # a batch built here, never decoded: the same check
+        group_tensors(batch_of(packed))  # a batch built here, never decoded: the same check
 
 
 def test_batches_before_packing_are_refused() -> None:
@@ -215,7 +215,7 @@ def test_batches_before_packing_are_refused() -> None:
     del old["packed"]
     old["tensors"] = msgspec.to_builtins(encode_tensor_dict(tensors))
     with pytest.raises(WireDecodeError, match="packed"):
-        decode_batch(msgspec.msgpack.encode(old))
+        decode_group(msgspec.msgpack.encode(old))
 
 
 def test_batches_write_schema_version_3_and_other_kinds_1() -> None:
@@ -223,4 +223,4 @@ def test_batches_write_schema_version_3_and_other_kinds_1() -> None:
     assert msgspec.msgpack.decode(encode(batch_of(good_packed())))["schema_version"] == 3
     newer = msgspec.msgpack.decode(encode(batch_of(good_packed()))) | {"schema_version": 4}
     with pytest.raises(WireDecodeError, match="unsupported schema_version 4"):
-        decode_batch(msgspec.msgpack.encode(newer))
+        decode_group(msgspec.msgpack.encode(newer))

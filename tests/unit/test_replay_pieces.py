@@ -20,12 +20,12 @@ from rollstream.tools.positions import (
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.tools.render import message_json, summary_line
 from rollstream.wire import (
-    Batch,
     DeadLetter,
+    EmittedGroup,
     GroupDropped,
     PromptTask,
     SampleRejected,
-    decode_batch,
+    decode_group,
     decode_scored,
     encode,
 )
@@ -50,10 +50,10 @@ def test_filter_by_task_version_eval_and_reward() -> None:
     assert not RecordFilter(min_reward=0.0).accepts(GroupDropped(task_id="a", reason="stale"))
 
 
-def two_row_batch() -> Batch:
+def two_row_batch() -> EmittedGroup:
     """A batch of a group of two one-row samples."""
     rows = concat_padded_tensors([single_turn("hello", "world", [4], reward=0.5), single_turn("hi", "there", [4], 1.5)])
-    return decode_batch(encode(Batch(
+    return decode_group(encode(EmittedGroup(
         task_id="b", group_size=2, sample_idx=[0, 1], tail_version=4, packed=pack_tensor_dict(rows),
     )))
 

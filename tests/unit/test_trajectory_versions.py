@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollstream.consumers.batching import build_batch
+from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup, GroupFilters, apply_filters
 from rollstream.dump.lines import dump_lines
 from rollstream.rollout_workers.episodes import to_episode
@@ -26,13 +26,13 @@ from rollstream.trajectory.rows import TrajectoryBuilder
 from rollstream.trajectory.versions import (
     RowSpan,
     Versions,
-    batch_trainer_version,
+    group_trainer_version,
     head_and_tail,
     row_spans,
     staleness,
     token_staleness,
 )
-from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_batch, encode
+from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_group, encode
 from tests.unit.fakes import ids, make_tokenizer
 
 ENGINE_VERSION = 9  # the engine's version when the episode ended: the fallback
@@ -137,8 +137,8 @@ def test_head_and_tail_combines_spans_and_skips_unknown() -> None:
 
 def test_staleness_and_the_trainer_version_data_is_tagged_with() -> None:
     assert staleness(7, 4) == 3 and staleness(7, -1) == 0
-    assert batch_trainer_version(3, 5) == 5  # the tokens prove the trainer reached 5
-    assert batch_trainer_version(6, 5) == 6 and batch_trainer_version(6, -1) == 6
+    assert group_trainer_version(3, 5) == 5  # the tokens prove the trainer reached 5
+    assert group_trainer_version(6, 5) == 6 and group_trainer_version(6, -1) == 6
 
 
 def test_token_staleness_of_generated_tokens_of_known_version() -> None:
@@ -178,7 +178,7 @@ def test_a_group_passes_the_stale_filter_exactly_when_its_batch_is_within_the_bo
     step, assembled from the record, says the same."""
     group = group_of("g", versions)
     passed = apply_filters(group, GroupFilters(max_head_offpolicyness=eta), read) is group
-    batch = decode_batch(encode(build_batch(group, read)))
+    batch = decode_group(encode(build_emitted_group(group, read)))
     assert (batch.head_version, batch.tail_version) == group.versions
     assert passed == (batch.staleness <= eta), (batch.trainer_version, batch.head_version)
     step = assemble([batch_group(batch)])

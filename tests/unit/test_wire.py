@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import rollstream.wire
 from rollstream.wire import (
-    Batch,
     DeadLetter,
+    EmittedGroup,
     Episode,
     GroupDropped,
     PromptTask,
@@ -25,25 +25,26 @@ from rollstream.wire import (
     ScoredEpisode,
     TaskFailed,
     WireDecodeError,
-    decode_batch,
     decode_episode,
+    decode_group,
     decode_prompt,
     decode_scored,
     encode,
+    group_arrays,
 )
 from rollstream.wire.messages import SCHEMA_VERSION
 from rollstream.wire.tensor_codec import WireTensor
 from rollstream.wire.torch_tensors import (
     DTYPES,
-    batch_tensors,
     decode_tensor,
     decode_tensor_dict,
     encode_tensor,
     encode_tensor_dict,
+    group_tensors,
     pack_tensor_dict,
 )
 
-DECODERS = [decode_prompt, decode_episode, decode_scored, decode_batch]
+DECODERS = [decode_prompt, decode_episode, decode_scored, decode_group]
 
 
 def trajectory(length: int = 6, prompt: int = 2, version: int = 0) -> dict[str, torch.Tensor]:
@@ -109,7 +110,7 @@ def test_non_contiguous_tensor_is_encoded_in_c_order() -> None:
         (SampleRejected(task_id="a", sample_idx=1, group_size=2, reason="rejected"), decode_episode),
         (TaskFailed(task_id="a", group_size=2, reason="bad"), decode_scored),
         (ScoredEpisode(episode=episode(), reward=1.0), decode_scored),
-        (GroupDropped(task_id="a", reason="all_rejected"), decode_batch),
+        (GroupDropped(task_id="a", reason="all_rejected"), decode_group),
     ],
 )
 def test_messages_round_trip(message: msgspec.Struct, decoder) -> None:
@@ -118,16 +119,16 @@ def test_messages_round_trip(message: msgspec.Struct, decoder) -> None:
     assert msgspec.to_builtins(decoded) == msgspec.to_builtins(message)
 
 
-def one_group_batch(**fields: Any) -> Batch:
-    return Batch(task_id="a", group_size=1, sample_idx=[0], **fields)
+def one_group(**fields: Any) -> EmittedGroup:
+    return EmittedGroup(task_id="a", group_size=1, sample_idx=[0], **fields)
 
 
-def test_batch_round_trip_keeps_tensors() -> None:
+def test_emitted_group_round_trip_keeps_tensors() -> None:
     tensors_in = trajectory()
-    batch = one_group_batch(packed=pack_tensor_dict(tensors_in))
-    decoded = decode_batch(encode(batch))
-    assert isinstance(decoded, Batch)
-    out = batch_tensors(decoded)
+    batch = one_group(packed=pack_tensor_dict(tensors_in))
+    decoded = decode_group(encode(batch))
+    assert isinstance(decoded, EmittedGroup)
+    out = group_tensors(decoded)
     assert all(torch.equal(out[k], tensors_in[k]) for k in tensors_in)
 
 
@@ -135,20 +136,52 @@ def test_every_message_carries_the_schema_version_of_its_kind() -> None:
     raw = msgspec.msgpack.decode(encode(episode()))
     assert raw["schema_version"] == 1 <= SCHEMA_VERSION  # episodes have not changed since 1
     assert raw["kind"] == "episode"
-    batch = one_group_batch(packed=pack_tensor_dict({}))
+    batch = one_group(packed=pack_tensor_dict({}))
     assert msgspec.msgpack.decode(encode(batch))["schema_version"] == SCHEMA_VERSION == 3
 
 
 @pytest.mark.parametrize("version", [1, 2])
-def test_batches_written_before_0_3_are_refused_naming_their_version(version: int) -> None:
-    raw = msgspec.msgpack.decode(encode(one_group_batch(packed=pack_tensor_dict(trajectory()))))
-    with pytest.raises(WireDecodeError, match=f"unsupported schema_version {version} of a Batch .*knows 3..3"):
-        decode_batch(msgspec.msgpack.encode({**raw, "schema_version": version}))
+def test_groups_written_before_version_3_are_refused_naming_their_version(version: int) -> None:
+    raw = msgspec.msgpack.decode(encode(one_group(packed=pack_tensor_dict(trajectory()))))
+    with pytest.raises(WireDecodeError, match=f"unsupported schema_version {version} of a EmittedGroup .*knows 3..3"):
+        decode_group(msgspec.msgpack.encode({**raw, "schema_version": version}))
 
 
-def test_a_batch_cannot_count_more_rejected_and_failed_samples_than_its_group_has() -> None:
+def test_a_group_cannot_count_more_rejected_and_failed_samples_than_its_group_has() -> None:
     with pytest.raises(ValueError, match="group of 2 samples has 2 rejected and 1 failed"):
-        Batch(task_id="a", group_size=2, sample_idx=[0], rejected=2, failed=1, packed=pack_tensor_dict({}))
+        EmittedGroup(task_id="a", group_size=2, sample_idx=[0], rejected=2, failed=1, packed=pack_tensor_dict({}))
+
+
+# Records of ``batches`` as every version-3 writer encodes them (an emitted group of 2 of its
+# 3 samples, one rejected, and a stale drop): the bytes a replay of an existing topic reads.
+OLD_EMITTED_GROUP = bytes.fromhex(
+    "de0011a46b696e64a56261746368ae736368656d615f76657273696f6e03a77461736b5f6964a670303a303a37"
+    "aa67726f75705f73697a6503aa73616d706c655f696478920002a769735f6576616cc2af747261696e65725f76"
+    "657273696f6e05b5747261696e65725f76657273696f6e5f6b6e6f776ec3ac686561645f76657273696f6e03ac"
+    "7461696c5f76657273696f6e04a97374616c656e65737302aa656d69747465645f6174cb41d954fc40200000a6"
+    "7061636b65649492a9696e7075745f696473a77265776172647392a5696e743332a7666c6f61743332929202039102"
+    "c4200b0000000c0000000d0000001500000016000000000000000000803f00000000a872656a656374656401a666"
+    "61696c656400a6696d6167657390aa726f775f696d6167657390"
+)
+OLD_GROUP_DROPPED = bytes.fromhex(
+    "88a46b696e64a764726f70706564a77461736b5f6964a670303a303a38a6726561736f6ea57374616c65a769735f"
+    "6576616cc2a664657461696ca0af747261696e65725f76657273696f6e05aa64726f707065645f6174cb00000000"
+    "00000000ae736368656d615f76657273696f6e01"
+)
+
+
+def test_records_already_on_batches_decode_and_encode_to_the_same_bytes() -> None:
+    group = decode_group(OLD_EMITTED_GROUP)
+    assert isinstance(group, EmittedGroup)
+    assert (group.task_id, group.group_size, group.sample_idx, group.rejected, group.failed) == ("p0:0:7", 3, [0, 2], 1, 0)
+    assert (group.trainer_version, group.head_version, group.tail_version, group.staleness) == (5, 3, 4, 2)
+    arrays = group_arrays(group)
+    assert arrays["input_ids"].tolist() == [[11, 12, 13], [21, 22, 0]]
+    assert arrays["rewards"].tolist() == [1.0, 0.0]
+    assert encode(group) == OLD_EMITTED_GROUP  # the tag stays "batch", the version 3
+    dropped = decode_group(OLD_GROUP_DROPPED)
+    assert isinstance(dropped, GroupDropped) and (dropped.task_id, dropped.reason) == ("p0:0:8", "stale")
+    assert encode(dropped) == OLD_GROUP_DROPPED
 
 
 def bad_messages() -> list[tuple[str, bytes]]:

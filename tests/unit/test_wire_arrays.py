@@ -11,18 +11,18 @@ import pytest
 import torch
 
 from rollstream.wire import (
-    Batch,
+    EmittedGroup,
     WireTensor,
     allocate_arrays,
-    batch_arrays,
     decode_array,
-    decode_batch,
+    decode_group,
     encode,
     encode_array,
+    group_arrays,
     pack_arrays,
 )
 from rollstream.wire.dtypes import WIRE_DTYPES, bfloat16_words, cast, promote, to_float32, wire_name
-from rollstream.wire.torch_tensors import DTYPES, as_array, as_tensor, batch_tensors
+from rollstream.wire.torch_tensors import DTYPES, as_array, as_tensor, group_tensors
 
 FLOATS = torch.tensor([0.0, -0.0, 1.0, -2.5, 7.0, 1 / 3, 2 / 3, 1.00390625, 1.01171875, 1.0078125 + 2**-9,
                        3.3895314e38, 3.3961776e38, 1e-40, -1e-45, 65504.0, float("inf"), float("-inf")])
@@ -82,8 +82,8 @@ def test_the_wire_refuses_what_it_does_not_carry() -> None:
         allocate_arrays([("z", "float8", (2,))])
 
 
-def batch_of(arrays: dict[str, numpy.ndarray]) -> Batch:
-    return Batch(task_id="a", group_size=1, sample_idx=[0],
+def batch_of(arrays: dict[str, numpy.ndarray]) -> EmittedGroup:
+    return EmittedGroup(task_id="a", group_size=1, sample_idx=[0],
                  packed=pack_arrays(arrays))
 
 
@@ -94,12 +94,12 @@ def test_an_unchanged_arena_packs_without_a_copy_and_a_changed_one_is_copied() -
     arena["logp"][...] = -1.5
     packed = pack_arrays(arena)
     assert packed is arena.packed and numpy.shares_memory(numpy.asarray(packed.data), arena["logp"])
-    read = batch_arrays(decode_batch(encode(batch_of(arena))))
+    read = group_arrays(decode_group(encode(batch_of(arena))))
     assert read["ids"].tolist() == [[7] * 3] * 2 and read["logp"].tolist() == [[-1.5] * 3] * 2
     arena["logp"] = numpy.zeros((2, 3), dtype=numpy.float32)  # replaced: packing copies the new values
     repacked = pack_arrays(arena)
     assert repacked is not arena.packed
-    assert batch_arrays(decode_batch(encode(batch_of(arena))))["logp"].tolist() == [[0.0] * 3] * 2
+    assert group_arrays(decode_group(encode(batch_of(arena))))["logp"].tolist() == [[0.0] * 3] * 2
     plain = pack_arrays(dict(arena))  # a plain dict of the same arrays: one copy, same bytes
     assert bytes(plain.data) == bytes(repacked.data)
 
@@ -107,8 +107,8 @@ def test_an_unchanged_arena_packs_without_a_copy_and_a_changed_one_is_copied() -
 def test_batch_arrays_and_batch_tensors_read_the_same_values() -> None:
     arrays = {"ids": numpy.arange(6, dtype=numpy.int32).reshape(2, 3),
               "h": bfloat16_words(numpy.array([0.5, -3.0], dtype=numpy.float32))}
-    batch = decode_batch(encode(batch_of(arrays)))
-    as_numpy, as_torch = batch_arrays(batch), batch_tensors(batch)
+    batch = decode_group(encode(batch_of(arrays)))
+    as_numpy, as_torch = group_arrays(batch), group_tensors(batch)
     assert numpy.array_equal(as_numpy["ids"], as_torch["ids"].numpy())
     assert as_torch["h"].dtype == torch.bfloat16 and as_torch["h"].tolist() == [0.5, -3.0]
     assert numpy.array_equal(as_numpy["h"], as_torch["h"].view(torch.int16).numpy().view(numpy.uint16))
