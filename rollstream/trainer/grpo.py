@@ -145,7 +145,7 @@ def policy_update(
 
     ``tensors`` needs ``input_ids``, ``attention_mask``, ``loss_mask`` and ``logprobs`` (the
     behaviour policy's, which the ratio is taken against in every epoch). With ``vision``
-    (``TrainingBatch.vision``, a VLM's batch) the forward pass shows each row its images
+    (``TrainingStep.vision``, a VLM's batch) the forward pass shows each row its images
     (``rollstream.vision.forward.trajectory_logits``, the recipe the engine generated with). The
     model is left in eval mode.
     """
