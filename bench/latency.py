@@ -1,11 +1,11 @@
 """Latency benchmark: last sample of a group written to ``scored`` -> batch visible to the trainer.
 
 For each ``grouping.commit_interval_ms`` (20, 100, 500), a real grouping tier runs in its own
-process and a ``read_committed`` ``BatchStream`` (trainer batch size 1) reads ``batches`` in
+process and a ``read_committed`` ``StepStream`` (trainer batch size 1) reads ``batches`` in
 this process. This process plays the reward tier: each group's 8 scored episodes (prompt 512
 + completion 1,536 tokens) go to ``scored`` in one Kafka transaction, one group every
 ``--spacing-ms``. Latency = from that transaction's commit returning (the samples are then
-visible to the grouping consumer) to the ``BatchStream`` handing out the group's batch.
+visible to the grouping consumer) to the ``StepStream`` handing out the group's batch.
 Target: p99 <= 250 ms at the default commit interval (100 ms).
 """
 
@@ -24,7 +24,7 @@ from bench.common import Report, percentiles, run_bench
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, scored_episode, trajectory
 from bench.kafka_tools import wait_for_groups
 from bench.stack import Sampler, TierProcess, services, unique_name, wait_until_consuming, write_config
-from rollstream.trainer import BatchStream
+from rollstream.trainer import StepStream
 from rollstream.config import config_from_dict
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics
@@ -52,12 +52,12 @@ async def write_groups(producer: AIOKafkaProducer, topic: str, groups: list[tupl
         await asyncio.sleep(spacing)
 
 
-async def read_batches(consumer: BatchStream, expected: int, seen: dict[str, float], timeout: float) -> None:
+async def read_batches(consumer: StepStream, expected: int, seen: dict[str, float], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while len(seen) < expected:
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {len(seen)} of {expected} batches arrived")
-        batch = await consumer.next_batch(timeout=1.0)
+        batch = await consumer.next_step(timeout=1.0)
         if batch is None:
             continue
         now = time.monotonic()
@@ -84,7 +84,7 @@ async def measure_interval(svc: Services, workdir: Path, interval_ms: int, group
     batches = [(f"{name}:0:{i}", group_records(f"{name}:0:{i}", lengths)) for i in range(warmup + groups)]
     grouping = TierProcess("grouping", path, workdir / f"{name}.grouping.log").start()
     producer = make_producer(config.kafka, "bench-scorer", transactional_id=f"{name}.bench-scorer")
-    consumer = BatchStream(config, ledger=False, client_id="bench-trainer", poll_timeout_ms=500)
+    consumer = StepStream(config, ledger=False, client_id="bench-trainer", poll_timeout_ms=500)
     written: dict[str, float] = {}
     seen: dict[str, float] = {}
     try:

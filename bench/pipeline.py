@@ -5,7 +5,7 @@ completion 1,536 tokens, ~35 KB): Kafka's own ``ProducerPerformance`` and
 ``ConsumerPerformance`` (java, from the cached broker jars), and a bare aiokafka loop that
 produces and consumes at the same time with the client settings the tiers use. Then the real
 pipeline, every tier in its own process (producer -> rollout worker -> reward worker ->
-grouping -> ``BatchStream``), its rollout worker driven by the LOAD GENERATOR engine
+grouping -> ``StepStream``), its rollout worker driven by the LOAD GENERATOR engine
 (``bench/load_engine.py``: no model, tokens at ``--tokens-per-second``, 0 = unlimited). The
 bare loop runs before and after the pipeline and the pipeline runs twice; the faster of each
 pair counts (a shared machine, and a broker JVM still compiling the paths a run exercises).

@@ -1,6 +1,6 @@
 """One end-to-end run of the real tiers, each in its own process, driven by a dataset.
 
-producer -> rollout worker -> reward worker -> grouping -> ``BatchStream`` (in this process,
+producer -> rollout worker -> reward worker -> grouping -> ``StepStream`` (in this process,
 acking every batch as a trainer would). The rollout worker uses the LOAD GENERATOR engine
 (``bench/load_engine.py``) unless the settings name a real engine (``bench/server.py``). Shared by
 ``bench/pipeline.py``, ``bench/memory.py`` and ``bench/server.py``.
@@ -21,7 +21,7 @@ from bench.kafka_tools import end_offsets, topic_bytes, wait_for_groups
 from bench.procstats import cpu_seconds, rss_bytes
 from bench.stack import (Sampler, TierProcess, stop_all, tokenizer_path, unique_name, wait_until_consuming,
                          write_config)
-from rollstream.trainer import BatchStream
+from rollstream.trainer import StepStream
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics
@@ -126,7 +126,7 @@ def config_tree(services: Services, name: str, workdir: Path, s: PipelineSetting
     }
 
 
-async def _consume(consumer: BatchStream, s: PipelineSettings, procs: list[TierProcess],
+async def _consume(consumer: StepStream, s: PipelineSettings, procs: list[TierProcess],
                    deadline: float) -> tuple[list[float], int, int, int]:
     times: list[float] = []
     episodes = generated = total = 0
@@ -136,7 +136,7 @@ async def _consume(consumer: BatchStream, s: PipelineSettings, procs: list[TierP
             raise TimeoutError(f"pipeline: only {ended} of {s.prompts} groups ended within {s.timeout_s:.0f}s")
         for p in procs:
             p.check_alive()
-        batch = await consumer.next_batch(timeout=1.0)
+        batch = await consumer.next_step(timeout=1.0)
         dropped = sum(consumer.drops_by_reason.values())
         if batch is None:
             ended = len(times) + dropped
@@ -171,7 +171,7 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
                                          else asyncio.sleep(0, {}))
     try:
         await ensure_topics(config.kafka, names)  # the trainer subscribes before any tier made them
-        consumer = BatchStream(config, ledger=False, client_id="bench-trainer")
+        consumer = StepStream(config, ledger=False, client_id="bench-trainer")
         await consumer.start()
         try:
             with Sampler(procs) as sampler:
@@ -219,10 +219,10 @@ async def run_pipeline(services: Services, workdir: Path, s: PipelineSettings,
 
 
 def _own_cpu(broker_pid: int | None, sampler: Sampler) -> dict[str, float]:
-    """CPU seconds of this process (the trainer side: BatchStream; the memory sampler's own
+    """CPU seconds of this process (the trainer side: StepStream; the memory sampler's own
     time left out) and of the broker if local."""
     times = os.times()
-    found = {"trainer (BatchStream, this process)": times.user + times.system - sampler.cpu_seconds}
+    found = {"trainer (StepStream, this process)": times.user + times.system - sampler.cpu_seconds}
     if broker_pid is not None:
         found["kafka broker (java)"] = cpu_seconds(broker_pid)
     return found

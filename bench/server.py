@@ -7,7 +7,7 @@ script starts on ``--model-path`` with ``rollstream.dev.vllm_server``: CPU, floa
 ``--prompts`` groups of ``--group-size`` requests, at most ``--concurrency`` in flight. Pipeline:
 the real tiers, each in its own process, the rollout worker with ``rollout.engine: vllm`` and
 ``max_concurrent_rollouts`` = the same concurrency, on the same server, read by a
-``BatchStream``. ``--engine hf``: the same comparison with ``HFEngine`` (in this process, and in
+``StepStream``. ``--engine hf``: the same comparison with ``HFEngine`` (in this process, and in
 the rollout worker) on ``--device`` (cuda by default: the GPU check of the local engine).
 
 Both paths generate from the same prompts with the same settings, those the rollout worker's

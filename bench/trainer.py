@@ -1,12 +1,12 @@
 """Trainer benchmark: a group's commit to ``batches`` -> its arrival on the rank that trains it.
 
 For 1, 2 and 4 ranks (``--ranks``), a ``torchrun`` job of ``bench/trainer_rank.py`` (gloo, CPU)
-reads ``batches`` with :class:`rollstream.trainer.TrainerBatches`: rank 0 owns the consumer,
+reads ``batches`` with :class:`rollstream.trainer.TrainerSteps`: rank 0 owns the consumer,
 splits each step (``staleness.groups_per_step`` = one group per rank) and scatters the shares. This
 process plays the grouping tier: each step's groups (8 episodes of 512 + 1,536 tokens each, one
 ``EmittedGroup`` record per group, as the grouping tier writes them) go to ``batches``
 in one Kafka transaction, one step every ``--spacing-ms``. Latency = from that transaction's
-commit being sent to ``next_batch`` handing the group out on its rank (both ``time.monotonic()``,
+commit being sent to ``next_step`` handing the group out on its rank (both ``time.monotonic()``,
 one clock for every process of the machine). The first ``--warmup`` steps are not counted.
 """
 

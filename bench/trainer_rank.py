@@ -2,8 +2,8 @@
 
     torchrun --nproc-per-node N bench/trainer_rank.py --config F --out DIR --steps S
 
-Reads steps with :class:`rollstream.trainer.TrainerBatches` and notes, for every group of its
-share, ``time.monotonic()`` when ``next_batch`` handed it out on this rank (CLOCK_MONOTONIC is
+Reads steps with :class:`rollstream.trainer.TrainerSteps` and notes, for every group of its
+share, ``time.monotonic()`` when ``next_step`` handed it out on this rank (CLOCK_MONOTONIC is
 one clock for every process of the machine, so the driver compares it with its commit times).
 Commits each step at once (no training: the benchmark measures the delivery). Rank 0 writes
 ``DIR/ready`` once its consumer holds its partitions; each rank writes ``DIR/rank<r>.json``.
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch.distributed as dist
 
 from rollstream.config import load_config
-from rollstream.trainer import KafkaStepSource, TrainerBatches
+from rollstream.trainer import KafkaStepSource, TrainerSteps
 
 
 def main() -> int:
@@ -40,7 +40,7 @@ def main() -> int:
     (args.out / f"pid-rank{rank}").write_text(str(os.getpid()))  # torchrun's workers have sessions of their own
     arrivals: dict[str, float] = {}
     steps: list[int] = []
-    with TrainerBatches(load_config(args.config), wait_seconds=0.5) as batches:
+    with TrainerSteps(load_config(args.config), wait_seconds=0.5) as batches:
         source = batches.source
         if isinstance(source, KafkaStepSource):
             deadline = time.monotonic() + 120

@@ -6,7 +6,7 @@
 
 Under ``torchrun`` every rank runs this file: the model is wrapped in DistributedDataParallel
 (gloo on CPU, NCCL with ``trainer.device: cuda``, one GPU per rank) and
-:class:`~rollstream.trainer.TrainerBatches` gives each rank its share of every step. Each step:
+:class:`~rollstream.trainer.TrainerSteps` gives each rank its share of every step. Each step:
 
 1. this rank's share of ``staleness.groups_per_step`` groups (whole groups, balanced by tokens);
 2. group-normalised advantages ``(r - mean_group) / (std_group + eps)``;
@@ -54,7 +54,7 @@ from rollstream.config import ConfigError, RollstreamConfig, require
 from rollstream.demo.report import StepRecord, StepsLog  # one step's figures: the --steps-file lines the demo reads
 from rollstream.runtime.health import heartbeat_thread, mark_ready
 from rollstream.runtime.metrics import STALENESS, WEIGHT_VERSION, serve_metrics
-from rollstream.trainer import Checkpoint, Checkpoints, SyncVersionPublisher, TrainerBatches, TrainingBatch
+from rollstream.trainer import Checkpoint, Checkpoints, SyncVersionPublisher, TrainerSteps, TrainingStep
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def init_distributed(device: str) -> tuple[int, int, str]:
 
 
 class GRPOTrainer:
-    """The model, its optimizer and the step; :meth:`run` is the loop over this rank's batches."""
+    """The model, its optimizer and the step; :meth:`run` is the loop over this rank's steps."""
 
     def __init__(self, config: RollstreamConfig, steps_file: Path | None = None) -> None:
         check_config(config)
@@ -158,12 +158,12 @@ class GRPOTrainer:
 
     # -- the step --
 
-    def train_on(self, batch: TrainingBatch) -> tuple[UpdateStats, Staleness, float]:
+    def train_on(self, step: TrainingStep) -> tuple[UpdateStats, Staleness, float]:
         """One policy update on this rank's share: ``(update stats, staleness, reward sum)``."""
         assert self.optimizer is not None
-        tensors = batch.tensors
+        tensors = step.tensors
         rewards = tensors["rewards"].to(torch.float32)
-        advantages = group_advantages(rewards, batch.row_task)
+        advantages = group_advantages(rewards, step.row_task)
         tc = self.config.trainer
         update = policy_update(
             self.model, self.optimizer, tensors, advantages, temperature=self.temperature,
@@ -182,9 +182,9 @@ class GRPOTrainer:
         assert checkpoint is not None
         return checkpoint
 
-    def _totals(self, batch: TrainingBatch, reward_sum: float, staleness: Staleness) -> tuple[float, int, float, int]:
+    def _totals(self, step: TrainingStep, reward_sum: float, staleness: Staleness) -> tuple[float, int, float, int]:
         """Reward mean, episodes, staleness mean and max over every rank's share."""
-        rows = float(batch.tensors["rewards"].numel())
+        rows = float(step.tensors["rewards"].numel())
         local = torch.tensor([reward_sum, rows, staleness.mean * staleness.tokens, float(staleness.tokens),
                               float(staleness.max)], dtype=torch.float64, device=self.device)
         if self.world > 1:
@@ -202,69 +202,69 @@ class GRPOTrainer:
         versions = SyncVersionPublisher(self.config, self.checkpoints) if self.leader else None
         try:
             published = (lambda: versions.last_published) if versions is not None else None
-            with TrainerBatches(self.config, published=published) as batches:
-                self._on_signals(batches)
-                self.resume(batches.last_committed_step, versions)
+            with TrainerSteps(self.config, published=published) as steps:
+                self._on_signals(steps)
+                self.resume(steps.last_committed_step, versions)
                 mark_ready()  # /readyz: consuming batches
-                if max_steps and batches.last_committed_step >= max_steps:
+                if max_steps and steps.last_committed_step >= max_steps:
                     return reports  # done before the restart
                 started = time.monotonic()
-                for batch in batches:
-                    if max_steps and batch.step > max_steps:
+                for step in steps:
+                    if max_steps and step.step > max_steps:
                         break
-                    report = self._step(batch, batches, versions, started)
+                    report = self._step(step, steps, versions, started)
                     reports.append(report)
                     started = time.monotonic()
-                    if max_steps and batch.step >= max_steps:
+                    if max_steps and step.step >= max_steps:
                         break
         finally:
             if versions is not None:
                 versions.close()
         return reports
 
-    def _step(self, batch: TrainingBatch, batches: TrainerBatches, versions: SyncVersionPublisher | None,
+    def _step(self, step: TrainingStep, steps: TrainerSteps, versions: SyncVersionPublisher | None,
               started: float) -> StepRecord:
-        update, staleness, reward_sum = self.train_on(batch)
-        reward, episodes, stale_mean, stale_max = self._totals(batch, reward_sum, staleness)
+        update, staleness, reward_sum = self.train_on(step)
+        reward, episodes, stale_mean, stale_max = self._totals(step, reward_sum, staleness)
         report = StepRecord(
-            step=batch.step, version=batch.step, reward_mean=reward, episodes=episodes, groups=batch.step_groups,
+            step=step.step, version=step.step, reward_mean=reward, episodes=episodes, groups=step.step_groups,
             ranks=self.world, loss=update.loss.loss, clip_fraction=update.loss.clip_fraction,
             approx_kl=update.loss.approx_kl, grad_norm=update.grad_norm, staleness_mean=stale_mean,
-            staleness_max=stale_max, head_version=batch.head_version, tail_version=batch.tail_version,
+            staleness_max=stale_max, head_version=step.head_version, tail_version=step.tail_version,
             seconds=time.monotonic() - started, finished_at=time.time(),
         )
         checkpoint = None
         if self.leader:
-            batches.phase("checkpoint")
-            checkpoint = self.save(batch.step, report)  # durable before the commit, with its record
-        batches.commit(batch)  # every rank finished the step; it is never delivered again
-        self.version = batch.step
+            steps.phase("checkpoint")
+            checkpoint = self.save(step.step, report)  # durable before the commit, with its record
+        steps.commit(step)  # every rank finished the step; it is never delivered again
+        self.version = step.step
         if self.leader:
             log.info("step %d: version %d, reward %.3f over %d episodes on %d ranks, loss %.4f, clip %.2f, "
                      "staleness mean %.2f max %d", report.step, report.version, reward, episodes, self.world,
                      report.loss, report.clip_fraction, stale_mean, stale_max)
             if self.steps_log is not None:
-                batches.phase("steps file")
+                steps.phase("steps file")
                 self.steps_log.append(report)
         if versions is not None and checkpoint is not None:
-            batches.phase("publish")
-            versions.publish(batch.step, checkpoint)
+            steps.phase("publish")
+            versions.publish(step.step, checkpoint)
         WEIGHT_VERSION.labels(TIER).set(self.version)
-        STALENESS.labels(TIER).observe(batch.max_staleness)
+        STALENESS.labels(TIER).observe(step.max_staleness)
         return report
 
-    def _on_signals(self, batches: TrainerBatches) -> None:
+    def _on_signals(self, steps: TrainerSteps) -> None:
         """SIGTERM / SIGINT: finish the current step, then stop every rank (a second one: exit now).
         A rank that is ending because another rank was lost (its heartbeats said so) has no step
         to finish: the signal changes nothing and says nothing."""
         def stop(signum: int, frame: Any) -> None:
-            if batches.peer_lost:
+            if steps.peer_lost:
                 return
             if self.stopping:
                 raise KeyboardInterrupt
             self.stopping = True
             log.info("stop requested (%s): every rank finishes its current step, then stops", signal.Signals(signum).name)
-            batches.stop()
+            steps.stop()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, stop)

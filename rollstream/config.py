@@ -279,7 +279,7 @@ class TrainerConfig(_Section):
     # the job resumes after its last committed step each time
     max_restarts: Count = 3
     # A VLM's directory (or any with its image processor): the trainer side rebuilds the vision
-    # inputs of batches with images with it ("" = none: TrainingBatch.vision stays None)
+    # inputs of batches with images with it ("" = none: TrainingStep.vision stays None)
     processor_path: str = ""
     # The example GRPO trainer (examples/grpo_trainer.py, `rollstream train`):
     model_path: str = ""  # the weights of version 0 (the rollout workers' rollout.model_path)

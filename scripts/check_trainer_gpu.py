@@ -8,7 +8,7 @@ It writes a ``batches`` dump (``rollstream replay --to-jsonl`` format) of ``4 * 
 and a tiny offline model, then runs ``torchrun --nproc-per-node RANKS`` of itself. Each rank
 initializes NCCL (one GPU per rank; with fewer GPUs than ranks they share GPU 0 and the model is
 not wrapped in DDP, since NCCL refuses two ranks on one GPU), reads the replay with
-``TrainerBatches`` (shares scattered over rollstream's gloo group), takes an example-trainer GRPO
+``TrainerSteps`` (shares scattered over rollstream's gloo group), takes an example-trainer GRPO
 step on CUDA and commits (a replay commits nothing). Checks: every rank got a share of every
 step, in lockstep, the shares are disjoint and cover every group, and (with DDP) the weights are
 identical on every rank after the steps. Prints PASS / FAIL; exits 1 on a failure.
@@ -73,7 +73,7 @@ def worker(dump: Path, model_path: Path, out: Path, cpu: bool) -> None:
 
     from rollstream.trainer.grpo import group_advantages, policy_update
     from rollstream.config import config_from_dict
-    from rollstream.trainer import DumpReplay, TrainerBatches
+    from rollstream.trainer import DumpReplay, TrainerSteps
 
     dist.init_process_group("gloo" if cpu else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -89,12 +89,12 @@ def worker(dump: Path, model_path: Path, out: Path, cpu: bool) -> None:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=None if cpu else [device.index])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     seen = []
-    with TrainerBatches(config, source=lambda: DumpReplay(config, dump), wait_seconds=1.0) as batches:
-        for batch in batches:
-            advantages = group_advantages(batch.tensors["rewards"], batch.row_task)
-            stats = policy_update(model, optimizer, batch.tensors, advantages)
-            seen.append({"step": batch.step, "tasks": batch.task_ids, "loss": stats.loss.loss})
-            batches.commit(batch)
+    with TrainerSteps(config, source=lambda: DumpReplay(config, dump), wait_seconds=1.0) as steps:
+        for step in steps:
+            advantages = group_advantages(step.tensors["rewards"], step.row_task)
+            stats = policy_update(model, optimizer, step.tensors, advantages)
+            seen.append({"step": step.step, "tasks": step.task_ids, "loss": stats.loss.loss})
+            steps.commit(step)
     weights = (model.module if ddp else model).lm_head.weight.detach().float()
     out.joinpath(f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "world": world, "ddp": ddp, "device": str(device), "backend": dist.get_backend(),

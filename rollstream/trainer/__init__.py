@@ -1,42 +1,75 @@
-"""The trainer side: training batches from ``batches``, weight versions to Redis.
+"""The trainer side: steps from ``batches``, weight versions to Redis (docs/TRAINER.md).
 
-Synchronous, one process or every rank of a ``torchrun`` job (docs/TRAINER.md)::
+Synchronous, one process or every rank of a ``torchrun`` job::
 
-    from rollstream.trainer import TrainerBatches
+    from rollstream.trainer import TrainerSteps
 
-    with TrainerBatches(config) as batches:
-        for batch in batches:          # this rank's share of one step
-            train_step(batch.tensors)
-            batches.commit(batch)      # once every rank finished it; never delivered again
+    with TrainerSteps(config) as steps:
+        for step in steps:             # this rank's share of one step
+            train_step(step.tensors)
+            steps.commit(step)         # once every rank finished it; never delivered again
 
-- :class:`TrainerBatches` (sync, multi-rank; a lost rank ends every rank with a line naming it,
-  :class:`RankFailed` / :class:`CollectiveFailed` for failures the ranks share or one rank
-  hits), :class:`BatchStream` (asyncio, one process), :class:`BatchDataset` (a
-  ``torch.utils.data.IterableDataset``);
-- :class:`TrainingBatch` and the layouts: :func:`pack` (varlen), :func:`to_areal`, :func:`to_verl`;
-- :class:`Checkpoints` (complete or invisible), :class:`VersionPublisher` /
-  :class:`SyncVersionPublisher` (versions only go up; retention);
-- :class:`LedgerReplay`, :class:`RangeReplay`, :class:`DumpReplay`: recorded steps fed to a
-  trainer, nothing committed; :class:`StepLedger`: the committed steps.
+Steps:
+
+- :class:`TrainerSteps`: this rank's share of each step; synchronous, one process or ``torchrun``
+- :class:`StepStream`: each step, for an asyncio trainer in one process
+- :class:`StepDataset`: a ``torch.utils.data.IterableDataset`` over a :class:`TrainerSteps`
+- :class:`TrainingStep`: one step's groups (this rank's share) padded into ``[N, L]`` tensors
+- :class:`RankFailed` / :class:`CollectiveFailed`: a rank of the job was lost / a collective failed
+- :class:`CommitRefused`: the consumer group would not take a step's commit
+
+Layouts of a :class:`TrainingStep`:
+
+- :func:`pack` / :func:`unpack`: varlen rows with ``cu_seqlens``, and back
+- :func:`to_areal`: the dict AReaL's PPO actor reads
+- :func:`to_verl` (:class:`VerlBatch`): the parts of a verl ``DataProto``
+
+Weights and bookkeeping:
+
+- :class:`Checkpoints` (:class:`Checkpoint`, :class:`CheckpointError`): checkpoints complete or invisible
+- :class:`VersionPublisher` / :class:`SyncVersionPublisher` (:class:`VersionRefused`): versions to Redis, only up
+- :class:`StepLedger` (:class:`LedgerEntry`, :class:`LedgerMismatch`, :func:`ledger_path`): the committed steps
+
+Replay (recorded steps fed to a trainer, nothing committed; :class:`ReplayError`):
+
+- :class:`LedgerReplay`: steps the ledger recorded
+- :class:`RangeReplay`: a range of offsets of ``batches``
+- :class:`DumpReplay`: a ``rollstream replay batches --to-jsonl`` file
+
+Building blocks:
+
+- :class:`KafkaStepSource`: the live source of steps (``batches`` in the trainer's consumer group)
+- :class:`StepAccumulator`: groups record by record into steps, with the offsets to commit
+- :class:`GroupRows`, :func:`batch_group`, :func:`assemble`: a record's group, groups into a :class:`TrainingStep`
+- :func:`split_by_tokens`: a step's groups split between ranks
+
+Rank coordination lives in :mod:`rollstream.trainer.ranks`; deprecated names in
+:mod:`rollstream.trainer.deprecated`.
 """
 
-from rollstream.trainer.accumulator import BatchAccumulator
-from rollstream.trainer.batch import GroupRows, TrainingBatch, assemble, batch_group
-from rollstream.trainer.batches import CollectiveFailed, RankFailed, TrainerBatches
+from typing import Any
+
+from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.checkpoints import Checkpoint, CheckpointError, Checkpoints
-from rollstream.trainer.dataset import BatchDataset
+from rollstream.trainer.dataset import StepDataset
+from rollstream.trainer.deprecated import alias
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource, ledger_path
 from rollstream.trainer.layouts import VerlBatch, pack, to_areal, to_verl, unpack
 from rollstream.trainer.ledger import LedgerEntry, LedgerMismatch, StepLedger
+from rollstream.trainer.ranks.split import split_by_tokens
 from rollstream.trainer.replay import DumpReplay, LedgerReplay, RangeReplay, ReplayError
-from rollstream.trainer.split import split_by_tokens
-from rollstream.trainer.stream import BatchStream
-from rollstream.trainer.versions import SyncVersionPublisher, VersionPublisher, VersionRefused
+from rollstream.trainer.stream import StepStream
+from rollstream.trainer.trainer_steps import CollectiveFailed, RankFailed, TrainerSteps
+from rollstream.trainer.training_step import GroupRows, TrainingStep, assemble, batch_group
+from rollstream.trainer.version_publisher import SyncVersionPublisher, VersionPublisher, VersionRefused
+
+
+def __getattr__(name: str) -> Any:
+    """The deprecated names (:mod:`rollstream.trainer.deprecated`), with a DeprecationWarning."""
+    return alias(name)
+
 
 __all__ = [
-    "BatchAccumulator",
-    "BatchDataset",
-    "BatchStream",
     "Checkpoint",
     "CheckpointError",
     "Checkpoints",
@@ -51,18 +84,21 @@ __all__ = [
     "RangeReplay",
     "RankFailed",
     "ReplayError",
+    "StepAccumulator",
+    "StepDataset",
     "StepLedger",
+    "StepStream",
     "SyncVersionPublisher",
-    "TrainerBatches",
-    "TrainingBatch",
+    "TrainerSteps",
+    "TrainingStep",
     "VerlBatch",
     "VersionPublisher",
     "VersionRefused",
     "assemble",
+    "batch_group",
     "ledger_path",
     "pack",
     "split_by_tokens",
-    "batch_group",
     "to_areal",
     "to_verl",
     "unpack",

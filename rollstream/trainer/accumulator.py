@@ -1,6 +1,6 @@
 """Turning ``batches`` records into steps of ``batch_size`` groups, with the offsets to commit.
 
-Pure, no I/O: :class:`BatchAccumulator` takes records one by one (a Kafka record, or a raw
+Pure, no I/O: :class:`StepAccumulator` takes records one by one (a Kafka record, or a raw
 value with its partition and offset) and hands out :class:`StepGroups` once ``batch_size``
 groups wait.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from rollstream.trainer.batch import GroupRows, TrainingBatch, assemble, batch_group
+from rollstream.trainer.training_step import GroupRows, TrainingStep, assemble, batch_group
 from rollstream.trajectory.versions import staleness
 from rollstream.wire import EmittedGroup, GroupDropped, WireDecodeError, decode_group
 
@@ -54,7 +54,7 @@ class RecentTasks:
             del self._ids[next(iter(self._ids))]
 
 
-class BatchAccumulator:
+class StepAccumulator:
     """Collects groups record by record; hands out ``batch_size`` of them with commit offsets.
 
     The offsets of a step cover every record taken so far (one group per record), except the
@@ -179,9 +179,9 @@ class BatchAccumulator:
         stale, self._stale = [t for t, _ in self._stale], []
         return StepGroups(taken, offsets, stale)
 
-    def hand_out(self) -> TrainingBatch:
-        """:meth:`next_step` padded into one :class:`TrainingBatch`."""
-        step = self.next_step()
-        batch = assemble(step.groups, self.pad_value, self.image_processor)
-        batch.offsets = {TopicPartition(self.topic, p): o for p, o in step.offsets.items()}
-        return batch
+    def hand_out(self) -> TrainingStep:
+        """:meth:`next_step` padded into one :class:`TrainingStep`."""
+        groups = self.next_step()
+        step = assemble(groups.groups, self.pad_value, self.image_processor)
+        step.offsets = {TopicPartition(self.topic, p): o for p, o in groups.offsets.items()}
+        return step

@@ -6,7 +6,7 @@ last, fsyncs, and renames the directory into place (one atomic ``rename``). A cr
 point leaves either no ``v<version>`` or a complete one; temporary leftovers never had
 readers and are removed by :meth:`Checkpoints.remove_partials` (the writer calls it when it
 starts, before it writes anything). Only complete checkpoints are listed,
-resumed from or published (:class:`~rollstream.trainer.versions.VersionPublisher`).
+resumed from or published (:class:`~rollstream.trainer.version_publisher.VersionPublisher`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A ``torch.utils.data.IterableDataset`` over a trainer's steps, for ``DataLoader`` loops.
 
-    loader = DataLoader(BatchDataset(batches), batch_size=None)   # one item per step
-    for batch in loader:
-        train_step(batch)
+    loader = DataLoader(StepDataset(steps), batch_size=None)   # one item per step
+    for step in loader:
+        train_step(step)
 
 A ``DataLoader`` loop has no place to commit, so the dataset commits a step when the loop
 asks for the next one (the step is finished then), and the last one when the iteration ends
@@ -18,28 +18,28 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from rollstream.trainer.batch import TrainingBatch
-from rollstream.trainer.batches import TrainerBatches
+from rollstream.trainer.trainer_steps import TrainerSteps
+from rollstream.trainer.training_step import TrainingStep
 
 
-class BatchDataset(IterableDataset):  # type: ignore[type-arg]
-    """Yields ``transform(batch)`` (default: the :class:`TrainingBatch`) for each step of
-    ``batches`` (started by the caller); commits as described in the module docstring."""
+class StepDataset(IterableDataset):  # type: ignore[type-arg]
+    """Yields ``transform(step)`` (default: the :class:`TrainingStep`) for each step of
+    ``steps`` (started by the caller); commits as described in the module docstring."""
 
-    def __init__(self, batches: TrainerBatches, transform: Callable[[TrainingBatch], Any] | None = None,
+    def __init__(self, steps: TrainerSteps, transform: Callable[[TrainingStep], Any] | None = None,
                  commit: bool = True) -> None:
-        self.batches = batches
+        self.steps = steps
         self.transform = transform
         self.commit = commit
 
     def __iter__(self) -> Iterator[Any]:
         if get_worker_info() is not None:
-            raise RuntimeError("BatchDataset runs in the main process only: use DataLoader(..., num_workers=0)")
-        previous: TrainingBatch | None = None
-        for batch in self.batches:
+            raise RuntimeError("StepDataset runs in the main process only: use DataLoader(..., num_workers=0)")
+        previous: TrainingStep | None = None
+        for step in self.steps:
             if previous is not None and self.commit:
-                self.batches.commit(previous)
-            previous = batch
-            yield self.transform(batch) if self.transform is not None else batch
+                self.steps.commit(previous)
+            previous = step
+            yield self.transform(step) if self.transform is not None else step
         if previous is not None and self.commit:
-            self.batches.commit(previous)
+            self.steps.commit(previous)

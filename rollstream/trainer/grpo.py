@@ -141,11 +141,11 @@ def policy_update(
     epochs: int = 1,
     max_grad_norm: float | None = 1.0,
 ) -> UpdateStats:
-    """``epochs`` optimizer steps of :func:`clipped_policy_loss` on one batch.
+    """``epochs`` optimizer steps of :func:`clipped_policy_loss` on the rows of one step.
 
     ``tensors`` needs ``input_ids``, ``attention_mask``, ``loss_mask`` and ``logprobs`` (the
     behaviour policy's, which the ratio is taken against in every epoch). With ``vision``
-    (``TrainingBatch.vision``, a VLM's batch) the forward pass shows each row its images
+    (``TrainingStep.vision``, a VLM's step) the forward pass shows each row its images
     (``rollstream.vision.forward.trajectory_logits``, the recipe the engine generated with). The
     model is left in eval mode.
     """

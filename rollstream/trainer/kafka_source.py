@@ -19,7 +19,7 @@ defence, kept across restarts).
 
 The consumption bound (``trainer.drop_stale``): before a step is handed out, the waiting train
 groups more than ``staleness.max_head_offpolicyness`` versions behind the version the step
-trains are dropped as ``stale`` (:meth:`BatchAccumulator.drop_stale`). That version is the
+trains are dropped as ``stale`` (:meth:`StepAccumulator.drop_stale`). That version is the
 newest one published when the step is handed out: the trainer's own word (``published``, e.g.
 ``VersionPublisher.last_published``) and what Redis answers, never less than the newest version
 a group read was tagged with (a Redis that came back older answers less), never going back. The count of stale drops is cumulative and committed with every step as the
@@ -49,9 +49,9 @@ from rollstream.runtime.tasks import wait_event
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
-from rollstream.trainer.accumulator import BatchAccumulator
+from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.ledger import LedgerEntry, StepLedger, check_owner, reconcile
-from rollstream.trainer.steps import Step
+from rollstream.trainer.step_source import Step
 from rollstream.wire import TrainerCommit, decode_trainer_commit, encode_trainer_commit
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class StepIntake:
     """The trainer source's side of its partition loop: groups into the accumulator until
     ``trainer.prefetch_steps`` steps wait; a lost partition's groups are forgotten."""
 
-    def __init__(self, accumulator: BatchAccumulator, limit: int) -> None:
+    def __init__(self, accumulator: StepAccumulator, limit: int) -> None:
         self.accumulator = accumulator
         self._limit = limit  # groups waiting beyond the step in hand
         self.arrived = asyncio.Event()  # a step is ready
@@ -126,7 +126,7 @@ class KafkaStepSource:
         self._kafka = config.kafka
         self.batch_size = config.staleness.groups_per_step
         self.group_id = tc.group_id
-        self.accumulator = BatchAccumulator(
+        self.accumulator = StepAccumulator(
             config.staleness.groups_per_step, config.grouping.pad_value, include_eval, tc.remember_steps, topic=self.topic
         )
         # Without a ledger, nothing survives a restart but Kafka's committed offsets.

@@ -1,6 +1,6 @@
-"""The layouts trainers consume, from a :class:`~rollstream.trainer.batch.TrainingBatch`.
+"""The layouts trainers consume, from a :class:`~rollstream.trainer.training_step.TrainingStep`.
 
-- **padded** ``[N, L]``: ``batch.tensors`` as is (right-padded; see ``TrainingBatch``).
+- **padded** ``[N, L]``: ``step.tensors`` as is (right-padded; see ``TrainingStep``).
 - **packed / varlen** (:func:`pack`): every row's attended positions one after the other,
   ``[T]``, with ``cu_seqlens`` (int32 ``[N + 1]``, row ``i`` is ``cu_seqlens[i]:cu_seqlens[i+1]``),
   ``max_seqlen`` and ``position_ids`` (int64 ``[T]``, restarting at 0 in each row): what
@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from rollstream.trajectory.rows import ROW_KEYS
-from rollstream.trainer.batch import TrainingBatch
+from rollstream.trainer.training_step import TrainingStep
 
 AREAL_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions", "rewards")
 
@@ -47,7 +47,7 @@ def pack(tensors: dict[str, Tensor]) -> dict[str, Any]:
     """The packed (varlen) form of a padded dict (see the module docstring).
 
     ``attention_mask`` must mark each row's attended positions as one run from position 0
-    (right padding, as every rollstream batch has); other layouts raise ``ValueError``."""
+    (right padding, as every rollstream step has); other layouts raise ``ValueError``."""
     mask = tensors["attention_mask"].bool()
     lengths = mask.sum(dim=1)
     positions = torch.arange(mask.shape[1]).expand_as(mask)
@@ -90,16 +90,16 @@ def unpack(packed: dict[str, Any], pad_value: float = 0.0, row_keys: tuple[str, 
     return out
 
 
-def to_areal(batch: TrainingBatch, packed: bool = False) -> dict[str, Any]:
+def to_areal(step: TrainingStep, packed: bool = False) -> dict[str, Any]:
     """The dict AReaL's PPO actor consumes (``compute_advantages`` / ``ppo_update`` read these
     keys), padded, or packed as AReaL packs it (``cu_seqlens`` and ``max_seqlen`` instead of
     ``attention_mask``). Fresh tensors; dtypes those of AReaL's rollout workflows."""
-    missing = [k for k in AREAL_KEYS if k not in batch.tensors]
+    missing = [k for k in AREAL_KEYS if k not in step.tensors]
     if missing:
-        raise KeyError(f"the batch lacks {missing}, which AReaL's actor reads")
+        raise KeyError(f"the step lacks {missing}, which AReaL's actor reads")
     dtypes = {"input_ids": torch.int32, "attention_mask": torch.bool, "loss_mask": torch.int32,
               "logprobs": torch.float32, "versions": torch.int32, "rewards": torch.float32}
-    data = {k: batch.tensors[k].to(dtypes[k]).clone() for k in AREAL_KEYS}
+    data = {k: step.tensors[k].to(dtypes[k]).clone() for k in AREAL_KEYS}
     if not packed:
         return data
     out = pack(data)
@@ -130,14 +130,14 @@ def _response_start(loss_mask: Tensor, lengths: Tensor) -> Tensor:
     return torch.where(generated.any(dim=1), first, lengths)
 
 
-def to_verl(batch: TrainingBatch, pad_token_id: int = 0) -> VerlBatch:
+def to_verl(step: TrainingStep, pad_token_id: int = 0) -> VerlBatch:
     """The layout verl's PPO/GRPO trainer consumes (see the module docstring).
 
     A row's prompt is everything before its first generated token, its response everything
-    from there to its end; ``response_mask`` is the batch's ``loss_mask`` over the response,
+    from there to its end; ``response_mask`` is the step's ``loss_mask`` over the response,
     so tokens inside a response that were not generated (a multi-turn retry prompt) stay out
     of the loss. Position ``j`` of ``old_log_probs`` is the logprob of ``responses[:, j]``."""
-    t = batch.tensors
+    t = step.tensors
     mask = t["attention_mask"].bool()
     lengths = mask.sum(dim=1)
     starts = _response_start(t["loss_mask"], lengths)
@@ -178,6 +178,6 @@ def to_verl(batch: TrainingBatch, pad_token_id: int = 0) -> VerlBatch:
         "token_level_rewards": scores.clone(),
         "response_versions": versions,
     }
-    uid = numpy.array([batch.task_ids[i] for i in batch.row_task], dtype=object)
+    uid = numpy.array([step.task_ids[i] for i in step.row_task], dtype=object)
     meta = {"global_token_num": attention.sum(dim=1).tolist()}
     return VerlBatch(tensors, {"uid": uid}, meta)

@@ -1,9 +1,9 @@
 """Replay into a step: recorded ``batches`` records fed to a trainer, in a fixed order, with
 nothing committed, so a bad step can be re-run and inspected offline.
 
-Three sources, each a :class:`~rollstream.trainer.steps.StepSource` for
-:class:`~rollstream.trainer.stream.BatchStream` or
-:class:`~rollstream.trainer.batches.TrainerBatches` (``source=``), so the replayed steps reach
+Three sources, each a :class:`~rollstream.trainer.step_source.StepSource` for
+:class:`~rollstream.trainer.stream.StepStream` or
+:class:`~rollstream.trainer.trainer_steps.TrainerSteps` (``source=``), so the replayed steps reach
 the same trainer code, on one rank or many:
 
 - :class:`LedgerReplay`: steps of the trainer's ledger, exactly as trained: the same groups in
@@ -34,11 +34,11 @@ from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.admin import topic_partitions
 from rollstream.kafka.scan import read_bounded
-from rollstream.trainer.accumulator import BatchAccumulator
-from rollstream.trainer.batch import GroupRows, batch_group
+from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.kafka_source import ledger_path
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
-from rollstream.trainer.steps import Step
+from rollstream.trainer.step_source import Step
+from rollstream.trainer.training_step import GroupRows, batch_group
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group, encode
 from rollstream.wire.torch_tensors import DTYPES, pack_tensor_dict
 
@@ -65,7 +65,7 @@ class _Replay:
     def __init__(self, config: RollstreamConfig, include_eval: bool, first_step: int) -> None:
         self.topic = TopicNames(config.experiment.experiment_name, config.experiment.trial_name).batches
         # Counts drops, undecodable records and repeated groups as the live source does.
-        self.accumulator = BatchAccumulator(config.staleness.groups_per_step, config.grouping.pad_value, include_eval,
+        self.accumulator = StepAccumulator(config.staleness.groups_per_step, config.grouping.pad_value, include_eval,
                                             config.trainer.remember_steps, topic=self.topic)
         self._number = first_step - 1
         self._done = False

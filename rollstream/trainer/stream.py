@@ -1,15 +1,15 @@
 """The asyncio trainer API, for a single-process trainer whose loop is a coroutine.
 
-    async with BatchStream(config) as batches:
-        async for batch in batches:                       # staleness.groups_per_step groups
-            await asyncio.to_thread(train_step, batch)    # keep the event loop free
-            await batches.commit(batch)                   # now the step is never delivered again
+    async with StepStream(config) as steps:
+        async for step in steps:                          # staleness.groups_per_step groups
+            await asyncio.to_thread(train_step, step)     # keep the event loop free
+            await steps.commit(step)                      # now the step is never delivered again
 
 The step itself must not block the event loop for long (run it in a thread, as above): the
 stream polls Kafka on the same loop. A synchronous loop, or ``torchrun``, uses
-:class:`rollstream.trainer.TrainerBatches` instead, which runs this machinery on a thread.
+:class:`rollstream.trainer.TrainerSteps` instead, which runs this machinery on a thread.
 
-Delivery: a step's records are committed only by :meth:`BatchStream.commit`, so a trainer
+Delivery: a step's records are committed only by :meth:`StepStream.commit`, so a trainer
 that dies before it gets the same groups again; commits are cumulative (committing a step
 commits every step handed out before it). Dropped groups are counted in ``drops_by_reason``, undecodable records in ``undecodable``
 (skipped with a warning, never raised), a group already handed out in a recent step in
@@ -28,10 +28,11 @@ import msgspec
 from aiokafka.structs import TopicPartition
 
 from rollstream.config import RollstreamConfig
-from rollstream.trainer.batch import StepAssembler, TrainingBatch, trainer_image_processor
+from rollstream.trainer.deprecated import DeprecatedMethod
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource
 from rollstream.trainer.ledger import LedgerEntry
-from rollstream.trainer.steps import Step, StepSource
+from rollstream.trainer.step_source import Step, StepSource
+from rollstream.trainer.training_step import StepAssembler, TrainingStep, trainer_image_processor
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +65,14 @@ class StepBook:
         self.last_committed = max(self.last_committed, step)
 
 
-class BatchStream:
-    """Async iterator of :class:`TrainingBatch`, one per step (see the module docstring).
+class StepStream:
+    """Async iterator of :class:`TrainingStep`, one per step (see the module docstring).
 
     ``include_eval=False`` skips eval groups (counted in ``eval_skipped``); with True they are
-    delivered and flagged per group in ``TrainingBatch.group_is_eval``. ``source`` replaces
+    delivered and flagged per group in ``TrainingStep.group_is_eval``. ``source`` replaces
     the live Kafka source (e.g. a :class:`~rollstream.trainer.replay.ReplaySource`);
     ``ledger=False`` keeps no ledger (nothing but Kafka's offsets survives a restart).
-    Batches with images get ``TrainingBatch.vision`` rebuilt by ``image_processor`` (default:
+    Steps with images get ``TrainingStep.vision`` rebuilt by ``image_processor`` (default:
     the one of ``trainer.processor_path``, when set).
     """
 
@@ -115,7 +116,7 @@ class BatchStream:
 
     @property
     def duplicates_skipped(self) -> int:
-        """Groups skipped because they were handed out before (see BatchAccumulator)."""
+        """Groups skipped because they were handed out before (see StepAccumulator)."""
         return self.source.accumulator.duplicates_skipped
 
     @property
@@ -131,52 +132,54 @@ class BatchStream:
     async def close(self) -> None:
         await self.source.close()
 
-    async def __aenter__(self) -> BatchStream:
+    async def __aenter__(self) -> StepStream:
         await self.start()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
 
-    def __aiter__(self) -> BatchStream:
+    def __aiter__(self) -> StepStream:
         return self
 
-    async def __anext__(self) -> TrainingBatch:
+    async def __anext__(self) -> TrainingStep:
         while True:
-            batch = await self.next_batch(timeout=None if not self.source.exhausted else 0)
-            if batch is not None:
-                return batch
+            step = await self.next_step(timeout=None if not self.source.exhausted else 0)
+            if step is not None:
+                return step
             if self.source.exhausted:
                 raise StopAsyncIteration
 
     # -- steps --
 
-    async def next_batch(self, timeout: float | None = None) -> TrainingBatch | None:
+    async def next_step(self, timeout: float | None = None) -> TrainingStep | None:
         """The next step's groups, or None if they did not arrive within ``timeout`` s."""
-        step = await self.source.next_step(timeout)
-        if step is None:
+        groups = await self.source.next_step(timeout)
+        if groups is None:
             return None
-        self.book.handed_out(step, [[g.task_id for g in step.groups]])
-        batch = self._images.assemble(step.groups, self._pad_value)
-        batch.step = step.number
-        batch.offsets = {TopicPartition(self.source.topic, p): o for p, o in step.offsets.items()}
-        return batch
+        self.book.handed_out(groups, [[g.task_id for g in groups.groups]])
+        step = self._images.assemble(groups.groups, self._pad_value)
+        step.step = groups.number
+        step.offsets = {TopicPartition(self.source.topic, p): o for p, o in groups.offsets.items()}
+        return step
 
-    async def commit(self, batch: TrainingBatch) -> None:
-        """Commit ``batch``'s step (and every step handed out before it); raises
+    next_batch = DeprecatedMethod("next_step")
+
+    async def commit(self, step: TrainingStep) -> None:
+        """Commit ``step`` (and every step handed out before it); raises
         :class:`CommitRefused` when the group would not take the commit after every retry."""
-        entries = self.book.due(batch.step)
+        entries = self.book.due(step.step)
         if not entries:
             return
         await self.source.commit(entries)
-        self.book.committed(batch.step)
+        self.book.committed(step.step)
 
-    async def ack(self, batch: TrainingBatch) -> bool:
+    async def ack(self, step: TrainingStep) -> bool:
         """:meth:`commit`, answering False instead of raising when the commit was refused."""
         try:
-            await self.commit(batch)
+            await self.commit(step)
         except CommitRefused as exc:
-            log.warning("ack failed (%s); the batch's groups will be re-delivered", exc)
+            log.warning("ack failed (%s); the step's groups will be re-delivered", exc)
             return False
         return True
 

@@ -17,7 +17,7 @@ from bench.stack import TierProcess
 from rollstream.config import RollstreamConfig
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
-from rollstream.trainer import BatchStream, TrainingBatch
+from rollstream.trainer import StepStream, TrainingStep
 from rollstream.vision.forward import trajectory_logits
 
 
@@ -54,14 +54,14 @@ def stop_cleanly(tiers: dict[str, TierProcess]) -> None:
     assert all(code == 0 for code in codes.values()), (codes, tails(tiers))
 
 
-async def acked_batches(consumer: BatchStream, tiers: dict[str, TierProcess], steps: int,
-                        timeout: float = 300) -> AsyncIterator[TrainingBatch]:
+async def acked_batches(consumer: StepStream, tiers: dict[str, TierProcess], steps: int,
+                        timeout: float = 300) -> AsyncIterator[TrainingStep]:
     """Each batch the trainer side reads, acked, until ``steps`` of them or ``timeout``
     seconds; while none comes, every tier must still run or have exited 0."""
     deadline = time.monotonic() + timeout
     taken = 0
     while taken < steps and time.monotonic() < deadline:
-        batch = await consumer.next_batch(timeout=10)
+        batch = await consumer.next_step(timeout=10)
         if batch is None:
             check_alive(tiers)
             continue
@@ -100,7 +100,7 @@ async def budget_watch(config: RollstreamConfig) -> AsyncIterator[list[dict[str,
         await redis.aclose()
 
 
-def check_batch_tensors(batch: TrainingBatch, step_groups: int) -> None:
+def check_batch_tensors(batch: TrainingStep, step_groups: int) -> None:
     t = batch.tensors
     n, length = t["input_ids"].shape
     assert n == sum(batch.group_sizes) and len(batch.task_ids) == step_groups
@@ -117,7 +117,7 @@ def check_batch_tensors(batch: TrainingBatch, step_groups: int) -> None:
     assert generated.any(dim=1).all(), "every row generated something"
 
 
-def check_logprobs(batches: list[TrainingBatch], weights: list[Path]) -> int:
+def check_logprobs(batches: list[TrainingStep], weights: list[Path]) -> int:
     """Recompute every generated token's logprob with the weights of its version."""
     models: dict[int, Any] = {}
     checked = 0
@@ -158,7 +158,7 @@ def save_versions(base: Path, out: Path, versions: int) -> list[Path]:
     return paths
 
 
-def check_vision_logprobs(batches: list[TrainingBatch], model_dir: Path, images_of: dict[str, list[bytes]]) -> int:
+def check_vision_logprobs(batches: list[TrainingStep], model_dir: Path, images_of: dict[str, list[bytes]]) -> int:
     """Every row gets its prompt's images; a fresh pass with them reproduces its logprobs."""
     from transformers import AutoModelForImageTextToText
 

@@ -1,7 +1,7 @@
 """The example agent through the whole pipeline, as separate processes on the real broker and Redis.
 
 producer -> rollout worker (HFEngine; the calculator agent on the worker's agent endpoint)
--> reward worker -> grouping consumer -> BatchStream (this test plays the trainer: it acks
+-> reward worker -> grouping consumer -> StepStream (this test plays the trainer: it acks
 each step and publishes a new weight version, so agents' conversations span weight updates).
 22 prompts x 4 samples; the data makes some agents raise or hang (tests/e2e/agent_faults.py).
 Asserts: every admitted prompt is accounted for exactly once (an emitted group, or a drop
@@ -23,7 +23,7 @@ import torch
 
 from bench.harness.pipeline import pipeline_config
 from bench.stack import write_config
-from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
+from rollstream.trainer import StepStream, TrainingStep, VersionPublisher
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_prompt
@@ -80,7 +80,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
     return write_config(tmp / "rollstream.yaml", tree), config_from_dict(tree)
 
 
-def _check_rows(batch: TrainingBatch) -> None:
+def _check_rows(batch: TrainingStep) -> None:
     t = batch.tensors
     assert t["input_ids"].dtype == torch.int32 and t["rewards"].shape == (t["input_ids"].shape[0],)
     generated = t["loss_mask"].bool()
@@ -97,15 +97,15 @@ async def test_agent_pipeline_end_to_end(
 ) -> None:
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, weights[0])
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    batches: list[TrainingBatch] = []
+    batches: list[TrainingStep] = []
     async with budget_watch(config) as violations:
         with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
-            async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
+            async with StepStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
                 deadline = time.monotonic() + 240
                 # Until every group ended: the steps' batches, and the drops (a hang ends late).
                 while (len(batches) < STEPS or sum(consumer.drops_by_reason.values()) < len(DROPPED)) \
                         and time.monotonic() < deadline:
-                    batch = await consumer.next_batch(timeout=5)
+                    batch = await consumer.next_step(timeout=5)
                     if batch is None:
                         check_alive(tiers)
                         continue
@@ -144,7 +144,7 @@ async def test_agent_pipeline_end_to_end(
     assert max(max(v) for v in versions) >= 2, "the rollout worker followed the published versions"
 
 
-def _turn_starts(batch: TrainingBatch) -> torch.Tensor:
+def _turn_starts(batch: TrainingStep) -> torch.Tensor:
     """Per row, 1 where a run of generated tokens starts (one per model turn)."""
     mask = batch.tensors["loss_mask"]
     before = torch.nn.functional.pad(mask[:, :-1], (1, 0))

@@ -35,7 +35,7 @@ from bench.harness.pipeline import pipeline_config
 from bench.stack import TierProcess, write_config
 from rollstream.areal.workflow import areal_task_id
 from rollstream.config import RollstreamConfig, config_from_dict
-from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
+from rollstream.trainer import StepStream, TrainingStep, VersionPublisher
 from rollstream.kafka.topics import TopicNames
 from rollstream.testing import tiny_vlm_dir
 from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, decode_group, decode_prompt, decode_scored
@@ -90,12 +90,12 @@ def _producer_config(tmp: Path, tree: dict[str, Any], key: str, rows: list[dict[
     return write_config(tmp / f"producer-{key}.yaml", {**tree, "producer": producer})
 
 
-async def _train(config: RollstreamConfig, tiers: dict[str, TierProcess], steps: int, weights: list[Path] | None) -> list[TrainingBatch]:
-    batches: list[TrainingBatch] = []
-    async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
+async def _train(config: RollstreamConfig, tiers: dict[str, TierProcess], steps: int, weights: list[Path] | None) -> list[TrainingStep]:
+    batches: list[TrainingStep] = []
+    async with StepStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
         deadline = time.monotonic() + 300
         while len(batches) < steps and time.monotonic() < deadline:
-            batch = await consumer.next_batch(timeout=10)
+            batch = await consumer.next_step(timeout=10)
             if batch is None:
                 check_alive(tiers)
                 continue

@@ -1,7 +1,7 @@
 """The whole pipeline as separate processes on the real broker and Redis.
 
 producer -> rollout worker (HFEngine, tiny model built offline) -> reward worker -> grouping
-consumer -> BatchStream (this test plays the trainer: it acks each step and publishes a new
+consumer -> StepStream (this test plays the trainer: it acks each step and publishes a new
 weight version, so the rollout worker reloads weights mid-run). One rollout worker is stopped
 with SIGTERM mid-run and replaced. Asserts: every admitted prompt is accounted for exactly
 once (emitted group or counted drop), shapes/dtypes/masks, logprobs of generated tokens match
@@ -19,7 +19,7 @@ import pytest
 
 from bench.harness.pipeline import pipeline_config
 from bench.stack import write_config
-from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
+from rollstream.trainer import StepStream, TrainingStep, VersionPublisher
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
@@ -68,10 +68,10 @@ async def test_pipeline_end_to_end(
 ) -> None:
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, weights[0])
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    batches: list[TrainingBatch] = []
+    batches: list[TrainingStep] = []
     async with budget_watch(config) as violations:
         with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
-            async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
+            async with StepStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
                 async for batch in acked_batches(consumer, tiers, PROMPTS // STEP_GROUPS):
                     check_batch_tensors(batch, STEP_GROUPS)
                     batches.append(batch)

@@ -1,7 +1,7 @@
 """Vision RL end to end: the tiers as processes on the real broker and Redis, the tiny VLM.
 
 producer -> rollout worker (HFEngine, tiny Qwen2-VL built offline, VisionRLVRWorkflow) ->
-reward worker -> grouping consumer -> BatchStream with the VLM's image processor (this test
+reward worker -> grouping consumer -> StepStream with the VLM's image processor (this test
 plays the trainer). 12 prompts x 4 samples with one or two images each; kafka.max_message_bytes
 is 256 KiB, which holds each group's images once but not once per row (the two-image prompts
 would need ~4 x 140 KB in a batch), and one more row's image is larger than the limit on its own.
@@ -24,7 +24,7 @@ import pytest
 
 from bench.harness.pipeline import pipeline_config
 from bench.stack import TierProcess, write_config
-from rollstream.trainer import BatchStream, TrainingBatch
+from rollstream.trainer import StepStream, TrainingStep
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import (
@@ -76,8 +76,8 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
     return write_config(tmp / "rollstream.yaml", tree), config_from_dict(tree)
 
 
-async def _train_side(config: RollstreamConfig, tiers: dict[str, TierProcess]) -> list[TrainingBatch]:
-    async with BatchStream(config, ledger=False) as consumer:
+async def _train_side(config: RollstreamConfig, tiers: dict[str, TierProcess]) -> list[TrainingStep]:
+    async with StepStream(config, ledger=False) as consumer:
         return [batch async for batch in acked_batches(consumer, tiers, PROMPTS // STEP_GROUPS)]
 
 

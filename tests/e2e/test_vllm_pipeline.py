@@ -28,7 +28,7 @@ from bench.stack import TierProcess, write_config
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.vllm_server import LocalVLLMServer
 from rollstream.kafka.topics import TopicNames
-from rollstream.trainer import BatchStream, TrainingBatch, VersionPublisher
+from rollstream.trainer import StepStream, TrainingStep, VersionPublisher
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_prompt
 from tests.e2e.support import acked_batches, budget_watch, check_batch_tensors, running, save_versions, stop_cleanly, tails
 from tests.helpers import read_topic
@@ -66,7 +66,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, server: Loca
     return write_config(tmp / "rollstream.yaml", tree), config_from_dict(tree)
 
 
-def audit(batches: list[TrainingBatch], weights: list[Path]) -> LogprobAudit:
+def audit(batches: list[TrainingStep], weights: list[Path]) -> LogprobAudit:
     checker = LogprobAudit(weights)
     for step, batch in enumerate(batches):
         t = batch.tensors
@@ -84,13 +84,13 @@ async def test_pipeline_on_a_real_vllm_server(
     await fresh_server(vllm_server)
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, vllm_server)
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    batches: list[TrainingBatch] = []
+    batches: list[TrainingStep] = []
     async with budget_watch(config) as violations:
         with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
             tiers["rollout-worker#2"] = TierProcess("rollout-worker", config_path, tmp_path / "rollout-worker#2.log",
                                                     overrides=["rollout.worker_id=rollout-1"],
                                                     name="rollout-worker#2").start()
-            async with BatchStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
+            async with StepStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
                 async for batch in acked_batches(consumer, tiers, STEPS, timeout=480):
                     check_batch_tensors(batch, STEP_GROUPS)
                     batches.append(batch)

@@ -7,7 +7,7 @@ generation; rollstream fences by transactional id per input partition (docs/GUAR
 "Fencing"). This test runs two instances of every transactional tier (producers with their own
 ids, reward workers, grouping instances), pauses instances past the session timeout several
 times while the pipeline runs, SIGKILLs others, and checks from the topics (read_committed)
-that every admitted prompt ended exactly once, and from a real ``BatchStream`` trainer that it
+that every admitted prompt ended exactly once, and from a real ``StepStream`` trainer that it
 trained on no group twice.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.trainer import BatchStream
+from rollstream.trainer import StepStream
 from rollstream.config import config_from_dict
 from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
 from tests.faults.test_exactly_once import report
@@ -40,7 +40,7 @@ class Trainer:
 
     def __init__(self, tree: dict, name: str) -> None:
         config = config_from_dict({**tree, "staleness": {**tree["staleness"], "groups_per_step": 4}, "trainer": {"group_id": f"{name}-trainer"}})
-        self.consumer = BatchStream(config, ledger=False, client_id="fault-trainer")
+        self.consumer = StepStream(config, ledger=False, client_id="fault-trainer")
         self.trained: Counter[str] = Counter()
         self.steps = 0
         self._task: asyncio.Task[None] | None = None
@@ -58,7 +58,7 @@ class Trainer:
 
     async def _run(self) -> None:
         while True:
-            batch = await self.consumer.next_batch(timeout=0.5)
+            batch = await self.consumer.next_step(timeout=0.5)
             if batch is None:
                 continue
             self.trained.update(batch.task_ids)

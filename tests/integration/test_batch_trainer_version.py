@@ -27,7 +27,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.retry import RetryPolicy
-from rollstream.trainer.batch import assemble, batch_group
+from rollstream.trainer.training_step import assemble, batch_group
 from rollstream.wire import EmittedGroup, decode_group, encode
 from tests.helpers import make_config
 from tests.unit.test_grouping_support import scored

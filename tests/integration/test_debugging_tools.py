@@ -445,7 +445,7 @@ def episode_of(tensors: dict[str, Any], task_id: str, sample_idx: int) -> Episod
 
 
 async def test_replayed_batches_read_by_a_trainer_bit_for_bit(config: RollstreamConfig, unique_name: str) -> None:
-    from rollstream.trainer import BatchStream
+    from rollstream.trainer import StepStream
 
     records = [
         recorded_batch("b1", [single_turn("hello", "world <eos>", [3, 4], 1.0), multi_turn()]),
@@ -462,14 +462,14 @@ async def test_replayed_batches_read_by_a_trainer_bit_for_bit(config: Rollstream
         {"staleness": {"groups_per_step": 1}, "trainer": {"group_id": f"{unique_name}-trainer", "drop_stale": False}},
     )
     expected = {batch.task_id: group_tensors(batch) for batch in records}
-    async with BatchStream(trainer, ledger=False) as consumer:
+    async with StepStream(trainer, ledger=False) as consumer:
         seen: dict[str, dict[str, torch.Tensor]] = {}
         for _ in range(len(expected)):
-            batch = await consumer.next_batch(timeout=WAIT_S)
+            batch = await consumer.next_step(timeout=WAIT_S)
             assert batch is not None and len(batch.task_ids) == 1
             seen[batch.task_ids[0]] = batch.tensors
             assert await consumer.ack(batch)
-        assert await consumer.next_batch(timeout=3.0) is None  # only the drop is left
+        assert await consumer.next_step(timeout=3.0) is None  # only the drop is left
         assert dict(consumer.drops_by_reason) == {"stale": 1}
     assert set(seen) == set(expected)
     for task, tensors in expected.items():

@@ -2,7 +2,7 @@
 
 producer -> rollout worker (a scripted engine, so the test is about groups, not the model) ->
 reward worker -> grouping with an AReaL-style group filter (``traj["rewards"].std() > 0``,
-named by import string in ``grouping.group_filters``) -> ``rollstream.trainer.BatchStream``,
+named by import string in ``grouping.group_filters``) -> ``rollstream.trainer.StepStream``,
 playing a trainer that commits each step and publishes a new weight version. Every other prompt
 gives all its samples the same reward. The staleness budget admits one step of prompts per
 version (``max_head_offpolicyness: 0``), so the steps fill only because each filtered group
@@ -26,7 +26,7 @@ from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.reward_workers import service as reward_service
 from rollstream.rollout_workers import service as rollout_service
-from rollstream.trainer import BatchStream, VersionPublisher
+from rollstream.trainer import StepStream, VersionPublisher
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_prompt
 from tests.helpers import make_config, read_topic, stop_in_process_tiers
 
@@ -57,13 +57,13 @@ async def _train(config: RollstreamConfig, weights: Path, tiers: list[asyncio.Ta
     steps: list[list[str]] = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 150
-    async with BatchStream(config) as batches, VersionPublisher(config) as versions:
+    async with StepStream(config) as batches, VersionPublisher(config) as versions:
         while len(steps) < STEPS:
             assert loop.time() < deadline, f"only {len(steps)} of {STEPS} steps arrived"
             for tier in tiers:
                 if tier.done():
                     raise AssertionError(f"a tier stopped: {tier.exception()!r}")
-            batch = await batches.next_batch(timeout=2)
+            batch = await batches.next_step(timeout=2)
             if batch is None:
                 continue
             steps.append(list(batch.task_ids))

@@ -45,7 +45,7 @@ from rollstream.rollout_workers.weight_sync import ServerOwner
 from rollstream.state.client import RedisKeys, StateStaleError, wait_for_redis
 from rollstream.state.server_lease import ServerLeases, ServerSyncState
 from rollstream.state.versions import VersionStore
-from rollstream.trainer.versions import VersionPublisher
+from rollstream.trainer.version_publisher import VersionPublisher
 from rollstream.wire import EmittedGroup, PromptTask, decode_group, decode_outcome, encode
 from tests.fakes import FakeSGLangServer
 from tests.helpers import make_config, until, within

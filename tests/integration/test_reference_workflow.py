@@ -1,7 +1,7 @@
 """The reference guide's workflow template, changed only in its imports, through the whole pipeline.
 
 producer -> rollout worker (HF engine, tiny model) -> reward worker (no reward function: the
-workflow scores itself) -> grouping -> BatchStream, all in this process on the real broker
+workflow scores itself) -> grouping -> StepStream, all in this process on the real broker
 and Redis. 12 prompts x 4 samples, some samples rejected (``None``) and some raising, for each
 return form a reference workflow may use (``reward``, ``rewards``, int64 tensors, no
 ``attention_mask``). Asserts: every prompt is accounted for with the right outcome (a batch
@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollstream.consumers import grouping_service
-from rollstream.trainer import BatchStream, TrainingBatch
+from rollstream.trainer import StepStream, TrainingStep
 from rollstream.producers import service as producer_service
 from rollstream.reward_workers import service as reward_service
 from rollstream.rollout_workers import service as rollout_service
@@ -90,25 +90,25 @@ def _config(kafka: str, redis_url: str, name: str, model: Path, dataset: Path, f
     })
 
 
-async def _train(config: RollstreamConfig, tiers: list[asyncio.Task[None]]) -> list[TrainingBatch]:
+async def _train(config: RollstreamConfig, tiers: list[asyncio.Task[None]]) -> list[TrainingStep]:
     """Take every emitted group as a trainer would (one group per step), failing fast if a tier died."""
-    batches: list[TrainingBatch] = []
+    batches: list[TrainingStep] = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 90  # a run takes ~7 s on 2 busy cores
-    async with BatchStream(config, ledger=False) as consumer:
+    async with StepStream(config, ledger=False) as consumer:
         while len(batches) < EMITTED:
             assert loop.time() < deadline, f"only {len(batches)} of {EMITTED} groups arrived"
             for tier in tiers:
                 if tier.done() and tier.exception() is not None:
                     raise tier.exception()  # type: ignore[misc]
-            batch = await consumer.next_batch(timeout=2)
+            batch = await consumer.next_step(timeout=2)
             if batch is not None:
                 batches.append(batch)
                 assert await consumer.ack(batch)
     return batches
 
 
-async def _run_pipeline(config: RollstreamConfig) -> list[TrainingBatch]:
+async def _run_pipeline(config: RollstreamConfig) -> list[TrainingStep]:
     stop = asyncio.Event()
     runs: list[Callable[[RollstreamConfig, asyncio.Event], Awaitable[None]]] = [
         grouping_service.run, reward_service.run, rollout_service.run, producer_service.run]
@@ -119,7 +119,7 @@ async def _run_pipeline(config: RollstreamConfig) -> list[TrainingBatch]:
         await stop_in_process_tiers(tiers, stop)
 
 
-def _check_row(batch: TrainingBatch, row: int, data: dict[str, Any], tokenizer: Any, model: Any) -> None:
+def _check_row(batch: TrainingStep, row: int, data: dict[str, Any], tokenizer: Any, model: Any) -> None:
     t = batch.tensors
     expected = {"input_ids": torch.int32, "attention_mask": torch.bool, "loss_mask": torch.int32,
                 "logprobs": torch.float32, "versions": torch.int32, "rewards": torch.float32}

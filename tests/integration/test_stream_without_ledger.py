@@ -1,4 +1,4 @@
-"""``BatchStream(config, ledger=False)`` against a real broker: only Kafka's committed offsets decide
+"""``StepStream(config, ledger=False)`` against a real broker: only Kafka's committed offsets decide
 what a restarted trainer gets again (a step not acked is redelivered, an acked one never)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from rollstream.trainer import BatchStream
+from rollstream.trainer import StepStream
 from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.config import RollstreamConfig
@@ -54,22 +54,22 @@ async def test_batches_are_redelivered_until_acked(kafka_bootstrap: str, redis_u
         build_emitted_group(group("d"), trainer_version=3),
         build_emitted_group(group("f"), trainer_version=4),
     ])
-    async with BatchStream(config, ledger=False) as consumer:
-        first = await consumer.next_batch(timeout=60)
+    async with StepStream(config, ledger=False) as consumer:
+        first = await consumer.next_step(timeout=60)
         assert first is not None and first.task_ids == ["a", "b"]
         assert first.tensors["input_ids"].shape == (4, 8)  # 2 prompt + up to 6 generated tokens
         assert first.tensors["versions"][0].tolist() == [-1, -1, 1, 1, -1, -1, -1, -1]
         assert first.row_task == [0, 0, 1, 1] and first.trainer_versions == [2, 3]
         assert (first.head_version, first.tail_version, first.max_staleness) == (1, 1, 2)
         assert await consumer.ack(first)
-        second = await consumer.next_batch(timeout=60)
+        second = await consumer.next_step(timeout=60)
         assert second is not None and second.task_ids == ["c", "d"]  # read, never acked
         assert consumer.drops_by_reason == {"timeout": 1}
         assert (consumer.undecodable, consumer.eval_skipped) == (1, 1)
-    async with BatchStream(config, ledger=False) as again:
-        redelivered = await again.next_batch(timeout=60)
+    async with StepStream(config, ledger=False) as again:
+        redelivered = await again.next_step(timeout=60)
         assert redelivered is not None and redelivered.task_ids == ["c", "d"]
         assert await again.ack(redelivered)
-        assert await again.next_batch(timeout=2) is None  # "f" alone is not a full batch
-    async with BatchStream(config, ledger=False) as last:
-        assert await last.next_batch(timeout=2) is None  # c, d stay acked
+        assert await again.next_step(timeout=2) is None  # "f" alone is not a full batch
+    async with StepStream(config, ledger=False) as last:
+        assert await last.next_step(timeout=2) is None  # c, d stay acked

@@ -1,4 +1,4 @@
-"""TrainerBatches across real ranks (torch.distributed, gloo on CPU), fed by an in-memory source.
+"""TrainerSteps across real ranks (torch.distributed, gloo on CPU), fed by an in-memory source.
 
 Every rank gets its share of each step, the ranks step in lockstep, a step is committed once
 after every rank called commit, a stop on one rank ends every rank's loop, and a failure on
@@ -23,11 +23,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rollstream.trainer import RankFailed, TrainerBatches
-from rollstream.trainer.accumulator import BatchAccumulator
-from rollstream.trainer.batch import GroupRows
+from rollstream.trainer import RankFailed, TrainerSteps
+from rollstream.trainer.accumulator import StepAccumulator
+from rollstream.trainer.training_step import GroupRows
 from rollstream.trainer.ledger import LedgerEntry
-from rollstream.trainer.steps import Step
+from rollstream.trainer.step_source import Step
 from tests.helpers import make_config
 from tests.integration.trainer_jobs import TrainerJob, pid_gone
 
@@ -51,7 +51,7 @@ class MemorySource:
     topic = "memory"
 
     def __init__(self, out: Path, fail_at: int = 0) -> None:
-        self.accumulator = BatchAccumulator(BATCH)
+        self.accumulator = StepAccumulator(BATCH)
         self._groups = [group(i) for i in range(GROUPS)]
         self._number = 0
         self._out = out
@@ -90,7 +90,7 @@ def run_rank(rank: int, world: int, port: int, tmp: str, mode: str) -> None:
     seen: list[dict[str, Any]] = []
     try:
         source = (lambda: MemorySource(out / "commits.jsonl", fail_at=2 if mode == "fail" else 0))
-        with TrainerBatches(config, source=source, wait_seconds=0.5) as batches:
+        with TrainerSteps(config, source=source, wait_seconds=0.5) as batches:
             for batch in batches:
                 seen.append({"step": batch.step, "tasks": batch.task_ids, "tokens": batch.tokens,
                              "rank": batch.rank, "world": batch.world_size, "groups": batch.step_groups})

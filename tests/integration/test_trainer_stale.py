@@ -20,7 +20,7 @@ from rollstream.producers.budget_restore import restore_budget, trainer_stale_dr
 from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys
 from rollstream.state.versions import VersionStore
-from rollstream.trainer import BatchStream, StepLedger
+from rollstream.trainer import StepStream, StepLedger
 from rollstream.wire import decode_trainer_commit
 from tests.helpers import make_config
 from tests.integration.test_stream_without_ledger import group, write_batches
@@ -49,12 +49,12 @@ async def test_a_stale_group_is_dropped_counted_and_its_slot_returned(
     await VersionStore(redis_client, keys).publish(WeightUpdate(3, "/w/3"))  # the trainer is at 3
     # tokens of version 1 (group() writes version 1): 3 - 1 = 2 > eta 1 for the two trained at 3
     await write_batches(config, [build_emitted_group(group("t0"), trainer_version=3), build_emitted_group(group("t1"), 3)])
-    async with BatchStream(config) as stream:
-        assert await stream.next_batch(timeout=3) is None  # both stale: no step
+    async with StepStream(config) as stream:
+        assert await stream.next_step(timeout=3) is None  # both stale: no step
         assert stream.drops_by_reason["stale"] == 2
     await write_batches(config, [build_emitted_group(versioned(f"t{i}", 2), 3) for i in (2, 3)])  # 3 - 2 <= 1
-    async with BatchStream(config) as stream:  # a restart: the drops were never committed
-        step = await stream.next_batch(timeout=30)
+    async with StepStream(config) as stream:  # a restart: the drops were never committed
+        step = await stream.next_step(timeout=30)
         assert step is not None and step.task_ids == ["t2", "t3"]
         await stream.commit(step)
     (entry,) = StepLedger(tmp_path / "ledger.jsonl").read()

@@ -28,14 +28,14 @@ from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.tools.replay import ReplayOptions, replay
 from rollstream.trainer import (
-    BatchDataset,
-    BatchStream,
+    StepDataset,
+    StepStream,
     DumpReplay,
     LedgerReplay,
     RangeReplay,
     StepLedger,
-    TrainerBatches,
-    TrainingBatch,
+    TrainerSteps,
+    TrainingStep,
 )
 from rollstream.trainer.kafka_source import KafkaStepSource
 from rollstream.wire import GroupDropped, encode
@@ -81,7 +81,7 @@ async def committed(config: RollstreamConfig, partitions: int = 2) -> dict[int, 
         await consumer.stop()
 
 
-def rows_of(batch: TrainingBatch, task: str) -> dict[str, list[Any]]:
+def rows_of(batch: TrainingStep, task: str) -> dict[str, list[Any]]:
     """The attended values of ``task``'s rows (padding left out: batches pad differently)."""
     index = batch.task_ids.index(task)
     rows = [r for r, t in enumerate(batch.row_task) if t == index]
@@ -94,7 +94,7 @@ def rows_of(batch: TrainingBatch, task: str) -> dict[str, list[Any]]:
 
 def train_slowly(config: RollstreamConfig) -> dict[str, Any]:
     """The synchronous loop: a 15 s first step, then one more step."""
-    with TrainerBatches(config, wait_seconds=1.0) as batches:
+    with TrainerSteps(config, wait_seconds=1.0) as batches:
         it = iter(batches)
         first = next(it)
         time.sleep(STEP_SECONDS)  # the trainer's thread is busy; the consumer's thread keeps polling
@@ -165,18 +165,18 @@ async def test_the_ledger_resumes_after_the_last_committed_step_and_drops_an_unc
 ) -> None:
     config = trainer_config(kafka_bootstrap, redis_url, unique_name, tmp_path)
     await write(config, ["a", "b", "c", "d", "e", "f"])
-    async with BatchStream(config) as stream:
-        first = await stream.next_batch(timeout=60)
+    async with StepStream(config) as stream:
+        first = await stream.next_step(timeout=60)
         assert first is not None and first.step == 1 and first.task_ids == ["a", "b"]
         await stream.commit(first)
-        second = await stream.next_batch(timeout=60)
+        second = await stream.next_step(timeout=60)
         assert second is not None and second.step == 2
         # the trainer dies between writing step 2 to the ledger and committing its offsets
         await stream.source.record(stream.book.due(2))  # type: ignore[attr-defined]
     assert [e.step for e in StepLedger(tmp_path / "ledger.jsonl").read()] == [1, 2]
-    async with BatchStream(config) as again:
+    async with StepStream(config) as again:
         assert again.last_committed_step == 1  # step 2 was dropped from the ledger: never committed
-        redo = await again.next_batch(timeout=60)
+        redo = await again.next_step(timeout=60)
         assert redo is not None and (redo.step, redo.task_ids) == (2, ["c", "d"])  # the same groups, once more
         await again.commit(redo)
     entries = StepLedger(tmp_path / "ledger.jsonl").read()
@@ -195,16 +195,16 @@ async def test_groups_in_the_ledger_are_never_handed_out_again(
     producer = make_producer(config.kafka, "test-batches")
     await producer.start()
     await producer.send_and_wait(names.batches, encode(build_emitted_group(group("a"), 1)), partition=0)
-    async with BatchStream(config) as stream:
-        first = await stream.next_batch(timeout=60)
+    async with StepStream(config) as stream:
+        first = await stream.next_step(timeout=60)
         assert first is not None and first.task_ids == ["a"]
         await stream.commit(first)
     for task in ("a", "b"):  # "a" again after its step was committed, then a new group
         await producer.send_and_wait(names.batches, encode(build_emitted_group(group(task), 1)), partition=0)
     await producer.stop()
-    async with BatchStream(config) as again:
+    async with StepStream(config) as again:
         assert again.last_committed_step == 1
-        batch = await again.next_batch(timeout=60)
+        batch = await again.next_step(timeout=60)
         assert batch is not None and batch.task_ids == ["b"] and again.duplicates_skipped == 1
 
 
@@ -221,16 +221,16 @@ async def test_replays_hand_out_recorded_steps_exactly_and_commit_nothing(
     await producer.start()
     await producer.send_and_wait(names.batches, encode(GroupDropped(task_id="z", reason="timeout")), partition=1)
     await producer.stop()
-    trained: dict[int, TrainingBatch] = {}
-    async with BatchStream(config) as stream:
+    trained: dict[int, TrainingStep] = {}
+    async with StepStream(config) as stream:
         for _ in range(2):
-            batch = await stream.next_batch(timeout=60)
+            batch = await stream.next_step(timeout=60)
             assert batch is not None
             trained[batch.step] = batch
             await stream.commit(batch)
     before = await committed(config)
 
-    async with BatchStream(config, source=LedgerReplay(config, [2, 1])) as replayed:
+    async with StepStream(config, source=LedgerReplay(config, [2, 1])) as replayed:
         again = [b async for b in replayed]
     assert [b.step for b in again] == [2, 1]
     for batch in again:  # bit for bit the step that was trained
@@ -238,14 +238,14 @@ async def test_replays_hand_out_recorded_steps_exactly_and_commit_nothing(
         assert batch.task_ids == original.task_ids
         assert all(torch.equal(batch.tensors[k], v) for k, v in original.tensors.items())
 
-    async with BatchStream(config, source=RangeReplay(config, start={0: 1})) as ranged:
+    async with StepStream(config, source=RangeReplay(config, start={0: 1})) as ranged:
         steps = [(b.step, b.task_ids) async for b in ranged]
     assert steps == [(1, ["b", "c"]), (2, ["x", "y"])]  # partition 0 from offset 1, then partition 1
     assert ranged.drops_by_reason == {"timeout": 1}
 
     dump = tmp_path / "batches.jsonl"
     await replay(config, "batches", ReplayOptions(to_jsonl=dump))
-    async with BatchStream(config, source=DumpReplay(config, dump)) as dumped:
+    async with StepStream(config, source=DumpReplay(config, dump)) as dumped:
         from_dump = [b async for b in dumped]
     assert [b.task_ids for b in from_dump] == [["a", "b"], ["c", "x"], ["y"]]  # the rest: a last smaller step
     trained_tasks = [t for b in trained.values() for t in b.task_ids]
@@ -261,8 +261,8 @@ async def test_replays_hand_out_recorded_steps_exactly_and_commit_nothing(
 # -- the DataLoader adapter --
 
 def load_steps(config: RollstreamConfig) -> list[list[str]]:
-    with TrainerBatches(config, wait_seconds=0.5) as batches:
-        loader = DataLoader(BatchDataset(batches, transform=lambda b: (b.step, b.task_ids)), batch_size=None)
+    with TrainerSteps(config, wait_seconds=0.5) as batches:
+        loader = DataLoader(StepDataset(batches, transform=lambda b: (b.step, b.task_ids)), batch_size=None)
         seen = []
         for step, tasks in loader:
             seen.append(tasks)

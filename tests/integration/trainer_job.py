@@ -31,11 +31,11 @@ import torch
 import torch.distributed as dist
 
 from rollstream.config import load_config
-from rollstream.trainer import TrainerBatches
-from rollstream.trainer.accumulator import BatchAccumulator
-from rollstream.trainer.batch import GroupRows
+from rollstream.trainer import TrainerSteps
+from rollstream.trainer.accumulator import StepAccumulator
+from rollstream.trainer.training_step import GroupRows
 from rollstream.trainer.ledger import LedgerEntry
-from rollstream.trainer.steps import Step
+from rollstream.trainer.step_source import Step
 
 
 def file_group(i: int) -> GroupRows:
@@ -56,7 +56,7 @@ class FileSource:
     topic = "file"
 
     def __init__(self, path: Path, groups: int, batch: int) -> None:
-        self.accumulator = BatchAccumulator(batch)
+        self.accumulator = StepAccumulator(batch)
         self.resumed_offsets: dict[int, int] = {}
         self._path, self._groups, self._batch = path, groups, batch
         self._number = self._next = 0
@@ -125,7 +125,7 @@ def main() -> int:
         source = lambda: FileSource(args.out / "commits.jsonl", args.groups, config.staleness.groups_per_step)  # noqa: E731
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1, bias=False))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with TrainerBatches(config, wait_seconds=1.0, source=source, ledger=source is None) as batches:
+    with TrainerSteps(config, wait_seconds=1.0, source=source, ledger=source is None) as batches:
         note("resume", last=batches.last_committed_step)
         if batches.last_committed_step >= args.steps:
             return 0

@@ -106,7 +106,7 @@ def test_the_trainer_side_rebuilds_each_rows_images_once_per_distinct_image(imag
 
 
 def test_a_ranks_share_carries_its_groups_images() -> None:
-    from rollstream.trainer.share import StepShare, decode_share, encode_share, group_rows, share_group
+    from rollstream.trainer.ranks.share import StepShare, decode_share, encode_share, group_rows, share_group
 
     group = CompleteGroup("a", 2, False, (shows(scored("a", 0, 2), [DOG, CAT], [DOG, CAT]),
                                          shows(scored("a", 1, 2), [CAT])), 0, 0, 0, 1, 0.0,

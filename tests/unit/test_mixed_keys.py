@@ -19,7 +19,7 @@ from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.trajectory.normalize import episode_tensors
 from rollstream.trajectory.rows import trajectory_row
-from rollstream.trainer.batch import assemble, batch_group
+from rollstream.trainer.training_step import assemble, batch_group
 from rollstream.rollout_workers.episodes import to_episode
 from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_group, encode
 from rollstream.wire.torch_tensors import group_tensors

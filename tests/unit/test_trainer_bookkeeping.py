@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from rollstream.trainer import Checkpoints, CheckpointError, LedgerEntry, LedgerMismatch, StepLedger, split_by_tokens
-from rollstream.trainer.batch import GroupRows
+from rollstream.trainer.training_step import GroupRows
 from rollstream.trainer.ledger import check_owner, reconcile
-from rollstream.trainer.share import StepShare, decode_share, encode_share, group_rows, share_group
+from rollstream.trainer.ranks.share import StepShare, decode_share, encode_share, group_rows, share_group
 
 
 # -- shares --

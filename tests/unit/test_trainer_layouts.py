@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rollstream.trainer import TrainingBatch, assemble, pack, to_areal, to_verl, unpack
-from rollstream.trainer.batch import GroupRows
+from rollstream.trainer import TrainingStep, assemble, pack, to_areal, to_verl, unpack
+from rollstream.trainer.training_step import GroupRows
 
 
 def row(prompt: list[int], turns: list[tuple[list[int], bool]], version: int, reward: float) -> dict[str, torch.Tensor]:
@@ -33,7 +33,7 @@ def group(task: str, rows: list[dict[str, torch.Tensor]]) -> GroupRows:
     return GroupRows(task, len(rows), False, 3, concat_padded_tensors(rows), list(range(len(rows))))
 
 
-def batch() -> TrainingBatch:
+def batch() -> TrainingStep:
     return assemble([
         group("a", [row([5, 6, 7], [([11, 12], True)], 2, 1.0), row([5, 6, 7], [([13], True)], 2, 0.0)]),
         group("b", [row([8], [([21], True), ([30, 31], False), ([22, 23, 24], True)], 3, 0.5)]),

@@ -28,7 +28,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rollstream.trainer import TrainingBatch, assemble, to_areal, to_verl
+from rollstream.trainer import TrainingStep, assemble, to_areal, to_verl
 from rollstream.trainer.grpo import clipped_policy_loss, group_advantages, token_logprobs
 from tests.reference_libs import import_reference
 from tests.unit.test_trainer_layouts import group, row
@@ -60,7 +60,7 @@ def model(tiny_model_dir: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
 
 
-def _forward(model: torch.nn.Module, batch: TrainingBatch) -> torch.Tensor:
+def _forward(model: torch.nn.Module, batch: TrainingStep) -> torch.Tensor:
     """The example trainer's forward: right-padded rows, logprob of token t at position t."""
     t = batch.tensors
     with torch.no_grad():
@@ -69,7 +69,7 @@ def _forward(model: torch.nn.Module, batch: TrainingBatch) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def batch(model: torch.nn.Module) -> TrainingBatch:
+def batch(model: torch.nn.Module) -> TrainingStep:
     """Three groups; behaviour logprobs near the model's (noise of std 0.4), so some ratios are
     clipped and most are not, as after a training step."""
     generator = torch.Generator().manual_seed(0)
@@ -82,18 +82,18 @@ def batch(model: torch.nn.Module) -> TrainingBatch:
 
 
 @pytest.fixture(scope="module")
-def new_logprobs(batch: TrainingBatch, model: torch.nn.Module) -> torch.Tensor:
+def new_logprobs(batch: TrainingStep, model: torch.nn.Module) -> torch.Tensor:
     return _forward(model, batch)
 
 
-def _example_loss(batch: TrainingBatch, new: torch.Tensor, advantages: torch.Tensor) -> tuple[float, float]:
+def _example_loss(batch: TrainingStep, new: torch.Tensor, advantages: torch.Tensor) -> tuple[float, float]:
     """The example trainer's loss and clipped share of loss tokens."""
     loss, stats = clipped_policy_loss(new, batch.tensors["logprobs"], advantages, batch.tensors["loss_mask"], CLIP)
     assert 0.05 < stats.clip_fraction < 0.95, stats  # both sides of the clip are exercised
     return float(loss), stats.clip_fraction
 
 
-def test_to_verl_is_a_dataproto_verl_trains_on(batch: TrainingBatch, model: torch.nn.Module, new_logprobs: torch.Tensor) -> None:
+def test_to_verl_is_a_dataproto_verl_trains_on(batch: TrainingStep, model: torch.nn.Module, new_logprobs: torch.Tensor) -> None:
     data = to_verl(batch).to_dataproto()
     assert isinstance(data, verl.DataProto) and len(data) == 12
     data.check_consistency()
@@ -130,7 +130,7 @@ def test_to_verl_is_a_dataproto_verl_trains_on(batch: TrainingBatch, model: torc
     assert math.isclose(metrics["actor/pg_clipfrac"], clipped, abs_tol=1e-6)
 
 
-def test_to_areal_through_areals_batch_utilities_and_actor_loss(batch: TrainingBatch, new_logprobs: torch.Tensor) -> None:
+def test_to_areal_through_areals_batch_utilities_and_actor_loss(batch: TrainingStep, new_logprobs: torch.Tensor) -> None:
     data = to_areal(batch)
     packed = areal_data.pack_tensor_dict(to_areal(batch))
     ours_packed = to_areal(batch, packed=True)

@@ -1,4 +1,4 @@
-"""The ranks' heartbeats (rollstream.trainer.watch) over real sockets, in one process: a silent
+"""The ranks' heartbeats (rollstream.trainer.ranks.heartbeats) over real sockets, in one process: a silent
 rank is stalled after the timeout, a closed connection is a rank gone at once, a goodbye ends
 the watching, a failure is passed on with its error, and rank 0 tells the other ranks which
 rank ended the job. (Across real processes under torchrun: tests/integration/test_trainer_ranks.py.)"""
@@ -15,8 +15,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from rollstream.trainer.elastic import Restarts
-from rollstream.trainer.watch import Beat, RankWatch, Verdict
+from rollstream.trainer.ranks.restarts import Restarts
+from rollstream.trainer.ranks.heartbeats import Beat, RankWatch, Verdict
 
 TIMEOUT = 0.8
 

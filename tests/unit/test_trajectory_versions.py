@@ -20,7 +20,7 @@ from rollstream.consumers.grouping import CompleteGroup, GroupFilters, apply_fil
 from rollstream.dump.lines import dump_lines
 from rollstream.rollout_workers.episodes import to_episode
 from rollstream.tools.filters import RecordFilter, tail_version_of
-from rollstream.trainer.batch import assemble, batch_group
+from rollstream.trainer.training_step import assemble, batch_group
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import TrajectoryBuilder
 from rollstream.trajectory.versions import (

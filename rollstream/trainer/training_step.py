@@ -1,12 +1,12 @@
-"""What a trainer step receives: groups padded into one ``[N, L]`` tensor dict.
+"""A step as a trainer receives it: its groups padded into one ``[N, L]`` tensor dict.
 
 Pure, no I/O: :func:`batch_group` reads the group of a ``EmittedGroup`` record (one group per record)
-and :func:`assemble` pads groups from any number of records into one :class:`TrainingBatch`.
+and :func:`assemble` pads groups from any number of records into one :class:`TrainingStep`.
 
 Vision: a group's images arrive once per group (``EmittedGroup.images``); each row says which it
 shows. With an image processor (the model's, as in the rollout: ``trainer.processor_path``,
 :func:`trainer_image_processor`), :func:`assemble` rebuilds the rows' ``pixel_values`` /
-``image_grid_thw`` into ``TrainingBatch.vision`` (``rollstream.vision.inputs.VisionInputs``),
+``image_grid_thw`` into ``TrainingStep.vision`` (``rollstream.vision.inputs.VisionInputs``),
 each distinct image once.
 """
 
@@ -64,7 +64,7 @@ class GroupRows:
 
 
 @dataclass
-class TrainingBatch:
+class TrainingStep:
     """The groups of one trainer step (under ``torchrun``: this rank's share of them).
 
     ``tensors`` are ``[N, L]`` (``rewards`` ``[N]``), padded across the groups: ``versions``
@@ -73,7 +73,7 @@ class TrainingBatch:
     ``group_is_eval`` are per group (a group's trainer version is never older than its tokens;
     ``trainer_versions_known[g]`` False: it was not what Redis answered at emission, but the
     last version the grouping tier knew or the group's newest token's), and so are ``group_rejected`` / ``group_failed``: how many
-    samples of the group the workflow rejected / failed (0 for batches written before the
+    samples of the group the workflow rejected / failed (0 for groups emitted before the
     grouping tier counted them). ``head_version``/``tail_version`` span every generated
     token (-1: none) and ``max_staleness`` is the largest staleness of a group, by
     ``rollstream.trajectory.versions`` (generated positions only, from the tensors: tokens the
@@ -83,12 +83,12 @@ class TrainingBatch:
     ``step`` counts the trainer's steps from 1, across restarts; ``rank``/``world_size`` say
     whose share this is (0/1 for a single process); ``step_groups`` is the number of groups in
     the whole step, every rank's share together. ``offsets`` is what committing the step
-    commits (the next offset per partition); only the stream that handed the batch out uses it.
+    commits (the next offset per partition); only the stream that handed the step out uses it.
 
     Vision (empty for text): ``group_images[g]`` are group ``g``'s distinct encoded images;
     ``row_images[r]`` indexes those row ``r`` shows, in the order of its image slots;
     ``vision`` holds their ``pixel_values`` / ``image_grid_thw`` for a forward pass
-    (``rollstream.vision.forward.trajectory_logits``) when the batch was assembled with an
+    (``rollstream.vision.forward.trajectory_logits``) when the step was assembled with an
     image processor, else ``None``.
     """
 
@@ -142,8 +142,8 @@ def batch_group(batch: EmittedGroup) -> GroupRows:
     )
 
 
-def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: Any = None) -> TrainingBatch:
-    """Pad ``groups`` into one :class:`TrainingBatch` (``offsets`` and step fields left for
+def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: Any = None) -> TrainingStep:
+    """Pad ``groups`` into one :class:`TrainingStep` (``offsets`` and step fields left for
     the caller); with an ``image_processor``, also rebuild the rows' vision inputs."""
     if not groups:
         raise ValueError("assemble needs at least one group")
@@ -151,7 +151,7 @@ def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: A
     row_task = [i for i, g in enumerate(groups) for _ in g.sample_idx]
     versions = [head_and_tail(row_spans(g.tensors)) for g in groups]
     head, tail = head_and_tail(versions)
-    return TrainingBatch(
+    return TrainingStep(
         tensors=tensors,
         task_ids=[g.task_id for g in groups],
         group_sizes=[g.group_size for g in groups],
@@ -182,19 +182,19 @@ def _vision_fields(groups: list[GroupRows], image_processor: Any) -> dict[str, A
 
 class StepAssembler:
     """:func:`assemble` with the trainer's image processor (``None``: images stay bytes, and
-    the first batch that carries images logs a warning naming ``trainer.processor_path``)."""
+    the first step that carries images logs a warning naming ``trainer.processor_path``)."""
 
     def __init__(self, image_processor: Any = None) -> None:
         self.image_processor = image_processor
         self._warned = False
 
-    def assemble(self, groups: list[GroupRows], pad_value: float) -> TrainingBatch:
-        batch = assemble(groups, pad_value, self.image_processor)
-        if batch.group_images and self.image_processor is None and not self._warned:
+    def assemble(self, groups: list[GroupRows], pad_value: float) -> TrainingStep:
+        step = assemble(groups, pad_value, self.image_processor)
+        if step.group_images and self.image_processor is None and not self._warned:
             self._warned = True
-            log.warning("batches carry images but no image processor is set (trainer.processor_path): "
-                        "TrainingBatch.vision is None; rebuild it with rollstream.vision.inputs.build_vision_inputs")
-        return batch
+            log.warning("groups carry images but no image processor is set (trainer.processor_path): "
+                        "TrainingStep.vision is None; rebuild it with rollstream.vision.inputs.build_vision_inputs")
+        return step
 
 
 def trainer_image_processor(config: RollstreamConfig) -> Any:

@@ -1,7 +1,7 @@
 """What rank 0 sends each rank per step: its share of the step's groups (MessagePack).
 
 Tensors travel raw (dtype, shape, little-endian bytes) and are decoded without copying; the
-receiving rank pads them into its own :class:`~rollstream.trainer.batch.TrainingBatch`.
+receiving rank pads them into its own :class:`~rollstream.trainer.training_step.TrainingStep`.
 ``kind`` is ``step`` (a share), ``idle`` (no step yet: ask again) or ``stop`` (every rank
 leaves its loop), so every rank takes the same decision in the same round.
 """
@@ -12,7 +12,7 @@ from typing import Literal
 
 import msgspec
 
-from rollstream.trainer.batch import GroupRows
+from rollstream.trainer.training_step import GroupRows
 from rollstream.wire import WireTensor
 from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rollstream.trainer.accumulator import BatchAccumulator
-from rollstream.trainer.batch import GroupRows
+from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.ledger import LedgerEntry
+from rollstream.trainer.training_step import GroupRows
 
 
 @dataclass
@@ -33,7 +33,7 @@ class StepSource(Protocol):
     """A source of steps; used from one event loop."""
 
     topic: str  # the ``batches`` topic the steps come from
-    accumulator: BatchAccumulator  # its counters: drops, undecodable, eval skipped, duplicates
+    accumulator: StepAccumulator  # its counters: drops, undecodable, eval skipped, duplicates
 
     async def start(self) -> int:
         """Get ready; returns the last step committed before (0: none)."""

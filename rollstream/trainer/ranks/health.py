@@ -1,14 +1,14 @@
 """What one rank of a trainer job does about the others' health: where it is, where the job
 resumes, and how it ends when another rank is lost.
 
-:class:`TrainerBatches <rollstream.trainer.batches.TrainerBatches>` owns one
+:class:`TrainerSteps <rollstream.trainer.trainer_steps.TrainerSteps>` owns one
 :class:`RankHealth`. It tells it the step and phase the rank is in (the heartbeats carry them,
-:mod:`rollstream.trainer.watch`) and where the job resumes (the last committed step and its
+:mod:`rollstream.trainer.ranks.heartbeats`) and where the job resumes (the last committed step and its
 offsets, which rank 0 passes to every rank with each commit), and runs its collectives through
 :meth:`RankHealth.collective`. When the heartbeats find a lost rank, :meth:`RankHealth._on_lost`
 writes the one line that says which rank, its step and phase, this rank's, the restart that
 follows and where the job resumes, ends a stalled rank on this host, and ends this process
-(:data:`~rollstream.trainer.watch.RANK_LOST_EXIT`): its main thread may sit in a collective that
+(:data:`~rollstream.trainer.ranks.heartbeats.RANK_LOST_EXIT`): its main thread may sit in a collective that
 never returns, and ``torchrun`` restarts the job once its ranks are gone.
 
 ``torchrun`` ends the surviving ranks with SIGTERM as soon as one rank's process exits, which
@@ -30,10 +30,10 @@ from types import FrameType
 from typing import Any
 
 from rollstream.config import TrainerConfig
-from rollstream.trainer.elastic import Restarts
 from rollstream.trainer.kafka_source import CommitRefused
-from rollstream.trainer.ranks import Ranks
-from rollstream.trainer.watch import RANK_LOST_EXIT, RankWatch, Verdict, end_stalled_rank
+from rollstream.trainer.ranks.heartbeats import RANK_LOST_EXIT, RankWatch, Verdict, end_stalled_rank
+from rollstream.trainer.ranks.restarts import Restarts
+from rollstream.trainer.ranks.world import Ranks
 
 log = logging.getLogger(__name__)
 

@@ -1,31 +1,31 @@
 """The synchronous trainer API: one process, or every rank of a ``torchrun`` job.
 
-    with TrainerBatches(config) as batches:
-        for batch in batches:        # this rank's share of one step
-            train_step(batch)        # as long as it takes
-            batches.commit(batch)    # returns once every rank finished and the step is committed
+    with TrainerSteps(config) as steps:
+        for step in steps:           # this rank's share of one step
+            train_step(step)         # as long as it takes
+            steps.commit(step)       # returns once every rank finished and the step is committed
 
 Single process: the Kafka client runs on a background thread (it keeps the consumer in its
 group while a step computes), and the loop is plain Python.
 
 Under ``torchrun`` (``torch.distributed`` initialized, more than one rank), every rank
-creates ``TrainerBatches`` and runs the same loop; every call is collective:
+creates ``TrainerSteps`` and runs the same loop; every call is collective:
 
 - rank 0 alone owns the Kafka consumer. Each round it takes the next step's
   ``staleness.groups_per_step`` groups, splits them into one share per rank (whole groups, balanced
-  by tokens, deterministic: :func:`~rollstream.trainer.split.split_by_tokens`) and scatters
-  the shares over a gloo group (:mod:`rollstream.trainer.ranks`), so the ranks step in
+  by tokens, deterministic: :func:`~rollstream.trainer.ranks.split.split_by_tokens`) and scatters
+  the shares over a gloo group (:mod:`rollstream.trainer.ranks.world`), so the ranks step in
   lockstep, each on different groups;
-- :meth:`TrainerBatches.commit` waits until every rank called it for the same step, then
+- :meth:`TrainerSteps.commit` waits until every rank called it for the same step, then
   rank 0 writes the step to the ledger and commits its offsets, once; every rank returns
   (or raises) with the outcome;
 - a round without a step (nothing arrived within ``wait_seconds``) returns None on every
-  rank from :meth:`next_batch` and is skipped by the iterator, so no collective waits longer
+  rank from :meth:`next_step` and is skipped by the iterator, so no collective waits longer
   than one round for the pipeline; :meth:`stop` on any rank ends every rank's iteration at
   the next round; a failure on rank 0 ends it too, raising on every rank.
 
-The ranks watch each other apart from the collectives (:mod:`rollstream.trainer.watch`,
-:mod:`rollstream.trainer.rank_health`): a rank that dies, stalls (no heartbeat for ``trainer.rank_timeout_seconds``) or fails ends
+The ranks watch each other apart from the collectives (:mod:`rollstream.trainer.ranks.heartbeats`,
+:mod:`rollstream.trainer.ranks.health`): a rank that dies, stalls (no heartbeat for ``trainer.rank_timeout_seconds``) or fails ends
 every rank within seconds, each with one log line naming the rank, its step and phase, the
 restart that follows and where the job resumes; ``torchrun`` then restarts the job, which
 resumes after the last committed step: no group lost, none trained twice (docs/TRAINER.md).
@@ -44,23 +44,24 @@ import torch.distributed as dist
 from aiokafka.structs import TopicPartition
 
 from rollstream.config import ConfigError, RollstreamConfig
-from rollstream.trainer.batch import GroupRows, StepAssembler, TrainingBatch, trainer_image_processor
+from rollstream.trainer.deprecated import DeprecatedMethod
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource
 from rollstream.trainer.loop_thread import LoopThread
-from rollstream.trainer.rank_health import CollectiveFailed, RankFailed, RankHealth
-from rollstream.trainer.ranks import Ranks
-from rollstream.trainer.share import StepShare, decode_share, encode_share, group_rows, share_group
-from rollstream.trainer.split import split_by_tokens
-from rollstream.trainer.steps import Step, StepSource
+from rollstream.trainer.ranks.health import CollectiveFailed, RankFailed, RankHealth
+from rollstream.trainer.ranks.share import StepShare, decode_share, encode_share, group_rows, share_group
+from rollstream.trainer.ranks.split import split_by_tokens
+from rollstream.trainer.ranks.world import Ranks
+from rollstream.trainer.step_source import Step, StepSource
 from rollstream.trainer.stream import StepBook
+from rollstream.trainer.training_step import GroupRows, StepAssembler, TrainingStep, trainer_image_processor
 
 log = logging.getLogger(__name__)
 
 SourceFactory = Callable[[], StepSource]
 
 
-class TrainerBatches:
-    """Synchronous iterator of :class:`TrainingBatch`, this rank's share of each step.
+class TrainerSteps:
+    """Synchronous iterator of :class:`TrainingStep`, this rank's share of each step.
 
     ``source`` makes the step source on rank 0's I/O thread (default: the live Kafka source;
     see :func:`rollstream.trainer.replay.replay_source` for a replay). ``group`` is the
@@ -174,7 +175,7 @@ class TrainerBatches:
         finally:
             self._health.close(error)
 
-    def __enter__(self) -> TrainerBatches:
+    def __enter__(self) -> TrainerSteps:
         try:
             self.start()
         except BaseException as exc:
@@ -205,15 +206,15 @@ class TrainerBatches:
 
     # -- steps --
 
-    def __iter__(self) -> Iterator[TrainingBatch]:
+    def __iter__(self) -> Iterator[TrainingStep]:
         while True:
-            batch = self.next_batch(self.wait_seconds)
-            if batch is not None:
-                yield batch
+            step = self.next_step(self.wait_seconds)
+            if step is not None:
+                yield step
             elif self._stopped:
                 return
 
-    def next_batch(self, timeout: float | None = None) -> TrainingBatch | None:
+    def next_step(self, timeout: float | None = None) -> TrainingStep | None:
         """This rank's share of the next step; None when no step came within ``timeout``
         seconds, or when the ranks stopped (``stopped`` is then True). Collective."""
         self._health.at(self._health.step + 1, "next step")
@@ -235,13 +236,15 @@ class TrainerBatches:
         self._health.step = share.step
         self._health.at(share.step, "train")
         groups = self._mine if self.ranks.is_leader else [group_rows(g) for g in share.groups]
-        batch = self._images.assemble(groups, self._pad_value)
-        batch.step, batch.rank, batch.world_size, batch.step_groups = share.step, share.rank, share.world_size, share.step_groups
+        step = self._images.assemble(groups, self._pad_value)
+        step.step, step.rank, step.world_size, step.step_groups = share.step, share.rank, share.world_size, share.step_groups
         if self.ranks.is_leader:
-            step = self.book.pending[share.step]
+            entry = self.book.pending[share.step]
             topic = self._source.topic if self._source is not None else ""
-            batch.offsets = {TopicPartition(topic, p): o for p, o in step.offsets.items()}
-        return batch
+            step.offsets = {TopicPartition(topic, p): o for p, o in entry.offsets.items()}
+        return step
+
+    next_batch = DeprecatedMethod("next_step")
 
     @property
     def stopped(self) -> bool:
@@ -280,14 +283,14 @@ class TrainerBatches:
             payloads.append(encode_share(StepShare(rank=rank, groups=groups, **head)))
         return payloads
 
-    def commit(self, batch: TrainingBatch) -> None:
-        """Commit ``batch``'s step (and every step before it) once every rank finished it.
+    def commit(self, step: TrainingStep) -> None:
+        """Commit ``step`` (and every step before it) once every rank finished it.
 
         Collective: every rank calls it with its share of the same step. Raises
         :class:`CommitRefused` (rank 0) or :class:`RankFailed` (the others) on every rank
         when the commit failed."""
-        self._health.at(batch.step, "commit")
-        steps = self._gather(batch.step)
+        self._health.at(step.step, "commit")
+        steps = self._gather(step.step)
         if len(set(steps)) != 1:
             raise RuntimeError(f"ranks committed different steps {steps}: every rank must commit the same step")
         failure = None
@@ -295,22 +298,22 @@ class TrainerBatches:
         if self.ranks.is_leader:
             assert self._thread is not None and self._source is not None
             try:
-                entries = self.book.due(batch.step)
+                entries = self.book.due(step.step)
                 if entries:
                     self._thread.run(self._source.commit(entries))
                     offsets = dict(self._health.resume[1])
                     for entry in entries:
                         offsets.update(entry.offsets)
-                    self._health.resume = (batch.step, offsets)
+                    self._health.resume = (step.step, offsets)
             except Exception as exc:
                 error, failure = exc, f"{type(exc).__name__}: {exc}"
         failure, self._health.resume = self._health.collective(lambda: self.ranks.broadcast((failure, self._health.resume)))
         if failure is not None:
             if error is not None:
                 raise error
-            raise RankFailed(f"rank 0 could not commit step {batch.step}: {failure}")
-        self.book.committed(batch.step)
-        self._health.at(batch.step, "after commit")
+            raise RankFailed(f"rank 0 could not commit step {step.step}: {failure}")
+        self.book.committed(step.step)
+        self._health.at(step.step, "after commit")
 
     def _gather(self, step: int) -> list[int]:
         if self.ranks.group is None:
@@ -320,4 +323,4 @@ class TrainerBatches:
         return steps
 
 
-__all__ = ["CollectiveFailed", "CommitRefused", "RankFailed", "TrainerBatches"]
+__all__ = ["CollectiveFailed", "CommitRefused", "RankFailed", "TrainerSteps"]

@@ -18,7 +18,7 @@ beats. A verdict (:class:`Verdict`) is reached when:
   rank's log names the rank that caused it.
 
 Rank 0 watches every rank, the others watch rank 0. On a verdict the watch calls its owner's
-``on_lost`` (:class:`~rollstream.trainer.batches.TrainerBatches` logs one line and ends the
+``on_lost`` (:class:`~rollstream.trainer.trainer_steps.TrainerSteps` logs one line and ends the
 process, so that ``torchrun`` restarts the job). A rank that leaves its loop normally says
 goodbye (``closed``) and is no longer watched.
 """
@@ -158,7 +158,7 @@ class RankWatch:
             watch._connect(tuple(address))
         watch._began = time.monotonic()
         watch._thread.start()
-        atexit.register(watch.close)  # a loop that never closed its TrainerBatches still says goodbye
+        atexit.register(watch.close)  # a loop that never closed its TrainerSteps still says goodbye
         return watch
 
     def close(self, state: State = "closed", detail: str = "") -> None:
