@@ -71,8 +71,7 @@ class VersionFollower:
     ) -> None:
         self._engine = engine
         self._store = store
-        self._poll_seconds = poll_seconds
-        self._retry = retry
+        self._poll_seconds, self._retry = poll_seconds, retry
         self._target = engine.get_version()
         self._changed = asyncio.Event()
         self.failed_loads = 0
