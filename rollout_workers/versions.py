@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.runtime.metrics import WEIGHT_VERSION
-from rollstream.retry import RetryPolicy
+from rollstream.retry import WEIGHTS_RETRY, RetryPolicy
 from rollstream.runtime.tasks import raise_if_cancelled, run_together
 
 log = logging.getLogger(__name__)
@@ -67,13 +67,11 @@ class VersionFollower:
         store: VersionSource,
         *,
         poll_seconds: float = 2.0,
-        backoff_first: float = 0.5,
-        backoff_cap: float = 30.0,
+        retry: RetryPolicy = WEIGHTS_RETRY,
     ) -> None:
         self._engine = engine
         self._store = store
-        self._poll_seconds = poll_seconds
-        self._backoff_first, self._backoff_cap = backoff_first, backoff_cap
+        self._poll_seconds, self._retry = poll_seconds, retry
         self._target = engine.get_version()
         self._changed = asyncio.Event()
         self.failed_loads = 0
@@ -116,7 +114,7 @@ class VersionFollower:
             log.warning("version store went back to %d (following %d); ignored", version, self._target)
 
     async def _watch_loop(self) -> None:
-        backoff = RetryPolicy(initial=self._backoff_first, maximum=self._backoff_cap, jitter=0.0).backoff()
+        backoff = self._retry.backoff()
         while True:
             try:
                 async for version in self._store.watch(self._poll_seconds):
@@ -130,7 +128,7 @@ class VersionFollower:
                 await backoff.sleep()
 
     async def _apply_loop(self) -> None:
-        backoff = RetryPolicy(initial=self._backoff_first, maximum=self._backoff_cap, jitter=0.0).backoff()
+        backoff = self._retry.backoff()
         while True:
             await self._changed.wait()
             self._changed.clear()
@@ -170,7 +168,7 @@ class VersionFollower:
 
     async def _ensure_resumed(self) -> None:
         """Retry ``resume`` until it works, so a failed load never leaves generation paused."""
-        backoff = RetryPolicy(initial=self._backoff_first, maximum=self._backoff_cap, jitter=0.0).backoff()
+        backoff = self._retry.backoff()
         while True:
             try:
                 await self._engine.resume()

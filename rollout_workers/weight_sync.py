@@ -53,7 +53,7 @@ from rollstream.engines.server_admin import ServerAdmin, ServerHealth
 from rollstream.engines.server_http import TRANSPORT_ERRORS, EngineRequestError, Retryable
 from rollstream.runtime.metrics import WEIGHT_VERSION
 from rollstream.state.server_lease import Lease, Phase, ServerLeases, ServerSyncState
-from rollstream.retry import RetryPolicy
+from rollstream.retry import WEIGHTS_RETRY
 from rollstream.runtime.tasks import raise_if_cancelled, run_together
 from rollstream.rollout_workers.versions import TIER, VersionFollower, VersionSource
 
@@ -148,7 +148,7 @@ class ServerOwner:
                 return
 
     async def _serve(self, lease: Lease) -> None:
-        backoff = RetryPolicy(initial=min(1.0, self._settings.reconcile_seconds), maximum=30.0, jitter=0.0).backoff()
+        backoff = WEIGHTS_RETRY.backoff()
         taken_over = True
         while True:
             self._changed.clear()

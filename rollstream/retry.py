@@ -174,9 +174,14 @@ def _log_retry(what: str) -> Callable[[tenacity.RetryCallState], None]:
 
 
 # The named policies; every retry in rollstream uses one of them (limits set per use with
-# ``limited``), or numbers its user set in the config (SGLang's backoff, the version follower).
+# ``limited``), or numbers its user set in the config (``rollout.server.backoff_*``).
 KAFKA_RETRY = RetryPolicy(initial=0.25, maximum=5.0, jitter=0.25)  # a broker restarting, a coordinator moving, a failed transaction
 REDIS_RETRY = RetryPolicy(initial=0.2, maximum=5.0, jitter=0.25)  # Redis down or restarting
+# following the trainer's weights: the version store unreachable, a weight load, an engine's
+# resume or a server's weight sync that failed
+WEIGHTS_RETRY = RetryPolicy(initial=0.5, maximum=30.0, jitter=0.0)
+# a reward function that raised or timed out: tried again at once, as AReaL's wrapper does
+REWARD_RETRY = RetryPolicy(initial=0.0, maximum=0.0, jitter=0.0)
 
 
 def transaction_retry(max_attempts: int, patience: float | None = None) -> RetryPolicy:

@@ -18,8 +18,10 @@ partition ends only once every transaction with records below it has committed o
 keep writing).
 
 It yields one :class:`Chunk` per fetch: the records below the end, and the position reached
-(which also moves over transaction markers and aborted records). A partition that makes no
-progress for ``stall_seconds`` raises ``TimeoutError`` naming it.
+(which also moves over transaction markers and aborted records). Two deadlines, each raising
+``TimeoutError`` naming what was not read: a partition that makes no progress for
+``stall_seconds``, and a read not ended after ``timeout`` seconds (the tools: what a screen or
+a check waits for).
 """
 
 from __future__ import annotations
@@ -61,9 +63,11 @@ async def read_bounded(
     end: dict[int, int] | None = None,
     settled: bool = False,
     stall_seconds: float | None = None,
+    timeout: float | None = None,
 ) -> AsyncIterator[Chunk]:
     """The committed records of ``topic`` (``partitions``, default all) between ``start`` and
     the end (see the module docstring), each partition in offset order."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     # A bounded read wants what is there, not to wait for more: the broker answers an empty
     # fetch at once rather than after fetch_max_wait_ms (a restore reads every partition).
     quick = msgspec.structs.replace(config, fetch_max_wait_ms=min(config.fetch_max_wait_ms, BOUNDED_FETCH_WAIT_MS))
@@ -84,6 +88,9 @@ async def read_bounded(
             remaining = [tp for tp, read in reads.items() if not read.done(consumer)]
             if not remaining:
                 return
+            if deadline is not None and time.monotonic() > deadline:
+                left = ", ".join(f"[{tp.partition}] at {reads[tp].position} of {reads[tp].limit(consumer)}" for tp in remaining)
+                raise TimeoutError(f"reading {topic} to its end took over {timeout:.0f}s: {left}")
             fetched = await consumer.getmany(*remaining, timeout_ms=FETCH_TIMEOUT_MS)
             for tp in remaining:
                 chunk = reads[tp].advance(fetched.get(tp, []), await consumer.position(tp), consumer, stall_seconds)
@@ -95,10 +102,13 @@ async def read_bounded(
 
 async def scan_topic(
     config: KafkaConfig, topic: str, client_id: str, end: dict[int, int] | None = None,
-    stall_seconds: float | None = None,
+    stall_seconds: float | None = None, *, partitions: Collection[int] | None = None,
+    start: dict[int, int] | None = None, timeout: float | None = None,
 ) -> AsyncIterator[ConsumerRecord]:
-    """Every committed record of ``topic`` up to its current last stable offset, or to ``end``."""
-    chunks = read_bounded(config, topic, client_id, end=end, stall_seconds=stall_seconds)
+    """Every committed record of ``topic`` up to its current last stable offset, or to ``end``
+    (:func:`read_bounded`'s read, record by record)."""
+    chunks = read_bounded(config, topic, client_id, partitions=partitions, start=start, end=end,
+                          stall_seconds=stall_seconds, timeout=timeout)
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
             for record in chunk.records:

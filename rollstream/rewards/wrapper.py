@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import itertools
 import logging
 import pickle
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from rollstream.retry import REWARD_RETRY
 from rollstream.rewards.pool import START_METHOD, RewardPool, RewardTimeout
 
 __all__ = ["START_METHOD", "AsyncRewardWrapper", "RewardTimeout", "close_workflow"]
@@ -120,22 +122,19 @@ class AsyncRewardWrapper:
         attempt's error."""
         attempts = self.max_retries + 1
         blob = pickle.dumps((self.reward_fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-        for attempt in range(1, attempts + 1):
-            try:
-                # a retry runs alone: a call that failed once may hang or kill its process again
-                return await self._require_pool().run(blob, self._name, self.timeout_seconds, alone=attempt > 1)
-            except RewardTimeout:
-                if attempt == attempts:
-                    raise RewardTimeout(
-                        f"reward function {self._name} timed out after {self.timeout_seconds} s on all "
-                        f"{attempts} attempts"
-                    ) from None
-                logger.warning("reward function %s timed out (attempt %d/%d)", self._name, attempt, attempts)
-            except Exception as exc:
-                if attempt == attempts:
-                    raise
-                logger.warning("reward function %s raised %r (attempt %d/%d)", self._name, exc, attempt, attempts)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        tries = itertools.count(1)
+
+        async def attempt() -> float:
+            # a retry runs alone: a call that failed once may hang or kill its process again
+            return await self._require_pool().run(blob, self._name, self.timeout_seconds, alone=next(tries) > 1)
+
+        try:
+            return await REWARD_RETRY.limited(max_attempts=attempts).call(
+                attempt, retry_on=(Exception,), what=f"reward function {self._name}")
+        except RewardTimeout:
+            raise RewardTimeout(
+                f"reward function {self._name} timed out after {self.timeout_seconds} s on all {attempts} attempts"
+            ) from None
 
     def _require_pool(self) -> RewardPool:
         if self._pool is None:

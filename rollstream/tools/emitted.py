@@ -10,11 +10,11 @@ staleness slot, so they are not among the admitted either).
 
 from __future__ import annotations
 
-import time
+import contextlib
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
+from rollstream.config import KafkaConfig
+from rollstream.kafka.scan import read_bounded
 from rollstream.wire import EmittedGroup, WireDecodeError, decode_group
 
 READ_SECONDS = 10.0  # per call; what is left is read by the next call
@@ -34,37 +34,19 @@ class EmittedCounter:
     groups: int = 0
     positions: dict[int, int] = field(default_factory=dict)  # next offset to read per partition
 
-    async def update(self, consumer: AIOKafkaConsumer, ends: dict[int, int], budget: float = READ_SECONDS) -> EmittedCount:
-        """Read ``topic`` up to ``ends`` (or for ``budget`` seconds) with ``consumer`` (a
-        ``read_committed`` consumer of its own: it is assigned the topic's partitions)."""
-        tps = [TopicPartition(self.topic, p) for p in sorted(ends)]
-        if not tps:
-            return EmittedCount(self.groups, True)
-        begins = await consumer.beginning_offsets(tps)
-        consumer.assign(tps)
+    async def update(self, config: KafkaConfig, ends: dict[int, int], budget: float = READ_SECONDS) -> EmittedCount:
+        """Read ``topic`` from where the last call stopped up to ``ends`` (the one bounded
+        read), for at most ``budget`` seconds."""
+        chunks = read_bounded(config, self.topic, "status-batches", partitions=ends, start=self.positions, end=ends,
+                              timeout=budget)
         try:
-            for tp in tps:
-                consumer.seek(tp, max(self.positions.get(tp.partition, 0), begins[tp]))
-            deadline = time.monotonic() + budget
-            while not await self._caught_up(consumer, tps, ends):
-                if time.monotonic() > deadline:
-                    return EmittedCount(self.groups, False)
-                polled = await consumer.getmany(*tps, timeout_ms=200)
-                for records in polled.values():
-                    for record in records:
-                        if record.offset < ends[record.partition]:
-                            self.groups += _train_groups(record.value)
-            return EmittedCount(self.groups, True)
-        finally:
-            for tp in tps:
-                self.positions[tp.partition] = min(await consumer.position(tp), ends[tp.partition])
-
-    @staticmethod
-    async def _caught_up(consumer: AIOKafkaConsumer, tps: list[TopicPartition], ends: dict[int, int]) -> bool:
-        for tp in tps:
-            if await consumer.position(tp) < ends[tp.partition]:
-                return False
-        return True
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    self.groups += sum(_train_groups(record.value) for record in chunk.records)
+                    self.positions[chunk.partition] = chunk.position
+        except TimeoutError:
+            return EmittedCount(self.groups, False)  # the next call reads on from here
+        return EmittedCount(self.groups, True)
 
 
 def _train_groups(value: bytes | None) -> int:

@@ -29,6 +29,7 @@ from rich.table import Table
 from rollstream.runtime.tasks import wait_event
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_admin, make_consumer
+from rollstream.kafka.scan import scan_topic
 from rollstream.kafka.topics import TopicNames
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
@@ -99,9 +100,6 @@ class StatusCollector:
         self.consumer: AIOKafkaConsumer = make_consumer(self.config.kafka, "status", group_id=None, read_committed=True)
         await self.consumer.start()
         self._stack.push_async_callback(self.consumer.stop)
-        self.batches_consumer: AIOKafkaConsumer = make_consumer(self.config.kafka, "status-batches", group_id=None, read_committed=True)
-        await self.batches_consumer.start()
-        self._stack.push_async_callback(self.batches_consumer.stop)
         self.admin: AIOKafkaAdminClient = make_admin(self.config.kafka, "status")
         await self.admin.start()
         self._stack.push_async_callback(self.admin.close)
@@ -132,7 +130,7 @@ class StatusCollector:
             at=now, experiment=f"{self.names.experiment}/{self.names.trial}", ends=ends, roles=roles,
             rates=self._rates(ends, now), groups=groups, usage=usage, drops=drops,
             reward_by_version=await self._reward_sample(ends.get(roles["scored"], {})),
-            emitted=await self._emitted.update(self.batches_consumer, batch_ends) if batch_ends is not None else None,
+            emitted=await self._emitted.update(self.config.kafka, batch_ends) if batch_ends is not None else None,
         )
         self._previous = snapshot
         return snapshot
@@ -177,26 +175,19 @@ class StatusCollector:
         return rates
 
     async def _reward_sample(self, ends: dict[int, int]) -> dict[int, tuple[float, int]]:
+        """Mean reward per tail version of the last ``REWARD_SAMPLE`` records of ``scored``
+        (what the one bounded read gives within ``SAMPLE_SECONDS``)."""
         if not ends:
             return {}
-        topic = self.names.scored
         per_partition = math.ceil(REWARD_SAMPLE / len(ends))
-        tps = [TopicPartition(topic, p) for p in ends]
-        begins = await self.consumer.beginning_offsets(tps)
-        self.consumer.assign(tps)
-        for tp in tps:
-            self.consumer.seek(tp, max(begins[tp], ends[tp.partition] - per_partition))
+        start = {p: end - per_partition for p, end in ends.items()}
+        records = scan_topic(self.config.kafka, self.names.scored, "status", end=ends, partitions=ends, start=start,
+                             timeout=SAMPLE_SECONDS)
         sums: dict[int, list[float]] = {}
-        deadline = time.monotonic() + SAMPLE_SECONDS
-        while time.monotonic() < deadline:
-            polled = await self.consumer.getmany(timeout_ms=200)
-            for records in polled.values():
-                for record in records:
+        with contextlib.suppress(TimeoutError):  # a sample: what was read in time
+            async with contextlib.aclosing(records):
+                async for record in records:
                     _add_reward(sums, record.value)
-            positions = [await self.consumer.position(tp) for tp in tps]
-            if all(pos >= ends[tp.partition] for pos, tp in zip(positions, tps)):
-                break
-        self.consumer.unsubscribe()
         return {v: (sum(r) / len(r), len(r)) for v, r in sorted(sums.items())}
 
 

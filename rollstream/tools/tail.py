@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TextIO
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from rollstream.config import RollstreamConfig
 from rollstream.dump.lines import Tokenizer, load_tokenizer
 from rollstream.kafka.clients import make_consumer
+from rollstream.kafka.scan import scan_topic
 from rollstream.kafka.topics import TopicNames
 from rollstream.tools.render import message_json, summary_line
 from rollstream.kafka.admin import topic_partitions
@@ -49,56 +52,55 @@ async def tail(
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
     topic = topic_for(names, role)
     tokenizer = await asyncio.to_thread(load_tokenizer, options.tokenizer_path) if options.tokenizer_path else None
+    partitions = await _wait_for_topic(config, topic, options.wait_seconds)
     printed = 0
-    async with contextlib.AsyncExitStack() as stack:
-        consumer = make_consumer(config.kafka, "tail", group_id=None, read_committed=True)
-        await consumer.start()
-        stack.push_async_callback(consumer.stop)
-        tps = await _assign(config, consumer, topic, options)
-        if tps is None:
-            raise RuntimeError(f"topic {topic} does not exist (check experiment.experiment_name / trial_name)")
-        ends = await consumer.end_offsets(tps) if options.stop_at_end else None
-        while not (stop is not None and stop.is_set()):
-            if ends is not None and await _reached(consumer, ends):
+    records = _to_end(config, topic, partitions, options) if options.stop_at_end else _follow(config, topic, partitions, options, stop)
+    async with contextlib.aclosing(records):
+        async for record in records:
+            out.write(_render(role, record.value, record.partition, record.offset, options, tokenizer) + "\n")
+            out.flush()  # a follower shows each message as it arrives
+            printed += 1
+            if (options.max_messages is not None and printed >= options.max_messages) or (stop is not None and stop.is_set()):
                 break
-            polled = await consumer.getmany(timeout_ms=POLL_MS)
-            for tp in sorted(polled, key=lambda t: t.partition):
-                for record in polled[tp]:
-                    if ends is not None and record.offset >= ends[tp]:
-                        continue  # written after the start: not this run's to print
-                    out.write(_render(role, record.value, record.partition, record.offset, options, tokenizer) + "\n")
-                    printed += 1
-                    if options.max_messages is not None and printed >= options.max_messages:
-                        out.flush()
-                        return printed
-            out.flush()
     return printed
 
 
-async def _reached(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
-    """True once every partition's position is at or past its captured end offset."""
-    for tp, end in ends.items():
-        if await consumer.position(tp) < end:
-            return False
-    return True
-
-
-async def _assign(
-    config: RollstreamConfig, consumer: AIOKafkaConsumer, topic: str, options: TailOptions
-) -> list[TopicPartition] | None:
+async def _wait_for_topic(config: RollstreamConfig, topic: str, wait_seconds: float) -> list[int]:
+    """The topic's partitions, once it exists; ``RuntimeError`` after ``wait_seconds``."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + options.wait_seconds
+    deadline = loop.time() + wait_seconds
     while (partitions := await topic_partitions(config.kafka, topic)) is None:
         if loop.time() > deadline:
-            return None
+            raise RuntimeError(f"topic {topic} did not exist within {wait_seconds:.0f}s "
+                               "(check experiment.experiment_name / trial_name)")
         await asyncio.sleep(0.5)
-    tps = [TopicPartition(topic, p) for p in partitions]
-    consumer.assign(tps)
-    if options.from_beginning:
-        await consumer.seek_to_beginning(*tps)
-    else:
-        await consumer.seek_to_end(*tps)
-    return tps
+    return partitions
+
+
+def _to_end(config: RollstreamConfig, topic: str, partitions: list[int], options: TailOptions) -> AsyncIterator[ConsumerRecord]:
+    """What the topic holds now (the one bounded read; from the end: nothing). A partition that
+    makes no progress for ``wait_seconds`` ends the read with a ``TimeoutError`` naming it."""
+    start = None if options.from_beginning else dict.fromkeys(partitions, sys.maxsize)  # past every end
+    return scan_topic(config.kafka, topic, "tail", partitions=partitions, start=start, stall_seconds=options.wait_seconds)
+
+
+async def _follow(
+    config: RollstreamConfig, topic: str, partitions: list[int], options: TailOptions, stop: asyncio.Event | None,
+) -> AsyncIterator[ConsumerRecord]:
+    """Every record as it arrives, until ``stop`` is set (a follower has no end to wait for)."""
+    consumer = make_consumer(config.kafka, "tail", group_id=None, read_committed=True)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(tps)
+        await (consumer.seek_to_beginning(*tps) if options.from_beginning else consumer.seek_to_end(*tps))
+        while not (stop is not None and stop.is_set()):
+            polled = await consumer.getmany(timeout_ms=POLL_MS)
+            for tp in sorted(polled, key=lambda t: t.partition):
+                for record in polled[tp]:
+                    yield record
+    finally:
+        await consumer.stop()
 
 
 def _render(

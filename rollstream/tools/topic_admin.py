@@ -12,16 +12,15 @@ input is refused with the lag per tier. Replication and topic configs are not ch
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import describe_topics, ensure_topics
-from rollstream.kafka.clients import make_admin, make_consumer
+from rollstream.kafka.clients import make_admin
+from rollstream.kafka.scan import scan_topic
 from rollstream.kafka.topic_check import TopicLayoutError, growable, plan_growth, prompts_growth
 from rollstream.kafka.topics import TopicNames
 from rollstream.tools.status import consumer_groups
@@ -86,43 +85,17 @@ async def input_lags(config: RollstreamConfig, names: TopicNames, admin: AIOKafk
     """Per tier of ``TIER_INPUTS``: records of its input topic (as ``read_committed`` readers
     see them) after the offsets its group committed; all of them when it committed nothing.
 
-    Records are counted by reading them, not by subtracting offsets: transaction markers take
-    offsets too, and a group commits the offset after its last record, before the marker."""
-    groups = [g for g in consumer_groups(config, names) if g.tier in TIER_INPUTS and g.topic is not None]
-    described = await admin.describe_topics([g.topic for g in groups if g.topic])
-    tps = [TopicPartition(e["topic"], p["partition"]) for e in described if e["error_code"] == 0 for p in e["partitions"]]
-    consumer = make_consumer(config.kafka, "topics-lag", group_id=None, read_committed=True)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets(tps) if tps else {}
-        lags: dict[str, int] = {}
-        for group in groups:
-            mine = [tp for tp in ends if tp.topic == group.topic]
-            committed = await admin.list_consumer_group_offsets(group.group_id, partitions=mine)
-            done = {tp: meta.offset for tp, meta in committed.items() if meta is not None and meta.offset >= 0}
-            starts = {tp: done.get(tp, 0) for tp in mine if done.get(tp, 0) < ends[tp]}
-            lags[group.tier] = await _count_records(consumer, starts, ends, timeout)
-    finally:
-        await consumer.stop()
+    Records are counted by reading them (the one bounded read, each within ``timeout``), not by
+    subtracting offsets: transaction markers take offsets too, and a group commits the offset
+    after its last record, before the marker."""
+    lags: dict[str, int] = {}
+    for group in consumer_groups(config, names):
+        if group.tier not in TIER_INPUTS or group.topic is None:
+            continue
+        committed = await admin.list_consumer_group_offsets(group.group_id)
+        start = {tp.partition: meta.offset for tp, meta in committed.items()
+                 if tp.topic == group.topic and meta is not None and meta.offset >= 0}
+        lags[group.tier] = 0
+        async for _ in scan_topic(config.kafka, group.topic, "topics-lag", start=start, timeout=timeout):
+            lags[group.tier] += 1
     return lags
-
-
-async def _count_records(consumer: AIOKafkaConsumer, starts: dict[TopicPartition, int],
-                         ends: dict[TopicPartition, int], timeout: float) -> int:
-    """Records in ``[starts[tp], ends[tp])`` of each partition, read with ``consumer``."""
-    if not starts:
-        return 0
-    consumer.assign(list(starts))
-    for tp, offset in starts.items():
-        consumer.seek(tp, offset)
-    count, left = 0, set(starts)
-    deadline = asyncio.get_running_loop().time() + timeout
-    while left:
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"reading {sorted(map(str, left))} to their ends took over {timeout:.0f}s")
-        fetched = await consumer.getmany(*left, timeout_ms=200)
-        count += sum(1 for tp, records in fetched.items() for r in records if r.offset < ends[tp])
-        for tp in list(left):
-            if await consumer.position(tp) >= ends[tp]:
-                left.discard(tp)
-    return count

@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from rollstream.rollout_workers.engine_factory import load_current_version
+from rollstream.retry import RetryPolicy
 from rollstream.rollout_workers.versions import VersionFollower
 from tests.unit.fakes import FakeSource, RecordingEngine, until_true
 
 
 def _follower(engine: RecordingEngine, source: FakeSource) -> VersionFollower:
-    return VersionFollower(engine, source, poll_seconds=0.05, backoff_first=0.01, backoff_cap=0.05)
+    return VersionFollower(engine, source, poll_seconds=0.05,
+                           retry=RetryPolicy(initial=0.01, maximum=0.05, jitter=0.0))
 
 
 async def _running(follower: VersionFollower) -> asyncio.Task[None]:
