@@ -40,7 +40,7 @@ import yaml
 from redis.exceptions import RedisError
 
 from bench.common import Report, base_parser
-from bench.harness.ledger import BatchesWatcher, read_topic
+from harness.ledger import BatchesWatcher, read_topic
 from rollstream.config import RollstreamConfig, load_config
 from rollstream.dev.processes import free_port
 from rollstream.kafka.topics import TopicNames
@@ -48,6 +48,7 @@ from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.wire import decode_dead_letter, decode_prompt
+
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "rollstream-cpu.yaml"

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.harness.ledger import Ledger
+from harness.ledger import Ledger
 from rollstream.trainer.ledger import LedgerEntry
 from rollstream.wire import Batch
 from rollstream.wire.codec import batch_arrays
+
 
 ENDS_ONCE = "ends exactly once"
 TRAINED_ONCE = "trained at most once"

@@ -23,12 +23,13 @@ from aiokafka import ConsumerRecord
 from redis.exceptions import RedisError
 
 from bench.chaos import invariants as inv
-from bench.harness.ledger import Ledger
+from harness.ledger import Ledger
 from rollstream.config import RollstreamConfig
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
 from rollstream.wire import Batch, GroupDropped, decode_prompt
+
 
 log = logging.getLogger(__name__)
 

@@ -40,6 +40,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.budget_watch import BudgetWatch
+from harness.cluster import ClusterProbe, FaultRecord
+from harness.configs import pipeline_config
+from harness.ledger import read_topic
+from harness.pipeline import Outcome, Pipeline, write_dataset
+from harness.reports import ShowReport
 from rollstream.config import KafkaConfig
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
@@ -47,10 +53,7 @@ from rollstream.kafka.admin import describe_topics, ensure_topics
 from rollstream.kafka.clients import make_admin
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import Batch, decode_batch
-from bench.harness.cluster import BudgetWatch, ClusterProbe, FaultRecord
-from bench.harness.ledger import read_topic
-from bench.harness.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
-from tests.helpers import ShowReport
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -19,17 +19,19 @@ import numpy
 import pytest
 from tokenizers import Tokenizer as TokenizerFile
 
-from bench.stack import TierProcess, write_config
+from harness.configs import write_config
+from harness.images import noise_png
+from harness.producer_feed import read_prompts
+from harness.scored_feed import group_messages, read_all, write_scored
+from harness.services import free_port
+from harness.tiers import TierProcess
+from harness.torch_tripwire import TRIPPED
 from rollstream.config import config_from_dict
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import Batch, Episode, ScoredEpisode, decode_batch, decode_scored, encode, encode_arrays
-from tests.fakes import free_port
-from tests.integration.test_grouping_service import group_messages, read_all, write_scored
-from tests.integration.test_producer_service import read_prompts
-from tests.integration.torch_tripwire import TRIPPED
-from tests.unit.vision_helpers import noise_png
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
@@ -45,7 +47,7 @@ class Tier:
         self.tree = {**tree, "metrics": {"port": self.port}}
         self.config = config_from_dict(self.tree)
         path = write_config(tmp_path / f"{tier}.yaml", self.tree)
-        self.process = TierProcess(tier, path, tmp_path / f"{tier}.log", module="tests.integration.torch_tripwire")
+        self.process = TierProcess(tier, path, tmp_path / f"{tier}.log", module="harness.torch_tripwire")
         self.process.start()
 
     def check_alive(self) -> None:

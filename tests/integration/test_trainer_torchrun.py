@@ -25,12 +25,14 @@ from typing import Any
 import pytest
 from aiokafka.structs import TopicPartition
 
+from harness.configs import pipeline_config
+from harness.pipeline import Pipeline, write_dataset
+from harness.tiny_models import build_model
+from harness.trainer_jobs import TrainerJob, pid_gone
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.scan import scan_topic
 from rollstream.trainer import LedgerEntry, StepLedger
-from tests.faults.conftest import build_model
-from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
-from tests.integration.trainer_jobs import TrainerJob, pid_gone
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -26,6 +26,9 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
+from harness.checkpoints import fresh_server, save_versions
+from harness.logprob_audit import LogprobAuditor
+from harness.waits import until, within
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.config import ServerConfig
@@ -35,9 +38,7 @@ from rollstream.engines.vllm_admin import loading_label
 from rollstream.rollout_workers.weight_sync import ServerOwner
 from rollstream.state.client import RedisKeys
 from rollstream.state.server_lease import ServerLeases
-from tests.e2e.support import save_versions
-from tests.helpers import until, within
-from tests.vllm_support import LogprobAudit, fresh_server
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 
@@ -67,8 +68,8 @@ def request(n: int, **settings: object) -> ModelRequest:
     return ModelRequest(input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=n, **settings))
 
 
-def audit(responses: list[ModelResponse], weights: list[Path], temperature: float = 1.0) -> LogprobAudit:
-    checker = LogprobAudit(weights, temperature)
+def audit(responses: list[ModelResponse], weights: list[Path], temperature: float = 1.0) -> LogprobAuditor:
+    checker = LogprobAuditor(weights, temperature)
     for i, resp in enumerate(responses):
         n = len(resp.input_tokens)
         checker.row(resp.input_tokens + resp.output_tokens, [False] * n + [True] * len(resp.output_tokens),

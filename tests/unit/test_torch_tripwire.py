@@ -9,10 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.torch_tripwire import TRIPPED
+from harness.torch_tripwire import TRIPPED
+
 
 REPO = Path(__file__).resolve().parents[2]
-ARMED = "from tests.integration.torch_tripwire import install; install()\n"
+ARMED = "from harness.torch_tripwire import install; install()\n"
 
 
 def run_armed(code: str) -> subprocess.CompletedProcess[str]:

@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.fakes import ids, make_tokenizer
 from rollstream.consumers.batching import build_batch
 from rollstream.consumers.grouping import CompleteGroup, GroupFilters, apply_filters
 from rollstream.dump.lines import dump_lines
@@ -24,7 +25,7 @@ from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import TrajectoryBuilder
 from rollstream.trajectory.versions import RowSpan, Versions, batch_trainer_version, head_and_tail, row_spans, staleness
 from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_batch, encode
-from tests.unit.fakes import ids, make_tokenizer
+
 
 ENGINE_VERSION = 9  # the engine's version when the episode ended: the fallback
 
