@@ -7,7 +7,7 @@ trainer published ``--steps`` weight versions, stops and starts each ``--restart
 (``docker compose stop`` / ``start``: SIGTERM, then the same container again) while the run goes
 on, runs ``rollstream status`` in a container, then stops the producer, waits until every
 admitted prompt has ended, and checks from the topics that each ended exactly once (one emitted
-group or one counted drop, no sample twice: ``bench.harness.ledger``). ``down -v`` at the end,
+group or one counted drop, no sample twice: ``harness.ledger``). ``down -v`` at the end,
 whatever happened (``--keep``: leave it up).
 
 The images must exist (``bash scripts/images.sh``). Containers talk to each other on the

@@ -14,7 +14,7 @@ leaves with SIGTERM (it finishes in-flight work, commits and leaves the group). 
 groups/s over the window from every new replica consuming to the phase's end, and the
 transition (start-up and rebalance) separately. Then versions stop, the producer stops, and the
 pipeline drains. The accounting is read from the topics (read_committed,
-``bench.harness.ledger``): every admitted prompt ended exactly once, as an emitted group or a
+``harness.ledger``): every admitted prompt ended exactly once, as an emitted group or a
 counted drop; no row twice.
 """
 

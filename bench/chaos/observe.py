@@ -1,7 +1,7 @@
 """What the chaos run watches while it runs, and the checks it makes as it watches.
 
 :class:`Observer` is fed by the run: every record of ``prompts`` (:meth:`Observer.on_prompt`,
-from a :class:`~bench.harness.ledger.TopicFollower`) and of ``batches`` (:meth:`Observer.on_batch`,
+from a :class:`~harness.ledger.TopicFollower`) and of ``batches`` (:meth:`Observer.on_batch`,
 the pipeline's batches watcher); it polls the trainer's ledger file and samples the staleness
 counters and the version in Redis. Each observation goes through the plain functions of
 :mod:`bench.chaos.invariants`, and every violation is printed the moment it is found.

@@ -2,7 +2,7 @@
 one by one and cut off, and while tiers are killed.
 
 The cluster (the ``kafka_cluster`` fixture of ``tests/faults/conftest.py``, probed with
-``bench/harness/cluster.py``): three local KRaft nodes, each a broker and a controller voter;
+``harness/cluster.py``): three local KRaft nodes, each a broker and a controller voter;
 the trial's topics and the internal ones (consumer offsets, transaction state) at replication 3 with ``min.insync.replicas`` 2; the tiers produce with ``acks=all`` and
 idempotence. The pipeline is the one of ``test_exactly_once.py`` (the tiers as separate
 processes, the tiny HF model, a stand-in trainer pacing the producer), with

@@ -1,6 +1,6 @@
 """SGLang servers that die or answer 5xx, and a weight-sync owner SIGKILLed mid-update.
 
-The servers are ``tests.fakes.FakeSGLangServer``: a real SGLang server needs a GPU, which the CI
+The servers are ``harness.fake_sglang.FakeSGLangServer``: a real SGLang server needs a GPU, which the CI
 machine lacks, so a stand-in that follows SGLang 0.5.23's HTTP behaviour takes its place (the
 engine's own unit tests cover the client in detail; these tests cover the tier). The failover
 test runs one rollout worker in-process with the default ``rollout.server`` settings (3 retries

@@ -3,7 +3,7 @@ grouping and dump tiers, each a real ``rollstream <tier>`` process on the real b
 Redis, do their work (prompts with an image published; episodes decoded with the model's
 tokenizer and scored in the reward process pool; a group padded into a batch; a scored episode
 dumped as text) under a tripwire that kills the process the moment anything imports torch
-(``tests/integration/torch_tripwire.py``), and their peak resident memory stays under
+(``harness/torch_tripwire.py``), and their peak resident memory stays under
 :data:`MAX_RSS` (``import torch`` alone is ~550 MB)."""
 
 from __future__ import annotations

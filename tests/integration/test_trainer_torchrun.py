@@ -4,7 +4,7 @@ ranks lost mid-step.
 The pipeline (producer, rollout worker with the tiny offline model, reward worker, grouping) runs
 as separate processes; two trainer jobs read its ``batches`` at the same time, each in its own
 consumer group, started as ``rollstream train`` starts a trainer (torchrun with restarts,
-tests/integration/trainer_jobs.py): a 2-rank job whose rank 1 is SIGKILLed in step 2 and, in
+harness/trainer_jobs.py): a 2-rank job whose rank 1 is SIGKILLed in step 2 and, in
 the restarted run, SIGSTOPped in step 3 (found by the heartbeats within
 ``trainer.rank_timeout_seconds`` and ended), and a 3-rank job whose Kafka-owning rank 0 is
 SIGKILLed in step 2. The jobs recover by themselves. Asserted from the topic, the trainer groups'

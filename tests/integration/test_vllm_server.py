@@ -4,7 +4,7 @@ The session's server (tests/conftest.py: ``vllm_server``) serves the tiny model;
 it back on those weights first. Checkpoints of later versions are perturbed copies, so a token
 tagged with the wrong version has a logprob that version's weights do not give: every
 generated token is audited by recomputing its logprob with the weights of its tag
-(tests/vllm_support.py).
+(harness/logprob_audit.py).
 
 Asserted: what the server answers (token ids, logprobs of the served weights after temperature,
 stop and length, greedy repeats); that a weight update landing mid-generation, a request held

@@ -1,4 +1,4 @@
-"""SGLangEngine against the SGLang stand-in (tests/fakes): protocol, tags, resume, routing, faults."""
+"""SGLangEngine against the SGLang stand-in (harness/fake_sglang.py): protocol, tags, resume, routing, faults."""
 
 from __future__ import annotations
 

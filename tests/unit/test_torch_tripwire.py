@@ -1,4 +1,4 @@
-"""The torch tripwire (``tests/integration/torch_tripwire.py``) trips on a real import of torch,
+"""The torch tripwire (``harness/torch_tripwire.py``) trips on a real import of torch,
 not on looking it up, and the modules of the producer, reward, grouping and dump tiers (and the
 ``rollstream`` command's parser that runs them) import without tripping it."""
 
