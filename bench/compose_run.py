@@ -7,7 +7,7 @@ trainer published ``--steps`` weight versions, stops and starts each ``--restart
 (``docker compose stop`` / ``start``: SIGTERM, then the same container again) while the run goes
 on, runs ``rollstream status`` in a container, then stops the producer, waits until every
 admitted prompt has ended, and checks from the topics that each ended exactly once (one emitted
-group or one counted drop, no sample twice: ``bench.harness.ledger``). ``down -v`` at the end,
+group or one counted drop, no sample twice: ``harness.ledger``). ``down -v`` at the end,
 whatever happened (``--keep``: leave it up).
 
 The images must exist (``bash scripts/images.sh``). Containers talk to each other on the
@@ -40,7 +40,7 @@ import yaml
 from redis.exceptions import RedisError
 
 from bench.common import Report, base_parser
-from bench.harness.ledger import BatchesWatcher, read_topic
+from harness.ledger import BatchesWatcher, read_topic
 from rollstream.config import RollstreamConfig, load_config
 from rollstream.dev.processes import free_port
 from rollstream.kafka.topics import TopicNames
@@ -48,6 +48,7 @@ from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.wire import decode_dead_letter, decode_prompt
+
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "rollstream-cpu.yaml"

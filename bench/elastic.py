@@ -43,13 +43,16 @@ from typing import Any
 
 from bench.common import Report, base_parser
 from bench.load_engine import ENV_RATE
-from bench.stack import TierProcess, services, stop_all, tail, tokenizer_path, unique_name, write_config
+from harness.configs import pipeline_config, write_config
+from harness.services import services, tokenizer_path, unique_name
+from harness.tiers import TierProcess, stop_all, tail
 from rollstream.config import config_from_dict
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.scan import scan_topic
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import Episode, decode_episode
 from rollstream.wire.tensor_codec import decode_array
+
 
 TRANSITIONS = ("join", "leave", "restart", "crash")
 
@@ -308,21 +311,19 @@ def analyse(fleet: Fleet, samples: list[Sample], sizes: Sizes, report: Report) -
 
 
 def config_tree(name: str, dev: Any, dataset: Path, sizes: Sizes) -> dict[str, Any]:
-    return {
-        "kafka": {"bootstrap_servers": dev.services.kafka_bootstrap, "partitions": sizes.partitions},
-        "redis": {"url": dev.services.redis_url},
-        "experiment": {"experiment_name": name, "trial_name": "t0"},
-        "log_format": "json",
-        "staleness": {"enabled": False},
-        "producer": {"dataset": str(dataset), "group_size": sizes.group_size, "producer_id": "bench"},
-        "rollout": {
+    return pipeline_config(
+        dev.services.kafka_bootstrap, dev.services.redis_url, name, kafka={"partitions": sizes.partitions},
+        log_format="json",
+        staleness={"enabled": False},
+        producer={"dataset": str(dataset), "group_size": sizes.group_size, "producer_id": "bench"},
+        rollout={
             "engine": "custom", "engine_factory": "bench.load_engine:make_engine",
             "tokenizer_path": str(tokenizer_path()),
             "max_concurrent_rollouts": sizes.max_concurrent,
             "failure_detection_seconds": sizes.failure_detection,
             "gconfig": {"max_new_tokens": sizes.max_new_tokens},
         },
-    }
+    )
 
 
 async def measure(sizes: Sizes, report: Report) -> None:

@@ -25,10 +25,10 @@ from transformers import AutoTokenizer
 from bench.common import RESULTS_DIR, Report, base_parser
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS
 from bench.load_engine import LoadGeneratorEngine
-from bench.procstats import cpu_seconds, tree_pids
-from bench.stack import tokenizer_path
-from rollstream.rewards import exact_match_reward
+from harness.procstats import cpu_seconds, tree_pids
+from harness.services import tokenizer_path
 from rollstream.api.io_struct import GenerationHyperparameters
+from rollstream.rewards import exact_match_reward
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.workflows.rlvr import RLVRWorkflow
 

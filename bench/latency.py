@@ -23,7 +23,9 @@ from aiokafka import AIOKafkaProducer
 from bench.common import Report, percentiles, run_bench
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, scored_episode, trajectory
 from bench.kafka_tools import wait_for_groups
-from bench.stack import Sampler, TierProcess, services, unique_name, wait_until_consuming, write_config
+from harness.configs import write_config
+from harness.services import services, unique_name
+from harness.tiers import Sampler, TierProcess, wait_until_consuming
 from rollstream.trainer import StepStream
 from rollstream.config import config_from_dict
 from rollstream.dev.launcher import Services
@@ -31,6 +33,7 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import encode
+
 
 GROUP_SIZE = 8
 DEFAULT_INTERVAL_MS = 100  # GroupingConfig.commit_interval_ms

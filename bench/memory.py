@@ -37,13 +37,14 @@ import msgspec
 from bench.common import Report, base_parser
 from bench.data import trajectory
 from bench.pipeline_run import PipelineSettings, memory_rows, run_pipeline
-from bench.procstats import rss_bytes
-from bench.stack import services
 from bench.workflow_memory import workflow_memory
+from harness.procstats import rss_bytes
+from harness.services import services
 from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
 from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode
 from rollstream.wire.torch_tensors import encode_tensor_dict
+
 
 MB = 1e6
 GROUP_SIZE = 8

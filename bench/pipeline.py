@@ -33,11 +33,12 @@ from bench.common import Report, run_bench
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, trajectory
 from bench.kafka_tools import kafka_tool
 from bench.pipeline_run import PipelineResult, PipelineSettings, memory_rows, run_pipeline
-from bench.procstats import cpu_seconds
-from bench.stack import services, unique_name
+from harness.procstats import cpu_seconds
+from harness.services import services, unique_name
 from rollstream.config import KafkaConfig
 from rollstream.wire import Episode, encode
 from rollstream.wire.torch_tensors import encode_tensor_dict
+
 
 MAX_MESSAGE = 16 * 1024 * 1024
 TIER_KAFKA = KafkaConfig()  # the anchors use the tiers' default batching settings

@@ -16,16 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.load_engine import ENV_MIN_SHARE, ENV_RATE, ENV_VOCAB
 from bench.kafka_tools import end_offsets, topic_bytes, wait_for_groups
-from bench.procstats import cpu_seconds, rss_bytes
-from bench.stack import (Sampler, TierProcess, stop_all, tokenizer_path, unique_name, wait_until_consuming,
-                         write_config)
+from bench.load_engine import ENV_MIN_SHARE, ENV_RATE, ENV_VOCAB
+from harness.configs import pipeline_config, write_config
+from harness.procstats import cpu_seconds, rss_bytes
+from harness.services import tokenizer_path, unique_name
+from harness.tiers import Sampler, TierProcess, stop_all, wait_until_consuming
 from rollstream.trainer import StepStream
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
+
 
 TIERS = ("grouping", "reward-worker", "rollout-worker")  # started first, then the producer
 # how many consumer groups read each topic in this pipeline (bytes consumed = size x readers)
@@ -112,18 +114,16 @@ def config_tree(services: Services, name: str, workdir: Path, s: PipelineSetting
         "gconfig": {"max_new_tokens": s.completion_tokens, "max_tokens": s.prompt_tokens + s.completion_tokens + 1},
         **s.rollout,
     }
-    return {
-        "kafka": {"bootstrap_servers": services.kafka_bootstrap, "partitions": s.partitions},
-        "redis": {"url": services.redis_url},
-        "experiment": {"experiment_name": name, "trial_name": "t0"},
-        "staleness": {"enabled": False, "groups_per_step": 1},  # no trainer publishes versions: measure capacity; one group a step
-        "producer": {"dataset": str(dataset), "group_size": s.group_size, "producer_id": "bench-producer"},
-        "rollout": rollout,
-        "reward": {"tokenizer_path": tokenizer, "worker_id": "bench-reward-0", "max_workers": 2},
-        "grouping": {"instance_id": "bench-grouping-0", "commit_interval_ms": s.commit_interval_ms},
-        "trainer": {"group_id": "bench-trainer"},
-        "log_level": s.log_level,
-    }
+    return pipeline_config(
+        services.kafka_bootstrap, services.redis_url, name, kafka={"partitions": s.partitions},
+        staleness={"enabled": False, "groups_per_step": 1},  # no trainer publishes versions: measure capacity; one group a step
+        producer={"dataset": str(dataset), "group_size": s.group_size, "producer_id": "bench-producer"},
+        rollout=rollout,
+        reward={"tokenizer_path": tokenizer, "worker_id": "bench-reward-0", "max_workers": 2},
+        grouping={"instance_id": "bench-grouping-0", "commit_interval_ms": s.commit_interval_ms},
+        trainer={"group_id": "bench-trainer"},
+        log_level=s.log_level,
+    )
 
 
 async def _consume(consumer: StepStream, s: PipelineSettings, procs: list[TierProcess],

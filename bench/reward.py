@@ -42,19 +42,22 @@ from aiokafka.structs import ConsumerRecord
 from bench.common import Report, run_bench, time_interleaved
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, trajectory
 from bench.kafka_tools import wait_for_groups
-from bench.procstats import cpu_seconds, tree_pids
-from bench.stack import TierProcess, services, tokenizer_path, unique_name, wait_until_consuming, write_config
-from rollstream.reward_workers.scorer import Scorer
-from rollstream.reward_workers.scoring import split_prompt_completion
-from rollstream.reward_workers.transform import RewardTransform
+from harness.configs import write_config
+from harness.procstats import cpu_seconds, tree_pids
+from harness.services import services, tokenizer_path, unique_name
+from harness.tiers import TierProcess, wait_until_consuming
 from rollstream.config import RewardConfig, config_from_dict
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
+from rollstream.reward_workers.scorer import Scorer
+from rollstream.reward_workers.scoring import split_prompt_completion
+from rollstream.reward_workers.transform import RewardTransform
 from rollstream.wire import Episode, decode_episode, encode
 from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
+
 
 GROUP_SIZE = 8
 VOCAB = 512  # the pipeline's load generator draws ids below this (bench/pipeline_run.py)

@@ -14,7 +14,7 @@ leaves with SIGTERM (it finishes in-flight work, commits and leaves the group). 
 groups/s over the window from every new replica consuming to the phase's end, and the
 transition (start-up and rebalance) separately. Then versions stop, the producer stops, and the
 pipeline drains. The accounting is read from the topics (read_committed,
-``bench.harness.ledger``): every admitted prompt ended exactly once, as an emitted group or a
+``harness.ledger``): every admitted prompt ended exactly once, as an emitted group or a
 counted drop; no row twice.
 """
 
@@ -33,7 +33,10 @@ from typing import Any
 from bench.common import Report, run_bench
 from bench.load_engine import ENV_MIN_SHARE, ENV_RATE, ENV_VOCAB
 from bench.pipeline_run import PipelineSettings, config_tree
-from bench.stack import TierProcess, stop_all, unique_name, wait_until_consuming, write_config
+from harness.configs import write_config
+from harness.ledger import BatchesWatcher, read_topic
+from harness.services import unique_name
+from harness.tiers import TierProcess, stop_all, wait_until_consuming
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.launcher import dev_stack
@@ -42,7 +45,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.wire import decode_prompt
-from bench.harness.ledger import BatchesWatcher, read_topic
+
 
 TIERS = ("rollout-worker", "reward-worker", "grouping")
 ID_SETTING = {"rollout-worker": "ROLLOUT__WORKER_ID", "reward-worker": "REWARD__WORKER_ID",

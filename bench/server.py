@@ -37,9 +37,10 @@ from typing import Any
 
 from bench.common import Report, base_parser
 from bench.pipeline_run import PipelineSettings, run_pipeline
-from bench.stack import services, tokenizer_path
+from harness.services import services, tokenizer_path
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
+
 
 TARGET = 0.95  # the pipeline's share of direct generation on the same server (vLLM)
 

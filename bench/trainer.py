@@ -29,15 +29,18 @@ from aiokafka import AIOKafkaProducer
 
 from bench.common import Report, percentiles, run_bench
 from bench.data import COMPLETION_TOKENS, PROMPT_TOKENS, scored_episode, trajectory
-from bench.stack import REPO, services, tail, unique_name, write_config
+from harness.configs import write_config
+from harness.services import services, unique_name
+from harness.tiers import REPO, tail
+from rollstream.config import config_from_dict
 from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
-from rollstream.config import config_from_dict
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import encode
+
 
 GROUP_SIZE = 8
 

@@ -20,11 +20,12 @@ import time
 from typing import Any
 
 from bench.common import Report
-from bench.procstats import rss_bytes
-from bench.stack import tokenizer_path
+from harness.procstats import rss_bytes
+from harness.services import tokenizer_path
 from rollstream.areal.stats import export_periodically
 from rollstream.api.context import workflow_context
 from rollstream.api.stats import StatsTracker
+
 
 MB = 1e6
 EXPORT_SECONDS = 2.0  # the worker's is 10 s; shorter here so that a quick run exports too

@@ -1,6 +1,6 @@
 """Check that a live SGLang server behaves as rollstream (and its stand-in) assume. Needs a GPU.
 
-The tests run against ``tests/fakes/sglang_server.py``, a stand-in for SGLang 0.5.23; this
+The tests run against ``harness/fake_sglang.py``, a stand-in for SGLang 0.5.23; this
 script checks the same points against a real server, and ``tests/unit/test_check_sglang.py``
 runs it against the stand-in, so the two cannot drift apart unnoticed. Example:
 

@@ -17,12 +17,13 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
+from harness.reports import ShowReport
 from rollstream.dev.kafka_jars import KAFKA_VERSION
 from rollstream.dev.launcher import DevStack, Services, dev_stack as start_dev_stack
 from rollstream.dev.vllm_server import LocalVLLMServer
-from rollstream.testing.tiny import tiny_model_dir
 from rollstream.runtime.import_effects import undo_import_effects
-from tests.helpers import ShowReport
+from rollstream.testing.tiny import tiny_model_dir
+
 
 # The workflow authors' fixtures (tiny_model_dir, tiny_tokenizer, gconfig, scripted_engine).
 pytest_plugins = ["rollstream.testing.fixtures"]
@@ -57,7 +58,7 @@ def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLMServer]:
     """One real vLLM server (CPU) for the session, serving the tiny model as version 0; its
     environment comes from scripts/setup.sh (a missing one fails the test: never skipped).
-    Tests that change its weights start from :func:`tests.vllm_support.fresh_server`."""
+    Tests that change its weights start from :func:`harness.checkpoints.fresh_server`."""
     # eager: no graph capture at start (12 s less on each start here; the same tokens/s on CPU)
     server = LocalVLLMServer(tmp_path_factory.mktemp("vllm"), tiny_model_dir(), extra_args=("--enforce-eager",))
     server.start()

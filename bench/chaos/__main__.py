@@ -27,7 +27,8 @@ from pathlib import Path
 from bench.chaos.report import FOREIGN_ENV, report
 from bench.chaos.run import Settings, run_chaos
 from bench.common import Report, base_parser
-from bench.stack import tokenizer_path
+from harness.services import tokenizer_path
+
 
 DEFAULT_SEED = 20261201
 

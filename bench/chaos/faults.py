@@ -18,11 +18,12 @@ from pathlib import Path
 from bench.chaos import schedule as kinds
 from bench.chaos.observe import Observer
 from bench.chaos.schedule import Fault
-from bench.harness.cluster import ClusterProbe
-from bench.harness.pipeline import Pipeline
-from bench.stack import TierProcess
+from harness.cluster import ClusterProbe
+from harness.pipeline import Pipeline
+from harness.tiers import TierProcess
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
+
 
 NODE_START_TIMEOUT = 240.0
 REPLICATION_TIMEOUT = 180.0

@@ -6,7 +6,7 @@ seen in the trainer's ledger, a record's millisecond timestamp), the check errs 
 accepting. What each one reads:
 
 - ``ends exactly once``: the task ids on ``prompts`` and the ledger of ``batches``
-  (:class:`~bench.harness.ledger.Ledger`): every admitted prompt is one group or one counted drop.
+  (:class:`~harness.ledger.Ledger`): every admitted prompt is one group or one counted drop.
 - ``trained at most once``: the trainer's own ledger (``rollstream.trainer.ledger``): no task
   id in two committed steps, and only groups that are on ``batches``.
 - ``staleness bound``: ``admitted - dropped <= (eta + v + 1) * B`` at every admission, with ``v``
@@ -32,10 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.harness.ledger import Ledger
+from harness.ledger import Ledger
 from rollstream.trainer.ledger import LedgerEntry
 from rollstream.wire import EmittedGroup
 from rollstream.wire.codec import group_arrays
+
 
 ENDS_ONCE = "ends exactly once"
 TRAINED_ONCE = "trained at most once"

@@ -1,7 +1,7 @@
 """What the chaos run watches while it runs, and the checks it makes as it watches.
 
 :class:`Observer` is fed by the run: every record of ``prompts`` (:meth:`Observer.on_prompt`,
-from a :class:`~bench.harness.ledger.TopicFollower`) and of ``batches`` (:meth:`Observer.on_batch`,
+from a :class:`~harness.ledger.TopicFollower`) and of ``batches`` (:meth:`Observer.on_batch`,
 the pipeline's batches watcher); it polls the trainer's ledger file and samples the staleness
 counters and the version in Redis. Each observation goes through the plain functions of
 :mod:`bench.chaos.invariants`, and every violation is printed the moment it is found.
@@ -23,12 +23,13 @@ from aiokafka import ConsumerRecord
 from redis.exceptions import RedisError
 
 from bench.chaos import invariants as inv
-from bench.harness.ledger import Ledger
+from harness.ledger import Ledger
 from rollstream.config import RollstreamConfig
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
 from rollstream.wire import EmittedGroup, GroupDropped, decode_prompt
+
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,15 @@ from bench.chaos import invariants as inv
 from bench.chaos.faults import Done, Stage, execute, rollout_worker
 from bench.chaos.observe import Observer
 from bench.chaos.schedule import TRAINER, Fault, Fleet, draw_schedule
-from bench.harness.cluster import ClusterProbe
-from bench.harness.ledger import TopicFollower, read_records, unconsumed
-from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
+from harness.cluster import ClusterProbe
+from harness.configs import pipeline_config
+from harness.ledger import TopicFollower, read_records, unconsumed
+from harness.pipeline import Pipeline, write_dataset
 from rollstream.config import config_from_dict
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.wire import EmittedGroup, decode_group, decode_prompt
+
 
 log = logging.getLogger(__name__)
 

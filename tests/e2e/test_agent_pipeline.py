@@ -21,15 +21,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.harness.pipeline import pipeline_config
-from bench.stack import write_config
-from rollstream.trainer import StepStream, TrainingStep, VersionPublisher
+from harness.agent_model import agent_base_model, perturbed_copy, tool_model
+from harness.batch_checks import check_logprobs
+from harness.budget_watch import BudgetWatch
+from harness.configs import pipeline_config, write_config
+from harness.ledger import read_topic
+from harness.tiers import check_alive, running, stop_cleanly, tails
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
+from rollstream.trainer import StepStream, TrainingStep, VersionPublisher
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_prompt
-from tests.agent_model import agent_base_model, perturbed_copy, tool_model
-from tests.e2e.support import budget_watch, check_alive, check_logprobs, running, stop_cleanly, tails
-from tests.helpers import read_topic
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -98,7 +100,7 @@ async def test_agent_pipeline_end_to_end(
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, weights[0])
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
     batches: list[TrainingStep] = []
-    async with budget_watch(config) as violations:
+    async with BudgetWatch(config, interval=0.1) as budget:
         with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
             async with StepStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
                 deadline = time.monotonic() + 240
@@ -117,8 +119,8 @@ async def test_agent_pipeline_end_to_end(
             assert len(batches) == STEPS, f"only {len(batches)} steps\n{tails(tiers)}"
             stop_cleanly(tiers)
 
-    prompts = {m.task_id: m.data for m in await read_topic(config, names.prompts, decode_prompt)}
-    outcomes = await read_topic(config, names.batches, decode_group)
+    prompts = {m.task_id: m.data for m in await read_topic(config.kafka, names.prompts, decode_prompt)}
+    outcomes = await read_topic(config.kafka, names.batches, decode_group)
     emitted = [m.task_id for m in outcomes if isinstance(m, EmittedGroup)]
     dropped = {m.task_id: m for m in outcomes if isinstance(m, GroupDropped)}
     print(f"\nagent e2e: admitted={len(prompts)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)} "
@@ -132,7 +134,7 @@ async def test_agent_pipeline_end_to_end(
     failed = {prompts[tid]["index"]: f for b in batches for tid, f in zip(b.task_ids, b.group_failed)}
     assert {i: n for i, n in failed.items() if n} == {2: 1, 5: 1}, "one sample failed, the others were trained on"
 
-    assert not violations, f"staleness budget exceeded: {violations[:3]}"
+    assert not budget.exceeded, f"staleness budget exceeded: {budget.worst_sample}"
     peak = int((tmp_path / "peak-agents").read_text())
     assert 2 <= peak <= MAX_CONCURRENT, f"agents running at once: {peak}"
     turns = [int(row.sum()) for b in batches for row in _turn_starts(b)]

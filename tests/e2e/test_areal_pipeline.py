@@ -31,20 +31,21 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from bench.harness.pipeline import pipeline_config
-from bench.stack import TierProcess, write_config
+from harness.batch_checks import check_batch_tensors, check_logprobs, check_vision_logprobs
+from harness.checkpoints import save_versions
+from harness.configs import pipeline_config, write_config
+from harness.images import noise_png
+from harness.ledger import read_topic
+from harness.tiers import TierProcess, check_alive, running, stop_cleanly, tails
 from rollstream.areal.workflow import areal_task_id
 from rollstream.config import RollstreamConfig, config_from_dict
-from rollstream.trainer import StepStream, TrainingStep, VersionPublisher
 from rollstream.kafka.topics import TopicNames
 from rollstream.testing import tiny_vlm_dir
+from rollstream.trainer import StepStream, TrainingStep, VersionPublisher
 from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, decode_group, decode_prompt, decode_scored
 from tests.areal_pkg.rewards import answer_reward
-from tests.e2e.support import (check_alive, check_batch_tensors, check_logprobs, check_vision_logprobs, running,
-                               save_versions, start_tier, stop_cleanly, tails)
-from tests.helpers import read_topic
 from tests.reference_libs import import_reference
-from tests.unit.vision_helpers import noise_png
+
 
 import_reference("areal")
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -110,8 +111,8 @@ async def _train(config: RollstreamConfig, tiers: dict[str, TierProcess], steps:
 async def _ended_once(config: RollstreamConfig, prompts: int) -> tuple[dict[str, Any], list[EmittedGroup]]:
     """Every admitted prompt ended exactly once; the prompts by task id and the batch records."""
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    admitted = {m.task_id: m for m in await read_topic(config, names.prompts, decode_prompt)}
-    ended = await read_topic(config, names.batches, decode_group)
+    admitted = {m.task_id: m for m in await read_topic(config.kafka, names.prompts, decode_prompt)}
+    ended = await read_topic(config.kafka, names.batches, decode_group)
     records = [m for m in ended if isinstance(m, EmittedGroup)]
     tasks = [m.task_id for m in records] + [m.task_id for m in ended if isinstance(m, GroupDropped)]
     assert len(admitted) == prompts and sorted(tasks) == sorted(admitted), "every prompt ends exactly once"
@@ -128,7 +129,8 @@ async def test_areal_workflows_through_the_pipeline(
         for w, key in enumerate(WORKFLOWS):
             rows = [{"messages": [{"role": "user", "content": f"What is {i}+{w}?"}], "answer": str(i + w)}
                     for i in range(PROMPTS_PER_WORKFLOW)]
-            tiers[f"producer#{key}"] = start_tier(f"producer#{key}", _producer_config(tmp_path, tree, key, rows), tmp_path)
+            tiers[f"producer#{key}"] = TierProcess("producer", _producer_config(tmp_path, tree, key, rows),
+                                                    tmp_path / f"producer#{key}.log", name=f"producer#{key}").start()
         batches = await _train(config, tiers, PROMPTS // STEP_GROUPS, weights)
         stop_cleanly(tiers)
 
@@ -142,7 +144,7 @@ async def test_areal_workflows_through_the_pipeline(
 
     tokenizer = AutoTokenizer.from_pretrained(str(weights[0]))
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    scored = [m for m in await read_topic(config, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
+    scored = [m for m in await read_topic(config.kafka, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
     assert scored and all(m.reward_source == "workflow" for m in scored), "AReaL's workflows scored themselves"
     seen = set()
     for message in scored:
@@ -196,7 +198,8 @@ async def test_areal_vision_workflow_through_the_pipeline(
     rows = [{"messages": text.format(i), "images": [base64.b64encode(images[i]).decode()], "answer": str(i + 1)}
             for i in range(STEP_GROUPS)]  # AReaL's datasets: text holding the image placeholder
     with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker")) as tiers:
-        tiers["producer"] = start_tier("producer", _producer_config(tmp_path, tree, "areal_vision", rows), tmp_path)
+        tiers["producer"] = TierProcess("producer", _producer_config(tmp_path, tree, "areal_vision", rows),
+                                        tmp_path / "producer.log").start()
         batches = await _train(config, tiers, 1, None)
         stop_cleanly(tiers)
 

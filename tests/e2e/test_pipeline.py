@@ -17,16 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.pipeline import pipeline_config
-from bench.stack import write_config
-from rollstream.trainer import StepStream, TrainingStep, VersionPublisher
+from harness.batch_checks import acked_batches, check_batch_tensors, check_logprobs
+from harness.budget_watch import BudgetWatch
+from harness.checkpoints import save_versions
+from harness.configs import pipeline_config, write_config
+from harness.ledger import read_topic
+from harness.tiers import TierProcess, running, stop_cleanly, tails
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
+from rollstream.trainer import StepStream, TrainingStep, VersionPublisher
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_prompt
-from tests.e2e.support import (acked_batches, budget_watch, check_batch_tensors, check_logprobs, running, save_versions,
-                               start_tier, stop_cleanly, tails)
-from tests.helpers import read_topic
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -69,7 +71,7 @@ async def test_pipeline_end_to_end(
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, weights[0])
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
     batches: list[TrainingStep] = []
-    async with budget_watch(config) as violations:
+    async with BudgetWatch(config, interval=0.1) as budget:
         with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
             async with StepStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
                 async for batch in acked_batches(consumer, tiers, PROMPTS // STEP_GROUPS):
@@ -79,12 +81,13 @@ async def test_pipeline_end_to_end(
                     await publisher.publish(version, str(weights[version]))
                     if version == 1:  # SIGTERM one rollout worker mid-run; its replacement carries on
                         assert tiers["rollout-worker"].stop(60) == 0, tiers["rollout-worker"].tail()
-                        tiers["rollout-worker#2"] = start_tier("rollout-worker#2", config_path, tmp_path)
+                        tiers["rollout-worker#2"] = TierProcess("rollout-worker", config_path, tmp_path / "rollout-worker#2.log",
+                                                                          name="rollout-worker#2").start()
             assert len(batches) * STEP_GROUPS == PROMPTS, f"only {len(batches)} steps\n{tails(tiers)}"
             stop_cleanly(tiers)
 
-    admitted = {m.task_id for m in await read_topic(config, names.prompts, decode_prompt)}
-    outcomes = await read_topic(config, names.batches, decode_group)
+    admitted = {m.task_id for m in await read_topic(config.kafka, names.prompts, decode_prompt)}
+    outcomes = await read_topic(config.kafka, names.batches, decode_group)
     emitted = [m.task_id for m in outcomes if isinstance(m, EmittedGroup)]
     dropped = [m.task_id for m in outcomes if isinstance(m, GroupDropped)]
     print(f"\ne2e: admitted={len(admitted)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)}")
@@ -93,7 +96,7 @@ async def test_pipeline_end_to_end(
     assert set(emitted) | set(dropped) == admitted
     assert sorted(tid for b in batches for tid in b.task_ids) == sorted(emitted)
 
-    assert not violations, f"staleness budget exceeded: {violations[:3]}"
+    assert not budget.exceeded, f"staleness budget exceeded: {budget.worst_sample}"
     checked = check_logprobs(batches, weights)
     all_versions = [sorted({int(v) for v in row.tolist() if v >= 0}) for b in batches for row in b.tensors["versions"]]
     print(f"e2e: logprobs checked={checked} rows spanning two versions={sum(len(v) > 1 for v in all_versions)}")

@@ -22,17 +22,18 @@ from typing import Any
 
 import pytest
 
-from bench.harness.pipeline import pipeline_config
-from bench.stack import TierProcess, write_config
+from harness.batch_checks import acked_batches, check_vision_logprobs
+from harness.configs import pipeline_config, write_config
+from harness.images import noise_png
+from harness.ledger import read_topic
+from harness.tiers import TierProcess, running, stop_cleanly, tails
 from rollstream.trainer import StepStream, TrainingStep
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import (
     EmittedGroup, Episode, GroupDropped, ScoredEpisode, decode_group, decode_dead_letter, decode_episode, decode_prompt, decode_scored,
 )
-from tests.e2e.support import acked_batches, check_vision_logprobs, running, stop_cleanly, tails
-from tests.helpers import read_topic
-from tests.unit.vision_helpers import noise_png
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -91,21 +92,21 @@ async def test_vision_pipeline_end_to_end(
         assert len(batches) * STEP_GROUPS == PROMPTS, f"only {len(batches)} steps\n{tails(tiers)}"
         stop_cleanly(tiers)
 
-    prompts = await read_topic(config, names.prompts, decode_prompt)
+    prompts = await read_topic(config.kafka, names.prompts, decode_prompt)
     images_of = {p.task_id: p.data["images"] for p in prompts}
     assert sorted(p.index for p in prompts) == [i for i in range(PROMPTS + 1) if i != OVERSIZED_ROW]
-    [letter] = await read_topic(config, names.dead_letter, decode_dead_letter)
+    [letter] = await read_topic(config.kafka, names.dead_letter, decode_dead_letter)
     assert letter.tier == "producer" and letter.offset == OVERSIZED_ROW
     assert "too large for the prompts topic" in letter.reason and f"kafka.max_message_bytes={LIMIT}" in letter.reason
-    outcomes = await read_topic(config, names.batches, decode_group)
+    outcomes = await read_topic(config.kafka, names.batches, decode_group)
     emitted = [m.task_id for m in outcomes if isinstance(m, EmittedGroup)]
     dropped = [m.task_id for m in outcomes if isinstance(m, GroupDropped)]
     assert sorted(emitted + dropped) == sorted(images_of), "every admitted prompt ends exactly once"
     assert sorted(tid for b in batches for tid in b.task_ids) == sorted(emitted)
 
     checked = check_vision_logprobs(batches, tiny_vlm_dir, images_of)
-    episodes = [m for m in await read_topic(config, names.episodes, decode_episode) if isinstance(m, Episode)]
-    scored = [m.episode for m in await read_topic(config, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
+    episodes = [m for m in await read_topic(config.kafka, names.episodes, decode_episode) if isinstance(m, Episode)]
+    scored = [m.episode for m in await read_topic(config.kafka, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
     assert all("images" not in e.data for e in episodes), "episodes do not copy the prompt's images"
     on_broker = {
         "prompts": sum(len(i) for p in prompts for i in p.data["images"]),

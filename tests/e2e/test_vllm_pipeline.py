@@ -23,16 +23,19 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.pipeline import pipeline_config
-from bench.stack import TierProcess, write_config
+from harness.batch_checks import acked_batches, check_batch_tensors
+from harness.budget_watch import BudgetWatch
+from harness.checkpoints import fresh_server, save_versions
+from harness.configs import pipeline_config, write_config
+from harness.ledger import read_topic
+from harness.logprob_audit import LogprobAuditor
+from harness.tiers import TierProcess, running, stop_cleanly, tails
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.vllm_server import LocalVLLMServer
 from rollstream.kafka.topics import TopicNames
 from rollstream.trainer import StepStream, TrainingStep, VersionPublisher
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_prompt
-from tests.e2e.support import acked_batches, budget_watch, check_batch_tensors, running, save_versions, stop_cleanly, tails
-from tests.helpers import read_topic
-from tests.vllm_support import LogprobAudit, fresh_server
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -66,8 +69,8 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, server: Loca
     return write_config(tmp / "rollstream.yaml", tree), config_from_dict(tree)
 
 
-def audit(batches: list[TrainingStep], weights: list[Path]) -> LogprobAudit:
-    checker = LogprobAudit(weights)
+def audit(batches: list[TrainingStep], weights: list[Path]) -> LogprobAuditor:
+    checker = LogprobAuditor(weights)
     for step, batch in enumerate(batches):
         t = batch.tensors
         for row in range(t["input_ids"].shape[0]):
@@ -85,7 +88,7 @@ async def test_pipeline_on_a_real_vllm_server(
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, vllm_server)
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
     batches: list[TrainingStep] = []
-    async with budget_watch(config) as violations:
+    async with BudgetWatch(config, interval=0.1) as budget:
         with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
             tiers["rollout-worker#2"] = TierProcess("rollout-worker", config_path, tmp_path / "rollout-worker#2.log",
                                                     overrides=["rollout.worker_id=rollout-1"],
@@ -101,15 +104,15 @@ async def test_pipeline_on_a_real_vllm_server(
             assert len(batches) == STEPS, f"only {len(batches)} steps\n{tails(tiers)}"
             stop_cleanly(tiers)
 
-    admitted = {m.task_id for m in await read_topic(config, names.prompts, decode_prompt)}
-    outcomes = await read_topic(config, names.batches, decode_group)
+    admitted = {m.task_id for m in await read_topic(config.kafka, names.prompts, decode_prompt)}
+    outcomes = await read_topic(config.kafka, names.batches, decode_group)
     emitted = [m for m in outcomes if isinstance(m, EmittedGroup)]
     dropped = [m for m in outcomes if isinstance(m, GroupDropped)]
     print(f"\nvLLM e2e: admitted={len(admitted)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)}")
     assert len(admitted) == PROMPTS and not dropped, [(d.task_id, d.reason, d.detail) for d in dropped]
     assert sorted(b.task_id for b in emitted) == sorted(admitted), "every prompt emitted exactly once"
     assert all(b.failed == 0 for b in emitted), "no sample failed, the server's restart included"
-    assert not violations, f"staleness budget exceeded: {violations[:3]}"
+    assert not budget.exceeded, f"staleness budget exceeded: {budget.worst_sample}"
 
     result = audit(batches, weights).result
     print(f"vLLM e2e: {result}")

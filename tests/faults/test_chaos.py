@@ -20,8 +20,9 @@ import pytest
 from bench.chaos.report import FOREIGN_ENV, report
 from bench.chaos.run import Settings, run_chaos
 from bench.common import Report
+from harness.reports import ShowReport
 from rollstream.dev.cluster import LocalKafkaCluster
-from tests.helpers import ShowReport
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

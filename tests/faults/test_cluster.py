@@ -2,7 +2,7 @@
 one by one and cut off, and while tiers are killed.
 
 The cluster (the ``kafka_cluster`` fixture of ``tests/faults/conftest.py``, probed with
-``bench/harness/cluster.py``): three local KRaft nodes, each a broker and a controller voter;
+``harness/cluster.py``): three local KRaft nodes, each a broker and a controller voter;
 the trial's topics and the internal ones (consumer offsets, transaction state) at replication 3 with ``min.insync.replicas`` 2; the tiers produce with ``acks=all`` and
 idempotence. The pipeline is the one of ``test_exactly_once.py`` (the tiers as separate
 processes, the tiny HF model, a stand-in trainer pacing the producer), with
@@ -40,6 +40,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.budget_watch import BudgetWatch
+from harness.cluster import ClusterProbe, FaultRecord
+from harness.configs import pipeline_config
+from harness.ledger import read_topic
+from harness.pipeline import Outcome, Pipeline, write_dataset
+from harness.reports import ShowReport
 from rollstream.config import KafkaConfig
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
@@ -47,10 +53,7 @@ from rollstream.kafka.admin import describe_topics, ensure_topics
 from rollstream.kafka.clients import make_admin
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import EmittedGroup, decode_group
-from bench.harness.cluster import BudgetWatch, ClusterProbe, FaultRecord
-from bench.harness.ledger import read_topic
-from bench.harness.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
-from tests.helpers import ShowReport
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -28,10 +28,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.configs import pipeline_config
+from harness.outcome_report import report
+from harness.pipeline import Pipeline, write_dataset
+from harness.reports import ShowReport
 from rollstream.dev.launcher import DevStack
 from rollstream.dev.redis_server import LocalRedisServer
-from bench.harness.pipeline import Outcome, Pipeline, pipeline_config, write_dataset
-from tests.helpers import ShowReport
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -62,23 +65,6 @@ def fault_schedule(rng: random.Random, with_broker: bool) -> list[Fault]:
     if with_broker:
         faults.append(Fault(rng.uniform(0.15, 0.7), "broker", jitter=rng.uniform(0, 1.0)))
     return sorted(faults, key=lambda f: f.at)
-
-
-def report(title: str, out: Outcome, extra: dict[str, object]) -> str:
-    lines = [
-        f"== {title}",
-        f"prompts {out.prompts}: admitted {out.admitted} (prompt records {out.prompt_records}), "
-        f"emitted groups {out.emitted}, dropped {sum(out.dropped.values())} by reason {out.dropped or {}}",
-        f"duplicates in batches: tasks {out.duplicate_tasks}, rows {out.duplicate_rows}; "
-        f"samples on episodes {out.episode_records} of which distinct {out.distinct_samples} "
-        f"(re-run duplicates removed by grouping: {out.episode_records - out.distinct_samples})",
-        f"versions published {out.versions}; staleness budget in Redis {out.budget}",
-        f"kills per tier {out.kills}; restarts per tier {out.restarts}; "
-        f"unexpected exits {out.unexpected_exits or 'none'}",
-        *(f"{k}: {v}" for k, v in extra.items()),
-        f"took {out.seconds:.0f}s",
-    ]
-    return "\n".join(lines)
 
 
 async def start_pipeline(pipeline: Pipeline, grouping: int = 1) -> None:

@@ -21,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.configs import pipeline_config
+from harness.outcome_report import report
+from harness.pipeline import Pipeline, write_dataset
+from harness.reports import ShowReport
 from rollstream.trainer import StepStream
 from rollstream.config import config_from_dict
-from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
-from tests.faults.test_exactly_once import report
-from tests.helpers import ShowReport
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

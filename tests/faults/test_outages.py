@@ -18,6 +18,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaTimeoutError
 from aiokafka.structs import TopicPartition
 
+from harness.configs import make_config, pipeline_config
+from harness.pipeline import Pipeline, write_dataset
+from harness.reports import ShowReport
+from harness.tiers import TierProcess
 from rollstream.dev.broker import LocalKafkaBroker
 from rollstream.dev.launcher import DevStack
 from rollstream.dev.processes import free_port
@@ -26,9 +30,7 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer, start_client
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer
-from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
-from bench.stack import TierProcess
-from tests.helpers import ShowReport, make_config
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

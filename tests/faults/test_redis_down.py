@@ -17,20 +17,21 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from rollstream.producers.service import run_producer
+from harness.configs import make_config
+from harness.ledger import read_topic
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
+from rollstream.producers.service import run_producer
+from rollstream.rollout_workers.service import run as run_rollout_worker
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, encode
-from rollstream.rollout_workers.service import run as run_rollout_worker
-from bench.harness.ledger import read_topic
-from tests.helpers import make_config
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
 

@@ -20,14 +20,16 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from harness.configs import pipeline_config
+from harness.ledger import read_records
+from harness.outcome_report import report
+from harness.pipeline import Pipeline, write_dataset
+from harness.reports import ShowReport
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys
 from rollstream.wire import GroupDropped, decode_group, decode_prompt
-from bench.harness.ledger import read_records
-from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
-from tests.faults.test_exactly_once import report
-from tests.helpers import ShowReport
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

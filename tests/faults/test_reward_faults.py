@@ -17,15 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollstream.reward_workers.service import run
+from harness.configs import make_config
+from harness.ledger import read_topic
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
+from rollstream.reward_workers.service import run
 from rollstream.wire import Episode, SampleRejected, ScoredEpisode, decode_scored, encode
 from rollstream.wire.torch_tensors import encode_tensor_dict
-from bench.harness.ledger import read_topic
-from tests.helpers import make_config
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
 

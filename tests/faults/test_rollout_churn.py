@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
-from tests.faults.test_exactly_once import report
-from bench.stack import TierProcess
-from tests.helpers import ShowReport
+from harness.configs import pipeline_config
+from harness.outcome_report import report
+from harness.pipeline import Pipeline, write_dataset
+from harness.reports import ShowReport
+from harness.tiers import TierProcess
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

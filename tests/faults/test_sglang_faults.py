@@ -1,6 +1,6 @@
 """SGLang servers that die or answer 5xx, and a weight-sync owner SIGKILLed mid-update.
 
-The servers are ``tests.fakes.FakeSGLangServer``: a real SGLang server needs a GPU, which the CI
+The servers are ``harness.fake_sglang.FakeSGLangServer``: a real SGLang server needs a GPU, which the CI
 machine lacks, so a stand-in that follows SGLang 0.5.23's HTTP behaviour takes its place (the
 engine's own unit tests cover the client in detail; these tests cover the tier). The failover
 test runs one rollout worker in-process with the default ``rollout.server`` settings (3 retries
@@ -18,20 +18,28 @@ import msgspec
 import pytest
 import yaml
 
-from rollstream.rollout_workers.service import run
+from harness.configs import make_config
+from harness.fake_sglang import FakeSGLangServer
+from harness.ledger_audit import audit
+from harness.shared_sglang import (
+    PromptFeed,
+    loads_per_version,
+    names_of,
+    publish_versions,
+    samples,
+    shared_config,
+    worker_settings,
+)
+from harness.tiers import TierProcess
+from harness.waits import until, within
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
-from rollstream.wire import Episode, PromptTask, SampleRejected, encode
+from rollstream.rollout_workers.service import run
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.server_lease import ServerLeases
-from tests.fakes import FakeSGLangServer
-from tests.fakes.tag_audit import audit
-from bench.stack import TierProcess
-from tests.helpers import make_config, until, within
-from tests.shared_sglang import (
-    PromptFeed, loads_per_version, names_of, publish_versions, samples, shared_config, worker_settings,
-)
+from rollstream.wire import Episode, PromptTask, SampleRejected, encode
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import build_model
+from harness.tiny_models import build_model
 
 
 @pytest.fixture(scope="session")

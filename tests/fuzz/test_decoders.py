@@ -17,6 +17,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.strategies import (
+    BUDGET,
+    FLOATS,
+    INTS,
+    as_dict,
+    broken_bytes,
+    episode,
+    float32,
+    float_tensor,
+    raw,
+    valid_messages,
+)
 from rollstream.wire import (
     EmittedGroup,
     Episode,
@@ -35,7 +47,7 @@ from rollstream.wire.codec import MAX_MESSAGE_BYTES
 from rollstream.wire.messages import MAX_GROUP_SIZE
 from rollstream.wire.messages import OLDEST_READABLE, SCHEMA_VERSION
 from rollstream.wire.torch_tensors import group_tensors, decode_tensor_dict, encode_tensor
-from tests.fuzz.strategies import BUDGET, FLOATS, INTS, as_dict, float32, broken_bytes, episode, float_tensor, raw, valid_messages
+
 
 DECODERS = {
     "prompt": decode_prompt, "episode": decode_episode, "rejected": decode_episode,

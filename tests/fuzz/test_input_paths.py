@@ -24,13 +24,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollstream.consumers.grouping_service import run as run_grouping
-from rollstream.reward_workers.service import run as run_reward_worker
-from rollstream.rollout_workers.service import run as run_rollout_worker
+from harness.configs import make_config
+from harness.ledger import read_topic
+from harness.strategies import BUDGET, as_dict, broken_bytes, episode, float_tensor, raw, trajectory, valid_messages
 from rollstream.config import RollstreamConfig
+from rollstream.consumers.grouping_service import run as run_grouping
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
+from rollstream.reward_workers.service import run as run_reward_worker
+from rollstream.rollout_workers.service import run as run_rollout_worker
 from rollstream.wire import (
     EmittedGroup,
     Episode,
@@ -49,9 +52,7 @@ from rollstream.wire import (
 )
 from rollstream.wire.messages import SCHEMA_VERSION
 from rollstream.wire.torch_tensors import encode_tensor_dict
-from bench.harness.ledger import read_topic
-from tests.fuzz.strategies import BUDGET, as_dict, broken_bytes, episode, float_tensor, raw, trajectory, valid_messages
-from tests.helpers import make_config
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 

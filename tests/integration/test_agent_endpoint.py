@@ -19,8 +19,9 @@ import openai
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from examples.agent_calculator import CALCULATOR, run_tool
+
+from harness.agent_model import QUESTION, agent_base_model, perturbed_copy, tool_model
 from rollstream.agent import AgentEndpoint, AgentWorkflow
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import ModelResponse
@@ -28,7 +29,7 @@ from rollstream.engines.episode_engine import EpisodeEngine
 from rollstream.config import AgentConfig
 from rollstream.engines.hf import HFEngine
 from rollstream.trajectory.rows import trajectory_dtypes
-from tests.agent_model import QUESTION, agent_base_model, perturbed_copy, tool_model
+
 
 pytestmark = pytest.mark.timeout(180)
 

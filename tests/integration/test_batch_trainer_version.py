@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from aiokafka.structs import ConsumerRecord
 
+from harness.configs import make_config
+from harness.episodes import scored
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.consumers.grouping_service import GroupingTransform
@@ -24,13 +26,12 @@ from rollstream.consumers.trainer_version import TrainerVersion
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
+from rollstream.retry import RetryPolicy
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
-from rollstream.retry import RetryPolicy
 from rollstream.trainer.training_step import assemble, batch_group
 from rollstream.wire import EmittedGroup, decode_group, encode
-from tests.helpers import make_config
-from tests.unit.test_grouping_support import scored
+
 
 pytestmark = pytest.mark.timeout(120)
 

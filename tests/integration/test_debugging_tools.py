@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,16 @@ import pytest
 import torch
 from aiokafka import TopicPartition
 
-from rollstream.consumers import dump_service
+from harness.configs import make_config
+from harness.fakes import make_tokenizer
+from harness.trajectories import multi_turn, scored, single_turn
+from harness.waits import eventually
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
+from rollstream.consumers import dump_service
 from rollstream.dump.lines import dump_record, read_task
 from rollstream.kafka.admin import ensure_topics
+from rollstream.kafka.admin import topic_partitions
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.metrics import serve_metrics
@@ -31,7 +35,6 @@ from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.tools.positions import ALL_PARTITIONS
 from rollstream.tools.replay import ReplayOptions, replay
-from rollstream.kafka.admin import topic_partitions
 from rollstream.tools.roles import topic_for
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.wire import (
@@ -45,9 +48,7 @@ from rollstream.wire import (
     encode,
 )
 from rollstream.wire.torch_tensors import group_tensors, decode_tensor, pack_tensor_dict
-from tests.helpers import make_config
-from tests.unit.fakes import make_tokenizer
-from tests.unit.test_dump_record import multi_turn, scored, single_turn
+
 
 pytestmark = pytest.mark.broker
 
@@ -123,14 +124,6 @@ async def read_raw(config: RollstreamConfig, topic: str) -> list[tuple[int, byte
         return found
     finally:
         await consumer.stop()
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 def read_dump(root: Path, config: RollstreamConfig) -> dict[tuple[str, int], dict[str, Any]]:

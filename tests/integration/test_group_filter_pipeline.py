@@ -18,17 +18,20 @@ from pathlib import Path
 
 import pytest
 
+from harness.configs import make_config
+from harness.ledger import read_topic
+from harness.waits import stop_in_process_tiers
 from rollstream.config import RollstreamConfig
 from rollstream.consumers import grouping_service
 from rollstream.kafka.topics import TopicNames
 from rollstream.producers import service as producer_service
-from rollstream.state.budget import StalenessBudget
-from rollstream.state.client import RedisKeys, connect
 from rollstream.reward_workers import service as reward_service
 from rollstream.rollout_workers import service as rollout_service
+from rollstream.state.budget import StalenessBudget
+from rollstream.state.client import RedisKeys, connect
 from rollstream.trainer import StepStream, VersionPublisher
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_prompt
-from tests.helpers import make_config, read_topic, stop_in_process_tiers
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 
@@ -95,11 +98,11 @@ async def test_steps_stay_full_while_half_the_groups_are_filtered(
     steps = await _run(config, tiny_model_dir)
 
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    constant = {p.task_id: bool(p.data["constant"]) for p in await read_topic(config, names.prompts, decode_prompt)}
+    constant = {p.task_id: bool(p.data["constant"]) for p in await read_topic(config.kafka, names.prompts, decode_prompt)}
     assert [len(step) for step in steps] == [STEP] * STEPS, "every step is full"
     trained = [task for step in steps for task in step]
     assert not any(constant[task] for task in trained), "no zero-variance group is trained on"
-    ended = await read_topic(config, names.batches, decode_group)
+    ended = await read_topic(config.kafka, names.batches, decode_group)
     emitted = [m.task_id for m in ended if isinstance(m, EmittedGroup)]
     dropped = {m.task_id: m for m in ended if isinstance(m, GroupDropped)}
     assert set(trained) <= set(emitted) and not set(emitted) & set(dropped), "each group ends once"

@@ -5,81 +5,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 import pytest
 import yaml
-from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from bench.stack import TierProcess
-from rollstream.consumers.grouping_service import run
+from harness.configs import make_config
+from harness.episodes import failed, rejected, scored
+from harness.scored_feed import WAIT_S, group_messages, names_of, read_all, write_scored
+from harness.tiers import TierProcess
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
+from rollstream.consumers.grouping_service import run
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_admin, make_consumer, make_producer
-from rollstream.kafka.topics import TopicNames
+from rollstream.kafka.clients import make_admin
 from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys
 from rollstream.state.versions import VersionStore
-from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_dead_letter, decode_outcome, encode
+from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_dead_letter, decode_outcome
 from rollstream.wire.torch_tensors import group_tensors
-from tests.helpers import make_config
-from tests.unit.test_grouping_support import failed, rejected, scored
+
 
 pytestmark = pytest.mark.broker
 
 GROUPING = {"commit_interval_ms": 100, "session_timeout_ms": 6000, "group_timeout_seconds": 60}
-WAIT_S = 90.0
-
-
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-
-
-def task_of(message: msgspec.Struct) -> str:
-    return message.episode.task_id if hasattr(message, "episode") else message.task_id
-
-
-async def write_scored(config: RollstreamConfig, items: Iterable[tuple[msgspec.Struct | bytes, int]]) -> None:
-    """Write ``(message or raw bytes, partition)`` pairs to ``scored``, in order."""
-    producer = make_producer(config.kafka, "test-writer")
-    await producer.start()
-    try:
-        for item, partition in items:
-            value = item if isinstance(item, bytes) else encode(item)
-            key = b"junk" if isinstance(item, bytes) else task_of(item).encode()
-            await producer.send_and_wait(names_of(config).scored, value, key=key, partition=partition)
-    finally:
-        await producer.stop()
-
-
-async def read_all(config: RollstreamConfig, topic: str, until: int, settle_s: float = 2.0) -> list:
-    """Every committed record of ``topic`` once at least ``until`` arrived (waiting ``settle_s``
-    more, so duplicates would show). Values decoded with decode_group (raw for other topics)."""
-    consumer = make_consumer(config.kafka, "test-reader", group_id=None, read_committed=True)
-    await consumer.start()
-    records: list = []
-    try:
-        consumer.assign([TopicPartition(topic, p) for p in range(config.kafka.partitions)])
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + WAIT_S
-        settled_at: float | None = None
-        while settled_at is None or loop.time() < settled_at:
-            for batch in (await consumer.getmany(timeout_ms=300)).values():
-                records.extend(batch)
-            if settled_at is None and len(records) >= until:
-                settled_at = loop.time() + settle_s
-            if loop.time() > deadline:
-                pytest.fail(f"only {len(records)} of {until} records on {topic} after {WAIT_S}s")
-    finally:
-        await consumer.stop()
-    return records
-
-
 def outcome_per_task(records: list) -> dict[str, list[str]]:
     """task -> every outcome recorded for it ("batch" or the drop reason)."""
     seen: dict[str, list[str]] = {}
@@ -90,10 +42,6 @@ def outcome_per_task(records: list) -> dict[str, list[str]]:
         else:
             seen.setdefault(message.task_id, []).append(message.reason)
     return seen
-
-
-def group_messages(task: str, size: int = 4, version: int = 1) -> list[msgspec.Struct]:
-    return [scored(task, i, size, reward=float(i % 2), version=version, gen_len=1 + i) for i in range(size)]
 
 
 async def test_groups_drops_and_dead_letters(kafka_bootstrap: str, redis_url: str, unique_name: str, redis_client) -> None:

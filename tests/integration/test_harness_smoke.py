@@ -20,6 +20,7 @@ from aiokafka.errors import KafkaError
 from rollstream.dev.broker import LocalKafkaBroker
 from rollstream.dev.launcher import DevStack
 
+
 pytestmark = pytest.mark.broker
 
 WAIT_S = 60.0
@@ -251,7 +252,7 @@ async def test_a_topic_follower_waits_for_its_topic_and_every_wait_ends(
     """The harness's follower starts once its topic exists (a node may not know a topic created
     a moment ago), reads it by assignment, and its start and its stop have deadlines that name
     the topic (the 3-node cluster test once hung in a follower's stop for 600 s)."""
-    from bench.harness.ledger import TopicFollower
+    from harness.ledger import TopicFollower
     from rollstream.config import KafkaConfig
     from rollstream.runtime.deadline import DeadlineExceeded
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.producers.service import run_producer
+from harness.images import noise_png
+from harness.producer_feed import names_of, producer_config, read_prompts
 from rollstream.kafka.clients import make_consumer
-from tests.integration.test_producer_service import names_of, producer_config, read_prompts
-from tests.unit.vision_helpers import noise_png
+from rollstream.producers.service import run_producer
 from rollstream.wire import decode_dead_letter
+
 
 pytestmark = pytest.mark.broker
 

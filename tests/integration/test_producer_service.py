@@ -3,55 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from rollstream.producers.cursor import read_cursor
-from rollstream.producers.dataset import iter_samples, task_id_for
-from rollstream.producers.service import RunSummary, run, run_producer
+from harness.producer_feed import names_of, producer_config, read_prompts, write_dataset
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_consumer
-from rollstream.kafka.topics import TopicNames
+from rollstream.producers.cursor import read_cursor
+from rollstream.producers.dataset import iter_samples, task_id_for
+from rollstream.producers.service import RunSummary, run, run_producer
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
-from rollstream.wire import PromptTask, decode_dead_letter, decode_prompt
-from bench.harness.ledger import read_records
-from tests.helpers import make_config
+from rollstream.wire import decode_dead_letter
+
 
 pytestmark = pytest.mark.broker
-
-
-def write_dataset(path: Path, n: int) -> str:
-    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(n)))
-    return str(path)
-
-
-def producer_config(
-    kafka_bootstrap: str, redis_url: str, name: str, dataset: str, **producer: Any
-) -> RollstreamConfig:
-    staleness = producer.pop("staleness", {"groups_per_step": 1000})
-    sections = {
-        "producer": {"dataset": dataset, "group_size": 3, "admission_poll_seconds": 0.2, **producer},
-        "staleness": staleness,
-    }
-    return make_config(kafka_bootstrap, redis_url, name, sections)
-
-
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-
-
-async def read_prompts(config: RollstreamConfig) -> list[tuple[bytes, PromptTask]]:
-    """Every committed prompt (all partitions; settled: the producer's last commit markers
-    may land after its commit returned)."""
-    records = await read_records(config.kafka, names_of(config).prompts, settled=True)
-    return [(r.key, decode_prompt(r.value)) for r in records]
 
 
 async def eventually(

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from harness.waits import within
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.rollout_workers.claims import DuplicateWorkerId, Outcome, PromptClaims
 from rollstream.state.client import RedisKeys
-from tests.helpers import within
+
 
 pytestmark = pytest.mark.broker
 

@@ -7,16 +7,17 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from rollstream.producers.budget_restore import restore_budget, while_locked
+from harness.configs import make_config
 from rollstream.api.engine import WeightUpdate
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
+from rollstream.producers.budget_restore import restore_budget, while_locked
 from rollstream.state.budget import RebuildInterrupted, RebuiltCounts, StalenessBudget
 from rollstream.state.client import GenerationChanged, RedisKeys, RedisStateError, StateMissingError
 from rollstream.state.versions import VersionStore
 from rollstream.wire import GroupDropped, ProducerCursor, PromptTask, encode
-from tests.helpers import make_config
+
 
 pytestmark = pytest.mark.broker
 

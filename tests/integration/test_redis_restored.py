@@ -19,17 +19,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-
 import asyncio
 
 import pytest
 import redis.asyncio as aioredis
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from harness.configs import make_config
+from harness.episodes import scored
+from harness.fake_sglang import FakeSGLangServer
+from harness.producer_feed import STEP_GROUPS, Producer, budget_of, committed_train_prompts, producer_config, write_dataset
+from harness.waits import until, within
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig, ServerConfig
 from rollstream.consumers.grouping_service import GroupingTransform
 from rollstream.dev.redis_server import LocalRedisServer
+from rollstream.engines.server_http import ServerHttp
+from rollstream.engines.sglang_admin import SGLangAdmin
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.consume_transform_produce import PartitionOutput
@@ -38,8 +44,6 @@ from rollstream.producers.admission import BudgetRebuilt
 from rollstream.producers.budget_restore import restore_budget
 from rollstream.producers.cursor import advance
 from rollstream.producers.publisher import PendingBatch
-from rollstream.engines.sglang_admin import SGLangAdmin
-from rollstream.engines.server_http import ServerHttp
 from rollstream.rollout_workers.claims import Outcome, PromptClaims
 from rollstream.rollout_workers.weight_sync import ServerOwner
 from rollstream.state.client import RedisKeys, StateStaleError, wait_for_redis
@@ -47,11 +51,7 @@ from rollstream.state.server_lease import ServerLeases, ServerSyncState
 from rollstream.state.versions import VersionStore
 from rollstream.trainer.version_publisher import VersionPublisher
 from rollstream.wire import EmittedGroup, PromptTask, decode_group, decode_outcome, encode
-from tests.fakes import FakeSGLangServer
-from tests.helpers import make_config, until, within
-from tests.integration.test_budget_rebuild import STEP_GROUPS, Producer, budget_of, committed_train_prompts
-from tests.integration.test_producer_service import producer_config, write_dataset
-from tests.unit.test_grouping_support import scored
+
 
 pytestmark = pytest.mark.broker
 

@@ -22,21 +22,24 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from harness.configs import make_config
+from harness.ledger import read_topic
+from harness.waits import stop_in_process_tiers
+from rollstream.config import RollstreamConfig
 from rollstream.consumers import grouping_service
-from rollstream.trainer import StepStream, TrainingStep
+from rollstream.kafka.topics import TopicNames
 from rollstream.producers import service as producer_service
 from rollstream.reward_workers import service as reward_service
 from rollstream.rollout_workers import service as rollout_service
-from rollstream.config import RollstreamConfig
-from rollstream.kafka.topics import TopicNames
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.testing import workflow_tokenizer
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
+from rollstream.trainer import StepStream, TrainingStep
 from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, decode_group, decode_prompt, decode_scored
-from tests.helpers import make_config, read_topic, stop_in_process_tiers
 from tests.workflow_pkg.reward import number_reward
 from tests.workflow_pkg.variants import FORMS
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
@@ -154,10 +157,10 @@ async def test_reference_template_through_the_pipeline(
     batches = await _run_pipeline(config)
 
     names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    row_of = {p.task_id: p.index for p in await read_topic(config, names.prompts, decode_prompt)}
+    row_of = {p.task_id: p.index for p in await read_topic(config.kafka, names.prompts, decode_prompt)}
     assert sorted(row_of.values()) == list(range(len(PLAN)))
     outcomes: dict[str, tuple[str, ...]] = {}
-    for message in await read_topic(config, names.batches, decode_group):
+    for message in await read_topic(config.kafka, names.batches, decode_group):
         if isinstance(message, GroupDropped):
             outcomes[message.task_id] = (message.reason, message.detail)
         else:
@@ -171,7 +174,7 @@ async def test_reference_template_through_the_pipeline(
         assert outcome[0] == want[0] and (outcome[1:] == want[1:] if want[0] == "batch" else outcome[1].startswith(want[1])), (
             row_of[task], outcome)
 
-    scored = [m for m in await read_topic(config, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
+    scored = [m for m in await read_topic(config.kafka, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
     assert scored and all(m.reward_source == "workflow" for m in scored), "the reward tier kept the workflow's rewards"
     redis = connect(config.redis)
     try:

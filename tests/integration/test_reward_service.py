@@ -12,13 +12,15 @@ import pytest
 import torch
 from aiokafka import TopicPartition
 
-from bench.harness.ledger import read_topic as read_committed
-from bench.stack import TierProcess
-from rollstream.reward_workers.service import run
+from harness.configs import make_config
+from harness.fakes import ids, make_tokenizer
+from harness.ledger import read_topic as read_committed
+from harness.tiers import TierProcess
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
+from rollstream.reward_workers.service import run
 from rollstream.wire import (
     Episode,
     SampleRejected,
@@ -29,8 +31,7 @@ from rollstream.wire import (
     encode,
 )
 from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
-from tests.helpers import make_config
-from tests.unit.fakes import ids, make_tokenizer
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
 

@@ -16,11 +16,12 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from harness.configs import make_config
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
 from rollstream.rollout_workers.service import make_rollout_consumer
-from tests.helpers import make_config
+
 
 pytestmark = pytest.mark.broker
 

@@ -11,14 +11,15 @@ from typing import Any
 
 import pytest
 
+from harness.configs import make_config
+from harness.images import noise_png
+from harness.rollout_feed import TopicReader, names_of, publish_prompts, stop_worker
 from rollstream.kafka.admin import ensure_topics
+from rollstream.rollout_workers.service import run
 from rollstream.vision.images import image_digest, open_image
 from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode
 from rollstream.workflows.vision_rlvr import VisionRLVRWorkflow
-from rollstream.rollout_workers.service import run
-from tests.helpers import make_config
-from tests.integration.rollout_support import TopicReader, names_of, publish_prompts, stop_worker
-from tests.unit.vision_helpers import noise_png
+
 
 pytestmark = pytest.mark.broker
 

@@ -20,20 +20,21 @@ import torch
 import yaml
 from aiokafka.structs import TopicPartition
 
-from bench.stack import TierProcess
-from rollstream.dev.redis_server import LocalRedisServer
+from harness.configs import make_config
+from harness.rollout_feed import TopicReader, names_of, publish_prompts, stop_worker
+from harness.tiers import TierProcess
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
+from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer
+from rollstream.rollout_workers.service import run
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.wire import Episode, PromptTask, TaskFailed, decode_dead_letter, decode_episode
 from rollstream.wire.torch_tensors import decode_tensor_dict
-from rollstream.rollout_workers.service import run
-from tests.integration.rollout_support import TopicReader, names_of, publish_prompts, stop_worker
-from tests.helpers import make_config
+
 
 pytestmark = pytest.mark.broker
 

@@ -24,7 +24,7 @@ from aiokafka.errors import KafkaConnectionError
 from redis.asyncio.connection import SSLConnection
 from redis.exceptions import AuthenticationError, ResponseError
 
-from rollstream.producers.service import run_producer
+from harness.ledger import read_topic
 from rollstream.config import RedisConfig, RollstreamConfig, config_from_dict
 from rollstream.dev.broker import LocalKafkaBroker
 from rollstream.dev.launcher import DevStack
@@ -32,10 +32,11 @@ from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import KafkaAuthenticationError, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
+from rollstream.producers.service import run_producer
 from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.wire import PromptTask, decode_prompt, encode
-from bench.harness.ledger import read_topic
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 

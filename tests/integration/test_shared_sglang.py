@@ -18,16 +18,24 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.kafka.admin import ensure_topics
-from rollstream.wire import Episode
-from rollstream.rollout_workers.service import run
-from tests.fakes import FakeSGLangServer
-from tests.fakes.tag_audit import audit
-from tests.helpers import within
-from tests.shared_sglang import (
-    ENGINES, PromptFeed, loads_per_version, names_of, owners_elected, publish_versions, samples, shared_config,
+from harness.fake_sglang import FakeSGLangServer
+from harness.ledger_audit import audit
+from harness.shared_sglang import (
+    ENGINES,
+    PromptFeed,
+    loads_per_version,
+    names_of,
+    owners_elected,
+    publish_versions,
+    samples,
+    shared_config,
     worker_settings,
 )
+from harness.waits import within
+from rollstream.kafka.admin import ensure_topics
+from rollstream.rollout_workers.service import run
+from rollstream.wire import Episode
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 
@@ -50,7 +58,7 @@ async def test_three_workers_two_shared_servers_exact_tags(
             FakeSGLangServer(vocab_size=300, token_delay=0.01, load_delay=0.05) as b:
         configs = [shared_config(kafka_bootstrap, redis_url, unique_name, {
             **worker_settings([a, b], tiny_model, worker_id),
-            "engine": "custom", "engine_factory": "tests.shared_sglang:make_engine",
+            "engine": "custom", "engine_factory": "harness.shared_sglang:make_engine",
         }) for worker_id in WORKERS]
         await ensure_topics(configs[0].kafka, names_of(configs[0]))
         stop = asyncio.Event()

@@ -3,38 +3,18 @@ what a restarted trainer gets again (a step not acked is redelivered, an acked o
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
+from harness.batches_feed import group, write_batches
+from harness.configs import make_config
 from rollstream.trainer import StepStream
 from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup
-from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
-from rollstream.wire import GroupDropped, encode
-from tests.helpers import make_config
-from tests.unit.test_grouping_support import scored
+from rollstream.wire import GroupDropped
+
 
 pytestmark = pytest.mark.broker
-
-
-def group(task: str, gen_len: int = 2, is_eval: bool = False) -> CompleteGroup:
-    eps = tuple(scored(task, i, 2, reward=float(i), gen_len=gen_len + i, version=1, is_eval=is_eval) for i in range(2))
-    return CompleteGroup(task, 2, is_eval, eps, 0, 0, 0, 0, 0.0)
-
-
-async def write_batches(config: RollstreamConfig, messages: list[msgspec.Struct | bytes]) -> None:
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    producer = make_producer(config.kafka, "test-batches")
-    await producer.start()
-    try:
-        for message in messages:
-            value = message if isinstance(message, bytes) else encode(message)
-            await producer.send_and_wait(names.batches, value, key=b"k", partition=0)
-    finally:
-        await producer.stop()
 
 
 async def test_batches_are_redelivered_until_acked(kafka_bootstrap: str, redis_url: str, unique_name: str) -> None:

@@ -11,34 +11,31 @@ from typing import Any
 import pytest
 from aiokafka.structs import TopicPartition
 
-from bench.stack import TierProcess, probe, write_config
+from harness.configs import pipeline_config, write_config
+from harness.services import free_port
+from harness.tiers import TierProcess, probe
 from rollstream.config import config_from_dict
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import Episode, PromptTask, decode_episode, encode
-from tests.fakes import free_port
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
 
 
-def start_tier(tmp_path: Path, bootstrap: str, redis_url: str, name: str, port: int, tier: str = "grouping",
-               sections: dict[str, Any] | None = None) -> TierProcess:
-    """``rollstream <tier>`` in a process of its own, serving its probes and metrics on ``port``."""
-    config = write_config(tmp_path / f"{name}.yaml", {
-        "kafka": {"bootstrap_servers": bootstrap, "partitions": 2},
-        "redis": {"url": redis_url},
-        "experiment": {"experiment_name": name, "trial_name": "t0"},
-        "grouping": {"instance_id": "g0", "session_timeout_ms": 6000},
-        "metrics": {"port": port},
-        **(sections or {}),
-    })
-    return TierProcess(tier, config, tmp_path / f"{name}.log").start()
+def served_config(tmp_path: Path, bootstrap: str, redis_url: str, name: str, port: int,
+                  **sections: Any) -> Path:
+    """A tier config whose probes and metrics are served on ``port``."""
+    return write_config(tmp_path / f"{name}.yaml", pipeline_config(
+        bootstrap, redis_url, name, grouping={"instance_id": "g0", "session_timeout_ms": 6000},
+        metrics={"port": port}, **sections))
 
 
 def test_a_tier_waiting_for_kafka_is_live_but_not_ready(tmp_path: Path, redis_url: str, unique_name: str) -> None:
     port = free_port()
-    tier = start_tier(tmp_path, f"127.0.0.1:{free_port()}", redis_url, unique_name, port)  # nobody there
+    config = served_config(tmp_path, f"127.0.0.1:{free_port()}", redis_url, unique_name, port)  # nobody there
+    tier = TierProcess("grouping", config, tmp_path / f"{unique_name}.log").start()
     try:
         assert tier.wait_probe(port, "/livez") == "ok\n"
         time.sleep(2)  # it keeps trying to reach Kafka
@@ -50,7 +47,8 @@ def test_a_tier_waiting_for_kafka_is_live_but_not_ready(tmp_path: Path, redis_ur
 def test_a_consuming_tier_is_ready_and_serves_its_metrics(tmp_path: Path, kafka_bootstrap: str, redis_url: str,
                                                           unique_name: str) -> None:
     port = free_port()
-    tier = start_tier(tmp_path, kafka_bootstrap, redis_url, unique_name, port)
+    tier = TierProcess("grouping", served_config(tmp_path, kafka_bootstrap, redis_url, unique_name, port),
+                       tmp_path / f"{unique_name}.log").start()
     try:
         assert tier.wait_probe(port, "/readyz") == "ok\n"
         assert probe(port, "/livez") == (200, "ok\n")
@@ -97,11 +95,11 @@ async def test_workflow_statistics_reach_the_rollout_workers_metrics(
     port = free_port()
     rollout = {"model_path": str(tiny_model_dir), "seed": 0, "worker_id": "w-stats", "max_concurrent_rollouts": 4,
                "commit_interval_seconds": 0.2, "gconfig": {"max_new_tokens": 6}}
-    tree = {"kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": 2}, "redis": {"url": redis_url},
-            "experiment": {"experiment_name": unique_name, "trial_name": "t0"}}
+    tree = pipeline_config(kafka_bootstrap, redis_url, unique_name)
     names = TopicNames(unique_name, "t0")
     await ensure_topics(config_from_dict(tree).kafka, names)
-    tier = start_tier(tmp_path, kafka_bootstrap, redis_url, unique_name, port, "rollout-worker", {"rollout": rollout})
+    config = served_config(tmp_path, kafka_bootstrap, redis_url, unique_name, port, rollout=rollout)
+    tier = TierProcess("rollout-worker", config, tmp_path / f"{unique_name}.log").start()
     try:
         tier.wait_probe(port, "/readyz", timeout=120)
         metrics = probe(port, "/metrics")

@@ -3,7 +3,7 @@ grouping and dump tiers, each a real ``rollstream <tier>`` process on the real b
 Redis, do their work (prompts with an image published; episodes decoded with the model's
 tokenizer and scored in the reward process pool; a group padded into a batch; a scored episode
 dumped as text) under a tripwire that kills the process the moment anything imports torch
-(``tests/integration/torch_tripwire.py``), and their peak resident memory stays under
+(``harness/torch_tripwire.py``), and their peak resident memory stays under
 :data:`MAX_RSS` (``import torch`` alone is ~550 MB)."""
 
 from __future__ import annotations
@@ -19,17 +19,19 @@ import numpy
 import pytest
 from tokenizers import Tokenizer as TokenizerFile
 
-from bench.stack import TierProcess, write_config
+from harness.configs import write_config
+from harness.images import noise_png
+from harness.producer_feed import read_prompts
+from harness.scored_feed import group_messages, read_all, write_scored
+from harness.services import free_port
+from harness.tiers import TierProcess
+from harness.torch_tripwire import TRIPPED
 from rollstream.config import config_from_dict
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import EmittedGroup, Episode, ScoredEpisode, decode_group, decode_scored, encode, encode_arrays
-from tests.fakes import free_port
-from tests.integration.test_grouping_service import group_messages, read_all, write_scored
-from tests.integration.test_producer_service import read_prompts
-from tests.integration.torch_tripwire import TRIPPED
-from tests.unit.vision_helpers import noise_png
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
@@ -45,7 +47,7 @@ class Tier:
         self.tree = {**tree, "metrics": {"port": self.port}}
         self.config = config_from_dict(self.tree)
         path = write_config(tmp_path / f"{tier}.yaml", self.tree)
-        self.process = TierProcess(tier, path, tmp_path / f"{tier}.log", module="tests.integration.torch_tripwire")
+        self.process = TierProcess(tier, path, tmp_path / f"{tier}.log", module="harness.torch_tripwire")
         self.process.start()
 
     def check_alive(self) -> None:

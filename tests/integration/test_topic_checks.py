@@ -14,14 +14,15 @@ from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 
+from harness.configs import make_config
+from harness.episodes import scored
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import describe_topics, ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.retry import RetryPolicy
 from rollstream.wire import encode
-from tests.helpers import make_config
-from tests.unit.test_grouping_support import scored
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
 

@@ -23,13 +23,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from harness.configs import make_config
+from harness.trainer_jobs import TrainerJob, pid_gone
 from rollstream.trainer import RankFailed, TrainerSteps
 from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.training_step import GroupRows
 from rollstream.trainer.ledger import LedgerEntry
 from rollstream.trainer.step_source import Step
-from tests.helpers import make_config
-from tests.integration.trainer_jobs import TrainerJob, pid_gone
+
 
 GROUPS = 12
 BATCH = 4

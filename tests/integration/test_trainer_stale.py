@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from harness.batches_feed import group, write_batches
+from harness.configs import make_config
+from harness.episodes import scored
 from rollstream.api.engine import WeightUpdate
 from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
@@ -22,9 +25,7 @@ from rollstream.state.client import RedisKeys
 from rollstream.state.versions import VersionStore
 from rollstream.trainer import StepStream, StepLedger
 from rollstream.wire import decode_trainer_commit
-from tests.helpers import make_config
-from tests.integration.test_stream_without_ledger import group, write_batches
-from tests.unit.test_grouping_support import scored
+
 
 pytestmark = pytest.mark.broker
 

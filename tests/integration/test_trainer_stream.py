@@ -20,9 +20,11 @@ from aiokafka import ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 from torch.utils.data import DataLoader
 
+from harness.configs import make_config
+from harness.episodes import scored
+from rollstream.config import RollstreamConfig
 from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
-from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
@@ -39,8 +41,7 @@ from rollstream.trainer import (
 )
 from rollstream.trainer.kafka_source import KafkaStepSource
 from rollstream.wire import GroupDropped, encode
-from tests.helpers import make_config
-from tests.unit.test_grouping_support import scored
+
 
 pytestmark = pytest.mark.broker
 

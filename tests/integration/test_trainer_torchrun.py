@@ -4,7 +4,7 @@ ranks lost mid-step.
 The pipeline (producer, rollout worker with the tiny offline model, reward worker, grouping) runs
 as separate processes; two trainer jobs read its ``batches`` at the same time, each in its own
 consumer group, started as ``rollstream train`` starts a trainer (torchrun with restarts,
-tests/integration/trainer_jobs.py): a 2-rank job whose rank 1 is SIGKILLed in step 2 and, in
+harness/trainer_jobs.py): a 2-rank job whose rank 1 is SIGKILLed in step 2 and, in
 the restarted run, SIGSTOPped in step 3 (found by the heartbeats within
 ``trainer.rank_timeout_seconds`` and ended), and a 3-rank job whose Kafka-owning rank 0 is
 SIGKILLed in step 2. The jobs recover by themselves. Asserted from the topic, the trainer groups'
@@ -25,12 +25,14 @@ from typing import Any
 import pytest
 from aiokafka.structs import TopicPartition
 
+from harness.configs import pipeline_config
+from harness.pipeline import Pipeline, write_dataset
+from harness.tiny_models import build_model
+from harness.trainer_jobs import TrainerJob, pid_gone
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.scan import scan_topic
 from rollstream.trainer import LedgerEntry, StepLedger
-from tests.faults.conftest import build_model
-from bench.harness.pipeline import Pipeline, pipeline_config, write_dataset
-from tests.integration.trainer_jobs import TrainerJob, pid_gone
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -18,10 +18,12 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
+from harness.configs import make_config
+from harness.episodes import scored
 from rollstream.api.engine import WeightUpdate
 from rollstream.consumers.batching import build_emitted_group
-from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.consumers.grouping import CompleteGroup
+from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
@@ -30,8 +32,7 @@ from rollstream.state.versions import VersionStore
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.trainer import Checkpoint, CheckpointError, Checkpoints, StepLedger, VersionPublisher, VersionRefused
 from rollstream.wire import encode
-from tests.helpers import make_config
-from tests.unit.test_grouping_support import scored
+
 
 pytestmark = pytest.mark.broker
 

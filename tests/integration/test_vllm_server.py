@@ -4,7 +4,7 @@ The session's server (tests/conftest.py: ``vllm_server``) serves the tiny model;
 it back on those weights first. Checkpoints of later versions are perturbed copies, so a token
 tagged with the wrong version has a logprob that version's weights do not give: every
 generated token is audited by recomputing its logprob with the weights of its tag
-(tests/vllm_support.py).
+(harness/logprob_audit.py).
 
 Asserted: what the server answers (token ids, logprobs of the served weights after temperature,
 stop and length, greedy repeats); that a weight update landing mid-generation, a request held
@@ -26,6 +26,9 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
+from harness.checkpoints import fresh_server, save_versions
+from harness.logprob_audit import LogprobAuditor
+from harness.waits import until, within
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.config import ServerConfig
@@ -35,9 +38,7 @@ from rollstream.engines.vllm_admin import loading_label
 from rollstream.rollout_workers.weight_sync import ServerOwner
 from rollstream.state.client import RedisKeys
 from rollstream.state.server_lease import ServerLeases
-from tests.e2e.support import save_versions
-from tests.helpers import until, within
-from tests.vllm_support import LogprobAudit, fresh_server
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 
@@ -67,8 +68,8 @@ def request(n: int, **settings: object) -> ModelRequest:
     return ModelRequest(input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=n, **settings))
 
 
-def audit(responses: list[ModelResponse], weights: list[Path], temperature: float = 1.0) -> LogprobAudit:
-    checker = LogprobAudit(weights, temperature)
+def audit(responses: list[ModelResponse], weights: list[Path], temperature: float = 1.0) -> LogprobAuditor:
+    checker = LogprobAuditor(weights, temperature)
     for i, resp in enumerate(responses):
         n = len(resp.input_tokens)
         checker.row(resp.input_tokens + resp.output_tokens, [False] * n + [True] * len(resp.output_tokens),

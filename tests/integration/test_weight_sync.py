@@ -21,17 +21,18 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
+from harness.fake_sglang import FakeSGLangServer
+from harness.waits import until, within
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import ServerConfig
+from rollstream.engines.server_http import ServerHttp
 from rollstream.engines.sglang import SGLangEngine
 from rollstream.engines.sglang_admin import SGLangAdmin
-from rollstream.engines.server_http import ServerHttp
-from rollstream.state.client import RedisKeys
-from rollstream.state.versions import VersionStore
-from rollstream.state.server_lease import Lease, ServerLeases, ServerSyncState
 from rollstream.rollout_workers.weight_sync import ServerOwner, SharedServerFollower, WeightSync
-from tests.fakes import FakeSGLangServer
-from tests.helpers import until, within
+from rollstream.state.client import RedisKeys
+from rollstream.state.server_lease import Lease, ServerLeases, ServerSyncState
+from rollstream.state.versions import VersionStore
+
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(90)]
 

@@ -8,12 +8,12 @@ import numpy
 import pytest
 import torch
 
+from harness.episodes import scored
 from rollstream.consumers.batching import align_keys, build_emitted_group, drop_record, episode_rows
-from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
+from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.wire import decode_group, encode
 from rollstream.wire.torch_tensors import group_tensors
-from tests.unit.test_grouping_support import scored
 
 
 def group(task: str, episodes: list, is_eval: bool = False) -> CompleteGroup:

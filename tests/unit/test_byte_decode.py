@@ -9,9 +9,10 @@ import numpy
 import pytest
 from transformers import AutoTokenizer
 
-from rollstream.tokenizer_file import FileTokenizer, load_tokenizer
+from harness.fakes import make_tokenizer
 from rollstream.reward_workers.byte_decode import ByteLevelDecoder
-from tests.unit.fakes import make_tokenizer
+from rollstream.tokenizer_file import FileTokenizer, load_tokenizer
+
 
 TEXT = "héllo wörld, 日本語 🙂 answer: 42<|im_end|>\n\tdone"
 

@@ -6,17 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from bench.chaos import invariants as inv
-from bench.harness.ledger import Ledger
+from harness.episodes import group
+from harness.ledger import Ledger
 from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup
 from rollstream.trainer.ledger import LedgerEntry
 from rollstream.wire import GroupDropped, decode_group, encode
-from tests.unit.test_grouping_support import scored
-
-
-def group(task: str, versions: list[int]) -> CompleteGroup:
-    episodes = tuple(scored(task, i, group_size=len(versions), version=v) for i, v in enumerate(versions))
-    return CompleteGroup(task, len(versions), False, episodes, 1, 0, 0, 9, 0.0)
 
 
 def entry(step: int, tasks: list[str], written_at: float = 0.0) -> LedgerEntry:

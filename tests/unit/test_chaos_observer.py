@@ -13,12 +13,12 @@ from aiokafka import ConsumerRecord
 
 from bench.chaos import invariants as inv
 from bench.chaos.observe import Observer
-from bench.harness.pipeline import pipeline_config
+from harness.configs import pipeline_config
+from harness.episodes import group
 from rollstream.config import config_from_dict
 from rollstream.consumers.batching import build_emitted_group
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
 from rollstream.wire import PromptTask, encode
-from tests.unit.test_chaos_invariants import group
 
 
 def observer(tmp_path: Path) -> Observer:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.fakes import FakeSGLangServer
+from harness.fake_sglang import FakeSGLangServer
+
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,44 +13,18 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
+from harness.compose import COMPOSE, ROOT, load_compose, rollstream_services
 from rollstream.config import load_config
 
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = ROOT / "compose.yaml"
+
 SCHEMA = ROOT / "tests" / "data" / "compose_spec.json"
 PROFILES = ("gpu", "cpu", "monitoring", "kafka3")
 CONFIGS = ("rollstream.yaml", "rollstream-cpu.yaml")
 TIERS = ("producer", "rollout-worker", "rollout-worker-cpu", "reward-worker", "grouping", "dump", "trainer")
-_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
-
-
-def interpolate(node: Any, env: dict[str, str]) -> Any:
-    """Compose's ``${NAME}`` / ``${NAME:-default}`` substitution, from ``env`` else the default."""
-    if isinstance(node, str):
-        return _VARIABLE.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), node)
-    if isinstance(node, list):
-        return [interpolate(item, env) for item in node]
-    if isinstance(node, dict):
-        return {key: interpolate(value, env) for key, value in node.items()}
-    return node
-
-
-def load_compose(env: dict[str, str] | None = None) -> dict[str, Any]:
-    return interpolate(yaml.safe_load(COMPOSE.read_text()), env or {})
-
-
-def rollstream_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Services that run the rollstream image (built from the root Dockerfile)."""
-    return {name: s for name, s in compose["services"].items()
-            if "build" in s and "dockerfile" not in s["build"]}
-
-
 def test_compose_matches_the_compose_spec_schema() -> None:
     jsonschema = pytest.importorskip("jsonschema")
     validator = jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))

@@ -18,25 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from harness.compose import NODES, ROOT, kafka3, load_compose, rollstream_services
+from harness.health_server import serving
 from rollstream.config import load_config
 from rollstream.runtime.health import Health
-from tests.unit.test_compose import ROOT, load_compose, rollstream_services
-from tests.unit.test_health import serving
+
 
 pytestmark = pytest.mark.timeout(120)
 
-ENV_FILE = ROOT / "deploy" / "kafka3.env"
-NODES = ("kafka", "kafka-2", "kafka-3")
 TIERS = ("producer", "rollout-worker", "rollout-worker-cpu", "reward-worker", "grouping", "dump")
-
-
-def env_file() -> dict[str, str]:
-    pairs = [line.split("=", 1) for line in ENV_FILE.read_text().splitlines() if line and not line.startswith("#")]
-    return {key.strip(): value.strip() for key, value in pairs}
-
-
-def kafka3() -> dict:
-    return load_compose(env_file())
 
 
 def test_three_nodes_are_three_controller_voters_with_one_cluster_id() -> None:

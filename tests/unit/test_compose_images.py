@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.compose import NODES, ROOT, kafka3, load_compose
 from rollstream.dev.kafka_jars import KAFKA_VERSION
-from tests.unit.test_compose import ROOT, load_compose
-from tests.unit.test_compose_cluster import NODES, kafka3
+
 
 pytestmark = pytest.mark.timeout(60)
 

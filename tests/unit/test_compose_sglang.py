@@ -18,8 +18,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.fakes import FakeSGLangServer, free_port
-from tests.unit.test_compose import COMPOSE, load_compose
+from harness.compose import COMPOSE, load_compose
+from harness.fake_sglang import FakeSGLangServer
+from harness.services import free_port
+
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,10 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from harness.compose import ROOT, load_compose
+from harness.services import free_port
 from rollstream.config import load_config
 from rollstream.dev.vllm_server import SERVER_ENV, server_argv
-from tests.fakes import free_port
-from tests.unit.test_compose import ROOT, load_compose
+
 
 pytestmark = pytest.mark.timeout(60)
 

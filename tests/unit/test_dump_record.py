@@ -7,47 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.fakes import ids, make_tokenizer
+from harness.trajectories import episode, multi_turn, scored, single_turn
 from rollstream.config import ConfigError, config_from_dict
 from rollstream.dump.lines import DUMP_FIELDS, EXTENDED_FIELDS, DumpWriter, dump_lines, dump_record
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import TrajectoryBuilder
-from rollstream.wire import EmittedGroup, Episode, SampleRejected, ScoredEpisode
+from rollstream.wire import EmittedGroup, Episode, SampleRejected
 from rollstream.wire.torch_tensors import encode_tensor_dict, pack_tensor_dict
-from tests.unit.fakes import ids, make_tokenizer
-
-
-def single_turn(prompt: str, output: str, versions: list[int], reward: float | None = None) -> dict[str, torch.Tensor]:
-    builder = TrajectoryBuilder()
-    builder.add_prompt(ids(prompt))
-    out = ids(output)
-    builder.add_output(out, [-0.5] * len(out), versions)
-    return builder.to_tensors(reward=reward)
-
-
-def multi_turn() -> dict[str, torch.Tensor]:
-    """prompt (4) | turn 1 (2 tokens, v3) | user retry (3) | turn 2 (2 tokens, v4, v5)."""
-    builder = TrajectoryBuilder()
-    builder.add_prompt(ids("<|user|> what is two"))
-    builder.add_output(ids("<|assistant|> five"), [-0.1, -0.2], [3, 3])
-    builder.add_prompt(ids("<|user|> try again"))
-    builder.add_output(ids("<|assistant|> four"), [-0.3, -0.4], [4, 5])
-    return builder.to_tensors(reward=1.0)
-
-
-def episode(
-    tensors: dict[str, torch.Tensor], task_id: str = "task-1", sample_idx: int = 0,
-    group_size: int = 2, is_eval: bool = False,
-) -> Episode:
-    versions = tensors["versions"][tensors["loss_mask"].bool()]
-    return Episode(
-        task_id=task_id, sample_idx=sample_idx, group_size=group_size,
-        trajectory=encode_tensor_dict(tensors), is_eval=is_eval,
-        head_version=int(versions.min()), tail_version=int(versions.max()),
-    )
-
-
-def scored(tensors: dict[str, torch.Tensor], reward: float, **kw: object) -> ScoredEpisode:
-    return ScoredEpisode(episode=episode(tensors, **kw), reward=reward)  # type: ignore[arg-type]
 
 
 def test_single_turn_fields() -> None:

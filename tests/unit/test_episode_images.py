@@ -7,14 +7,15 @@ import msgspec
 import pytest
 import torch
 
+from harness.images import noise_png
 from rollstream.api.io_struct import ModelRequest, ModelResponse
 from rollstream.api.workflow import Interaction
+from rollstream.rollout_workers.episode_images import ImageLedger, episode_images
+from rollstream.rollout_workers.episodes import to_episode
 from rollstream.trajectory.rows import trajectory_row
 from rollstream.vision.images import image_digest, to_base64
 from rollstream.wire import Episode, PromptTask, SampleRejected, WireDecodeError, decode_episode, encode
-from rollstream.rollout_workers.episode_images import ImageLedger, episode_images
-from rollstream.rollout_workers.episodes import to_episode
-from tests.unit.vision_helpers import noise_png
+
 
 CAT, DOG = noise_png(21), noise_png(22, 20, 30)
 CAT_ID, DOG_ID = image_digest(CAT), image_digest(DOG)

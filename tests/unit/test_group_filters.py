@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy
 import pytest
 
+from harness.episodes import rejected, scored
 from rollstream.config import ConfigError, GroupingConfig
 from rollstream.consumers.group_filters import GroupTrajectory, distinct_rewards, load_group_filters
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
 from tests.unit import group_filter_fns
-from tests.unit.test_grouping_support import rejected, scored
 
 
 def _buffer(*paths: str, equal: bool = False) -> GroupBuffer:

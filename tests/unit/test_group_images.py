@@ -10,6 +10,8 @@ import msgspec
 import pytest
 import torch
 
+from harness.episodes import rejected, scored
+from harness.images import noise_png
 from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer
 from rollstream.trainer import assemble, batch_group
@@ -17,8 +19,7 @@ from rollstream.vision.images import image_digest
 from rollstream.vision.inputs import build_vision_inputs
 from rollstream.vision.processor import load_image_processor
 from rollstream.wire import ScoredEpisode, WireDecodeError, decode_group, encode
-from tests.unit.test_grouping_support import rejected, scored
-from tests.unit.vision_helpers import noise_png
+
 
 CAT, DOG, OWL = noise_png(31), noise_png(32, 30, 50), noise_png(33, 60, 20)
 

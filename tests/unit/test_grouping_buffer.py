@@ -5,10 +5,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from harness.episodes import failed, rejected, sample_failed, scored
 from rollstream.config import GroupingConfig
 from rollstream.consumers.group_filters import load_group_filters
 from rollstream.consumers.grouping import CompleteGroup, ConflictError, DroppedGroup, GroupBuffer, GroupFilters
-from tests.unit.test_grouping_support import failed, rejected, sample_failed, scored
 
 
 def buffer(**filters: object) -> GroupBuffer:

@@ -11,14 +11,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.episodes import scored
 from rollstream.consumers.emission import Emission
-from rollstream.consumers.trainer_version import VersionReading
 from rollstream.consumers.grouping import CompleteGroup
+from rollstream.consumers.trainer_version import VersionReading
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, WireDecodeError, decode_group, decode_scored, encode
 from rollstream.wire.torch_tensors import group_tensors, encode_tensor
-from tests.unit.test_grouping_support import scored
+
 
 NAMES = TopicNames("x", "t0")
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.episodes import failed, rejected, sample_failed, scored
 from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupResult, ScoredInput
 from rollstream.wire import GroupOutcome
-from tests.unit.test_grouping_support import failed, rejected, sample_failed, scored
+
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

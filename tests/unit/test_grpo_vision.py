@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 
+from harness.images import noise_png, vision_prompt
 from rollstream.trainer.grpo import group_advantages, policy_update, vision_token_logprobs
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import trajectory_row
 from rollstream.vision.inputs import build_vision_inputs
 from rollstream.vision.processor import load_image_processor, load_processor
-from tests.unit.vision_helpers import noise_png, vision_prompt
 
 
 def test_a_vlm_step_uses_the_images_and_starts_from_the_behaviour_logprobs(tiny_vlm_dir: Path) -> None:

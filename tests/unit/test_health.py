@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import urllib.error
 import urllib.request
@@ -12,9 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-import rollstream.runtime.metrics  # noqa: F401 (registers the tiers' metrics, as every tier does)
+from harness.health_server import serving
 from rollstream.runtime.health import Health, heartbeat, heartbeat_thread, serve_health
-from tests.fakes import free_port
+import rollstream.runtime.metrics
+
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,19 +25,6 @@ def get(port: int, path: str) -> tuple[int, str]:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
-
-
-@contextlib.contextmanager
-def serving(health: Health) -> Iterator[int]:
-    """``health`` served on a free local port (the port), shut down after."""
-    port = free_port()
-    server = serve_health(port, health, host="127.0.0.1")
-    assert server is not None
-    try:
-        yield port
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import torch
 
+from harness.images import fresh_logprobs, image_data, noise_png, vision_prompt
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.api.request_check import InvalidRequestError
 from rollstream.engines.hf import HFEngine
 from rollstream.vision.processor import load_image_processor, load_processor
-from tests.unit.vision_helpers import fresh_logprobs, image_data, noise_png, vision_prompt
+
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from harness.fakes import make_tokenizer
+from harness.trajectories import multi_turn, scored, single_turn
 from rollstream.tools.filters import RecordFilter
 from rollstream.tools.positions import (
     ALL_PARTITIONS,
@@ -17,8 +19,8 @@ from rollstream.tools.positions import (
     save_resume,
     start_offsets,
 )
-from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.tools.render import message_json, summary_line
+from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.wire import (
     DeadLetter,
     EmittedGroup,
@@ -30,8 +32,6 @@ from rollstream.wire import (
     encode,
 )
 from rollstream.wire.torch_tensors import pack_tensor_dict
-from tests.unit.fakes import make_tokenizer
-from tests.unit.test_dump_record import multi_turn, scored, single_turn
 
 
 def test_filter_by_task_version_eval_and_reward() -> None:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy
 import pytest
 import torch
 
-from types import SimpleNamespace
-
+from harness.fakes import make_tokenizer
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
 from rollstream.api.request_check import InvalidRequestError, accepted_request, checked_input_ids
 from rollstream.testing import ScriptedEngine
-from tests.unit.fakes import make_tokenizer
+
 
 MESSAGES = [{"role": "user", "content": "what is two plus three"}]
 

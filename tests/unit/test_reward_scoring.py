@@ -13,11 +13,11 @@ import numpy
 import pytest
 import torch
 
+from rollstream.config import ConfigError, RewardConfig
 from rollstream.reward_workers.scorer import Scorer, load_tokenizer
 from rollstream.reward_workers.scoring import score_message, split_prompt_completion
 from rollstream.rewards.pool import RewardTimeout
 from rollstream.rewards.wrapper import AsyncRewardWrapper
-from rollstream.config import ConfigError, RewardConfig
 from rollstream.wire import Episode, SampleRejected, ScoredEpisode, TaskFailed, decode_episode, decode_scored, encode
 from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
 
@@ -208,7 +208,7 @@ async def test_timeout_then_reject_through_the_process_pool() -> None:
 @pytest.mark.timeout(120)
 async def test_real_reward_fn_and_error_through_the_process_pool(tmp_path: Path) -> None:
     from rollstream.rewards import exact_match_reward
-    from tests.unit.fakes import ids, make_tokenizer
+    from harness.fakes import ids, make_tokenizer
 
     make_tokenizer().save_pretrained(tmp_path / "tok")
     tokenizer = load_tokenizer(str(tmp_path / "tok"))
@@ -244,7 +244,7 @@ class CountingTokenizer:
 
 @pytest.mark.timeout(120)
 async def test_a_group_decodes_its_prompt_once_and_the_pool_gets_texts_and_lists() -> None:
-    from tests.unit.fakes import ids, make_tokenizer
+    from harness.fakes import ids, make_tokenizer
     from tests.unit.reward_fns import texts_and_ids_arrive
 
     tokenizer = CountingTokenizer(make_tokenizer())

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
+from harness.fakes import FakeEngine
 from rollstream.config import ConfigError, RolloutConfig, config_from_dict
 from rollstream.engines.hf import HFEngine
 from rollstream.engines.sglang import SGLangEngine
 from rollstream.rollout_workers.engine_factory import build_engine, load_tokenizer, tokenizer_path
-from tests.unit.fakes import FakeEngine
 
 
 def test_hf_engine_from_model_path() -> None:

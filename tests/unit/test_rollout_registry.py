@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from harness.fakes import EchoWorkflow, make_tokenizer
 from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
+from rollstream.rollout_workers.registry import UnknownWorkflowError, WorkflowRegistry
 from rollstream.workflows.multi_turn import MultiTurnWorkflow
 from rollstream.workflows.rlvr import RLVRWorkflow
-from rollstream.rollout_workers.registry import UnknownWorkflowError, WorkflowRegistry
-from tests.unit.fakes import EchoWorkflow, make_tokenizer
 
 
 def _registry(**rollout: object) -> WorkflowRegistry:
@@ -26,16 +26,16 @@ def test_builtin_rlvr_is_the_default() -> None:
     assert reg.keys() == ["rlvr"]
 
 
-@pytest.mark.parametrize("key", ["nope", "tests.unit.fakes.EchoWorkflow", "os.system", "tests.unit.fakes:EchoWorkflow", ""])
+@pytest.mark.parametrize("key", ["nope", "harness.fakes.EchoWorkflow", "os.system", "harness.fakes:EchoWorkflow", ""])
 def test_a_message_cannot_name_anything_outside_the_allow_list(key: str) -> None:
-    reg = _registry(workflows={"echo": WorkflowSpec(path="tests.unit.fakes.EchoWorkflow")})
+    reg = _registry(workflows={"echo": WorkflowSpec(path="harness.fakes.EchoWorkflow")})
     with pytest.raises(UnknownWorkflowError, match="not allowed") as err:
         reg.resolve(key)
     assert "echo" in str(err.value) and "rlvr" in str(err.value)
 
 
 def test_configured_import_path_and_kwargs() -> None:
-    reg = _registry(workflows={"echo": WorkflowSpec(path="tests.unit.fakes:EchoWorkflow", kwargs={"reward": 0.25})})
+    reg = _registry(workflows={"echo": WorkflowSpec(path="harness.fakes:EchoWorkflow", kwargs={"reward": 0.25})})
     wf = reg.resolve("echo")
     assert isinstance(wf, EchoWorkflow) and wf.reward == 0.25
 
@@ -72,7 +72,7 @@ def test_bad_gconfig_is_a_config_error() -> None:
     "spec",
     [
         WorkflowSpec(path="no.such.module.Workflow"),
-        WorkflowSpec(path="tests.unit.fakes.not_a_workflow"),
+        WorkflowSpec(path="harness.fakes.not_a_workflow"),
         WorkflowSpec(path="multi_turn", kwargs={"max_turns": 2, "turn_discount": 0.5}),  # no reward_fn
         WorkflowSpec(path="multi_turn", kwargs={"reward_fn": "no.such.fn", "max_turns": 2, "turn_discount": 0.5}),
     ],

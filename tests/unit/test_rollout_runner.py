@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from harness.fakes import EchoWorkflow, FakeEngine, make_tokenizer
 from rollstream.api.context import workflow_context
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import ModelRequest
@@ -14,13 +15,13 @@ from rollstream.api.workflow import RolloutWorkflow
 from rollstream.config import RolloutConfig, WorkflowSpec
 from rollstream.kafka.topics import TopicNames
 from rollstream.rollout_workers.data_copies import copier
-from rollstream.wire import Episode, PromptTask, SampleRejected
 from rollstream.rollout_workers.offsets import OffsetTracker
 from rollstream.engines.episode_engine import EpisodeEngine
 from rollstream.rollout_workers.registry import WorkflowRegistry
 from rollstream.rollout_workers.runner import PromptRunner, outcome_of
 from rollstream.rollout_workers.tasks import TaskSet
-from tests.unit.fakes import EchoWorkflow, FakeEngine, make_tokenizer
+from rollstream.wire import Episode, PromptTask, SampleRejected
+
 
 seen: list[tuple[str, int, bool, str]] = []
 

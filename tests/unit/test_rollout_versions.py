@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from harness.fakes import FakeSource, RecordingEngine, until_true
 from rollstream.rollout_workers.engine_factory import load_current_version
 from rollstream.retry import RetryPolicy
 from rollstream.rollout_workers.versions import VersionFollower
-from tests.unit.fakes import FakeSource, RecordingEngine, until_true
 
 
 def _follower(engine: RecordingEngine, source: FakeSource) -> VersionFollower:

@@ -1,4 +1,4 @@
-"""SGLangEngine against the SGLang stand-in (tests/fakes): protocol, tags, resume, routing, faults."""
+"""SGLangEngine against the SGLang stand-in (harness/fake_sglang.py): protocol, tags, resume, routing, faults."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any, AsyncIterator
 import aiohttp
 import pytest
 
+from harness.fake_sglang import FakeSGLangServer, SAMPLING_KEYS
+from harness.services import free_port
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.config import ServerConfig
@@ -18,8 +20,7 @@ from rollstream.engines.sglang import (
     NonFiniteLogprobError,
     SGLangEngine,
 )
-from tests.fakes import FakeSGLangServer, free_port
-from tests.fakes.sglang_server import SAMPLING_KEYS
+
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -452,7 +453,7 @@ async def test_image_data_goes_as_sglang_takes_it_with_every_submission(servers:
     import base64
 
     from rollstream.api.request_check import InvalidRequestError
-    from tests.unit.vision_helpers import noise_png
+    from harness.images import noise_png
 
     server = servers[0]
     png = noise_png(3)

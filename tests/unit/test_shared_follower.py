@@ -7,15 +7,16 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from tests.unit.fakes import FakeSource, RecordingEngine, until_true
+from harness.fakes import FakeSource, RecordingEngine, until_true
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RolloutConfig, ServerConfig
 from rollstream.engines.sglang import SGLangEngine
-from rollstream.state.client import RedisKeys
-from rollstream.state.server_lease import ServerLeases
 from rollstream.rollout_workers.engine_factory import build_follower
 from rollstream.rollout_workers.versions import VersionFollower
 from rollstream.rollout_workers.weight_sync import SharedServerFollower, WeightSync
+from rollstream.state.client import RedisKeys
+from rollstream.state.server_lease import ServerLeases
+
 
 URLS = ["http://gpu0:30000", "http://gpu1:30000/"]
 

@@ -8,12 +8,13 @@ import pytest
 import torch
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from harness.episodes import scored
 from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup
 from rollstream.trainer import StepAccumulator, assemble, batch_group
 from rollstream.trainer.kafka_source import StepIntake
 from rollstream.wire import GroupDropped, encode
-from tests.unit.test_grouping_support import scored
+
 
 TOPIC = "rs.x.t0.batches"
 

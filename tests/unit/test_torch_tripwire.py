@@ -1,4 +1,4 @@
-"""The torch tripwire (``tests/integration/torch_tripwire.py``) trips on a real import of torch,
+"""The torch tripwire (``harness/torch_tripwire.py``) trips on a real import of torch,
 not on looking it up, and the modules of the producer, reward, grouping and dump tiers (and the
 ``rollstream`` command's parser that runs them) import without tripping it."""
 
@@ -9,10 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.torch_tripwire import TRIPPED
+from harness.torch_tripwire import TRIPPED
+
 
 REPO = Path(__file__).resolve().parents[2]
-ARMED = "from tests.integration.torch_tripwire import install; install()\n"
+ARMED = "from harness.torch_tripwire import install; install()\n"
 
 
 def run_armed(code: str) -> subprocess.CompletedProcess[str]:

@@ -28,10 +28,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from harness.group_rows import group, row
 from rollstream.trainer import TrainingStep, assemble, to_areal, to_verl
 from rollstream.trainer.grpo import clipped_policy_loss, group_advantages, token_logprobs
 from tests.reference_libs import import_reference
-from tests.unit.test_trainer_layouts import group, row
+
 
 verl = import_reference("verl")
 core_algos = import_reference("verl.trainer.ppo.core_algos")

@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.fakes import ids, make_tokenizer
 from rollstream.consumers.batching import build_emitted_group
 from rollstream.consumers.grouping import CompleteGroup, GroupFilters, apply_filters
 from rollstream.dump.lines import dump_lines
@@ -33,7 +34,7 @@ from rollstream.trajectory.versions import (
     token_staleness,
 )
 from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_group, encode
-from tests.unit.fakes import ids, make_tokenizer
+
 
 ENGINE_VERSION = 9  # the engine's version when the episode ended: the fallback
 

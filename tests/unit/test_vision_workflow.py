@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import torch
 
+from harness.images import noise_png
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.engines.hf import HFEngine
 from rollstream.testing import check_workflow, workflow_processor, workflow_tokenizer
 from rollstream.vision.images import ImageError, open_image
 from rollstream.workflows.vision_rlvr import VisionRLVRWorkflow
-from tests.unit.vision_helpers import noise_png
+
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -7,15 +7,19 @@ import logging
 
 import pytest
 
+from harness.fakes import EchoWorkflow, FakeEngine, SilentAgent, TwoTurnAgent
+from rollstream.agent import AgentError, AgentWorkflow
 from rollstream.api.context import workflow_context
 from rollstream.api.io_struct import ModelRequest, ModelResponse
-from rollstream.agent import AgentError, AgentWorkflow
-from rollstream.api.workflow import Interaction, RolloutWorkflow
-from rollstream.trajectory.normalize import interactions_to_tensors
+from rollstream.api.workflow import (
+    GroupedRolloutWorkflow,
+    Interaction,
+    RolloutWorkflow,
+    interactions_to_tensors,
+    resolve_workflow,
+)
 from rollstream.trajectory.rows import validate_trajectory
-from rollstream.workflows.grouped import GroupedRolloutWorkflow
-from rollstream.workflows.resolve import resolve_workflow
-from tests.unit.fakes import EchoWorkflow, FakeEngine, SilentAgent, TwoTurnAgent
+
 
 DATA = {"input_ids": [1, 2, 3]}
 
@@ -152,7 +156,7 @@ def test_resolve_class_without_kwargs_is_value_error() -> None:
         resolve_workflow(EchoWorkflow)
 
 
-@pytest.mark.parametrize("path", ["tests.unit.fakes.EchoWorkflow", "tests.unit.fakes:EchoWorkflow"])
+@pytest.mark.parametrize("path", ["harness.fakes.EchoWorkflow", "harness.fakes:EchoWorkflow"])
 def test_resolve_import_string_both_forms(path: str) -> None:
     wf = resolve_workflow(path, {"reward": 3.0})
     assert isinstance(wf, EchoWorkflow) and wf.reward == 3.0
@@ -164,10 +168,10 @@ def test_resolve_import_string_both_forms(path: str) -> None:
     ("path", "error", "message"),
     [
         ("tests.unit.no_such_module.Thing", ImportError, "cannot import 'tests.unit.no_such_module.Thing'"),
-        ("tests.unit.fakes:Missing", ImportError, "'tests.unit.fakes:Missing'.*has no 'Missing'"),
+        ("harness.fakes:Missing", ImportError, "'harness.fakes:Missing'.*has no 'Missing'"),
         ("NoDots", ValueError, "'NoDots' must look like"),
         (":Name", ValueError, "must look like"),
-        ("tests.unit.fakes.not_a_workflow", TypeError, r"cannot use 'tests.unit.fakes.not_a_workflow' \(imported 42\)"),
+        ("harness.fakes.not_a_workflow", TypeError, r"cannot use 'harness.fakes.not_a_workflow' \(imported 42\)"),
     ],
 )
 def test_resolve_bad_import_string(path: str, error: type[Exception], message: str) -> None:
@@ -182,7 +186,7 @@ def test_resolve_agent_object_and_class() -> None:
     from_class = resolve_workflow(TwoTurnAgent, {"reward": 0.25})
     assert isinstance(from_class, AgentWorkflow) and from_class.agent.reward == 0.25
     assert isinstance(resolve_workflow(TwoTurnAgent).agent, TwoTurnAgent)  # type: ignore[attr-defined]
-    assert isinstance(resolve_workflow("tests.unit.fakes:TwoTurnAgent"), AgentWorkflow)
+    assert isinstance(resolve_workflow("harness.fakes:TwoTurnAgent"), AgentWorkflow)
 
 
 class SyncRun:

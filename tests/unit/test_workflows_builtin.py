@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+from harness.fakes import FakeEngine, ids, make_tokenizer
 from rollstream.api.context import workflow_context
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.api.stats import stats_tracker
@@ -14,7 +15,7 @@ from rollstream.trajectory.rows import trajectory_dtypes, validate_trajectory
 from rollstream.workflows.multi_turn import MultiTurnWorkflow
 from rollstream.workflows.rlvr import RLVRWorkflow
 from tests.unit import reward_fns
-from tests.unit.fakes import FakeEngine, ids, make_tokenizer
+
 
 TOK = make_tokenizer()
 EOS = TOK.eos_token_id

@@ -9,18 +9,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from harness.configs import make_config
+from harness.fake_sglang import FakeSGLangServer
+from harness.ledger import read_topic
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RolloutConfig, RollstreamConfig
 from rollstream.engines.sglang import SGLangEngine
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
 from rollstream.state.server_lease import ServerLeases
+from rollstream.state.versions import VersionStore
 from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode, encode
-from tests.fakes import FakeSGLangServer
-from bench.harness.ledger import read_topic
-from tests.helpers import make_config
+
 
 ENGINES: dict[str, SGLangEngine] = {}  # by worker id, filled by make_engine (in-process workers)
 

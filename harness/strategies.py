@@ -25,6 +25,7 @@ from rollstream.wire import (
 from rollstream.wire.tensor_codec import WireTensor
 from rollstream.wire.torch_tensors import encode_tensor_dict, pack_tensor_dict
 
+
 # Fixed budget: derandomized (same examples every run), no example database, no deadline
 # (2 shared cores in CI make timings meaningless).
 BUDGET = {"max_examples": 60, "derandomize": True, "database": None, "deadline": None}

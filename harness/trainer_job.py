@@ -1,6 +1,6 @@
 """A small trainer job for the torchrun tests: a tiny DDP model, per-rank logs.
 
-    torchrun --nproc-per-node N tests/integration/trainer_job.py --config F --out DIR --steps S
+    torchrun --nproc-per-node N harness/trainer_job.py --config F --out DIR --steps S
         [--source kafka|file] [--fail STEP:RESTART:RANK]
 
 Every rank appends ``{"event": "start"|"commit", "step", "tasks", "pid", "restart"}`` lines to
@@ -25,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.distributed as dist

@@ -1,6 +1,6 @@
 """Run ``rollstream <tier> ...`` in a process that dies loudly the moment torch is imported.
 
-``python -m tests.integration.torch_tripwire grouping --config c.yaml`` is ``rollstream
+``python -m harness.torch_tripwire grouping --config c.yaml`` is ``rollstream
 grouping --config c.yaml`` with a tripwire on the import system: when anything executes the
 ``torch`` package (an ``import torch`` anywhere, direct, lazy or through another library),
 the process prints the importing stack to stderr and exits with :data:`TRIPPED` at once, so
@@ -17,6 +17,7 @@ import os
 import sys
 import traceback
 from types import ModuleType
+
 
 TRIPPED = 86
 GUARDED = "torch"

@@ -1,8 +1,8 @@
 """A whole pipeline as separate tier processes, for the fault tests and ``bench.chaos``.
 
-:class:`Pipeline` writes one YAML config for every tier (:func:`pipeline_config` builds it),
-starts each tier as its own process (:class:`~bench.stack.TierProcess`), follows ``batches``
-with a :class:`~bench.harness.ledger.BatchesWatcher`, and, unless told that a real trainer runs
+:class:`Pipeline` writes one YAML config for every tier (:func:`harness.configs.pipeline_config` builds it),
+starts each tier as its own process (:class:`~harness.tiers.TierProcess`), follows ``batches``
+with a :class:`~harness.ledger.BatchesWatcher`, and, unless told that a real trainer runs
 (``stand_in_trainer=False``: ``rollstream train`` as one more tier), acts as the trainer: every
 ``staleness.groups_per_step`` emitted groups it publishes the next weight version (the tiny model's
 own weights) to Redis, which is what lets the producer admit more prompts; a version step takes
@@ -26,16 +26,17 @@ import yaml
 from aiokafka import ConsumerRecord
 from redis.exceptions import RedisError
 
+from harness.ledger import BatchesWatcher, Ledger, read_topic
+from harness.tiers import TierProcess
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
+from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.versions import VersionStore
-from rollstream.state.budget import StalenessBudget
 from rollstream.wire import EmittedGroup, Episode, GroupDropped, SampleRejected, decode_episode, decode_prompt
-from bench.harness.ledger import BatchesWatcher, Ledger, read_topic
-from bench.stack import TierProcess
+
 
 log = logging.getLogger(__name__)
 
@@ -50,37 +51,6 @@ def write_dataset(path: Path, n: int) -> Path:
             a, b = i % 17, (3 * i) % 13
             handle.write(json.dumps({"prompt": f"What is {a}+{b}?", "answer": str(a + b)}) + "\n")
     return path
-
-
-def pipeline_config(kafka_bootstrap: str, redis_url: str, name: str, model: Path, dataset: Path | None = None,
-                    prompts: int | None = None, *, trial: str = "t0", **sections: dict[str, Any]) -> dict[str, Any]:
-    """The one config of a whole pipeline for the fault and end-to-end tests and ``bench.chaos``:
-    every tier on one broker and Redis, the HF engine on ``model``, settings for a quick recovery
-    (short transaction and session timeouts), stable ids, a trainer group of the experiment's own.
-    With ``dataset``: a producer of it that stops after ``prompts`` (None: when stopped).
-    ``sections`` are merged key by key over each section's defaults (a section not set here,
-    e.g. ``producer`` without a dataset, is taken as given)."""
-    tree: dict[str, Any] = {
-        "kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": 2, "transaction_timeout_ms": 10000},
-        "redis": {"url": redis_url},
-        "experiment": {"experiment_name": name, "trial_name": trial},
-        "staleness": {"groups_per_step": 8, "max_head_offpolicyness": 1},
-        "rollout": {"engine": "hf", "model_path": str(model), "seed": 0, "max_concurrent_rollouts": 16,
-                    "gconfig": {"max_new_tokens": 4}, "worker_id": "rollout-0",
-                    "commit_interval_seconds": 0.5, "shutdown_grace_seconds": 10},
-        "reward": {"worker_id": "reward-0", "tokenizer_path": str(model), "max_workers": 1,
-                   "timeout_seconds": 10, "session_timeout_ms": 6000, "poll_timeout_ms": 200},
-        "grouping": {"instance_id": "grouping-0", "session_timeout_ms": 6000, "commit_interval_ms": 200},
-        "trainer": {"group_id": f"{name}-trainer"},
-    }
-    if dataset is not None:
-        tree["producer"] = {"dataset": str(dataset), "group_size": 4, "producer_id": "producer-0",
-                            "max_prompts": prompts, "max_batch_prompts": 8, "admission_poll_seconds": 0.5}
-        if prompts is None:
-            del tree["producer"]["max_prompts"]
-    for section, values in sections.items():
-        tree[section] = {**tree.get(section, {}), **values}
-    return tree
 
 
 @dataclass

@@ -14,8 +14,9 @@ from transformers import PreTrainedTokenizerFast
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import ModelRequest
 from rollstream.api.workflow import RolloutWorkflow
-from rollstream.trajectory.rows import trajectory_row
 from rollstream.testing import ScriptedEngine
+from rollstream.trajectory.rows import trajectory_row
+
 
 SPECIAL = ["[PAD]", "[UNK]", "<eos>", "<|user|>", "<|assistant|>"]
 WORDS = "hello world what is two plus three four five the answer again try please wrong".split()

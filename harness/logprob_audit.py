@@ -1,5 +1,5 @@
-"""What the tests on the real vLLM server share: its weights put back to version 0, checkpoints
-of distinct versions, and the audit of every generated token's version by its logprob."""
+"""The audit of every generated token's version tag by its logprob: recomputed with the weights
+of the version it is tagged with (the tests on the real vLLM server)."""
 
 from __future__ import annotations
 
@@ -11,30 +11,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from rollstream.api.engine import WeightUpdate
-from rollstream.config import ServerConfig
-from rollstream.dev.vllm_server import LocalVLLMServer
-from rollstream.engines.server_http import ServerHttp
-from rollstream.engines.vllm_admin import VLLMAdmin
 
 TOLERANCE = 1e-4  # measured: 5e-7 between vLLM on CPU (float32) and transformers
 
 
-async def fresh_server(server: LocalVLLMServer) -> None:
-    """Put the session server back on its launch weights, labelled version 0 (a test before may
-    have loaded others), running."""
-    http = ServerHttp(ServerConfig())
-    admin = VLLMAdmin(http)
-    try:
-        await admin.pause(server.url)
-        await admin.load(server.url, WeightUpdate(0, server.model))
-        await admin.resume(server.url)
-    finally:
-        await http.close()
-
-
 @dataclass
-class TagAudit:
+class LogprobTagAudit:
     """Each generated token's logprob recomputed with the weights of the version it is tagged
     with: ``mistagged`` when they disagree (beyond :data:`TOLERANCE`)."""
 
@@ -50,14 +32,14 @@ class TagAudit:
                 f"{self.mistagged} mis-tagged; {self.rows_with_several_versions} rows span several versions")
 
 
-class LogprobAudit:
+class LogprobAuditor:
     """Audits rows (ids, loss mask, logprobs, versions) against checkpoints by version."""
 
     def __init__(self, weights: Sequence[Path], temperature: float = 1.0) -> None:
         self.weights = weights
         self.temperature = temperature
         self._models: dict[int, Any] = {}
-        self.result = TagAudit()
+        self.result = LogprobTagAudit()
 
     def model(self, version: int) -> Any:
         if version not in self._models:
@@ -90,7 +72,7 @@ class LogprobAudit:
                     result.examples.append(f"{where} token {i}: tagged v{versions[i]}, logprob {got:.6f}, "
                                            f"that version's forward pass {want:.6f}")
 
-    def rows(self, rows: Iterable[tuple[list[int], list[bool], list[float], list[int], str]]) -> TagAudit:
+    def rows(self, rows: Iterable[tuple[list[int], list[bool], list[float], list[int], str]]) -> LogprobTagAudit:
         for row in rows:
             self.row(*row)
         return self.result

@@ -1,57 +1,19 @@
-"""What the end-to-end tests share: the tiers as child processes, the staleness budget's watch,
-and the checks of what a trainer receives (tensors, logprobs per version)."""
+"""Checks of what a trainer receives from a running pipeline: the batches read and acked, their
+tensors, and their logprobs recomputed per version (text and vision)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from bench.stack import TierProcess
-from rollstream.config import RollstreamConfig
-from rollstream.state.budget import StalenessBudget
-from rollstream.state.client import RedisKeys, connect
+from harness.tiers import TierProcess, check_alive
 from rollstream.trainer import StepStream, TrainingStep
 from rollstream.vision.forward import trajectory_logits
-
-
-def start_tier(name: str, config: Path, logdir: Path) -> TierProcess:
-    """``rollstream <tier>`` for ``name`` (``<tier>`` or ``<tier>#<n>``), logging to
-    ``<logdir>/<name>.log``."""
-    return TierProcess(name.split("#")[0], config, logdir / f"{name}.log", name=name).start()
-
-
-@contextlib.contextmanager
-def running(config: Path, logdir: Path, names: Iterable[str]) -> Iterator[dict[str, TierProcess]]:
-    """The tiers ``names`` started on ``config``, by name; tiers added to the dict are kept
-    too. Whatever still runs at the end is killed (with what it started)."""
-    tiers = {name: start_tier(name, config, logdir) for name in names}
-    try:
-        yield tiers
-    finally:
-        for tier in tiers.values():
-            tier.kill()
-
-
-def check_alive(tiers: dict[str, TierProcess]) -> None:
-    """Every tier runs or exited 0 (a producer whose dataset is done)."""
-    assert all(t.exit_code() in (None, 0) for t in tiers.values()), tails(tiers)
-
-
-def stop_cleanly(tiers: dict[str, TierProcess]) -> None:
-    """The producers exit 0 on their own once their dataset is published; every other tier
-    exits 0 on SIGTERM, within a minute."""
-    for name, tier in tiers.items():
-        if tier.tier == "producer":
-            assert tier.wait(30) == 0, tier.tail()
-    codes = {name: tier.stop(60) for name, tier in tiers.items() if tier.tier != "producer"}
-    assert all(code == 0 for code in codes.values()), (codes, tails(tiers))
 
 
 async def acked_batches(consumer: StepStream, tiers: dict[str, TierProcess], steps: int,
@@ -68,36 +30,6 @@ async def acked_batches(consumer: StepStream, tiers: dict[str, TierProcess], ste
         assert await consumer.ack(batch)
         taken += 1
         yield batch
-
-
-def tails(tiers: dict[str, TierProcess]) -> str:
-    return "\n".join(tier.tail() for tier in tiers.values())
-
-
-@contextlib.asynccontextmanager
-async def budget_watch(config: RollstreamConfig) -> AsyncIterator[list[dict[str, int]]]:
-    """Samples the experiment's staleness budget in Redis every 0.1 s while the block runs; the
-    list it yields collects each sample that held more in flight than the capacity allowed."""
-    redis = connect(config.redis)
-    keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
-    budget = StalenessBudget(redis, keys, config.staleness.max_head_offpolicyness, config.staleness.groups_per_step)
-    violations: list[dict[str, int]] = []
-    stop = asyncio.Event()
-
-    async def watch() -> None:
-        while not stop.is_set():
-            usage = await budget.usage()
-            if usage["in_use"] > usage["capacity"]:
-                violations.append(usage)
-            await asyncio.sleep(0.1)
-
-    watcher = asyncio.create_task(watch())
-    try:
-        yield violations
-    finally:
-        stop.set()
-        await watcher
-        await redis.aclose()
 
 
 def check_batch_tensors(batch: TrainingStep, step_groups: int) -> None:
@@ -138,24 +70,6 @@ def check_logprobs(batches: list[TrainingStep], weights: list[Path]) -> int:
                 torch.testing.assert_close(got, expected[positions], atol=1e-4, rtol=0)
                 checked += len(positions)
     return checked
-
-
-def save_versions(base: Path, out: Path, versions: int) -> list[Path]:
-    """Version 0 is the built model; version v > 0 is a perturbed copy (distinct weights)."""
-    paths = [base]
-    model = AutoModelForCausalLM.from_pretrained(base)
-    for version in range(1, versions + 1):
-        generator = torch.Generator().manual_seed(version)
-        with torch.no_grad():
-            for param in model.parameters():
-                param.add_(torch.randn(param.shape, generator=generator) * 0.02)
-        path = out / f"v{version}"
-        model.save_pretrained(path)
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            if (base / name).exists():
-                (path / name).write_bytes((base / name).read_bytes())
-        paths.append(path)
-    return paths
 
 
 def check_vision_logprobs(batches: list[TrainingStep], model_dir: Path, images_of: dict[str, list[bytes]]) -> int:

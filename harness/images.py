@@ -11,8 +11,8 @@ import torch
 
 from rollstream.api.io_struct import ModelResponse
 from rollstream.vision.forward import trajectory_logits
-from rollstream.vision.inputs import build_vision_inputs
 from rollstream.vision.images import to_base64
+from rollstream.vision.inputs import build_vision_inputs
 
 
 def noise_png(seed: int, height: int = 40, width: int = 60) -> bytes:

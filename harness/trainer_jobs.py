@@ -1,4 +1,4 @@
-"""Run tests/integration/trainer_job.py as a torchrun job the way ``rollstream train`` runs a
+"""Run harness/trainer_job.py as a torchrun job the way ``rollstream train`` runs a
 trainer (:func:`rollstream.demo.example_trainer.launcher_argv`: torchrun with restarts), read
 its ranks' logs, and hurt its ranks (SIGKILL, SIGSTOP) at a step of a given run."""
 
@@ -19,8 +19,9 @@ import yaml
 
 from rollstream.demo.example_trainer import TORCHRUN_ENV, launcher_argv
 
-REPO = Path(__file__).resolve().parents[2]
-JOB = REPO / "tests/integration/trainer_job.py"
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = REPO / "harness/trainer_job.py"
 # What a rank's stderr says when it ends abnormally (an uncaught C++ exception, a fatal signal).
 WHY_A_RANK_ENDED = ("terminate called", "what():", "Fatal Python error", "Error", "Exception", "Signal ")
 

@@ -1,13 +1,11 @@
 """Faults on a replicated cluster (``rollstream.dev.cluster``: local KRaft nodes, every node a
 controller voter, topics and internal topics at replication 3 with ``min.insync.replicas`` 2):
-finding whom to kill, and the watch on the staleness bound.
+finding whom to kill.
 
 :class:`ClusterProbe` answers the questions a fault schedule asks: which node leads a partition,
 which node is the transaction coordinator of a transactional id (FindCoordinator), which node is
 the active controller, and whether every partition (internal ones included) is fully
-replicated again after a node came back. :class:`BudgetWatch` samples the staleness counters in
-Redis and keeps the worst ``admitted - dropped - capacity`` it saw (the bound holds while it is
-at most 0).
+replicated again after a node came back.
 """
 
 from __future__ import annotations
@@ -15,18 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 from aiokafka.errors import KafkaError
-from redis.exceptions import RedisError
 
-from rollstream.config import KafkaConfig, RollstreamConfig
+from rollstream.config import KafkaConfig
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.kafka.clients import make_admin
-from rollstream.state.budget import StalenessBudget
-from rollstream.state.client import RedisKeys, connect
+
 
 log = logging.getLogger(__name__)
 
@@ -123,49 +119,6 @@ class ClusterProbe:
                 raise AssertionError(f"still under-replicated after {timeout:.0f}s: {lagging[:8]}")
             await asyncio.sleep(0.5)
         return time.monotonic() - began
-
-
-@dataclass
-class BudgetWatch:
-    """Samples the staleness counters every ``interval`` seconds; ``worst`` is the largest
-    ``admitted - dropped - capacity`` seen (the bound held while it is <= 0)."""
-
-    config: RollstreamConfig
-    interval: float = 0.2
-    samples: int = 0
-    worst: int | None = None
-    worst_sample: dict[str, int] = field(default_factory=dict)
-    unreadable: int = 0
-    _task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> BudgetWatch:
-        self._task = asyncio.create_task(self._watch(), name="budget-watch")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _watch(self) -> None:
-        exp, staleness = self.config.experiment, self.config.staleness
-        redis = connect(self.config.redis)
-        budget = StalenessBudget(redis, RedisKeys(exp.experiment_name, exp.trial_name),
-                                 staleness.max_head_offpolicyness, staleness.groups_per_step)
-        try:
-            while True:
-                try:
-                    usage = await budget.usage()  # one script: a consistent snapshot
-                except (RedisError, OSError):
-                    self.unreadable += 1
-                else:
-                    self.samples += 1
-                    over = usage["in_use"] - usage["capacity"]
-                    if self.worst is None or over > self.worst:
-                        self.worst, self.worst_sample = over, usage
-                await asyncio.sleep(self.interval)
-        finally:
-            await redis.aclose()
 
 
 def node_logs(cluster: LocalKafkaCluster) -> dict[int, Path]:

@@ -1,4 +1,4 @@
-"""Check every generated token of published episodes against the stand-ins' ledgers.
+"""The audit of every generated token's version tag against the SGLang stand-ins' ledgers.
 
 A token is *mis-tagged* when the version in the episode's ``versions`` tensor is not the
 version of the weights that produced it (as the stand-in that generated it recorded), and
@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from harness.fake_sglang import FakeSGLangServer, INITIAL_VERSION
 from rollstream.wire import Episode
 from rollstream.wire.torch_tensors import decode_tensor_dict
-from tests.fakes.sglang_server import INITIAL_VERSION, FakeSGLangServer
 
 
 @dataclass
-class TagAudit:
+class LedgerTagAudit:
     episodes: int = 0
     tokens: int = 0
     mistagged: int = 0
@@ -35,8 +35,8 @@ def as_version(weight_version: str) -> int:
     return 0 if weight_version == INITIAL_VERSION else int(weight_version)
 
 
-def audit(episodes: Iterable[Episode], servers: Sequence[FakeSGLangServer]) -> TagAudit:
-    result = TagAudit()
+def audit(episodes: Iterable[Episode], servers: Sequence[FakeSGLangServer]) -> LedgerTagAudit:
+    result = LedgerTagAudit()
     for episode in episodes:
         result.episodes += 1
         td = decode_tensor_dict(episode.trajectory)
@@ -56,7 +56,7 @@ def audit(episodes: Iterable[Episode], servers: Sequence[FakeSGLangServer]) -> T
     return result
 
 
-def _judge(result: TagAudit, produced: set[int], tag: int, episode: Episode, i: int) -> None:
+def _judge(result: LedgerTagAudit, produced: set[int], tag: int, episode: Episode, i: int) -> None:
     where = f"{episode.task_id}/{episode.sample_idx} token {i}"
     if not produced:
         result.unknown += 1
@@ -68,6 +68,6 @@ def _judge(result: TagAudit, produced: set[int], tag: int, episode: Episode, i: 
         result.ambiguous += 1
 
 
-def _example(result: TagAudit, text: str) -> None:
+def _example(result: LedgerTagAudit, text: str) -> None:
     if len(result.examples) < 10:
         result.examples.append(text)

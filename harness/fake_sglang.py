@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -54,7 +53,9 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fakes.sglang_ledger import TokenLedger
+from harness.services import free_port
+from harness.token_ledger import TokenLedger
+
 
 SAMPLING_KEYS = frozenset({
     "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
@@ -64,13 +65,6 @@ SAMPLING_KEYS = frozenset({
 })
 INITIAL_VERSION = "default"
 LOGPROB_STEP = 2.0**-16
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _error(status: int, message: str) -> web.Response:

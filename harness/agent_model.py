@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from examples.agent_calculator import CALCULATOR
+
 from rollstream.agent.chat_template import ChatRenderer
 from rollstream.demo.agent import AGENT_VOCAB, agent_corpus
 from rollstream.tiny.text_model import build_tiny_model
+
 
 QUESTION = [{"role": "user", "content": "3+4="}]
 TOOL_CALL_TEXT = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3+4"}}\n</tool_call>'

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from rollstream.kafka.clients import make_admin, make_consumer, stop_client
 from rollstream.kafka.scan import read_bounded
 from rollstream.runtime.deadline import within
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group
+
 
 log = logging.getLogger(__name__)
 

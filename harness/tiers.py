@@ -1,9 +1,6 @@
-"""Services and processes for the broker benchmarks: Kafka + Redis, and tier processes.
-
-``services()`` resolves Kafka and Redis like the tests do (``KAFKA_BOOTSTRAP_SERVERS`` /
-``REDIS_URL``, else a local broker from the cached jars and a local redis-server, or
-testcontainers with ``ROLLSTREAM_DEV_SERVICES=testcontainers``). ``TierProcess`` runs one tier in its own process (``rollstream <tier>``) and
-tracks its memory and CPU time (with its children, e.g. the reward process pool).
+"""Tier processes: :class:`TierProcess` runs one tier in its own process (``rollstream <tier>``),
+the one way the tests and the benchmarks start a tier, and tracks its memory and CPU time (with
+its children, e.g. the reward process pool); :func:`running` keeps a set of them for one block.
 """
 
 from __future__ import annotations
@@ -19,49 +16,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
-import yaml
+from harness.procstats import cpu_seconds, peak_rss_bytes, private_bytes, rss_bytes, tree_pids
 
-from bench.procstats import cpu_seconds, peak_rss_bytes, private_bytes, rss_bytes, tree_pids
-from rollstream.dev.launcher import DevStack, dev_stack
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_PROFILE_DIR = "ROLLSTREAM_BENCH_PROFILE_DIR"  # set: every tier process runs under py-spy
 CONFIG_ENV = ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")  # settings a tier reads from its environment
 CONFIG_ENV_PREFIX = "ROLLSTREAM__"
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("ROLLSTREAM_CACHE_DIR") or Path.home() / ".cache" / "rollstream"
-    return Path(root).expanduser() / "bench"
-
-
-def tokenizer_path() -> Path:
-    """The project's offline tiny model (its tokenizer is what the tiers load), built once."""
-    from rollstream.tiny.text_model import ensure_tiny_model
-
-    return ensure_tiny_model(cache_dir() / "tiny-model")
-
-
-@contextlib.contextmanager
-def services(workdir: Path) -> Iterator[DevStack]:
-    """Kafka and Redis for one benchmark run (stopped afterwards if started here)."""
-    with dev_stack(workdir) as dev:
-        yield dev
-
-
-def unique_name(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
-
-
-def write_config(path: Path, tree: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(tree, sort_keys=False))
-    return path
 
 
 try:  # loaded here: no dlopen between fork and exec
@@ -79,8 +44,8 @@ def _die_with_parent() -> None:
 
 
 class TierProcess:
-    """One tier replica in its own process (``rollstream <tier>``): the one way the benchmarks
-    and the fault tests start a tier.
+    """One tier replica in its own process (``rollstream <tier>``): the one way the tests and the
+    benchmarks start a tier.
 
     Not started by the constructor: ``start()`` (again after ``kill()`` or ``stop()``: a restart
     with the same settings and log). Each start runs in its own session (process group), so a
@@ -382,3 +347,36 @@ async def wait_until_consuming(procs: list[TierProcess], timeout: float) -> None
             waiting = [p.tier for p in procs if not p.logged(READY_TEXT)]
             raise TimeoutError(f"{waiting} did not log {READY_TEXT.strip()!r} within {timeout:.0f}s")
         await asyncio.sleep(0.2)
+
+
+@contextlib.contextmanager
+def running(config: Path, logdir: Path, names: Iterable[str]) -> Iterator[dict[str, TierProcess]]:
+    """The tiers ``names`` (``<tier>`` or ``<tier>#<n>``) started on ``config``, by name, each
+    logging to ``<logdir>/<name>.log``; tiers added to the dict are kept too. Whatever still runs
+    at the end is killed (with what it started)."""
+    tiers = {name: TierProcess(name.split("#")[0], config, logdir / f"{name}.log", name=name).start()
+             for name in names}
+    try:
+        yield tiers
+    finally:
+        for tier in tiers.values():
+            tier.kill()
+
+
+def check_alive(tiers: dict[str, TierProcess]) -> None:
+    """Every tier runs or exited 0 (a producer whose dataset is done)."""
+    assert all(t.exit_code() in (None, 0) for t in tiers.values()), tails(tiers)
+
+
+def stop_cleanly(tiers: dict[str, TierProcess]) -> None:
+    """The producers exit 0 on their own once their dataset is published; every other tier
+    exits 0 on SIGTERM, within a minute."""
+    for tier in tiers.values():
+        if tier.tier == "producer":
+            assert tier.wait(30) == 0, tier.tail()
+    codes = {name: tier.stop(60) for name, tier in tiers.items() if tier.tier != "producer"}
+    assert all(code == 0 for code in codes.values()), (codes, tails(tiers))
+
+
+def tails(tiers: dict[str, TierProcess]) -> str:
+    return "\n".join(tier.tail() for tier in tiers.values())

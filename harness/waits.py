@@ -1,5 +1,5 @@
-"""Shared test helpers: configs that point at the session's real broker and Redis, and bounded
-waits that name the step that did not finish."""
+"""Bounded waits that name the step that did not finish, and the stop of tiers run in this
+process."""
 
 from __future__ import annotations
 
@@ -8,33 +8,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from rollstream.config import RollstreamConfig, config_from_dict
 
 T = TypeVar("T")
-
-# The ``show_report`` fixture (tests/conftest.py): a test's report text, printed in the
-# session's summary whether the test passed or not, with or without xdist workers.
-ShowReport = Callable[[str], None]
-
-
-def make_config(
-    kafka_bootstrap: str, redis_url: str, name: str, sections: dict[str, Any] | None = None
-) -> RollstreamConfig:
-    """A config for one test: its own experiment name (so its own topics and Redis keys).
-
-    ``sections`` is merged per section over the defaults, e.g. ``{"rollout": {...}}``.
-    """
-    tree: dict[str, Any] = {
-        "kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": 2, "transaction_timeout_ms": 15000},
-        "redis": {"url": redis_url},
-        "experiment": {"experiment_name": name, "trial_name": "t0"},
-    }
-    for section, values in (sections or {}).items():
-        if isinstance(values, dict):
-            tree.setdefault(section, {}).update(values)
-        else:
-            tree[section] = values
-    return config_from_dict(tree)
 
 
 async def within(awaitable: Awaitable[T], seconds: float, step: str) -> T:
@@ -62,8 +37,6 @@ async def until(predicate: Callable[[], Any], what: str, timeout: float = 20.0,
 async def stop_in_process_tiers(tiers: list, stop, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
     """Set ``stop`` and wait for tier tasks run in this process; each must end by itself,
     without an error, within ``timeout``."""
-    import asyncio
-
     stop.set()
     done, pending = await asyncio.wait(tiers, timeout=timeout)
     for tier in pending:
@@ -73,8 +46,10 @@ async def stop_in_process_tiers(tiers: list, stop, timeout: float = 60.0) -> Non
     assert not errors, errors
 
 
-async def read_topic(config: RollstreamConfig, topic: str, decode):  # type: ignore[no-untyped-def]
-    """Every committed record of ``topic``, decoded (the product's one bounded read)."""
-    from rollstream.kafka.scan import scan_topic
-
-    return [decode(r.value) async for r in scan_topic(config.kafka, topic, "test-reader")]
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 60.0) -> None:
+    """Poll the coroutine ``check`` every 0.2 s until it answers True; fail naming ``what`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.2)
