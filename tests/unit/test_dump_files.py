@@ -11,8 +11,9 @@ import pytest
 
 from harness.fakes import make_tokenizer
 from harness.trajectories import scored, single_turn
-from rollstream.dump.files import MAX_NAME_BYTES, TaskFiles, dump_path, file_stem, is_plain_name, read_task, task_files
+from rollstream.dump.files import TaskFiles, dump_path, read_task, task_files
 from rollstream.dump.lines import DumpWriter
+from rollstream.file_names import MAX_NAME_BYTES, file_stem, is_plain_name
 
 
 @pytest.mark.parametrize("task_id", ["demo-producer:0:17", "gsm8k-17", "a b", "数学-1", "x" * MAX_NAME_BYTES, "a\\b"])

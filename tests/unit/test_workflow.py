@@ -11,14 +11,11 @@ from harness.fakes import EchoWorkflow, FakeEngine, SilentAgent, TwoTurnAgent
 from rollstream.agent import AgentError, AgentWorkflow
 from rollstream.api.context import workflow_context
 from rollstream.api.io_struct import ModelRequest, ModelResponse
-from rollstream.api.workflow import (
-    GroupedRolloutWorkflow,
-    Interaction,
-    RolloutWorkflow,
-    interactions_to_tensors,
-    resolve_workflow,
-)
+from rollstream.api.workflow import Interaction, RolloutWorkflow
+from rollstream.trajectory.normalize import interactions_to_tensors
 from rollstream.trajectory.rows import validate_trajectory
+from rollstream.workflows.grouped import GroupedRolloutWorkflow
+from rollstream.workflows.resolve import resolve_workflow
 
 
 DATA = {"input_ids": [1, 2, 3]}
