@@ -20,12 +20,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "rollstream/imports.py"),
     ("rollstream/agent", "rollstream/dump", "rollstream/trainer", "rollstream/workflows"),
     (*TIERS, "rollstream/tools", "rollstream/testing", "rollstream/cli.py"),
-    ("rollstream/dev", "rollstream/demo", "bench", "scripts", "examples"),
+    ("rollstream/dev", "rollstream/demo", "harness", "bench", "scripts", "examples"),
 )
 
 
 def _files() -> list[Path]:
-    roots = [REPO / "rollstream", *(REPO / name for name in (*TIERS, "bench", "scripts", "examples"))]
+    roots = [REPO / "rollstream", *(REPO / name for name in (*TIERS, "harness", "bench", "scripts", "examples"))]
     return sorted(path for root in roots for path in root.rglob("*.py"))
 
 
