@@ -46,7 +46,7 @@ from rollstream.dev.processes import free_port
 from rollstream.kafka.topics import TopicNames
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.wire import decode_dead_letter, decode_prompt
 
 

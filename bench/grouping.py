@@ -24,8 +24,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 from bench.common import Report, base_parser
 from bench.data import mixed_lengths, scored_episode, trajectory
-from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
+from rollstream.consumers.grouping.records import build_emitted_group
+from rollstream.consumers.grouping.groups import CompleteGroup, GroupBuffer
 from rollstream.trajectory.padding import concat_padded_arrays
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.wire import ScoredEpisode, decode_arrays, decode_scored, encode

@@ -40,8 +40,8 @@ from bench.pipeline_run import PipelineSettings, memory_rows, run_pipeline
 from bench.workflow_memory import workflow_memory
 from harness.procstats import rss_bytes
 from harness.services import services
-from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup, GroupBuffer
+from rollstream.consumers.grouping.records import build_emitted_group
+from rollstream.consumers.grouping.groups import CompleteGroup, GroupBuffer
 from rollstream.wire import Episode, ScoredEpisode, decode_scored, encode
 from rollstream.wire.torch_tensors import encode_tensor_dict
 
@@ -156,7 +156,7 @@ def outcome_entry_bytes() -> float:
     """Python heap per OutcomeLog entry (a measured average over 20k entries)."""
     import tracemalloc
 
-    from rollstream.consumers.outcomes import OutcomeLog
+    from rollstream.consumers.grouping.outcomes import OutcomeLog
 
     log = OutcomeLog(3600.0)
     tracemalloc.start()

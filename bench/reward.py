@@ -52,7 +52,7 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
-from rollstream.reward_workers.scorer import Scorer
+from rollstream.reward_workers.reward_function import Scorer
 from rollstream.reward_workers.scoring import split_prompt_completion
 from rollstream.reward_workers.transform import RewardTransform
 from rollstream.wire import Episode, decode_episode, encode

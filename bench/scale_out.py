@@ -43,7 +43,7 @@ from rollstream.dev.launcher import dev_stack
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.wire import decode_prompt
 
 

@@ -33,8 +33,8 @@ from harness.configs import write_config
 from harness.services import services, unique_name
 from harness.tiers import REPO, tail
 from rollstream.config import config_from_dict
-from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup
+from rollstream.consumers.grouping.records import build_emitted_group
+from rollstream.consumers.grouping.groups import CompleteGroup
 from rollstream.dev.launcher import Services
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer

@@ -6,7 +6,7 @@ import msgspec
 
 from harness.episodes import scored
 from rollstream.config import RollstreamConfig
-from rollstream.consumers.grouping import CompleteGroup
+from rollstream.consumers.grouping.groups import CompleteGroup
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import encode

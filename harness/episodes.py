@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rollstream.consumers.grouping import CompleteGroup
+from rollstream.consumers.grouping.groups import CompleteGroup
 from rollstream.wire import Episode, SampleRejected, ScoredEpisode, TaskFailed
 from rollstream.wire.torch_tensors import encode_tensor_dict
 

@@ -34,7 +34,7 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.wire import EmittedGroup, Episode, GroupDropped, SampleRejected, decode_episode, decode_prompt
 
 

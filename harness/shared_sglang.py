@@ -19,7 +19,7 @@ from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.server_lease import ServerLeases
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode, encode
 
 

@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 
-from rollstream.reward_workers.scorer import Scorer
+from rollstream.reward_workers.reward_function import Scorer
 from rollstream.reward_workers.transform import TIER, RewardTransform
 from rollstream.config import RollstreamConfig
 from rollstream.runtime.health import mark_ready

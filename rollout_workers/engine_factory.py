@@ -25,7 +25,7 @@ from rollstream.config import ConfigError, RolloutConfig, require
 from rollstream.engines.server_engine import ServerEngine
 from rollstream.imports import import_callable
 from rollstream.state.client import RedisKeys
-from rollstream.rollout_workers.versions import VersionFollower, VersionSource
+from rollstream.rollout_workers.version_follower import VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from rollstream.api.io_struct import ModelResponse
 from rollstream.trajectory.normalize import TrajectoryError, episode_tensors
-from rollstream.trajectory.versions import PROMPT_VERSION, head_and_tail, row_spans
+from rollstream.trajectory.staleness import PROMPT_VERSION, head_and_tail, row_spans
 from rollstream.vision.images import IMAGES_KEY
 from rollstream.wire import Episode, PromptTask, SampleRejected
 from rollstream.wire.torch_tensors import encode_tensor_dict

@@ -44,7 +44,7 @@ from rollstream.kafka.partition_loop import AtLeastOnce, PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.metrics import WEIGHT_VERSION
 from rollstream.state.client import RedisKeys, connect, wait_for_redis
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.retry import KAFKA_RETRY
 from rollstream.rollout_workers.claims import PromptClaims
 from rollstream.rollout_workers.prompt_intake import PromptIntake

@@ -55,7 +55,7 @@ from rollstream.runtime.metrics import WEIGHT_VERSION
 from rollstream.state.server_lease import Lease, Phase, ServerLeases, ServerSyncState
 from rollstream.retry import WEIGHTS_RETRY
 from rollstream.runtime.tasks import raise_if_cancelled, run_together
-from rollstream.rollout_workers.versions import TIER, VersionFollower, VersionSource
+from rollstream.rollout_workers.version_follower import TIER, VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
 

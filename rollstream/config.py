@@ -234,7 +234,7 @@ class RewardConfig(_Section):
 
 class GroupingConfig(_Section):
     pad_value: float = 0.0
-    # Group filters (rollstream.consumers.group_filters): import strings of fn(group) -> bool, run
+    # Group filters (rollstream.consumers.grouping.filters): import strings of fn(group) -> bool, run
     # in order on every complete train group; the first False drops it as "filtered" and returns
     # its staleness slot. drop_equal_rewards puts the built-in distinct_rewards filter first.
     group_filters: list[Name] = msgspec.field(default_factory=list)

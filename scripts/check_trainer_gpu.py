@@ -34,8 +34,8 @@ def write_inputs(workdir: Path, ranks: int) -> tuple[Path, Path]:
     """A dump of ``STEPS * ranks`` one-group records and the tiny model."""
     import torch
 
-    from rollstream.consumers.batching import build_emitted_group
-    from rollstream.consumers.grouping import CompleteGroup
+    from rollstream.consumers.grouping.records import build_emitted_group
+    from rollstream.consumers.grouping.groups import CompleteGroup
     from rollstream.tiny.text_model import build_tiny_model, default_corpus
     from rollstream.tools.render import message_json
     from rollstream.wire import Episode, ScoredEpisode

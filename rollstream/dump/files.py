@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rollstream.file_names import file_stem
-from rollstream.trajectory.versions import PROMPT_VERSION, Versions, head_and_tail
+from rollstream.trajectory.staleness import PROMPT_VERSION, Versions, head_and_tail
 
 log = logging.getLogger(__name__)
 

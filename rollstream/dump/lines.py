@@ -6,7 +6,7 @@ Each line starts with AReaL's nine fields, in this order and with these meanings
 ``task_id``, ``sample_idx`` (the sample's index in its group), ``seqlen`` (attended tokens),
 ``prompt_len``, ``head_version``, ``tail_version``, ``reward``, ``prompt``, ``completion``
 (text decoded with special tokens kept; ``null`` without a tokenizer). ``seqlen``,
-``prompt_len`` and the versions come from :func:`rollstream.trajectory.versions.row_spans`, the one
+``prompt_len`` and the versions come from :func:`rollstream.trajectory.staleness.row_spans`, the one
 computation the episode message and the replay filters use too; a row whose generated
 tokens carry no version gets the message's own tail version (for an episode, the engine's
 version when it ended: AReaL's fallback).
@@ -47,7 +47,7 @@ from rollstream.api.engine import WeightUpdate
 from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.dump.files import TaskFiles, dump_path, read_task, scope_dir
 from rollstream.tokenizer_file import Tokenizer, load_tokenizer
-from rollstream.trajectory.versions import RowSpan, row_spans
+from rollstream.trajectory.staleness import RowSpan, row_spans
 from rollstream.wire import EmittedGroup, Episode, ScoredEpisode, group_arrays, decode_arrays
 from rollstream.wire.dtypes import to_float32
 
@@ -67,7 +67,7 @@ DumpFields = Literal["reference", "extended"]
 
 
 class VersionLookup(Protocol):
-    """What extended dumps read from Redis (``rollstream.state.versions.VersionStore`` has it)."""
+    """What extended dumps read from Redis (``rollstream.state.version_store.VersionStore`` has it)."""
 
     async def get_version(self) -> int: ...
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollstream.dump.lines import message_rows
-from rollstream.trajectory.versions import head_and_tail
+from rollstream.trajectory.staleness import head_and_tail
 from rollstream.wire import (
     DeadLetter,
     EmittedGroup,
@@ -37,7 +37,7 @@ def task_ids_of(message: Any) -> list[str]:
 
 def tail_version_of(message: Any) -> int | None:
     """Newest version over the generated tokens of an episode, scored episode or emitted group: the
-    largest ``tail_version`` of its dump lines (``rollstream.trajectory.versions``, the one
+    largest ``tail_version`` of its dump lines (``rollstream.trajectory.staleness``, the one
     computation the episode message and the dumps use); None for other messages."""
     rows = message_rows(message)
     return head_and_tail(row.span for row in rows).tail_version if rows else None

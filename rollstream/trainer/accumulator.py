@@ -16,7 +16,7 @@ from typing import Any
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from rollstream.trainer.training_step import GroupRows, TrainingStep, assemble, batch_group
-from rollstream.trajectory.versions import staleness
+from rollstream.trajectory.staleness import staleness
 from rollstream.wire import EmittedGroup, GroupDropped, WireDecodeError, decode_group
 
 log = logging.getLogger(__name__)

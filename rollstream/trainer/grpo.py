@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rollstream.trajectory.versions import token_staleness
+from rollstream.trajectory.staleness import token_staleness
 from rollstream.vision.forward import trajectory_logits
 from rollstream.vision.inputs import VisionInputs
 

@@ -48,7 +48,7 @@ from rollstream.retry import KAFKA_RETRY
 from rollstream.runtime.tasks import wait_event
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.ledger import LedgerEntry, StepLedger, check_owner, reconcile
 from rollstream.trainer.step_source import Step

@@ -20,7 +20,7 @@ from aiokafka.structs import TopicPartition
 from torch import Tensor
 
 from rollstream.trajectory.padding import align_keys, concat_padded_tensors
-from rollstream.trajectory.versions import head_and_tail, row_spans, staleness
+from rollstream.trajectory.staleness import head_and_tail, row_spans, staleness
 from rollstream.config import RollstreamConfig
 from rollstream.vision.inputs import VisionInputs, build_vision_inputs
 from rollstream.wire import EmittedGroup
@@ -76,7 +76,7 @@ class TrainingStep:
     samples of the group the workflow rejected / failed (0 for groups emitted before the
     grouping tier counted them). ``head_version``/``tail_version`` span every generated
     token (-1: none) and ``max_staleness`` is the largest staleness of a group, by
-    ``rollstream.trajectory.versions`` (generated positions only, from the tensors: tokens the
+    ``rollstream.trajectory.staleness`` (generated positions only, from the tensors: tokens the
     rollout worker versioned with its engine's version because the workflow gave none are
     unknown here).
 

@@ -32,7 +32,7 @@ from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.retry import REDIS_RETRY
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.trainer.checkpoints import Checkpoint, CheckpointError, Checkpoints
 from rollstream.trainer.loop_thread import LoopThread
 

@@ -6,7 +6,7 @@ and which policy versions wrote them.
   ``validate_trajectory`` (torch).
 - :mod:`rollstream.trajectory.padding`: the one padding (``concat_padded_arrays`` in numpy,
   ``concat_padded_tensors`` as torch views of it) and ``align_keys`` for dicts whose keys differ.
-- :mod:`rollstream.trajectory.versions`: a row's span (``row_spans``), the head and tail
+- :mod:`rollstream.trajectory.staleness`: a row's span (``row_spans``), the head and tail
   version of rows, episodes or groups (``head_and_tail``) and ``staleness``.
 
 ``padding`` and ``versions`` never import torch at module level: the grouping, producer, dump

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy
 
-from rollstream.trajectory.versions import PROMPT_VERSION
+from rollstream.trajectory.staleness import PROMPT_VERSION
 from rollstream.wire.dtypes import cast, fill_value, promote_all, wire_name
 from rollstream.wire.packed import allocate_arrays
 

@@ -4,7 +4,7 @@ A trajectory dict holds ``[B, L]`` sequence tensors (:data:`SEQUENCE_KEYS`: ``in
 ``attention_mask``, ``loss_mask``, ``logprobs``, ``versions``) and ``[B]`` per-row tensors
 (:data:`ROW_KEYS`: ``rewards``, ``is_truncated``), with the dtypes of :data:`trajectory_dtypes`.
 Rows are padded together by :mod:`rollstream.trajectory.padding`; which versions wrote them is
-:mod:`rollstream.trajectory.versions`.
+:mod:`rollstream.trajectory.staleness`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy
 import torch
 from torch import Tensor
 
-from rollstream.trajectory.versions import PROMPT_VERSION
+from rollstream.trajectory.staleness import PROMPT_VERSION
 
 SEQUENCE_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
 ROW_KEYS: tuple[str, ...] = ("rewards", "is_truncated")

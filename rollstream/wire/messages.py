@@ -164,7 +164,7 @@ class EmittedGroup(_Message, tag="batch", kw_only=True):
     version at emission as the grouping tier knew it, never older than ``tail_version``;
     ``trainer_version_known`` False says it is not what Redis answered at emission (Redis
     failed or lagged: the last version seen, or the tail's); ``staleness =
-    trainer_version - head_version`` (``rollstream.trajectory.versions``). ``rejected`` /
+    trainer_version - head_version`` (``rollstream.trajectory.staleness``). ``rejected`` /
     ``failed``: how many samples the workflow rejected / failed; the accepted ones (those with
     rows) number ``group_size - rejected - failed``. Vision (empty for text): ``images`` holds
     the group's distinct encoded images once each; ``row_images[r]`` indexes those row ``r``

@@ -29,7 +29,7 @@ from rollstream.producers.service import run_producer
 from rollstream.rollout_workers.service import run as run_rollout_worker
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, encode
 
 

@@ -28,7 +28,7 @@ from harness.configs import make_config
 from harness.ledger import read_topic
 from harness.strategies import BUDGET, as_dict, broken_bytes, episode, float_tensor, raw, trajectory, valid_messages
 from rollstream.config import RollstreamConfig
-from rollstream.consumers.grouping_service import run as run_grouping
+from rollstream.consumers.grouping.service import run as run_grouping
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames

@@ -24,7 +24,7 @@ from harness.trajectories import multi_turn, scored, single_turn
 from harness.waits import eventually
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
-from rollstream.consumers import dump_service
+from rollstream.consumers.dump import service as dump_service
 from rollstream.dump.lines import dump_record, read_task
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.admin import topic_partitions
@@ -32,7 +32,7 @@ from rollstream.kafka.clients import make_admin, make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.metrics import serve_metrics
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.tools.positions import ALL_PARTITIONS
 from rollstream.tools.replay import ReplayOptions, replay
 from rollstream.tools.roles import topic_for

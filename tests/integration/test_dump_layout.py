@@ -23,14 +23,14 @@ from harness.trajectories import multi_turn, single_turn
 from harness.waits import eventually
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import ConfigError, RollstreamConfig
-from rollstream.consumers import dump_service
+from rollstream.consumers.dump import service as dump_service
 from rollstream.dump.lines import DUMP_FIELDS, EXTENDED_FIELDS, read_task
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.rollout_workers.episodes import to_episode
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.tools.replay import ReplayOptions, replay
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.wire import Episode, PromptTask, SampleRejected, ScoredEpisode, encode

@@ -19,12 +19,12 @@ from harness.scored_feed import WAIT_S, group_messages, names_of, read_all, writ
 from harness.tiers import TierProcess
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
-from rollstream.consumers.grouping_service import run
+from rollstream.consumers.grouping.service import run
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin
 from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_dead_letter, decode_outcome
 from rollstream.wire.torch_tensors import group_tensors
 
@@ -233,7 +233,7 @@ async def wait_for_log(caplog: pytest.LogCaptureFixture, text: str) -> None:
 async def test_rebalance_between_two_instances_is_exactly_once(
     kafka_bootstrap: str, redis_url: str, unique_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="rollstream.consumers.grouping_service")
+    caplog.set_level(logging.INFO, logger="rollstream.consumers.grouping.service")
     configs = [
         make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": {**GROUPING, "instance_id": name}})
         for name in ("g-a", "g-b")

@@ -17,7 +17,7 @@ from rollstream.producers.dataset import iter_samples, task_id_for
 from rollstream.producers.service import RunSummary, run, run_producer
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.wire import decode_dead_letter
 
 

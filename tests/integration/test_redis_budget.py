@@ -15,7 +15,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.producers.budget_restore import restore_budget, while_locked
 from rollstream.state.budget import RebuildInterrupted, RebuiltCounts, StalenessBudget
 from rollstream.state.client import GenerationChanged, RedisKeys, RedisStateError, StateMissingError
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.wire import GroupDropped, ProducerCursor, PromptTask, encode
 
 

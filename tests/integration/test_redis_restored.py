@@ -32,7 +32,7 @@ from harness.producer_feed import STEP_GROUPS, Producer, budget_of, committed_tr
 from harness.waits import until, within
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig, ServerConfig
-from rollstream.consumers.grouping_service import GroupingTransform
+from rollstream.consumers.grouping.service import GroupingTransform
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.engines.server_http import ServerHttp
 from rollstream.engines.sglang_admin import SGLangAdmin
@@ -48,7 +48,7 @@ from rollstream.rollout_workers.claims import Outcome, PromptClaims
 from rollstream.rollout_workers.weight_sync import ServerOwner
 from rollstream.state.client import RedisKeys, StateStaleError, wait_for_redis
 from rollstream.state.server_lease import ServerLeases, ServerSyncState
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.trainer.version_publisher import VersionPublisher
 from rollstream.wire import EmittedGroup, PromptTask, decode_group, decode_outcome, encode
 

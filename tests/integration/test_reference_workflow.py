@@ -26,7 +26,7 @@ from harness.configs import make_config
 from harness.ledger import read_topic
 from harness.waits import stop_in_process_tiers
 from rollstream.config import RollstreamConfig
-from rollstream.consumers import grouping_service
+from rollstream.consumers.grouping import service as grouping_service
 from rollstream.kafka.topics import TopicNames
 from rollstream.producers import service as producer_service
 from rollstream.reward_workers import service as reward_service

@@ -30,7 +30,7 @@ from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin, make_consumer
 from rollstream.rollout_workers.service import run
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.wire import Episode, PromptTask, TaskFailed, decode_dead_letter, decode_episode
 from rollstream.wire.torch_tensors import decode_tensor_dict

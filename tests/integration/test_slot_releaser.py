@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from rollstream.consumers.emission import SlotReleaser
-from rollstream.consumers.grouping import DroppedGroup
+from rollstream.consumers.grouping.emission import SlotReleaser
+from rollstream.consumers.grouping.groups import DroppedGroup
 from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys
 

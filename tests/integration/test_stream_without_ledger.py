@@ -8,7 +8,7 @@ import pytest
 from harness.batches_feed import group, write_batches
 from harness.configs import make_config
 from rollstream.trainer import StepStream
-from rollstream.consumers.batching import build_emitted_group
+from rollstream.consumers.grouping.records import build_emitted_group
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import GroupDropped

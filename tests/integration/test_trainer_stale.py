@@ -14,15 +14,15 @@ from harness.batches_feed import group, write_batches
 from harness.configs import make_config
 from harness.episodes import scored
 from rollstream.api.engine import WeightUpdate
-from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup
+from rollstream.consumers.grouping.records import build_emitted_group
+from rollstream.consumers.grouping.groups import CompleteGroup
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin
 from rollstream.kafka.topics import TopicNames
 from rollstream.producers.budget_restore import restore_budget, trainer_stale_drops
 from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.trainer import StepStream, StepLedger
 from rollstream.wire import decode_trainer_commit
 

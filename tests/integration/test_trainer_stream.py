@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader
 from harness.configs import make_config
 from harness.episodes import scored
 from rollstream.config import RollstreamConfig
-from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup
+from rollstream.consumers.grouping.records import build_emitted_group
+from rollstream.consumers.grouping.groups import CompleteGroup
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, make_producer
 from rollstream.kafka.topics import TopicNames

@@ -21,14 +21,14 @@ import yaml
 from harness.configs import make_config
 from harness.episodes import scored
 from rollstream.api.engine import WeightUpdate
-from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup
+from rollstream.consumers.grouping.records import build_emitted_group
+from rollstream.consumers.grouping.groups import CompleteGroup
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
 from rollstream.state.client import RedisKeys
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.trainer import Checkpoint, CheckpointError, Checkpoints, StepLedger, VersionPublisher, VersionRefused
 from rollstream.wire import encode

@@ -31,7 +31,7 @@ from rollstream.engines.sglang_admin import SGLangAdmin
 from rollstream.rollout_workers.weight_sync import ServerOwner, SharedServerFollower, WeightSync
 from rollstream.state.client import RedisKeys
 from rollstream.state.server_lease import Lease, ServerLeases, ServerSyncState
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(90)]

@@ -8,7 +8,7 @@ import numpy as np
 from bench.chaos import invariants as inv
 from harness.episodes import group
 from harness.ledger import Ledger
-from rollstream.consumers.batching import build_emitted_group
+from rollstream.consumers.grouping.records import build_emitted_group
 from rollstream.trainer.ledger import LedgerEntry
 from rollstream.wire import GroupDropped, decode_group, encode
 

@@ -16,7 +16,7 @@ from bench.chaos.observe import Observer
 from harness.configs import pipeline_config
 from harness.episodes import group
 from rollstream.config import config_from_dict
-from rollstream.consumers.batching import build_emitted_group
+from rollstream.consumers.grouping.records import build_emitted_group
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
 from rollstream.wire import PromptTask, encode
 

@@ -7,8 +7,8 @@ import pytest
 
 from harness.episodes import rejected, scored
 from rollstream.config import ConfigError, GroupingConfig
-from rollstream.consumers.group_filters import GroupTrajectory, distinct_rewards, load_group_filters
-from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
+from rollstream.consumers.grouping.filters import GroupTrajectory, distinct_rewards, load_group_filters
+from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
 from tests.unit import group_filter_fns
 
 

@@ -12,8 +12,8 @@ import torch
 
 from harness.episodes import rejected, scored
 from harness.images import noise_png
-from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer
+from rollstream.consumers.grouping.records import build_emitted_group
+from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup, GroupBuffer
 from rollstream.trainer import assemble, batch_group
 from rollstream.vision.images import image_digest
 from rollstream.vision.inputs import build_vision_inputs

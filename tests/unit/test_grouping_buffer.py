@@ -7,8 +7,8 @@ import pytest
 
 from harness.episodes import failed, rejected, sample_failed, scored
 from rollstream.config import GroupingConfig
-from rollstream.consumers.group_filters import load_group_filters
-from rollstream.consumers.grouping import CompleteGroup, ConflictError, DroppedGroup, GroupBuffer, GroupFilters
+from rollstream.consumers.grouping.filters import load_group_filters
+from rollstream.consumers.grouping.groups import CompleteGroup, ConflictError, DroppedGroup, GroupBuffer, GroupFilters
 
 
 def buffer(**filters: object) -> GroupBuffer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollstream.consumers.outcomes import OutcomeLog
+from rollstream.consumers.grouping.outcomes import OutcomeLog
 from rollstream.wire import GroupOutcome
 
 

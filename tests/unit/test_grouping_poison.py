@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.episodes import scored
-from rollstream.consumers.emission import Emission
-from rollstream.consumers.grouping import CompleteGroup
-from rollstream.consumers.trainer_version import VersionReading
+from rollstream.consumers.grouping.emission import Emission
+from rollstream.consumers.grouping.groups import CompleteGroup
+from rollstream.consumers.grouping.trainer_version import VersionReading
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
 from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, WireDecodeError, decode_group, decode_scored, encode

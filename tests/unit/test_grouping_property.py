@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.episodes import failed, rejected, sample_failed, scored
-from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupResult, ScoredInput
+from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup, GroupBuffer, GroupResult, ScoredInput
 from rollstream.wire import GroupOutcome
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from rollstream.consumers.trainer_version import TrainerVersion, VersionReading
+from rollstream.consumers.grouping.trainer_version import TrainerVersion, VersionReading
 from rollstream.retry import RetryPolicy
 
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from rollstream.api.io_struct import ModelResponse
-from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup
+from rollstream.consumers.grouping.records import build_emitted_group
+from rollstream.consumers.grouping.groups import CompleteGroup
 from rollstream.trajectory.normalize import episode_tensors
 from rollstream.trajectory.rows import trajectory_row
 from rollstream.trainer.training_step import assemble, batch_group

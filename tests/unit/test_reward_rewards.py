@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from rollstream.rewards import exact_match_reward, math_verify_reward
-from rollstream.reward_workers.scorer import resolve_reward_fn
+from rollstream.reward_workers.reward_function import resolve_reward_fn
 from rollstream.config import ConfigError
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rollstream.config import ConfigError, RewardConfig
-from rollstream.reward_workers.scorer import Scorer, load_tokenizer
+from rollstream.reward_workers.reward_function import Scorer, load_tokenizer
 from rollstream.reward_workers.scoring import score_message, split_prompt_completion
 from rollstream.rewards.pool import RewardTimeout
 from rollstream.rewards.wrapper import AsyncRewardWrapper

@@ -14,7 +14,7 @@ import pytest
 from harness.fakes import FakeSource, RecordingEngine, until_true
 from rollstream.rollout_workers.engine_factory import load_current_version
 from rollstream.retry import RetryPolicy
-from rollstream.rollout_workers.versions import VersionFollower
+from rollstream.rollout_workers.version_follower import VersionFollower
 
 
 def _follower(engine: RecordingEngine, source: FakeSource) -> VersionFollower:

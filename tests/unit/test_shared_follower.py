@@ -12,7 +12,7 @@ from rollstream.api.engine import WeightUpdate
 from rollstream.config import RolloutConfig, ServerConfig
 from rollstream.engines.sglang import SGLangEngine
 from rollstream.rollout_workers.engine_factory import build_follower
-from rollstream.rollout_workers.versions import VersionFollower
+from rollstream.rollout_workers.version_follower import VersionFollower
 from rollstream.rollout_workers.weight_sync import SharedServerFollower, WeightSync
 from rollstream.state.client import RedisKeys
 from rollstream.state.server_lease import ServerLeases

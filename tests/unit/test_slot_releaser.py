@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from rollstream.consumers.emission import SlotReleaser
-from rollstream.consumers.grouping import DroppedGroup
+from rollstream.consumers.grouping.emission import SlotReleaser
+from rollstream.consumers.grouping.groups import DroppedGroup
 
 
 class SlowBudget:

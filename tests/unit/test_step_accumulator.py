@@ -9,8 +9,8 @@ import torch
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from harness.episodes import scored
-from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup
+from rollstream.consumers.grouping.records import build_emitted_group
+from rollstream.consumers.grouping.groups import CompleteGroup
 from rollstream.trainer import StepAccumulator, assemble, batch_group
 from rollstream.trainer.kafka_source import StepIntake
 from rollstream.wire import GroupDropped, encode

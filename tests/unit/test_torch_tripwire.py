@@ -25,7 +25,7 @@ def test_tier_modules_import_without_torch() -> None:
     done = run_armed(
         "import importlib.util, sys\n"
         "assert importlib.util.find_spec('torch') is not None  # looking it up is not importing it\n"
-        "import rollstream.producers.service, rollstream.consumers.grouping_service, rollstream.consumers.dump_service\n"
+        "import rollstream.producers.service, rollstream.consumers.grouping.service, rollstream.consumers.dump.service\n"
         "import rollstream.reward_workers.service, rollstream.rewards.wrapper\n"
         "from rollstream.cli import build_parser\n"
         "build_parser()\n"

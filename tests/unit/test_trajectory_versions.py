@@ -16,15 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.fakes import ids, make_tokenizer
-from rollstream.consumers.batching import build_emitted_group
-from rollstream.consumers.grouping import CompleteGroup, GroupFilters, apply_filters
+from rollstream.consumers.grouping.records import build_emitted_group
+from rollstream.consumers.grouping.groups import CompleteGroup, GroupFilters, apply_filters
 from rollstream.dump.lines import dump_lines
 from rollstream.rollout_workers.episodes import to_episode
 from rollstream.tools.filters import RecordFilter, tail_version_of
 from rollstream.trainer.training_step import assemble, batch_group
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import TrajectoryBuilder
-from rollstream.trajectory.versions import (
+from rollstream.trajectory.staleness import (
     RowSpan,
     Versions,
     group_trainer_version,

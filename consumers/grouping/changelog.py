@@ -12,7 +12,7 @@ import time
 from collections.abc import Collection
 
 
-from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
+from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup
 from rollstream.config import KafkaConfig
 from rollstream.kafka.scan import read_bounded
 from rollstream.wire import GroupOutcome, WireDecodeError, decode_outcome

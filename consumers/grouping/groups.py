@@ -7,7 +7,7 @@ partition (:meth:`GroupBuffer.watermark`): below it, every group has ended.
 
 Rules (what callers may rely on):
 
-- a message of a task whose outcome is known (:class:`~rollstream.consumers.outcomes.OutcomeLog`) is
+- a message of a task whose outcome is known (:class:`~rollstream.consumers.grouping.outcomes.OutcomeLog`) is
   ignored: a late duplicate from a re-run prompt, or input re-read after a crash;
 - a second message for the same ``(task_id, sample_idx)`` is ignored;
 - a message whose ``group_size`` differs from its open group's raises :class:`ConflictError`
@@ -17,7 +17,7 @@ Rules (what callers may rely on):
   "all_rejected"; at least one failed -> "all_failed" (the detail counts both and quotes the
   first failure by sample index). A failure is never counted as a rejection;
 - otherwise the filters run (train groups only; eval groups are never filtered): the group
-  filters of ``grouping.group_filters`` in order (``rollstream.consumers.group_filters``; the
+  filters of ``grouping.group_filters`` in order (``rollstream.consumers.grouping.filters``; the
   first that refuses it -> "filtered"), then the oldest generated token more than
   ``max_head_offpolicyness`` versions behind the trainer version its record will carry ->
   "stale"; a group that passes keeps its counts of rejected and failed samples;
@@ -37,8 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from rollstream.consumers.outcomes import OutcomeLog
-from rollstream.trajectory.versions import Versions, group_trainer_version, head_and_tail, staleness
+from rollstream.consumers.grouping.outcomes import OutcomeLog
+from rollstream.trajectory.staleness import Versions, group_trainer_version, head_and_tail, staleness
 from rollstream.wire import SampleRejected, ScoredEpisode, TaskFailed
 from rollstream.wire.messages import DropReason
 
@@ -53,7 +53,7 @@ class ConflictError(ValueError):
 @dataclass(frozen=True)
 class GroupFilters:
     """Optional drops of complete train groups: ``group_filters`` in order (each returns ``None``
-    to keep the group or the detail of its drop; ``rollstream.consumers.group_filters`` builds
+    to keep the group or the detail of its drop; ``rollstream.consumers.grouping.filters`` builds
     them from the config), then staleness (``max_head_offpolicyness=None``: no staleness check)."""
 
     group_filters: tuple[GroupFilter, ...] = ()
@@ -101,7 +101,7 @@ class CompleteGroup:
     @property
     def versions(self) -> Versions:
         """Oldest and newest version over the group's generated tokens (-1: none): its
-        episodes' spans combined (``rollstream.trajectory.versions``)."""
+        episodes' spans combined (``rollstream.trajectory.staleness``)."""
         return head_and_tail(e.episode for e in self.episodes)
 
     @property

@@ -17,9 +17,9 @@ import time
 
 import numpy
 
-from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
+from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup
 from rollstream.trajectory.padding import align_keys, concat_padded_arrays
-from rollstream.trajectory.versions import group_trainer_version, staleness
+from rollstream.trajectory.staleness import group_trainer_version, staleness
 from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, decode_arrays, pack_arrays
 from rollstream.wire.dtypes import to_float32
 
@@ -50,7 +50,7 @@ def build_emitted_group(group: CompleteGroup, trainer_version: int, pad_value: f
 
     ``trainer_version`` (``version_known``: read from Redis just now) is what the grouping tier
     knows of the trainer. The record's head and tail are the group's (its episodes' spans
-    combined, ``rollstream.trajectory.versions.head_and_tail``: the numbers the staleness
+    combined, ``rollstream.trajectory.staleness.head_and_tail``: the numbers the staleness
     filter judged). The record is never tagged older than its newest token
     (``group_trainer_version``: a version was published before any token of it was generated,
     so a tail above ``trainer_version`` proves the trainer was at least there); it then

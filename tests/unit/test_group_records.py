@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from harness.episodes import scored
-from rollstream.consumers.batching import align_keys, build_emitted_group, drop_record, episode_rows
-from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
+from rollstream.consumers.grouping.records import align_keys, build_emitted_group, drop_record, episode_rows
+from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.wire import decode_group, encode
 from rollstream.wire.torch_tensors import group_tensors

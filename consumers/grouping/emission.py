@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from rollstream.consumers.batching import build_emitted_group, drop_record
-from rollstream.consumers.changelog import outcome_record
-from rollstream.consumers.grouping import CompleteGroup, DroppedGroup
-from rollstream.consumers.trainer_version import VersionReading
+from rollstream.consumers.grouping.records import build_emitted_group, drop_record
+from rollstream.consumers.grouping.changelog import outcome_record
+from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup
+from rollstream.consumers.grouping.trainer_version import VersionReading
 from rollstream.runtime import metrics
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames

@@ -35,7 +35,7 @@ REDIS_ERRORS = (RedisError, OSError)
 
 
 class VersionSource(Protocol):
-    """What the follower needs of :class:`rollstream.state.versions.VersionStore`."""
+    """What the follower needs of :class:`rollstream.state.version_store.VersionStore`."""
 
     def watch(self, poll_seconds: float = 2.0) -> AsyncIterator[int]: ...
 

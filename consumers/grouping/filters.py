@@ -28,14 +28,14 @@ from typing import Any
 import numpy
 
 from rollstream.config import GroupingConfig
-from rollstream.consumers.batching import episode_rows
-from rollstream.consumers.grouping import CompleteGroup, GroupFilter
+from rollstream.consumers.grouping.records import episode_rows
+from rollstream.consumers.grouping.groups import CompleteGroup, GroupFilter
 from rollstream.imports import import_callable
 from rollstream.trajectory.padding import align_keys, concat_padded_arrays
 
 log = logging.getLogger(__name__)
 
-DISTINCT_REWARDS = "rollstream.consumers.group_filters:distinct_rewards"
+DISTINCT_REWARDS = "rollstream.consumers.grouping.filters:distinct_rewards"
 MAX_REWARDS_SHOWN = 16
 
 
@@ -98,7 +98,7 @@ def distinct_rewards(group: GroupTrajectory) -> bool:
 
 
 def load_group_filters(config: GroupingConfig) -> tuple[GroupFilter, ...]:
-    """The filters of ``config`` ready for :class:`~rollstream.consumers.grouping.GroupBuffer`;
+    """The filters of ``config`` ready for :class:`~rollstream.consumers.grouping.groups.GroupBuffer`;
     :class:`ConfigError` naming the setting when one cannot be imported or is not callable."""
     named = [("grouping.drop_equal_rewards", DISTINCT_REWARDS)] if config.drop_equal_rewards else []
     named += [(f"grouping.group_filters[{i}]", path) for i, path in enumerate(config.group_filters)]

@@ -21,14 +21,14 @@ from harness.configs import make_config
 from harness.episodes import scored
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
-from rollstream.consumers.grouping_service import GroupingTransform
-from rollstream.consumers.trainer_version import TrainerVersion
+from rollstream.consumers.grouping.service import GroupingTransform
+from rollstream.consumers.grouping.trainer_version import TrainerVersion
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
 from rollstream.retry import RetryPolicy
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.trainer.training_step import assemble, batch_group
 from rollstream.wire import EmittedGroup, decode_group, encode
 

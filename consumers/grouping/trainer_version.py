@@ -11,7 +11,7 @@ a Redis never tags a partition's groups below what that partition was tagged bef
 
 Each answer says whether it is *known*: Redis answered this time, with a version no older
 than any answer before. Otherwise the version is only the newest one this instance knows to
-have been published, which may be older than the trainer's. :func:`rollstream.consumers.batching.build_emitted_group`
+have been published, which may be older than the trainer's. :func:`rollstream.consumers.grouping.records.build_emitted_group`
 raises a group's version to its newest token's (a token's version was published before it was
 generated) and marks it unknown then, so a group is never tagged older than its tokens
 (docs/GUARANTEES.md, "A group's trainer version").
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from redis.exceptions import RedisError
 
 from rollstream.runtime.metrics import WEIGHT_VERSION
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.retry import REDIS_RETRY, RetryPolicy
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 The tier is the one partition loop (:mod:`rollstream.kafka.partition_loop`) with the
 exactly-once delivery (:mod:`rollstream.kafka.consume_transform_produce`) around
 :class:`GroupingTransform`. Each
-cycle feeds the polled ``scored`` records into a :class:`~rollstream.consumers.grouping.GroupBuffer`,
+cycle feeds the polled ``scored`` records into a :class:`~rollstream.consumers.grouping.groups.GroupBuffer`,
 then, per input partition, writes what ended (emitted and dropped groups, changelog outcomes, tombstones,
 dead letters) and the new input offset in ONE transaction under that partition's own
 transactional id (``<group id>.p<partition>``). The committed input offset of a partition
@@ -31,11 +31,11 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord
 
-from rollstream.consumers.changelog import read_outcomes, version_floor
-from rollstream.consumers.emission import QueuedGroup, Emission, SlotReleaser
-from rollstream.consumers.group_filters import load_group_filters
-from rollstream.consumers.grouping import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
-from rollstream.consumers.trainer_version import TrainerVersion, VersionReading
+from rollstream.consumers.grouping.changelog import read_outcomes, version_floor
+from rollstream.consumers.grouping.emission import QueuedGroup, Emission, SlotReleaser
+from rollstream.consumers.grouping.filters import load_group_filters
+from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
+from rollstream.consumers.grouping.trainer_version import TrainerVersion, VersionReading
 from rollstream.runtime import metrics
 from rollstream.config import RollstreamConfig
 from rollstream.runtime.health import mark_ready
@@ -47,9 +47,9 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import PartitionProducers
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.retry import transaction_retry
-from rollstream.trajectory.versions import staleness
+from rollstream.trajectory.staleness import staleness
 from rollstream.wire import TaskFailed, WireDecodeError, decode_scored
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.retry import KAFKA_RETRY
 from rollstream.runtime.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT
 from rollstream.state.client import RedisKeys, connect
-from rollstream.state.versions import VersionStore
+from rollstream.state.version_store import VersionStore
 from rollstream.wire import ScoredEpisode, WireDecodeError, decode_scored
 
 log = logging.getLogger(__name__)

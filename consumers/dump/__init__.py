@@ -1,0 +1,1 @@
+"""The dump tier (``rollstream dump``): trajectories as files, one per task."""

@@ -1,0 +1,1 @@
+"""The grouping tier (``rollstream grouping``): gathers each prompt's samples into a group, drops or emits it."""
