@@ -186,6 +186,12 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
 
 
+def wrapped_transient(exc: KafkaError) -> bool:
+    """aiokafka's producer start wraps a connection lost while it looks up its transaction
+    coordinator in a plain ``KafkaError`` (the cause kept): the broker being away."""
+    return type(exc) is KafkaError and exc.__cause__ is not None and transient(exc.__cause__)
+
+
 def lost_bootstrap(exc: AssertionError) -> bool:
     """aiokafka's producer start asserts it knows a broker when it looks up its transaction
     coordinator; a broker restarting between the bootstrap and that lookup fails the assertion.
@@ -220,7 +226,13 @@ async def wait_out_outage(
             if not lost_bootstrap(exc):
                 raise
             raise KafkaConnectionError(f"no broker known while {what}: {exc}") from exc
-        except KafkaConnectionError as exc:
+        except KafkaError as exc:
+            if not isinstance(exc, KafkaConnectionError):
+                if not wrapped_transient(exc):
+                    raise
+                lost = KafkaConnectionError(f"{what}: {exc}")
+                lost.__cause__ = exc
+                exc = lost  # noqa: PLW2901
             refusal = await authentication_refusal(config)
             if refusal is not None:
                 raise refusal from exc
@@ -228,7 +240,7 @@ async def wait_out_outage(
                 announced = True
                 log.warning("kafka at %s cannot be reached while %s; waiting up to %.0fs for it "
                             "(kafka.outage_patience_seconds)", config.bootstrap_servers, what, patience)
-            raise
+            raise exc
 
     try:
         return await policy.call(once, retry_on=transient, what=f"{what} (kafka at {config.bootstrap_servers})")

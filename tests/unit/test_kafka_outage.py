@@ -37,3 +37,31 @@ async def test_any_other_assertion_is_a_bug_and_propagates_at_once() -> None:
     with pytest.raises(AssertionError, match="offsets must grow"):
         await wait_out_outage(NOWHERE, start, "starting a producer")
     assert tries == 1
+
+
+async def test_a_connection_lost_while_finding_the_coordinator_is_tried_again() -> None:
+    """aiokafka wraps a connection lost during the coordinator lookup in a plain KafkaError (the
+    cause kept): the broker restarting, waited out like any connection error. A plain
+    KafkaError of another cause still propagates at once."""
+    from aiokafka.errors import KafkaConnectionError, KafkaError
+
+    tries = 0
+
+    async def start() -> str:
+        nonlocal tries
+        tries += 1
+        if tries == 1:
+            try:
+                raise KafkaConnectionError("Connection at 127.0.0.1:12092 closed")
+            except KafkaConnectionError as err:
+                raise KafkaError(repr(err)) from err
+        return "started"
+
+    assert await wait_out_outage(NOWHERE, start, "starting a producer") == "started"
+    assert tries == 2
+
+    async def broken() -> None:
+        raise KafkaError("something else")
+
+    with pytest.raises(KafkaError, match="something else"):
+        await wait_out_outage(NOWHERE, broken, "starting a producer")
