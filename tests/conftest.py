@@ -103,18 +103,31 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
         await client.aclose()
 
 
-# The tests that share nothing with the session's services: pure functions and classes, no
-# broker, no Redis, no subprocess timing. Under pytest-xdist (`scripts/test.sh`: `-n 2`) each
-# of them is its own unit of work for any worker, while every other test is in one unit, run
-# by one worker in collection order as without xdist: the fault and pipeline tests size their
-# timeouts for one pipeline at a time on a 2-core machine.
+# How the suite is split over pytest-xdist's workers (`scripts/test.sh`: `-n 2`):
+# - the tests that share nothing with the session's services (pure functions and classes, no
+#   broker, no Redis, no subprocess timing): each is its own unit of work for any worker;
+# - SIDE_LANE: tests that use the services but time nothing against the machine's load (tools
+#   on topics, Redis scripts, in-process tiers with generous deadlines): one unit, run in order
+#   by one worker, with its own broker and Redis, beside
+# - every other test: one unit, run by the other worker in collection order as without xdist:
+#   the fault and pipeline tests size their timeouts for one pipeline at a time on a 2-core
+#   machine, so two of them never run at once.
 PARALLEL_SAFE = ("tests/unit/", "tests/fuzz/test_decoders.py")
+SIDE_LANE = tuple(f"tests/integration/test_{name}.py" for name in (
+    "agent_endpoint", "budget_rebuild", "debugging_tools", "dump_layout", "group_filter_pipeline",
+    "group_trainer_version", "namespace_install", "producer_images", "prompt_claims", "redis_budget",
+    "reference_workflow", "rollout_images", "slot_releaser", "stream_without_ledger", "topic_checks",
+    "trainer_stale", "transactional_core",
+))
 SERVICES = "services"
+SIDE = "services beside"
 
 
 def unit_of_work(nodeid: str) -> str:
     """The xdist scheduling unit of the test ``nodeid``."""
-    return nodeid if nodeid.startswith(PARALLEL_SAFE) else SERVICES
+    if nodeid.startswith(PARALLEL_SAFE):
+        return nodeid
+    return SIDE if nodeid.startswith(SIDE_LANE) else SERVICES
 
 
 @pytest.hookimpl(optionalhook=True)
