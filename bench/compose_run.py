@@ -149,7 +149,7 @@ class Run:
 
     @property
     def names(self) -> TopicNames:
-        return TopicNames(self.config.experiment.experiment_name, self.config.experiment.trial_name)
+        return TopicNames.of(self.config)
 
     async def version(self) -> int:
         client = connect(self.config.redis)

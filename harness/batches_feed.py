@@ -18,7 +18,7 @@ def group(task: str, gen_len: int = 2, is_eval: bool = False) -> CompleteGroup:
 
 
 async def write_batches(config: RollstreamConfig, messages: list[msgspec.Struct | bytes]) -> None:
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     producer = make_producer(config.kafka, "test-batches")
     await producer.start()
     try:

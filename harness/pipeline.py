@@ -84,7 +84,7 @@ class Pipeline:
         self.stand_in_trainer = stand_in_trainer
         self.step_seconds = step_seconds
         self.config: RollstreamConfig = config_from_dict(tree)
-        self.names = TopicNames(self.config.experiment.experiment_name, self.config.experiment.trial_name)
+        self.names = TopicNames.of(self.config)
         self.model = model
         self.config_file = workdir / "pipeline.yaml"
         self.config_file.write_text(yaml.safe_dump(tree))

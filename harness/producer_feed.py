@@ -42,14 +42,11 @@ def producer_config(
     return make_config(kafka_bootstrap, redis_url, name, sections)
 
 
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-
 
 async def read_prompts(config: RollstreamConfig) -> list[tuple[bytes, PromptTask]]:
     """Every committed prompt (all partitions; settled: the producer's last commit markers
     may land after its commit returned)."""
-    records = await read_records(config.kafka, names_of(config).prompts, settled=True)
+    records = await read_records(config.kafka, TopicNames.of(config).prompts, settled=True)
     return [(r.key, decode_prompt(r.value)) for r in records]
 
 
@@ -61,7 +58,7 @@ class Producer:
 
     def __init__(self, config: RollstreamConfig, redis: aioredis.Redis) -> None:
         self.config = config
-        self.names = names_of(config)
+        self.names = TopicNames.of(config)
         self.budget = budget_of(config, redis)
         self.stop = asyncio.Event()
         self.admission = Admission(

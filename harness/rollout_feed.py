@@ -15,9 +15,6 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.wire import PromptTask, encode
 
 
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-
 
 async def publish_prompts(config: RollstreamConfig, *records: PromptTask | tuple[bytes, bytes]) -> dict[bytes, tuple[int, int]]:
     """Prompts (or raw ``(key, value)`` records) to the prompts topic, without a transaction.
@@ -30,7 +27,7 @@ async def publish_prompts(config: RollstreamConfig, *records: PromptTask | tuple
     try:
         for record in records:
             key, value = (record.task_id.encode(), encode(record)) if isinstance(record, PromptTask) else record
-            meta = await producer.send_and_wait(names_of(config).prompts, value, key=key)
+            meta = await producer.send_and_wait(TopicNames.of(config).prompts, value, key=key)
             placed[key] = (meta.partition, meta.offset)
     finally:
         await producer.stop()

@@ -24,7 +24,7 @@ async def write_scored(config: RollstreamConfig, items: Iterable[tuple[msgspec.S
         for item, partition in items:
             value = item if isinstance(item, bytes) else encode(item)
             key = b"junk" if isinstance(item, bytes) else task_of(item).encode()
-            await producer.send_and_wait(names_of(config).scored, value, key=key, partition=partition)
+            await producer.send_and_wait(TopicNames.of(config).scored, value, key=key, partition=partition)
     finally:
         await producer.stop()
 
@@ -58,9 +58,6 @@ def group_messages(task: str, size: int = 4, version: int = 1) -> list[msgspec.S
 
 WAIT_S = 90.0
 
-
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
 
 
 def task_of(message: msgspec.Struct) -> str:

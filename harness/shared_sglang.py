@@ -48,9 +48,6 @@ def shared_config(kafka_bootstrap: str, redis_url: str, name: str, rollout: dict
     return make_config(kafka_bootstrap, redis_url, name, {"kafka": {"partitions": 6}, "rollout": rollout})
 
 
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-
 
 class PromptFeed:
     """Publishes one prompt (two samples) every ``interval`` seconds until stopped."""
@@ -70,7 +67,7 @@ class PromptFeed:
             i = 0
             while not self._stop.is_set():
                 task = PromptTask(task_id=f"p{i}", group_size=2, data={"prompt": f"What is {i % 10}+1?"})
-                await producer.send_and_wait(names_of(self.config).prompts, encode(task), key=task.task_id.encode())
+                await producer.send_and_wait(TopicNames.of(self.config).prompts, encode(task), key=task.task_id.encode())
                 self.wanted |= {(task.task_id, 0), (task.task_id, 1)}
                 i += 1
                 await asyncio.sleep(self.interval)
@@ -99,7 +96,7 @@ async def samples(config: RollstreamConfig, wanted: set[tuple[str, int]],
     last message per wanted sample, and every episode published (re-runs included)."""
     deadline = time.monotonic() + timeout
     while True:
-        messages = await read_topic(config.kafka, names_of(config).episodes, decode_episode)
+        messages = await read_topic(config.kafka, TopicNames.of(config).episodes, decode_episode)
         found = {(m.task_id, m.sample_idx): m for m in messages
                  if isinstance(m, (Episode, SampleRejected)) and (m.task_id, m.sample_idx) in wanted}
         if len(found) == len(wanted):

@@ -80,7 +80,7 @@ async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSumm
     check_config(config)
     pc = config.producer
     rows = await asyncio.to_thread(load_rows, pc.dataset, pc.dataset_format, pc.split)
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     async with contextlib.AsyncExitStack() as stack:
         txn = TransactionalProducer(config.kafka, f"producer-{pc.producer_id}", transactional_id(names, pc.producer_id))

@@ -46,7 +46,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
     """Score episodes until ``stop`` is set; then finish the current batch, commit, and close."""
     rc = config.reward
     worker_id = rc.worker_id or default_worker_id()
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     group_id = names.group_id(TIER)
     await ensure_topics(config.kafka, names)
     async with contextlib.AsyncExitStack() as stack:

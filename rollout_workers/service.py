@@ -72,7 +72,7 @@ def worker_id_of(config: RollstreamConfig) -> str:
 
 def make_rollout_consumer(config: RollstreamConfig, worker_id: str) -> AIOKafkaConsumer:
     """The consumer of the prompts topic in the rollout workers' group (not subscribed yet)."""
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     session_ms = int(config.rollout.failure_detection_seconds * 1000)
     return make_consumer(
         config.kafka, f"rollout-{worker_id}", group_id=names.group_id(TIER), session_timeout_ms=session_ms,
@@ -85,7 +85,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
     """Run the rollout worker until ``stop`` is set (see the module docstring)."""
     rollout = config.rollout
     worker_id = worker_id_of(config)
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     engine = build_engine(rollout)
     tokenizer = load_tokenizer(rollout)
     registry = WorkflowRegistry.from_config(rollout, tokenizer)

@@ -127,7 +127,7 @@ class DumpIntake:
 async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
     """Dump every scored episode until ``stop`` is set; commits after each written cycle."""
     check_single_writer(config)
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     exp = config.experiment
     async with contextlib.AsyncExitStack() as stack:
         versions = None

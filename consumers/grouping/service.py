@@ -178,7 +178,7 @@ class GroupingTransform:
 async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
     """Run one grouping instance until ``stop`` is set."""
     g = config.grouping
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     group_id = names.group_id(TIER)
     await ensure_topics(config.kafka, names)
     async with AsyncExitStack() as stack:

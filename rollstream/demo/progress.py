@@ -29,7 +29,7 @@ class LagProbe:
 
     def __init__(self, config: RollstreamConfig) -> None:
         self.config = config
-        self.names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+        self.names = TopicNames.of(config)
         self._stack = contextlib.AsyncExitStack()
         self._partitions_of: dict[str, list[TopicPartition]] = {}
 

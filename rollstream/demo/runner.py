@@ -256,7 +256,7 @@ def _prepare_model(settings: DemoSettings, out_dir: Path, agent: bool = False) -
 
 
 def _start_tiers(children: ChildGroup, settings: DemoSettings, config_path: Path, config: RollstreamConfig) -> None:
-    asyncio.run(ensure_topics(config.kafka, TopicNames(config.experiment.experiment_name, config.experiment.trial_name)))
+    asyncio.run(ensure_topics(config.kafka, TopicNames.of(config)))
     for tier in ("reward-worker", "grouping", "dump", "producer"):
         children.start(tier, tier_argv(tier, config_path))
     for index in range(settings.workers):

@@ -159,13 +159,6 @@ def _start_cluster(stack: contextlib.ExitStack, workdir: Path, brokers: int) -> 
     return cluster
 
 
-@contextlib.contextmanager
-def dev_services(workdir: Path | None = None) -> Iterator[Services]:
-    """Like `dev_stack()`, yielding only the `Services`."""
-    with dev_stack(workdir) as dev:
-        yield dev.services
-
-
 def _combined_source(kafka_source: str, redis_source: str) -> str:
     if kafka_source == redis_source:
         return kafka_source

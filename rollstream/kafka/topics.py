@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rollstream.config import RollstreamConfig
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -21,6 +25,11 @@ class TopicNames:
 
     experiment: str
     trial: str
+
+    @classmethod
+    def of(cls, config: RollstreamConfig) -> TopicNames:
+        """The topics of ``config``'s trial."""
+        return cls(config.experiment.experiment_name, config.experiment.trial_name)
 
     def _name(self, role: str) -> str:
         return f"rs.{_safe(self.experiment)}.{_safe(self.trial)}.{role}"

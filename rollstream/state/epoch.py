@@ -22,14 +22,6 @@ loses data; an operator who does that deletes the stamps too (docs/DEPLOYMENT.md
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
-
 # Lua: defines ``run_id``, the epoch of the process running the script. INFO is allowed in
 # scripts (Redis >= 5 replicates scripts by their effects, so a non-deterministic read is fine).
 EPOCH_LUA = "local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')\n"
-
-
-async def current_epoch(client: aioredis.Redis) -> str:
-    """The epoch of the Redis ``client`` talks to now (for logs and tests; scripts read their own)."""
-    info = await client.info("server")
-    return str(info["run_id"])

@@ -104,7 +104,7 @@ async def replay(
     progress: ProgressFn | None = None,
 ) -> ReplayStats:
     """Replay the ``role`` topic of ``config``'s experiment into the configured sinks."""
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     topic = topic_for(names, role)
     async with contextlib.AsyncExitStack() as stack:
         consumer = make_consumer(config.kafka, "replay", group_id=None, read_committed=True)
@@ -181,8 +181,8 @@ async def _topic_sink(
 ) -> TopicSink:
     assert options.to_experiment is not None
     target = target_config(config, options.to_experiment, options.to_trial)
-    source_names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-    target_names = TopicNames(target.experiment.experiment_name, target.experiment.trial_name)
+    source_names = TopicNames.of(config)
+    target_names = TopicNames.of(target)
     if topic_for(target_names, role) == topic_for(source_names, role):
         raise ReplayError("--to-experiment names the source experiment and trial: nothing to copy into")
     await ensure_topics(target.kafka, target_names)

@@ -91,7 +91,7 @@ class StatusCollector:
 
     def __init__(self, config: RollstreamConfig) -> None:
         self.config = config
-        self.names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+        self.names = TopicNames.of(config)
         self._stack = contextlib.AsyncExitStack()
         self._previous: Snapshot | None = None
         self._emitted = EmittedCounter(self.names.batches)

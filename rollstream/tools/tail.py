@@ -49,7 +49,7 @@ async def tail(
     """Print messages of ``role`` until ``stop`` is set, ``max_messages`` are printed, or (with
     ``stop_at_end``) the topic's end at start is reached; returns how many were printed."""
     out = out or sys.stdout
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     topic = topic_for(names, role)
     tokenizer = await asyncio.to_thread(load_tokenizer, options.tokenizer_path) if options.tokenizer_path else None
     partitions = await _wait_for_topic(config, topic, options.wait_seconds)

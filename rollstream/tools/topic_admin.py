@@ -42,7 +42,7 @@ async def create_topics(config: RollstreamConfig) -> TopicsReport:
     """Grow what must grow (refusing what may not), create what is missing, check the rest.
 
     Raises :class:`TopicLayoutError` with what differs and how to fix it."""
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     admin = make_admin(config.kafka, "topics")
     await admin.start()
     try:

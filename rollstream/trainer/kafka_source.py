@@ -120,7 +120,7 @@ class KafkaStepSource:
         ledger: StepLedger | None = None, use_ledger: bool = True, published: Callable[[], int] | None = None,
     ) -> None:
         tc = config.trainer
-        names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+        names = TopicNames.of(config)
         self.topic = names.batches
         self._names = names
         self._kafka = config.kafka

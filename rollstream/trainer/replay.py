@@ -63,7 +63,7 @@ class _Replay:
     """What every replay shares: an accumulator for its counters, no commits."""
 
     def __init__(self, config: RollstreamConfig, include_eval: bool, first_step: int) -> None:
-        self.topic = TopicNames(config.experiment.experiment_name, config.experiment.trial_name).batches
+        self.topic = TopicNames.of(config).batches
         # Counts drops, undecodable records and repeated groups as the live source does.
         self.accumulator = StepAccumulator(config.staleness.groups_per_step, config.grouping.pad_value, include_eval,
                                             config.trainer.remember_steps, topic=self.topic)

@@ -98,7 +98,7 @@ async def test_agent_pipeline_end_to_end(
     weights: list[Path], kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
 ) -> None:
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, weights[0])
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     batches: list[TrainingStep] = []
     async with BudgetWatch(config, interval=0.1) as budget:
         with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:

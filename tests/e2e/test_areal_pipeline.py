@@ -110,7 +110,7 @@ async def _train(config: RollstreamConfig, tiers: dict[str, TierProcess], steps:
 
 async def _ended_once(config: RollstreamConfig, prompts: int) -> tuple[dict[str, Any], list[EmittedGroup]]:
     """Every admitted prompt ended exactly once; the prompts by task id and the batch records."""
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     admitted = {m.task_id: m for m in await read_topic(config.kafka, names.prompts, decode_prompt)}
     ended = await read_topic(config.kafka, names.batches, decode_group)
     records = [m for m in ended if isinstance(m, EmittedGroup)]
@@ -143,7 +143,7 @@ async def test_areal_workflows_through_the_pipeline(
     assert checked > 0 and max(versions) >= 1, "tokens of later versions: the worker followed the trainer"
 
     tokenizer = AutoTokenizer.from_pretrained(str(weights[0]))
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     scored = [m for m in await read_topic(config.kafka, names.scored, decode_scored) if isinstance(m, ScoredEpisode)]
     assert scored and all(m.reward_source == "workflow" for m in scored), "AReaL's workflows scored themselves"
     seen = set()

@@ -86,7 +86,7 @@ async def test_vision_pipeline_end_to_end(
     tiny_vlm_dir: Path, kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path,
 ) -> None:
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, tiny_vlm_dir)
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:
         batches = await _train_side(config, tiers)
         assert len(batches) * STEP_GROUPS == PROMPTS, f"only {len(batches)} steps\n{tails(tiers)}"

@@ -86,7 +86,7 @@ async def test_pipeline_on_a_real_vllm_server(
 ) -> None:
     await fresh_server(vllm_server)
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, vllm_server)
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     batches: list[TrainingStep] = []
     async with BudgetWatch(config, interval=0.1) as budget:
         with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker", "producer")) as tiers:

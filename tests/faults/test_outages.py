@@ -68,7 +68,7 @@ async def test_every_kind_of_client_starts_once_the_broker_is_back(
     broker = local_broker(dev_stack)
     caplog.set_level(logging.WARNING, logger="rollstream.kafka.clients")
     config = make_config(kafka_bootstrap, redis_url, unique_name, {"kafka": {"outage_patience_seconds": PATIENCE}})
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     kafka = config.kafka
     consumer = make_consumer(kafka, "outage-consumer", group_id=f"{unique_name}-group")

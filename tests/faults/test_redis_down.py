@@ -36,10 +36,6 @@ from rollstream.wire import Episode, PromptTask, decode_episode, decode_prompt, 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
 
 
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-
-
 async def until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not await predicate():
@@ -59,7 +55,7 @@ async def test_producer_waits_for_redis_and_never_over_admits(
             "producer": {"dataset": str(dataset), "group_size": 2, "admission_poll_seconds": 0.2},
             "staleness": {"groups_per_step": 4, "max_head_offpolicyness": 0},  # room for 4 prompts at version 0
         })
-        names = names_of(config)
+        names = TopicNames.of(config)
         await ensure_topics(config.kafka, names)
 
         async def published() -> int:
@@ -109,7 +105,7 @@ async def test_rollout_worker_keeps_its_version_while_redis_is_down(
             "model_path": str(tiny_model), "seed": 0, "worker_id": "w-redis", "max_concurrent_rollouts": 4,
             "commit_interval_seconds": 0.2, "gconfig": {"max_new_tokens": 3},
         }})
-        names = names_of(config)
+        names = TopicNames.of(config)
         await ensure_topics(config.kafka, names)
         keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
         client = connect(config.redis)
@@ -158,7 +154,7 @@ async def _prompts(config: RollstreamConfig, prefix: str, n: int) -> None:
     try:
         for i in range(n):
             task = PromptTask(task_id=f"{prefix}-{i}", group_size=2, data={"prompt": f"What is {i}+{i}?"})
-            await producer.send_and_wait(names_of(config).prompts, encode(task), key=task.task_id.encode())
+            await producer.send_and_wait(TopicNames.of(config).prompts, encode(task), key=task.task_id.encode())
     finally:
         await producer.stop()
 
@@ -168,7 +164,7 @@ async def _until_versions(config: RollstreamConfig, tasks: set[str], versions: s
     seen: dict[tuple[str, int], int] = {}
 
     async def done() -> bool:
-        for message in await read_topic(config.kafka, names_of(config).episodes, decode_episode):
+        for message in await read_topic(config.kafka, TopicNames.of(config).episodes, decode_episode):
             if isinstance(message, Episode) and message.task_id in tasks:
                 seen[(message.task_id, message.sample_idx)] = message.head_version
         return len(seen) == 2 * len(tasks)

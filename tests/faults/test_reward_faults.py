@@ -57,7 +57,7 @@ def config_for(kafka_bootstrap: str, redis_url: str, name: str, on_timeout: str)
 
 async def score(config: RollstreamConfig, episodes: list[Episode], timeout: float = 120) -> dict[str, object]:
     """Run a reward worker until every episode is scored; the scored message per task id."""
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     producer = make_producer(config.kafka, "test-episodes")
     await producer.start()

@@ -24,7 +24,6 @@ from harness.ledger_audit import audit
 from harness.shared_sglang import (
     PromptFeed,
     loads_per_version,
-    names_of,
     publish_versions,
     samples,
     shared_config,
@@ -39,6 +38,7 @@ from rollstream.rollout_workers.service import run
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.server_lease import ServerLeases
 from rollstream.wire import Episode, PromptTask, SampleRejected, encode
+from rollstream.kafka.topics import TopicNames
 
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
@@ -50,7 +50,7 @@ async def publish(config: RollstreamConfig, prefix: str, n: int) -> set[tuple[st
     try:
         for i in range(n):
             task = PromptTask(task_id=f"{prefix}-{i}", group_size=2, data={"prompt": f"What is {i}+1?"})
-            await producer.send_and_wait(names_of(config).prompts, encode(task), key=task.task_id.encode())
+            await producer.send_and_wait(TopicNames.of(config).prompts, encode(task), key=task.task_id.encode())
     finally:
         await producer.stop()
     return {(f"{prefix}-{i}", s) for i in range(n) for s in range(2)}
@@ -67,7 +67,7 @@ async def test_failover_then_no_server_left(
             "gconfig": {"max_new_tokens": 6},
             "server": {"down_patience_seconds": 0},  # fail a sample at once while no server is left
         }})
-        await ensure_topics(config.kafka, names_of(config))
+        await ensure_topics(config.kafka, TopicNames.of(config))
         stop = asyncio.Event()
         worker = asyncio.create_task(run(config, stop))
         try:
@@ -120,7 +120,7 @@ async def test_sigkilled_weight_sync_owner_is_replaced(
                                worker_settings([a, b], tiny_model, "unset"))
         config_file = tmp_path / "workers.yaml"
         config_file.write_text(yaml.safe_dump(msgspec.to_builtins(config)))
-        await ensure_topics(config.kafka, names_of(config))
+        await ensure_topics(config.kafka, TopicNames.of(config))
         workers = {f"w{i}": TierProcess("rollout-worker", config_file, tmp_path / f"w{i}.log",
                                         overrides=[f"rollout.worker_id=w{i}"], name=f"w{i}") for i in range(3)}
         logs = lambda: "\n".join(w.tail(15) for w in workers.values())  # noqa: E731

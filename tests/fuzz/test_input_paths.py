@@ -94,9 +94,6 @@ def configs(kafka_bootstrap: str, redis_url: str, name: str, sections: dict[str,
     return mine, tier
 
 
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-
 
 async def send(config: RollstreamConfig, topic: str, records: list[tuple[str, bytes | None]]) -> None:
     """In order, all to partition 0: every good record sent last sits BEHIND the hostile ones."""
@@ -117,7 +114,7 @@ async def feed_and_check(
 ) -> dict[str, str]:
     """Send ``cases`` then ``good``; run the tier until the good record's output and every dead
     letter are there; return the dead-letter reasons by key."""
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     await send(config, topic, [(key, value) for key, value, _ in cases] + [good])
     stop = asyncio.Event()
@@ -169,7 +166,7 @@ async def test_rollout_worker_input(kafka_bootstrap: str, redis_url: str, unique
         "model_path": str(tiny_model), "seed": 0, "worker_id": "w-fuzz", "gconfig": {"max_new_tokens": 2},
         "commit_interval_seconds": 0.2,
     }})
-    names = names_of(config)
+    names = TopicNames.of(config)
     good = PromptTask(task_id="good", group_size=1, data={"prompt": "What is 1+1?"})
     cases = prompt_cases()
     await feed_and_check(
@@ -236,7 +233,7 @@ async def test_reward_worker_input(kafka_bootstrap: str, redis_url: str, unique_
     config, tier = configs(kafka_bootstrap, redis_url, unique_name, {"reward": {
         "worker_id": "w-fuzz", "session_timeout_ms": 6000, "max_workers": 1, "timeout_seconds": 10,
     }})
-    names = names_of(config)
+    names = TopicNames.of(config)
     # a message cannot choose the reward function either: this is just data for the configured one
     good = episode(task_id="good", sample_idx=0, group_size=1)
     good = msgspec.structs.replace(good, data={**good.data, "reward_fn": f"{NOT_ALLOWED}:evil_reward"})
@@ -268,7 +265,7 @@ async def test_grouping_input(kafka_bootstrap: str, redis_url: str, unique_name:
     config, tier = configs(kafka_bootstrap, redis_url, unique_name, {"grouping": {
         "instance_id": "g-fuzz", "session_timeout_ms": 6000, "commit_interval_ms": 100,
     }})
-    names = names_of(config)
+    names = TopicNames.of(config)
     cases = scored_cases()
     # the same task id, first with group size 2, then with 3: the second contradicts the open group
     first = SampleRejected(task_id="reused", sample_idx=0, group_size=2)

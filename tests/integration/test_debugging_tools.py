@@ -71,9 +71,6 @@ def config(kafka_bootstrap: str, redis_url: str, unique_name: str, tokenizer_dir
     )
 
 
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-
 
 def sample_messages() -> list[ScoredEpisode]:
     """Two tasks of two samples each, at different versions, one multi-turn."""
@@ -87,7 +84,7 @@ def sample_messages() -> list[ScoredEpisode]:
 
 async def publish(config: RollstreamConfig, role: str, values: list[tuple[bytes, bytes]]) -> None:
     """Send (key, value) records into ``role`` of ``config``'s experiment, in order."""
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     producer = make_producer(config.kafka, "test")
     await producer.start()
@@ -188,7 +185,7 @@ async def test_replay_to_experiment_copies_records_byte_for_byte(config: Rollstr
     await publish_scored(config)
     stats = await replay(config, "scored", ReplayOptions(to_experiment=f"{unique_name}-copy"))
     assert stats.written == 6
-    source = await read_raw(config, names_of(config).scored)
+    source = await read_raw(config, TopicNames.of(config).scored)
     target = await read_raw(config, TopicNames(f"{unique_name}-copy", "t0").scored)
     assert target == source  # same partitions, keys and bytes, in order (the bad record too)
 
@@ -314,9 +311,9 @@ async def test_status_once_shows_offsets_and_version(config: RollstreamConfig) -
     done = await asyncio.to_thread(cli, config, "status", "--once")
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    scored_row = next(line for line in out.splitlines() if names_of(config).scored in line and "scored" in line.split()[1:3])
+    scored_row = next(line for line in out.splitlines() if TopicNames.of(config).scored in line and "scored" in line.split()[1:3])
     assert " 6 " in scored_row
-    assert "consumer groups" in out and names_of(config).group_id("dump") in out
+    assert "consumer groups" in out and TopicNames.of(config).group_id("dump") in out
     version_row = out.split("trainer version and staleness budget")[1].splitlines()
     assert any(line.split("│")[1].strip() == "3" for line in version_row if line.count("│") > 3)
     assert "reward by tail version" in out
@@ -336,7 +333,7 @@ async def test_dump_service_writes_the_layout_and_serves_metrics(config: Rollstr
 
     try:
         await eventually(all_dumped, "the dump service to write 4 lines")
-        names = names_of(config)
+        names = TopicNames.of(config)
 
         async def committed() -> bool:
             admin = make_admin(config.kafka, "test")
@@ -356,8 +353,8 @@ async def test_dump_service_writes_the_layout_and_serves_metrics(config: Rollstr
         expected = dump_record(message, tokenizer)
         group = read_task(root, exp.experiment_name, exp.trial_name, message.episode.task_id, message.episode.is_eval)
         assert expected in group
-    letters = [decode_dead_letter(value) for _, _, value in await read_raw(config, names_of(config).dead_letter)]
-    assert [(letter.tier, letter.source_topic, letter.key) for letter in letters] == [("dump", names_of(config).scored, b"bad")]
+    letters = [decode_dead_letter(value) for _, _, value in await read_raw(config, TopicNames.of(config).dead_letter)]
+    assert [(letter.tier, letter.source_topic, letter.key) for letter in letters] == [("dump", TopicNames.of(config).scored, b"bad")]
     await assert_metrics_served()
 
 
@@ -407,7 +404,7 @@ async def test_replayed_episodes_rescored_in_another_experiment(
         async def all_scored() -> bool:
             if worker.done():
                 worker.result()
-            return len(await read_raw(rescoring, names_of(rescoring).scored)) == 3
+            return len(await read_raw(rescoring, TopicNames.of(rescoring).scored)) == 3
 
         await eventually(all_scored, "the reward worker of the new experiment to score 3 episodes")
     finally:
@@ -422,7 +419,7 @@ async def test_replayed_episodes_rescored_in_another_experiment(
         # the same trajectory, a new reward: prompt_echo scores the prompt's token count
         assert {k: v for k, v in line.items() if k != "reward"} == {k: v for k, v in before.items() if k != "reward"}
         assert line["reward"] == float(before["prompt_len"])
-    for _, _, value in await read_raw(rescoring, names_of(rescoring).scored):
+    for _, _, value in await read_raw(rescoring, TopicNames.of(rescoring).scored):
         message = decode_scored(value)
         assert isinstance(message, ScoredEpisode)
         original = next(e for e in originals if (e.task_id, e.sample_idx) == (message.episode.task_id, message.episode.sample_idx))

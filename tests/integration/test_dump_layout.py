@@ -159,7 +159,7 @@ def expected_lines(group: Group, fields: str) -> list[dict[str, Any]]:
 
 
 async def publish(config: RollstreamConfig, messages: list[ScoredEpisode | SampleRejected]) -> None:
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     producer = make_producer(config.kafka, "test")
     await producer.start()
     try:

@@ -97,7 +97,7 @@ async def test_steps_stay_full_while_half_the_groups_are_filtered(
 
     steps = await _run(config, tiny_model_dir)
 
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     constant = {p.task_id: bool(p.data["constant"]) for p in await read_topic(config.kafka, names.prompts, decode_prompt)}
     assert [len(step) for step in steps] == [STEP] * STEPS, "every step is full"
     trained = [task for step in steps for task in step]

@@ -55,7 +55,7 @@ class Grouping:
 
     def __init__(self, config: RollstreamConfig, retry: RetryPolicy = ASK_EVERY_CYCLE) -> None:
         self.config = config
-        self.names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+        self.names = TopicNames.of(config)
         self.redis = connect(config.redis)
         self.transform = GroupingTransform(config, self.names, self.redis)
         keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)

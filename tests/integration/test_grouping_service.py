@@ -15,7 +15,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from harness.configs import make_config
 from harness.episodes import failed, rejected, scored
-from harness.scored_feed import WAIT_S, group_messages, names_of, read_all, write_scored
+from harness.scored_feed import WAIT_S, group_messages, read_all, write_scored
 from harness.tiers import TierProcess
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
@@ -27,6 +27,7 @@ from rollstream.state.client import RedisKeys
 from rollstream.state.version_store import VersionStore
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_dead_letter, decode_outcome
 from rollstream.wire.torch_tensors import group_tensors
+from rollstream.kafka.topics import TopicNames
 
 
 pytestmark = pytest.mark.broker
@@ -46,7 +47,7 @@ def outcome_per_task(records: list) -> dict[str, list[str]]:
 
 async def test_groups_drops_and_dead_letters(kafka_bootstrap: str, redis_url: str, unique_name: str, redis_client) -> None:
     config = make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": {**GROUPING, "group_timeout_seconds": 4}})
-    names = names_of(config)
+    names = TopicNames.of(config)
     keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
     await VersionStore(redis_client, keys).publish(WeightUpdate(3, "/weights/3"))
     budget = StalenessBudget(redis_client, keys, 0, 1)
@@ -104,7 +105,7 @@ async def test_a_record_per_group_and_tombstones(
     every outcome is tombstoned once the committed offset has passed its group."""
     sections = {"grouping": {**GROUPING, "dedupe_window_seconds": 0}}
     config = make_config(kafka_bootstrap, redis_url, unique_name, sections)
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     items = [(m, 0) for t in range(4) for m in group_messages(f"b{t}", size=2)]
     items += [(scored("ev", i, 2, is_eval=True), 1) for i in range(2)]
@@ -143,7 +144,7 @@ async def test_sigkill_with_half_open_groups_is_exactly_once(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
 ) -> None:
     config = make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": GROUPING})
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     tasks = [f"g{t}" for t in range(6)]
     groups = {t: group_messages(t) for t in tasks}
@@ -170,7 +171,7 @@ async def test_sigkill_mid_stream_is_exactly_once(
 ) -> None:
     """Samples keep arriving while the instance is killed (likely inside a transaction)."""
     config = make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": GROUPING})
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     tasks = [f"s{t}" for t in range(24)]
     order = [(m, i % 2) for k in range(4) for i, t in enumerate(tasks) for m in group_messages(t)[k : k + 1]]
@@ -195,7 +196,7 @@ async def test_failed_transaction_is_aborted_and_rebuilt(
     rebuilt from the committed offsets, and once the topic allows it every group is emitted once."""
     caplog.set_level(logging.INFO, logger="rollstream.kafka.transactions")
     config = make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": GROUPING})
-    names = names_of(config)
+    names = TopicNames.of(config)
     admin = make_admin(config.kafka)
     await admin.start()
     try:
@@ -238,7 +239,7 @@ async def test_rebalance_between_two_instances_is_exactly_once(
         make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": {**GROUPING, "instance_id": name}})
         for name in ("g-a", "g-b")
     ]
-    names = names_of(configs[0])
+    names = TopicNames.of(configs[0])
     await ensure_topics(configs[0].kafka, names)
     tasks = [f"r{t}" for t in range(8)]
     groups = {t: group_messages(t, size=4 if i < 4 else 2) for i, t in enumerate(tasks)}

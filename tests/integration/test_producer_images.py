@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from harness.images import noise_png
-from harness.producer_feed import names_of, producer_config, read_prompts
+from harness.producer_feed import producer_config, read_prompts
 from rollstream.kafka.clients import make_consumer
 from rollstream.producers.service import run_producer
 from rollstream.wire import decode_dead_letter
+from rollstream.kafka.topics import TopicNames
 
 
 pytestmark = pytest.mark.broker
@@ -46,7 +47,7 @@ async def test_images_travel_as_files_and_an_oversized_row_is_a_dead_letter(
     assert prompts[0].data["images"] == [small] and prompts[1].data["images"] == [small, small]
     assert prompts[4].data == {"messages": "q4", "answer": "4"}
 
-    consumer = make_consumer(config.kafka, "test-dl", names_of(config).dead_letter, group_id=None)
+    consumer = make_consumer(config.kafka, "test-dl", TopicNames.of(config).dead_letter, group_id=None)
     await consumer.start()
     try:
         records = await consumer.getmany(timeout_ms=5000)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.producer_feed import names_of, producer_config, read_prompts, write_dataset
+from harness.producer_feed import producer_config, read_prompts, write_dataset
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_consumer
@@ -19,6 +19,7 @@ from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.version_store import VersionStore
 from rollstream.wire import decode_dead_letter
+from rollstream.kafka.topics import TopicNames
 
 
 pytestmark = pytest.mark.broker
@@ -59,7 +60,7 @@ async def test_publishes_every_sample_once_with_its_fields(
         assert task.data == {"question": f"q{expected[task.task_id]}", "answer": str(expected[task.task_id])}
         assert (task.group_size, task.is_eval, task.workflow) == (3, False, "rlvr")
         assert task.task_id == f"producer-0:{task.epoch}:{task.index}" and task.created_at > 0
-    cursor = await read_cursor(config, names_of(config), "producer-0")
+    cursor = await read_cursor(config, TopicNames.of(config), "producer-0")
     assert cursor is not None and (cursor.epoch, cursor.index, cursor.published) == (2, 0, 10)
 
     # A rerun of an exhausted producer publishes nothing more.
@@ -227,7 +228,7 @@ async def test_unencodable_row_is_dead_lettered_and_skipped(
     assert (summary.published, summary.dead_lettered) == (2, 1)
     assert sorted(t.index for _, t in await read_prompts(config)) == [0, 2]
 
-    consumer = make_consumer(config.kafka, "test-dl", names_of(config).dead_letter, group_id=None)
+    consumer = make_consumer(config.kafka, "test-dl", TopicNames.of(config).dead_letter, group_id=None)
     await consumer.start()
     try:
         records = await consumer.getmany(timeout_ms=5000)
@@ -236,5 +237,5 @@ async def test_unencodable_row_is_dead_lettered_and_skipped(
     [letter] = [decode_dead_letter(r.value) for rs in records.values() for r in rs]
     assert (letter.tier, letter.offset, letter.key) == ("producer", 1, b"producer-0:0:1")
     assert "cannot be encoded" in letter.reason
-    cursor = await read_cursor(config, names_of(config), "producer-0")
+    cursor = await read_cursor(config, TopicNames.of(config), "producer-0")
     assert cursor is not None and (cursor.epoch, cursor.index, cursor.published) == (1, 0, 2)

@@ -156,7 +156,7 @@ async def test_reference_template_through_the_pipeline(
     config = _config(kafka_bootstrap, redis_url, unique_name, tiny, dataset, form)
     batches = await _run_pipeline(config)
 
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     row_of = {p.task_id: p.index for p in await read_topic(config.kafka, names.prompts, decode_prompt)}
     assert sorted(row_of.values()) == list(range(len(PLAN)))
     outcomes: dict[str, tuple[str, ...]] = {}

@@ -62,9 +62,6 @@ def expected_reward(i: int) -> float:
     return 1.0 if i % 3 else 0.0
 
 
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-
 
 def reward_config(kafka: str, redis: str, name: str, tokenizer: str, **reward: Any) -> RollstreamConfig:
     sections = {"reward": {"tokenizer_path": tokenizer, "max_batch": 8, "worker_id": "w-1",
@@ -80,7 +77,7 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 async def produce_episodes(config: RollstreamConfig, values: list[tuple[bytes, bytes]]) -> None:
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     producer = make_producer(config.kafka, "test-episodes")
     await producer.start()
@@ -100,7 +97,7 @@ async def read_topic(config: RollstreamConfig, topic: str, decode: Callable[[byt
 async def wait_for_scored(config: RollstreamConfig, n: int, timeout: float = 90.0) -> list[Any]:
     deadline = time.monotonic() + timeout
     while True:
-        scored = await read_topic(config, names_of(config).scored, decode_scored)
+        scored = await read_topic(config, TopicNames.of(config).scored, decode_scored)
         if len(scored) >= n:
             return scored
         if time.monotonic() > deadline:
@@ -113,7 +110,7 @@ async def test_scores_every_episode_once_and_dead_letters_garbage(
 ) -> None:
     n = 12
     config = reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir)
-    names = names_of(config)
+    names = TopicNames.of(config)
     rejected = SampleRejected(task_id="p:0:99", sample_idx=0, group_size=1, reason="workflow_none")
     values = [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(n)]
     values += [(b"garbage", b"\xc1not msgpack"), (b"p:0:99", encode(rejected))]
@@ -153,7 +150,7 @@ async def group_offsets(config: RollstreamConfig) -> dict[TopicPartition, int]:
     admin = make_admin(config.kafka)
     await admin.start()
     try:
-        offsets = await admin.list_consumer_group_offsets(names_of(config).group_id("reward-worker"))
+        offsets = await admin.list_consumer_group_offsets(TopicNames.of(config).group_id("reward-worker"))
     finally:
         await admin.close()
     return {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
@@ -177,7 +174,7 @@ async def test_a_fenced_partition_is_given_up_then_taken_back_without_loss_or_du
     does not exit; once the hold (2 x session timeout) passes and the group still assigns
     them to it, it takes them back (fencing the other) and scores the rest exactly once."""
     config = reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir)
-    names = names_of(config)
+    names = TopicNames.of(config)
     await produce_episodes(config, [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(3)])
     worker = asyncio.create_task(run(config, asyncio.Event()))
     try:
@@ -239,7 +236,7 @@ async def test_killed_worker_restarted_with_same_id_scores_each_episode_exactly_
     try:
         scored = await wait_for_scored(config, n, timeout=120)
         await asyncio.sleep(1.0)  # anything extra (a duplicate) would show up now
-        scored = await read_topic(config, names_of(config).scored, decode_scored)
+        scored = await read_topic(config, TopicNames.of(config).scored, decode_scored)
     finally:
         code = worker.stop(60)
     assert code == 0, worker.tail()
@@ -247,7 +244,7 @@ async def test_killed_worker_restarted_with_same_id_scores_each_episode_exactly_
     keys = [(m.episode.task_id, m.episode.sample_idx) for m in scored]
     assert len(keys) == len(set(keys)) == n
     assert all(m.reward == expected_reward(int(m.episode.task_id.rsplit(":", 1)[1])) for m in scored)
-    assert await group_offsets(config) == await end_offsets(config, names_of(config).episodes)
+    assert await group_offsets(config) == await end_offsets(config, TopicNames.of(config).episodes)
 
 
 @pytest.mark.slow
@@ -270,7 +267,7 @@ async def test_worker_survives_a_broker_restart_without_loss_or_duplicates(
         await asyncio.to_thread(broker.restart)
         scored = await wait_for_scored(config, n, timeout=150)
         await asyncio.sleep(1.0)
-        scored = await read_topic(config, names_of(config).scored, decode_scored)
+        scored = await read_topic(config, TopicNames.of(config).scored, decode_scored)
         assert not worker.done(), "the worker gave up during the restart"
     finally:
         stop.set()
@@ -291,7 +288,7 @@ async def test_a_rebalance_while_a_batch_is_in_hand_skips_no_record_and_stalls_n
                 "poll_timeout_ms": 100}
     configs = [reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir, worker_id=w, **settings)
                for w in ("w-a", "w-b")]
-    names = names_of(configs[0])
+    names = TopicNames.of(configs[0])
     await produce_episodes(configs[0], [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(n)])
     stops = [asyncio.Event(), asyncio.Event()]
     a = asyncio.create_task(run(configs[0], stops[0]))

@@ -35,7 +35,7 @@ def _generation(consumer: AIOKafkaConsumer) -> int:
 
 
 async def _start(config: RollstreamConfig, worker_id: str) -> AIOKafkaConsumer:
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     consumer = make_rollout_consumer(config, worker_id)
     consumer.subscribe([names.prompts])
     await consumer.start()
@@ -62,7 +62,7 @@ async def _settled(consumers: list[AIOKafkaConsumer], partitions: int, quiet: fl
 
 async def test_a_lone_worker_joins_in_one_round(kafka_bootstrap: str, redis_url: str, unique_name: str) -> None:
     config = _config(kafka_bootstrap, redis_url, unique_name)
-    await ensure_topics(config.kafka, TopicNames(config.experiment.experiment_name, config.experiment.trial_name))
+    await ensure_topics(config.kafka, TopicNames.of(config))
     consumer = await _start(config, "w0")
     try:
         assert await _settled([consumer], 6, quiet=3.0) == [1]  # a second JoinGroup would make it 2
@@ -74,7 +74,7 @@ async def test_workers_starting_together_settle_at_once(kafka_bootstrap: str, re
     """Three workers of one process start at the same moment; the group settles within a few
     generations and stays there."""
     config = _config(kafka_bootstrap, redis_url, unique_name)
-    await ensure_topics(config.kafka, TopicNames(config.experiment.experiment_name, config.experiment.trial_name))
+    await ensure_topics(config.kafka, TopicNames.of(config))
     consumers = await asyncio.gather(*(_start(config, f"w{i}") for i in range(3)))
     try:
         generations = await _settled(list(consumers), 6, quiet=5.0)

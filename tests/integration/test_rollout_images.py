@@ -13,12 +13,13 @@ import pytest
 
 from harness.configs import make_config
 from harness.images import noise_png
-from harness.rollout_feed import TopicReader, names_of, publish_prompts, stop_worker
+from harness.rollout_feed import TopicReader, publish_prompts, stop_worker
 from rollstream.kafka.admin import ensure_topics
 from rollstream.rollout_workers.service import run
 from rollstream.vision.images import image_digest, open_image
 from rollstream.wire import Episode, PromptTask, SampleRejected, decode_episode
 from rollstream.workflows.vision_rlvr import VisionRLVRWorkflow
+from rollstream.kafka.topics import TopicNames
 
 
 pytestmark = pytest.mark.broker
@@ -58,7 +59,7 @@ async def test_images_go_out_once_per_group_and_an_oversized_episode_fails_alone
     }
     config = make_config(kafka_bootstrap, redis_url, unique_name,
                          {"rollout": rollout, "kafka": {"max_message_bytes": LIMIT}})
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     cat, dog, big = noise_png(51), noise_png(52, 30, 40), noise_png(53, 90, 90)  # big: ~24 KB, ~177 KB upscaled
     prompts = [

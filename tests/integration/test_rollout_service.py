@@ -21,7 +21,7 @@ import yaml
 from aiokafka.structs import TopicPartition
 
 from harness.configs import make_config
-from harness.rollout_feed import TopicReader, names_of, publish_prompts, stop_worker
+from harness.rollout_feed import TopicReader, publish_prompts, stop_worker
 from harness.tiers import TierProcess
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
@@ -34,6 +34,7 @@ from rollstream.state.version_store import VersionStore
 from rollstream.tiny.text_model import build_tiny_model, default_corpus
 from rollstream.wire import Episode, PromptTask, TaskFailed, decode_dead_letter, decode_episode
 from rollstream.wire.torch_tensors import decode_tensor_dict
+from rollstream.kafka.topics import TopicNames
 
 
 pytestmark = pytest.mark.broker
@@ -67,7 +68,7 @@ def sample_keys(messages: list[Any]) -> set[tuple[str, int]]:
 
 
 async def _committed_vs_end(config: RollstreamConfig) -> tuple[dict[int, int], dict[int, int]]:
-    names = names_of(config)
+    names = TopicNames.of(config)
     admin = make_admin(config.kafka)
     await admin.start()
     try:
@@ -103,7 +104,7 @@ async def test_prompts_become_episodes_and_offsets_are_committed(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path
 ) -> None:
     config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model)
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     prompts = [_prompt(f"task-{i}") for i in range(6)]
     await publish_prompts(config, *prompts[:3], (b"bad-1", b"\x93not a prompt"),
@@ -155,7 +156,7 @@ async def test_worker_follows_published_weight_versions(
     # Two samples at a time: four prompts of two samples take several waves, so the update
     # lands while some sample is mid-generation; the later prompts queue behind them.
     config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=long, max_concurrent_rollouts=2)
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     weights = _perturbed_copy(tiny_model, tmp_path / "v1")
     first = [_prompt(f"a-{i}") for i in range(4)]
@@ -199,7 +200,7 @@ async def test_a_join_while_redis_is_paused_runs_no_prompt_twice(
         config_a = _config(kafka_bootstrap, redis.url, unique_name, tiny_model, gconfig=slow,
                            max_concurrent_rollouts=8, worker_id="w-a", failure_detection_seconds=6)
         config_b = msgspec.structs.replace(config_a, rollout=msgspec.structs.replace(config_a.rollout, worker_id="w-b"))
-        names = names_of(config_a)
+        names = TopicNames.of(config_a)
         await ensure_topics(config_a.kafka, names)
         prompts = [_prompt(f"task-{i}") for i in range(16)]
         await publish_prompts(config_a, *prompts)
@@ -267,7 +268,7 @@ async def test_crashed_worker_prompts_are_rerun_and_a_sigterm_finishes_its_own(
     slow = {"max_new_tokens": 128, "min_new_tokens": 128}
     config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=slow,
                      max_concurrent_rollouts=1, shutdown_grace_seconds=20)
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     config_file = tmp_path / "worker.yaml"
     config_file.write_text(yaml.safe_dump(msgspec.to_builtins(config)))
@@ -314,7 +315,7 @@ async def test_dump_to_file_writes_the_reference_layout(
     """``rollout.dump_to_file`` writes one JSONL line per sample under the reference layout."""
     config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model,
                      dump_to_file=True, fileroot=str(tmp_path / "dumps"))
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     await publish_prompts(config, _prompt("task-1"), _prompt("task-2"))
     stop = asyncio.Event()

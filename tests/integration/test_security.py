@@ -81,7 +81,7 @@ def sasl_config(broker: LocalKafkaBroker, name: str, mechanism: str, password: s
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
 async def test_scram_clients_from_config(scram_broker: LocalKafkaBroker, unique_name: str, mechanism: str) -> None:
     config = sasl_config(scram_broker, unique_name, mechanism)
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)  # the admin client authenticates too
     producer = make_producer(config.kafka, "sasl-test", transactional_id=f"{unique_name}-{mechanism}")
     await producer.start()
@@ -121,7 +121,7 @@ async def test_producer_tier_over_scram(scram_broker: LocalKafkaBroker, unique_n
                          producer={"dataset": str(dataset), "group_size": 2},
                          staleness={"groups_per_step": 100})
     summary = await asyncio.wait_for(run_producer(config, asyncio.Event()), 90)
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     prompts = await read_topic(config.kafka, names.prompts, decode_prompt)
     assert summary.published == 3 and sorted(p.task_id for p in prompts) == [f"producer-0:0:{i}" for i in range(3)]
 

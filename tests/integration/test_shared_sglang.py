@@ -24,7 +24,6 @@ from harness.shared_sglang import (
     ENGINES,
     PromptFeed,
     loads_per_version,
-    names_of,
     owners_elected,
     publish_versions,
     samples,
@@ -35,6 +34,7 @@ from harness.waits import within
 from rollstream.kafka.admin import ensure_topics
 from rollstream.rollout_workers.service import run
 from rollstream.wire import Episode
+from rollstream.kafka.topics import TopicNames
 
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
@@ -60,7 +60,7 @@ async def test_three_workers_two_shared_servers_exact_tags(
             **worker_settings([a, b], tiny_model, worker_id),
             "engine": "custom", "engine_factory": "harness.shared_sglang:make_engine",
         }) for worker_id in WORKERS]
-        await ensure_topics(configs[0].kafka, names_of(configs[0]))
+        await ensure_topics(configs[0].kafka, TopicNames.of(configs[0]))
         stop = asyncio.Event()
         workers = [asyncio.create_task(run(config, stop), name=config.rollout.worker_id) for config in configs]
         feed = PromptFeed(configs[0])

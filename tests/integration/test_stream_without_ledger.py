@@ -23,7 +23,7 @@ async def test_batches_are_redelivered_until_acked(kafka_bootstrap: str, redis_u
         # eta 4: these groups (tokens of version 1, tagged up to 4) are not stale when trained
         {"staleness": {"groups_per_step": 2, "max_head_offpolicyness": 4}, "trainer": {"group_id": f"{unique_name}-trainer"}}
     )
-    await ensure_topics(config.kafka, TopicNames(config.experiment.experiment_name, config.experiment.trial_name))
+    await ensure_topics(config.kafka, TopicNames.of(config))
     await write_batches(config, [
         build_emitted_group(group("a"), trainer_version=2),
         GroupDropped(task_id="x", reason="timeout"),

@@ -29,9 +29,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def names_of(config: RollstreamConfig) -> TopicNames:
-    return TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
-
 
 async def create(config: RollstreamConfig, counts: dict[str, int]) -> None:
     admin = make_admin(config.kafka, "test")
@@ -43,7 +40,7 @@ async def create(config: RollstreamConfig, counts: dict[str, int]) -> None:
 
 
 async def partition_counts(config: RollstreamConfig) -> dict[str, int]:
-    names = names_of(config)
+    names = TopicNames.of(config)
     admin = make_admin(config.kafka, "test")
     await admin.start()
     try:
@@ -75,7 +72,7 @@ async def test_grouping_refuses_scored_with_other_partitions_and_consumes_nothin
     kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
 ) -> None:
     config = make_config(kafka_bootstrap, redis_url, unique_name)
-    names = names_of(config)
+    names = TopicNames.of(config)
     await create(config, {names.scored: 3})  # as someone's hand-made topic might be
     producer = make_producer(config.kafka, "test-writer")
     await producer.start()
@@ -114,13 +111,13 @@ async def test_topics_create_grows_every_data_topic_together_and_refuses_shrinki
     kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
 ) -> None:
     config = make_config(kafka_bootstrap, redis_url, unique_name)
-    await ensure_topics(config.kafka, names_of(config))  # 2 partitions each
+    await ensure_topics(config.kafka, TopicNames.of(config))  # 2 partitions each
     done = cli(write_config(tmp_path, config, 3), "topics", "create")
     assert done.returncode == 0, done.stderr
     counts = await partition_counts(config)
     assert counts == {"prompts": 3, "episodes": 3, "scored": 3, "batches": 3, "dead-letter": 3,
                       "grouping-changelog": 3, "producer-cursor": 2}, counts
-    assert f"grew {names_of(config).scored}: 2 -> 3 partitions" in done.stdout
+    assert f"grew {TopicNames.of(config).scored}: 2 -> 3 partitions" in done.stdout
     shrink = cli(write_config(tmp_path, config, 2), "topics", "create")
     assert shrink.returncode == 1
     assert "partitions can only grow" in shrink.stderr and "Set kafka.partitions to 3 or more" in shrink.stderr
@@ -131,7 +128,7 @@ async def test_topics_create_refuses_to_grow_a_trial_with_records_in_flight(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
 ) -> None:
     config = make_config(kafka_bootstrap, redis_url, unique_name)
-    names = names_of(config)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     producer = make_producer(config.kafka, "test-writer")
     await producer.start()
@@ -166,7 +163,7 @@ async def test_creating_topics_waits_for_enough_brokers_and_says_why(
     wanted = brokers + 1
     kafka = config.kafka.__class__(**{**_fields(config.kafka), "replication_factor": wanted})
     with pytest.raises(Exception, match=rf"not ready after 3s .*kafka.replication_factor={wanted} needs {wanted} brokers"):
-        await ensure_topics(kafka, names_of(config), wait_seconds=3)
+        await ensure_topics(kafka, TopicNames.of(config), wait_seconds=3)
 
 
 def _fields(struct: object) -> dict[str, object]:

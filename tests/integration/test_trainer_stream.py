@@ -60,7 +60,7 @@ def trainer_config(kafka: str, redis_url: str, name: str, tmp: Path, **trainer: 
 
 
 async def write(config: RollstreamConfig, tasks: list[str], partition: int = 0) -> None:
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     producer = make_producer(config.kafka, "test-batches")
     await producer.start()
@@ -73,7 +73,7 @@ async def write(config: RollstreamConfig, tasks: list[str], partition: int = 0) 
 
 
 async def committed(config: RollstreamConfig, partitions: int = 2) -> dict[int, int | None]:
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     consumer = make_consumer(config.kafka, "test-offsets", group_id=config.trainer.group_id)
     await consumer.start()
     try:
@@ -122,7 +122,7 @@ class Assignments(ConsumerRebalanceListener):
 async def stalled_consumer(config: RollstreamConfig, group_id: str) -> tuple[list[int], int]:
     """The control: a plain consumer with the same settings that does not poll while its step
     runs. Returns the offsets it was handed (before and after the step) and its assignments."""
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     tc = config.trainer
     consumer = make_consumer(config.kafka, "control", group_id=group_id, max_poll_interval_ms=tc.max_poll_interval_ms,
                              session_timeout_ms=tc.session_timeout_ms, heartbeat_interval_ms=tc.heartbeat_interval_ms)
@@ -191,7 +191,7 @@ async def test_groups_in_the_ledger_are_never_handed_out_again(
     """The second line of defence across a restart: a group trained in a committed step that
     shows up again on ``batches`` (a duplicate the pipeline should never write) is skipped."""
     config = trainer_config(kafka_bootstrap, redis_url, unique_name, tmp_path, groups_per_step=1)
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     producer = make_producer(config.kafka, "test-batches")
     await producer.start()
@@ -217,7 +217,7 @@ async def test_replays_hand_out_recorded_steps_exactly_and_commit_nothing(
     config = trainer_config(kafka_bootstrap, redis_url, unique_name, tmp_path)
     await write(config, ["a", "b", "c"], partition=0)
     await write(config, ["x", "y"], partition=1)
-    names = TopicNames(config.experiment.experiment_name, config.experiment.trial_name)
+    names = TopicNames.of(config)
     producer = make_producer(config.kafka, "test-batches")
     await producer.start()
     await producer.send_and_wait(names.batches, encode(GroupDropped(task_id="z", reason="timeout")), partition=1)
