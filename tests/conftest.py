@@ -106,18 +106,21 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 # How the suite is split over pytest-xdist's workers (`scripts/test.sh`: `-n 2`):
 # - the tests that share nothing with the session's services (pure functions and classes, no
 #   broker, no Redis, no subprocess timing): each is its own unit of work for any worker;
-# - SIDE_LANE: tests that use the services but time nothing against the machine's load (tools
-#   on topics, Redis scripts, in-process tiers with generous deadlines): one unit, run in order
-#   by one worker, with its own broker and Redis, beside
+# - SIDE_LANE: tests that use the services but time nothing tightly against the machine's load
+#   (tools on topics, Redis scripts, one tier at a time with generous deadlines; no vLLM server,
+#   no torchrun, no lease expiry): one unit, run in order by one worker, with its own broker and
+#   Redis, beside
 # - every other test: one unit, run by the other worker in collection order as without xdist:
 #   the fault and pipeline tests size their timeouts for one pipeline at a time on a 2-core
 #   machine, so two of them never run at once.
 PARALLEL_SAFE = ("tests/unit/", "tests/fuzz/test_decoders.py")
 SIDE_LANE = tuple(f"tests/integration/test_{name}.py" for name in (
     "agent_endpoint", "budget_rebuild", "debugging_tools", "dump_layout", "group_filter_pipeline",
-    "group_trainer_version", "namespace_install", "producer_images", "prompt_claims", "redis_budget",
-    "reference_workflow", "rollout_images", "slot_releaser", "stream_without_ledger", "topic_checks",
-    "trainer_stale", "transactional_core",
+    "group_trainer_version", "grouping_service", "harness_smoke", "namespace_install", "producer_images",
+    "producer_service", "prompt_claims", "redis_budget", "redis_restored", "reference_workflow",
+    "reward_service", "rollout_images", "security", "slot_releaser", "stream_without_ledger",
+    "tier_health", "tiers_without_torch", "topic_checks", "trainer_stale", "trainer_stream",
+    "trainer_versions", "transactional_core",
 ))
 SERVICES = "services"
 SIDE = "services beside"

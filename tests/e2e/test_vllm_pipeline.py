@@ -29,6 +29,7 @@ from harness.checkpoints import fresh_server, save_versions
 from harness.configs import pipeline_config, write_config
 from harness.ledger import read_topic
 from harness.logprob_audit import LogprobAuditor
+from harness.reports import ShowReport
 from harness.tiers import TierProcess, running, stop_cleanly, tails
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.vllm_server import LocalVLLMServer
@@ -39,7 +40,7 @@ from rollstream.wire import EmittedGroup, GroupDropped, decode_group, decode_pro
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(600)]
 
-PROMPTS = 24
+PROMPTS = 16
 GROUP_SIZE = 4
 STEP_GROUPS = 4
 STEPS = PROMPTS // STEP_GROUPS
@@ -82,7 +83,7 @@ def audit(batches: list[TrainingStep], weights: list[Path]) -> LogprobAuditor:
 
 async def test_pipeline_on_a_real_vllm_server(
     vllm_server: LocalVLLMServer, weights: list[Path], kafka_bootstrap: str, redis_url: str, unique_name: str,
-    tmp_path: Path,
+    tmp_path: Path, show_report: ShowReport,
 ) -> None:
     await fresh_server(vllm_server)
     config_path, config = _write_inputs(tmp_path, unique_name, kafka_bootstrap, redis_url, vllm_server)
@@ -108,13 +109,13 @@ async def test_pipeline_on_a_real_vllm_server(
     outcomes = await read_topic(config.kafka, names.batches, decode_group)
     emitted = [m for m in outcomes if isinstance(m, EmittedGroup)]
     dropped = [m for m in outcomes if isinstance(m, GroupDropped)]
-    print(f"\nvLLM e2e: admitted={len(admitted)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)}")
+    figures = f"admitted={len(admitted)} emitted={len(emitted)} dropped={len(dropped)} steps={len(batches)}"
     assert len(admitted) == PROMPTS and not dropped, [(d.task_id, d.reason, d.detail) for d in dropped]
     assert sorted(b.task_id for b in emitted) == sorted(admitted), "every prompt emitted exactly once"
     assert all(b.failed == 0 for b in emitted), "no sample failed, the server's restart included"
     assert not budget.exceeded, f"staleness budget exceeded: {budget.worst_sample}"
 
     result = audit(batches, weights).result
-    print(f"vLLM e2e: {result}")
+    show_report(f"{figures}\n{result}")
     assert result.mistagged == 0, result.examples
     assert max(result.versions) >= 2 and result.rows_with_several_versions > 0, result

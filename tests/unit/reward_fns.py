@@ -92,3 +92,12 @@ def texts_and_ids_arrive(prompt: str, completion: str, prompt_ids: list[int], co
     """1.0 when ``prompt + " | " + completion`` is ``expected`` and the ids are plain lists of ints."""
     lists = all(type(ids) is list and all(type(i) is int for i in ids) for ids in (prompt_ids, completion_ids))
     return 1.0 if lists and f"{prompt} | {completion}" == expected else 0.0
+
+
+def sleeping_reward(prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int], **data: Any) -> float:
+    time.sleep(30)
+    return 1.0
+
+
+def raising_reward(prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int], **data: Any) -> float:
+    raise ValueError("reward exploded")

@@ -1,11 +1,11 @@
 """Splitting trajectories and scoring episodes (no broker).
 
-The reward functions at the top are module-level so the real process pool can import them.
+The reward functions the real process pool runs live in ``tests/unit/reward_fns.py``, which
+imports nothing heavy: a worker process imports a function's module inside the call's timeout.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +20,7 @@ from rollstream.rewards.pool import RewardTimeout
 from rollstream.rewards.wrapper import AsyncRewardWrapper
 from rollstream.wire import Episode, SampleRejected, ScoredEpisode, TaskFailed, decode_episode, decode_scored, encode
 from rollstream.wire.torch_tensors import decode_tensor_dict, encode_tensor_dict
-
-
-def sleeping_reward(
-    prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int], **data: Any
-) -> float:
-    time.sleep(30)
-    return 1.0
-
-
-def raising_reward(
-    prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int], **data: Any
-) -> float:
-    raise ValueError("reward exploded")
+from tests.unit.reward_fns import raising_reward, sleeping_reward
 
 
 def trajectory(rows: list[tuple[list[int], list[int]]], rewards: list[float] | None = None) -> dict[str, torch.Tensor]:
