@@ -14,6 +14,10 @@ from typing import Any
 from rollstream.config import ConfigError
 from rollstream.runtime.import_effects import undo_import_effects
 
+# Modules of rollstream that configuration may name and that moved: an import string naming one
+# is refused with the new name, as a moved config key is.
+MOVED_MODULES = {"rollstream.consumers.group_filters": "rollstream.consumers.grouping.filters"}
+
 
 def import_object(path: str) -> Any:
     """The object ``path`` names. ``ValueError`` for a malformed string, ``ImportError``
@@ -23,6 +27,8 @@ def import_object(path: str) -> Any:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
         raise ValueError(f"import string {path!r} must look like 'pkg.module.name' or 'pkg.module:name'")
+    if module_name in MOVED_MODULES:
+        raise ImportError(f"cannot import {path!r}: the module is {MOVED_MODULES[module_name]} ('{MOVED_MODULES[module_name]}:{attr}')")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:

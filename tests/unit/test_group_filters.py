@@ -74,6 +74,8 @@ def test_a_filter_that_raises_drops_the_group_naming_the_error() -> None:
     ("no_such_module.fn", "grouping.group_filters[0] 'no_such_module.fn': cannot import"),
     ("tests.unit.group_filter_fns:NOT_CALLABLE", "is not callable"),
     ("fn", "must look like"),
+    ("rollstream.consumers.group_filters:distinct_rewards",  # a module that moved: its new name
+     "the module is rollstream.consumers.grouping.filters ('rollstream.consumers.grouping.filters:distinct_rewards')"),
 ])
 def test_a_bad_filter_fails_the_start_naming_the_setting(path: str, needle: str) -> None:
     with pytest.raises(ConfigError, match="invalid configuration") as info:
