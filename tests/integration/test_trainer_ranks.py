@@ -33,7 +33,7 @@ from rollstream.trainer.step_source import Step
 
 
 GROUPS = 12
-BATCH = 4
+STEP_GROUPS = 4
 
 
 def group(i: int) -> GroupRows:
@@ -47,12 +47,12 @@ def group(i: int) -> GroupRows:
 
 
 class MemorySource:
-    """Steps of BATCH groups out of GROUPS; ``fail_at`` raises at that step; commits go to a file."""
+    """Steps of STEP_GROUPS groups out of GROUPS; ``fail_at`` raises at that step; commits go to a file."""
 
     topic = "memory"
 
     def __init__(self, out: Path, fail_at: int = 0) -> None:
-        self.accumulator = StepAccumulator(BATCH)
+        self.accumulator = StepAccumulator(STEP_GROUPS)
         self._groups = [group(i) for i in range(GROUPS)]
         self._number = 0
         self._out = out
@@ -70,7 +70,7 @@ class MemorySource:
             return None
         if self._number + 1 == self._fail_at:
             raise ConnectionError("the broker went away")
-        taken, self._groups = self._groups[:BATCH], self._groups[BATCH:]
+        taken, self._groups = self._groups[:STEP_GROUPS], self._groups[STEP_GROUPS:]
         self._number += 1
         return Step(self._number, taken, {0: taken[-1].offset + 1})
 
@@ -86,7 +86,7 @@ class MemorySource:
 def run_rank(rank: int, world: int, port: int, tmp: str, mode: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    config = make_config("127.0.0.1:1", "redis://127.0.0.1:1", "ranks", {"staleness": {"groups_per_step": BATCH}})
+    config = make_config("127.0.0.1:1", "redis://127.0.0.1:1", "ranks", {"staleness": {"groups_per_step": STEP_GROUPS}})
     out = Path(tmp)
     seen: list[dict[str, Any]] = []
     try:
@@ -128,11 +128,11 @@ def test_every_rank_gets_its_share_in_lockstep_and_each_step_is_committed_once(t
     steps = [[s for s in seen if "step" in s] for seen in ranks]
     assert all([s["step"] for s in rank] == [1, 2, 3] for rank in steps)  # lockstep, nothing skipped
     for r, rank in enumerate(steps):
-        assert all(s["rank"] == r and s["world"] == world and s["groups"] == BATCH for s in rank)
+        assert all(s["rank"] == r and s["world"] == world and s["groups"] == STEP_GROUPS for s in rank)
     for number in range(3):
         shares = [rank[number]["tasks"] for rank in steps]
         assert all(shares)  # every rank has work
-        assert sorted(t for share in shares for t in share) == sorted(f"task-{i}" for i in range(number * BATCH, (number + 1) * BATCH))
+        assert sorted(t for share in shares for t in share) == sorted(f"task-{i}" for i in range(number * STEP_GROUPS, (number + 1) * STEP_GROUPS))
     done = commits(tmp_path)
     assert [c["step"] for c in done] == [1, 2, 3]  # once per step, by rank 0 alone
     assert all(c["ranks"] == [rank[c["step"] - 1]["tasks"] for rank in steps] for c in done)  # the ledger's shares
@@ -156,7 +156,7 @@ def test_a_failure_on_rank_0_reaches_every_rank(tmp_path: Path) -> None:
 # -- a torchrun job that loses ranks: heartbeats name the rank, torchrun restarts the job --
 
 RANK_TIMEOUT = 5.0
-FILE_GROUPS, FILE_STEPS = 24, 6  # BATCH groups a step
+FILE_GROUPS, FILE_STEPS = 24, 6  # STEP_GROUPS groups a step
 
 
 def committed_lines(job: TrainerJob) -> list[dict[str, Any]]:
@@ -183,7 +183,7 @@ async def test_a_torchrun_job_recovers_from_a_dead_a_stalled_and_a_failed_rank(t
     job resumes; the stalled rank is found within the rank timeout; every step is committed
     once and every group trained once."""
     tree = {"experiment": {"experiment_name": "ranks", "trial_name": "t0"},
-            "staleness": {"groups_per_step": BATCH}, "trainer": {"rank_timeout_seconds": RANK_TIMEOUT}}
+            "staleness": {"groups_per_step": STEP_GROUPS}, "trainer": {"rank_timeout_seconds": RANK_TIMEOUT}}
     job = TrainerJob("job", 2, tree, tmp_path, steps=FILE_STEPS, max_restarts=4,
                      job_args=["--source", "file", "--groups", str(FILE_GROUPS), "--step-seconds", "0.3",
                                "--fail", "4:2:1"])
@@ -208,7 +208,7 @@ async def test_a_torchrun_job_recovers_from_a_dead_a_stalled_and_a_failed_rank(t
     assert all(all(c["ranks"]) for c in lines)
 
     def resumes(step: int) -> str:
-        return f"the job resumes after step {step} (committed offsets {{0: {step * BATCH}}})"
+        return f"the job resumes after step {step} (committed offsets {{0: {step * STEP_GROUPS}}})"
 
     killed = one_line(run_lines(job, 0, 0), f"rank 1 (pid {dead} on", "is gone")
     assert "in step 2, phase 'train'" in killed and "restart 1 of at most 4" in killed and resumes(1) in killed
