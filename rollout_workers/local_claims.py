@@ -38,6 +38,9 @@ class _Partition:
     finished: dict[int, str] = field(default_factory=dict)  # offset -> record identity
     fresh_from: int | None = None  # None: nothing is known to be fresh (not taken, or unknown)
     lost: bool = False  # taken, then moved away
+    # finished records of a lost partition once nothing of it runs here: DONE to this worker,
+    # never written again (its new owner commits past them and deletes their claims)
+    ended_after_loss: dict[int, str] = field(default_factory=dict)
 
 
 class LocalClaims:
@@ -57,20 +60,26 @@ class LocalClaims:
         record of it counts as fresh)."""
         part = self._part(tp)
         part.fresh_from, part.lost = last_stable_offset, False
+        part.finished.update(part.ended_after_loss)  # above the commit point: read again, found DONE
+        part.ended_after_loss.clear()
 
     def lost(self, tp: TopicPartition) -> None:
-        """``tp`` moved away: nothing of it is fresh any more. Finished records are kept while
-        records of ``tp`` still run here (they are above the commit point: taking ``tp`` back
-        finds them DONE without Redis) and forgotten once the last of them ended; otherwise the
-        release's commit passed them all. (Kept longer, they would be written again after every
-        disruption, over the deletion of the partition's new owner, which commits past them.)"""
+        """``tp`` moved away: nothing of it is fresh any more. With nothing of ``tp`` running
+        here, the release's commit passed its finished records: they are forgotten. Otherwise
+        the records still running, and those finished above them, are above the commit point:
+        once the last of them ended they are no longer written again (:meth:`to_assert`: that
+        would be over the deletion of the partition's new owner, which commits past them), but
+        stay DONE to this worker, so that taking ``tp`` back before Redis holds their done
+        claims (written when Redis answers) does not run them again."""
         part = self._part(tp)
         part.fresh_from, part.lost = None, True
         self._forget_if_lost(tp)
 
-    def _forget_if_lost(self, tp: TopicPartition) -> None:
+    def _forget_if_lost(self, tp: TopicPartition, ended: bool = False) -> None:
         part = self._part(tp)
         if part.lost and not any(key[0] == tp for key in self.running):
+            if ended:  # the last of them just ended: above the commit point
+                part.ended_after_loss.update(part.finished)
             part.finished.clear()
 
     # -- records --
@@ -80,7 +89,8 @@ class LocalClaims:
         with another identity at the same offset (a recreated topic) is not this one."""
         if self.running.get((tp, offset)) == identity:
             return Known.MINE
-        if self._part(tp).finished.get(offset) == identity:
+        part = self._part(tp)
+        if identity in (part.finished.get(offset), part.ended_after_loss.get(offset)):
             return Known.DONE
         return None
 
@@ -100,7 +110,7 @@ class LocalClaims:
         """Every sample of the record is published (here), or its claim says done."""
         self.running.pop((tp, offset), None)
         self._part(tp).finished[offset] = identity
-        self._forget_if_lost(tp)
+        self._forget_if_lost(tp, ended=True)
 
     def committed(self, tp: TopicPartition, offset: int) -> list[int]:
         """This worker committed ``tp`` up to ``offset``: the finished records below it are

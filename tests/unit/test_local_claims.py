@@ -60,9 +60,11 @@ def test_what_is_written_again_after_redis_forgot() -> None:
     assert local.running_on([P1]) == 0 and local.running_on([P0]) == 1
 
 
-def test_a_lost_partitions_finished_records_are_forgotten_once_the_last_of_them_ends() -> None:
-    """Kept longer, they would be written again as done after a disruption, over the deletion
-    of the new owner that committed past them (a claim left behind for a day)."""
+def test_records_that_end_after_their_partition_was_lost_stay_done_until_committed_past() -> None:
+    """The suite saw it: a prompt ended just after its partition was revoked, the partition came
+    back to the same worker at once, and the record, re-read from the commit point below it,
+    ran again, because the worker had forgotten it and Redis still said "running here" (the
+    done claim is written when Redis answers)."""
     local = LocalClaims()
     local.taken(P0, 0)
     local.finished(P0, 1, "a")
@@ -70,9 +72,9 @@ def test_a_lost_partitions_finished_records_are_forgotten_once_the_last_of_them_
     local.started(P0, 3, "c")
     local.lost(P0)
     local.finished(P0, 2, "b")
-    assert local.known(P0, 1, "a") is Known.DONE and local.known(P0, 2, "b") is Known.DONE  # 3 still runs
-    local.finished(P0, 3, "c")
-    assert local.to_assert() == [] and local.known(P0, 3, "c") is None
-    local.taken(P0, 4)  # taken back: what finishes is kept until committed past
-    local.finished(P0, 5, "d")
-    assert local.known(P0, 5, "d") is Known.DONE
+    local.finished(P0, 3, "c")  # the last of them ends after the loss
+    assert [local.known(P0, o, r) for o, r in ((1, "a"), (2, "b"), (3, "c"))] == [Known.DONE] * 3
+    assert local.to_assert() == []  # not written again: the new owner commits past them
+    local.taken(P0, 4)  # taken back: all still DONE without Redis, and this worker's again
+    assert local.known(P0, 3, "c") is Known.DONE and len(local.to_assert()) == 3
+    assert local.committed(P0, 4) == [1, 2, 3] and local.known(P0, 3, "c") is None  # committed past: forgotten
