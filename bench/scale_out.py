@@ -37,6 +37,7 @@ from harness.configs import write_config
 from harness.ledger import BatchesWatcher, read_topic
 from harness.services import unique_name
 from harness.tiers import TierProcess, stop_all, wait_until_consuming
+from harness.waits import stop_task
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.dev.launcher import dev_stack
@@ -224,8 +225,7 @@ async def measure(args: argparse.Namespace, report: Report) -> None:
             producer.stop(60)  # commits what it admitted
             admitted, drain_seconds = await drain(watcher, replicas, config, names, args.timeout)
         finally:
-            pacer.cancel()
-            await asyncio.gather(pacer, return_exceptions=True)
+            await stop_task(pacer, "the stand-in trainer")
             stop_all(replicas.all() + ([producer] if producer else []))
             await watcher.__aexit__()
         problems = watcher.ledger.check(admitted)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
+from harness.waits import stop_task
 from rollstream.config import RollstreamConfig
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
@@ -38,8 +39,7 @@ class BudgetWatch:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await stop_task(self._task, "the watcher of the staleness budget")
 
     async def _watch(self) -> None:
         exp, staleness = self.config.experiment, self.config.staleness

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,24 +51,33 @@ class ClusterProbe:
     """Questions about the cluster's current roles, asked with a fresh admin client each time
     (a client that talked to a killed node carries nothing over)."""
 
-    def __init__(self, cluster: LocalKafkaCluster, kafka: KafkaConfig) -> None:
+    def __init__(self, cluster: LocalKafkaCluster, kafka: KafkaConfig,
+                 say: Callable[[str], None] = log.info) -> None:
         self.cluster = cluster
         # short requests: a question sent to a paused node must not wait the tiers' 40 s
         self.kafka = msgspec.structs.replace(kafka, request_timeout_ms=PROBE_TIMEOUT_MS)
+        self.say = say  # where a long wait reports what it still waits for
 
     async def _ask(self, what: str, fn, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+        """``fn(admin)`` with a fresh admin client, asked again until it answers; each try, the
+        client's start and close included, is bounded by what is left of ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
-            admin = make_admin(self.kafka, "fault-probe")
             try:
-                await admin.start()
-                return await fn(admin)
-            except (KafkaError, OSError, asyncio.TimeoutError, LookupError) as exc:
-                if time.monotonic() > deadline:
+                async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                    return await self._ask_once(fn)
+            except (KafkaError, OSError, TimeoutError, LookupError) as exc:
+                if time.monotonic() >= deadline:
                     raise AssertionError(f"could not find {what} in {timeout:.0f}s: {exc!r}") from exc
-            finally:
-                await admin.close()
             await asyncio.sleep(0.5)
+
+    async def _ask_once(self, fn):  # type: ignore[no-untyped-def]
+        admin = make_admin(self.kafka, "fault-probe")
+        try:
+            await admin.start()
+            return await fn(admin)
+        finally:
+            await admin.close()
 
     async def leader(self, topic: str, partition: int) -> int:
         """The node that leads ``topic``/``partition`` now."""
@@ -112,12 +122,21 @@ class ClusterProbe:
         return list(await self._ask("the replication state", ask))
 
     async def wait_fully_replicated(self, timeout: float = 120.0) -> float:
-        """Wait until every partition has its full ISR again; returns the seconds waited."""
+        """Wait until every partition has its full ISR again (saying every 15 s what still lags);
+        returns the seconds waited. The whole wait, its questions included, ends by ``timeout``."""
         began = time.monotonic()
-        while lagging := await self.under_replicated():
-            if time.monotonic() - began > timeout:
-                raise AssertionError(f"still under-replicated after {timeout:.0f}s: {lagging[:8]}")
-            await asyncio.sleep(0.5)
+        said = began
+        lagging = ["(not asked yet)"]
+        try:
+            async with asyncio.timeout(timeout):
+                while lagging := await self.under_replicated():
+                    if time.monotonic() - said >= 15:
+                        said = time.monotonic()
+                        self.say(f"full ISR: {len(lagging)} still lagging after {said - began:.0f}s, "
+                                 f"e.g. {lagging[:3]}")
+                    await asyncio.sleep(0.5)
+        except (TimeoutError, AssertionError) as exc:
+            raise AssertionError(f"still under-replicated after {timeout:.0f}s: {lagging[:8]} ({exc!r})") from None
         return time.monotonic() - began
 
 

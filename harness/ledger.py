@@ -19,6 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from harness.waits import stop_task
 from rollstream.config import KafkaConfig
 from rollstream.kafka.admin import topic_partitions
 from rollstream.kafka.clients import make_admin, make_consumer, stop_client
@@ -167,8 +168,7 @@ class TopicFollower:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await stop_task(self._task, f"the follower of {self._topic}")
         await stop_client(self._consumer, f"the follower of {self._topic}", self.STOP_SECONDS)
 
     async def _follow(self) -> None:

@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from harness.ledger import BatchesWatcher, Ledger, read_topic
 from harness.tiers import TierProcess
+from harness.waits import stop_task
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.admin import ensure_topics
@@ -118,8 +119,7 @@ class Pipeline:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._trainer is not None:
-            self._trainer.cancel()
-            await asyncio.gather(self._trainer, return_exceptions=True)
+            await stop_task(self._trainer, "the stand-in trainer")
         for process in self.tiers.values():
             process.signal_stop()  # all at once: each drains in parallel
         for process in self.tiers.values():

@@ -1,5 +1,5 @@
-"""Bounded waits that name the step that did not finish, and the stop of tiers run in this
-process."""
+"""Bounded waits that name the step that did not finish, the stop of a background task, and
+the stop of tiers run in this process."""
 
 from __future__ import annotations
 
@@ -53,3 +53,19 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: f
     while not await check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.2)
+
+
+async def stop_task(task: asyncio.Future[Any], what: str, seconds: float = 30.0) -> None:
+    """Cancel ``task`` and wait until it has ended, cancelling it again every second: a library
+    can swallow a cancellation and the task's loop then carries on (redis-py 8 on Python 3.11,
+    see ``rollstream.runtime.tasks.raise_if_cancelled``; the cluster test's Redis watcher once
+    held its test that way until the test's timeout). Fails naming ``what`` when the task has
+    not ended within ``seconds``. Whatever the task raised is not re-raised."""
+    deadline = time.monotonic() + seconds
+    while not task.done():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} did not stop within {seconds:g}s of being cancelled")
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+    if not task.cancelled():
+        task.exception()  # retrieved: no "exception was never retrieved" at exit

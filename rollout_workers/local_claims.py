@@ -38,9 +38,10 @@ class _Partition:
     finished: dict[int, str] = field(default_factory=dict)  # offset -> record identity
     fresh_from: int | None = None  # None: nothing is known to be fresh (not taken, or unknown)
     lost: bool = False  # taken, then moved away
-    # finished records of a lost partition once nothing of it runs here: DONE to this worker,
-    # never written again (its new owner commits past them and deletes their claims)
-    ended_after_loss: dict[int, str] = field(default_factory=dict)
+    # finished records of a lost partition above its last commit here, once nothing of it runs
+    # here: DONE to this worker, never written again (its new owner commits past them and
+    # deletes their claims)
+    left_behind: dict[int, str] = field(default_factory=dict)
 
 
 class LocalClaims:
@@ -60,26 +61,25 @@ class LocalClaims:
         record of it counts as fresh)."""
         part = self._part(tp)
         part.fresh_from, part.lost = last_stable_offset, False
-        part.finished.update(part.ended_after_loss)  # above the commit point: read again, found DONE
-        part.ended_after_loss.clear()
+        part.finished.update(part.left_behind)  # above the commit point: read again, found DONE
+        part.left_behind.clear()
 
     def lost(self, tp: TopicPartition) -> None:
-        """``tp`` moved away: nothing of it is fresh any more. With nothing of ``tp`` running
-        here, the release's commit passed its finished records: they are forgotten. Otherwise
-        the records still running, and those finished above them, are above the commit point:
-        once the last of them ended they are no longer written again (:meth:`to_assert`: that
+        """``tp`` moved away: nothing of it is fresh any more. The release's commit forgot the
+        finished records it passed (:meth:`committed`); those it could not pass (a record still
+        running below them, held, or a commit that failed) are above the commit point. Once
+        nothing of ``tp`` runs here they are no longer written again (:meth:`to_assert`: that
         would be over the deletion of the partition's new owner, which commits past them), but
         stay DONE to this worker, so that taking ``tp`` back before Redis holds their done
         claims (written when Redis answers) does not run them again."""
         part = self._part(tp)
         part.fresh_from, part.lost = None, True
-        self._forget_if_lost(tp)
+        self._leave_behind_if_lost(tp)
 
-    def _forget_if_lost(self, tp: TopicPartition, ended: bool = False) -> None:
+    def _leave_behind_if_lost(self, tp: TopicPartition) -> None:
         part = self._part(tp)
         if part.lost and not any(key[0] == tp for key in self.running):
-            if ended:  # the last of them just ended: above the commit point
-                part.ended_after_loss.update(part.finished)
+            part.left_behind.update(part.finished)
             part.finished.clear()
 
     # -- records --
@@ -90,7 +90,7 @@ class LocalClaims:
         if self.running.get((tp, offset)) == identity:
             return Known.MINE
         part = self._part(tp)
-        if identity in (part.finished.get(offset), part.ended_after_loss.get(offset)):
+        if identity in (part.finished.get(offset), part.left_behind.get(offset)):
             return Known.DONE
         return None
 
@@ -110,7 +110,7 @@ class LocalClaims:
         """Every sample of the record is published (here), or its claim says done."""
         self.running.pop((tp, offset), None)
         self._part(tp).finished[offset] = identity
-        self._forget_if_lost(tp, ended=True)
+        self._leave_behind_if_lost(tp)
 
     def committed(self, tp: TopicPartition, offset: int) -> list[int]:
         """This worker committed ``tp`` up to ``offset``: the finished records below it are

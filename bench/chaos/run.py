@@ -25,6 +25,7 @@ from harness.cluster import ClusterProbe
 from harness.configs import pipeline_config
 from harness.ledger import TopicFollower, read_records, unconsumed
 from harness.pipeline import Pipeline, write_dataset
+from harness.waits import stop_task
 from rollstream.config import config_from_dict
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
@@ -144,8 +145,7 @@ async def _on_stage(s: Settings, planned: list[Fault], workdir: Path, model: Pat
                 watching.result()
                 raise RuntimeError("the observer stopped watching before the end")
         finally:
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
+            await stop_task(watching, "the observer of the run")
     result.violations = observer.violations
     result.figures["wall seconds"] = round(time.monotonic() - began)
     return result

@@ -186,17 +186,21 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
 
 
-def wrapped_transient(exc: KafkaError) -> bool:
-    """aiokafka's producer start wraps a connection lost while it looks up its transaction
-    coordinator in a plain ``KafkaError`` (the cause kept): the broker being away."""
-    return type(exc) is KafkaError and exc.__cause__ is not None and transient(exc.__cause__)
-
-
-def lost_bootstrap(exc: AssertionError) -> bool:
-    """aiokafka's producer start asserts it knows a broker when it looks up its transaction
-    coordinator; a broker restarting between the bootstrap and that lookup fails the assertion.
-    It is the broker being away, as a connection error is."""
-    return "bootstrap" in str(exc)
+def broker_away(exc: BaseException, what: str) -> KafkaConnectionError | None:
+    """The broker being away, however aiokafka said it, as a connection error naming ``what``;
+    None for any other error. Besides a connection error itself, aiokafka's producer start says
+    it two more ways while it looks up its transaction coordinator: an assertion that it knows
+    no broker (a broker restarting between the bootstrap and the lookup), and a plain
+    ``KafkaError`` wrapping a connection lost during the lookup (the cause kept)."""
+    if isinstance(exc, KafkaConnectionError):
+        return exc
+    lost_bootstrap = isinstance(exc, AssertionError) and "bootstrap" in str(exc)
+    wrapped = type(exc) is KafkaError and exc.__cause__ is not None and transient(exc.__cause__)
+    if not (lost_bootstrap or wrapped):
+        return None
+    away = KafkaConnectionError(f"no broker reachable while {what}: {exc}")
+    away.__cause__ = exc
+    return away
 
 
 async def wait_out_outage(
@@ -222,25 +226,18 @@ async def wait_out_outage(
         tries += 1
         try:
             return await fn()
-        except AssertionError as exc:
-            if not lost_bootstrap(exc):
+        except (AssertionError, KafkaError) as exc:
+            away = broker_away(exc, what)
+            if away is None:
                 raise
-            raise KafkaConnectionError(f"no broker known while {what}: {exc}") from exc
-        except KafkaError as exc:
-            if not isinstance(exc, KafkaConnectionError):
-                if not wrapped_transient(exc):
-                    raise
-                lost = KafkaConnectionError(f"{what}: {exc}")
-                lost.__cause__ = exc
-                exc = lost  # noqa: PLW2901
             refusal = await authentication_refusal(config)
             if refusal is not None:
-                raise refusal from exc
+                raise refusal from away
             if not announced:
                 announced = True
                 log.warning("kafka at %s cannot be reached while %s; waiting up to %.0fs for it "
                             "(kafka.outage_patience_seconds)", config.bootstrap_servers, what, patience)
-            raise exc
+            raise away
 
     try:
         return await policy.call(once, retry_on=transient, what=f"{what} (kafka at {config.bootstrap_servers})")

@@ -10,7 +10,8 @@ processes, the tiny HF model, a stand-in trainer pacing the producer), with
 
 While it runs, in order, each at a point of progress (the node found at that moment, killed,
 left down for a few seconds, started again, and the next fault only once every partition has
-its full ISR again):
+its full ISR again; the stand-in trainer publishes no version while a fault lasts, so that a slow
+recovery on a busy machine cannot let the run end before its last fault):
 
 1. SIGKILL of the leader of ``prompts`` partition 0 (its leadership must move);
 2. SIGKILL of the reward worker;
@@ -23,6 +24,9 @@ its full ISR again):
 8. a network partition of the node leading ``scored`` partition 0: SIGSTOP for 8 s (longer
    than the 4 s broker session, so the controller fences it and moves its leaderships), then
    SIGCONT.
+
+The test prints each step with its time (shown when it fails, a timeout included), and the
+schedule has one deadline whose error names the step in progress.
 
 Then it checks: admitted = emitted + counted drops, no task or row twice, none lost; the
 staleness bound ``admitted - dropped <= (eta + version + 1) * groups_per_step`` held at every sample
@@ -46,6 +50,7 @@ from harness.configs import pipeline_config
 from harness.ledger import read_topic
 from harness.pipeline import Outcome, Pipeline, write_dataset
 from harness.reports import ShowReport
+from harness.timeline import Timeline
 from rollstream.config import KafkaConfig
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
@@ -58,10 +63,12 @@ from rollstream.wire import EmittedGroup, decode_group
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 PROMPTS = int(os.environ.get("ROLLSTREAM_CLUSTER_PROMPTS", "120"))
-# the stand-in trainer's pace (seconds per version): slow while faults remain, so that every
+# the stand-in trainer's pace (seconds per version): slower while faults remain, so that every
 # fault strikes a running pipeline, then quick to the end
-FAULT_STEP_SECONDS = 15.0
+FAULT_STEP_SECONDS = 4.0
 FINAL_STEP_SECONDS = 1.0
+SCHEDULE_SECONDS = 390.0  # the whole fault schedule (about 100 s on a quiet machine)
+FINISH_SECONDS = 120.0  # from the last fault to every group ended
 DOWN_SECONDS = 2.0  # how long a killed node stays down
 PARTITION_SECONDS = 8.0  # how long the paused node is cut off
 TIERS = {"producer": "producer", "rollout": "rollout-worker", "reward": "reward-worker", "grouping-0": "grouping"}
@@ -76,12 +83,15 @@ async def _down_and_up(pipeline: Pipeline, probe: ClusterProbe, kind: str, node:
     record = FaultRecord(kind, node, pipeline.progress(), detail=detail)
     began = time.monotonic()
     probe.cluster.kill_node(node)
+    probe.say(f"{kind}: node {node} killed")
     if moved is not None:
         taker = await moved()
         assert taker != node, f"{kind}: node {node} was killed but still holds the role"
         record.detail = "; ".join(filter(None, [detail, f"taken over by node {taker}"]))
+        probe.say(f"{kind}: taken over by node {taker}")
     await pipeline.sleep(DOWN_SECONDS)
     await pipeline.in_thread(lambda: probe.cluster.start_node(node), 180, f"node {node} to start")
+    probe.say(f"{kind}: node {node} started; waiting for full ISR")
     await probe.wait_fully_replicated()
     record.seconds = time.monotonic() - began
     return record
@@ -139,7 +149,9 @@ async def rolling_restart(pipeline: Pipeline, probe: ClusterProbe) -> FaultRecor
     steps = []
     for node in sorted(probe.cluster.nodes):
         step = time.monotonic()
+        probe.say(f"rolling restart: node {node} restarting")
         await pipeline.in_thread(lambda n=node: probe.cluster.restart_node(n), 240, f"node {node} to restart")
+        probe.say(f"rolling restart: node {node} up; waiting for full ISR")
         await probe.wait_fully_replicated()
         steps.append(f"node {node} {time.monotonic() - step:.0f}s")
     record.seconds, record.detail = time.monotonic() - began, ", ".join(steps)
@@ -152,6 +164,7 @@ async def partition_node(pipeline: Pipeline, probe: ClusterProbe) -> FaultRecord
     record = FaultRecord("network partition (SIGSTOP) of the leader of scored[0]", node, pipeline.progress())
     began = time.monotonic()
     probe.cluster.pause_node(node)
+    probe.say(f"node {node} paused (SIGSTOP)")
     try:
         # the others fence it after the broker session (4 s) and elect new leaders
         taker = await _until_other(probe, lambda: probe.leader(topic, 0), node, timeout=PARTITION_SECONDS + 30)
@@ -159,6 +172,7 @@ async def partition_node(pipeline: Pipeline, probe: ClusterProbe) -> FaultRecord
         await pipeline.sleep(max(0.0, PARTITION_SECONDS - (time.monotonic() - began)))
     finally:
         probe.cluster.resume_node(node)
+    probe.say(f"node {node} resumed (SIGCONT); waiting for full ISR")
     assert taker != node, "the paused node kept the leadership of scored[0]"
     await probe.wait_fully_replicated()
     record.seconds = time.monotonic() - began
@@ -176,6 +190,21 @@ SCHEDULE: list[tuple[float, Fault]] = [
     (0.25, rolling_restart),
     (0.45, partition_node),
 ]
+
+
+async def run_schedule(pipeline: Pipeline, probe: ClusterProbe, timeline: Timeline) -> list[FaultRecord]:
+    """Each fault of :data:`SCHEDULE` at its point of progress, the trainer held while it lasts."""
+    faults: list[FaultRecord] = []
+    for number, (at, fault) in enumerate(SCHEDULE, 1):
+        timeline.step(f"fault {number}/{len(SCHEDULE)}: waiting for {at:.0%} of the groups to end")
+        await pipeline.wait_for(lambda at=at: pipeline.progress() >= at, 240, f"{at:.0%} ended")
+        pipeline.hold_versions = True
+        try:
+            faults.append(await fault(pipeline, probe))
+        finally:
+            pipeline.hold_versions = False
+        timeline.step(f"fault {number}/{len(SCHEDULE)}: {faults[-1].line()}")
+    return faults
 
 
 def felt(pipeline: Pipeline) -> dict[str, str]:
@@ -242,19 +271,20 @@ async def test_exactly_once_on_a_replicated_cluster_under_node_faults(
         tree["kafka"]["replication_factor"] = 3
         tree["grouping"]["drop_stale"] = True
         async with Pipeline(tree, tmp_path, tiny_model, step_seconds=FAULT_STEP_SECONDS) as pipeline:
-            probe = ClusterProbe(kafka_cluster, pipeline.config.kafka)
+            timeline = Timeline("cluster")
+            probe = ClusterProbe(kafka_cluster, pipeline.config.kafka, say=timeline.step)
             async with BudgetWatch(pipeline.config) as budget:
                 for name, tier in TIERS.items():
                     pipeline.add(name, tier, *(["grouping.instance_id=grouping-0"] if tier == "grouping" else []))
                 for process in pipeline.tiers.values():
                     process.start()
-                faults: list[FaultRecord] = []
-                for at, fault in SCHEDULE:
-                    await pipeline.wait_for(lambda at=at: pipeline.progress() >= at, 240, f"{at:.0%} ended")
-                    faults.append(await fault(pipeline, probe))
+                timeline.step("tiers started")
+                faults = await timeline.within(run_schedule(pipeline, probe, timeline), SCHEDULE_SECONDS,
+                                               "the fault schedule")
                 finished_before_last_fault = pipeline.finished()
                 pipeline.step_seconds = FINAL_STEP_SECONDS
-                await pipeline.wait_for(pipeline.finished, 300, "every admitted prompt to end")
+                await pipeline.wait_for(pipeline.finished, FINISH_SECONDS, "every admitted prompt to end")
+                timeline.step("every group ended; reading the topics")
                 outcome = await pipeline.outcome()
             batches = await read_topic(pipeline.config.kafka, pipeline.names.batches, decode_group)
     max_staleness = max((b.staleness for b in batches if isinstance(b, EmittedGroup)), default=0)

@@ -187,7 +187,7 @@ async def test_dump_tier_layout_fields_and_read_back(
     for version, path in WEIGHTS.items():  # the trainer published 4, 5, then 6
         await VersionStore(client, RedisKeys(exp.experiment_name, exp.trial_name)).publish(WeightUpdate(version, path))
     await client.aclose()
-    await ensure_topics(config.kafka, TopicNames(exp.experiment_name, exp.trial_name))
+    await ensure_topics(config.kafka, TopicNames.of(config))
     all_groups = groups()
     update = next(g for g in all_groups if g.task_id == "gsm:0:5")
     first = [m for g in all_groups for m in (g.messages[:1] if g is update else g.messages)]

@@ -39,15 +39,22 @@ def test_only_records_at_or_beyond_the_frontier_of_a_partition_taken_are_fresh()
     assert not local.fresh(P0, 11)
 
 
-def test_losing_a_partition_keeps_its_finished_records_only_while_some_of_it_runs_here() -> None:
+def test_a_lost_partitions_finished_records_above_its_commit_stay_done_and_are_not_written_again() -> None:
+    """The release commits what it can first (:meth:`LocalClaims.committed` forgets what that
+    passed); what is left is above the commit point, whether a record still runs here or not
+    (one held below it, a commit that failed): the worker may read it again."""
     local = LocalClaims()
     local.finished(P0, 1, "a")
     local.started(P0, 2, "b")
     local.finished(P1, 1, "c")
+    local.finished(P1, 5, "d")
+    assert local.committed(P1, 2) == [1]  # the release's commit: a record held at 2 stops it there
     local.lost(P0)
     local.lost(P1)
     assert local.known(P0, 1, "a") is Known.DONE  # above a prompt still running here: not committed yet
-    assert local.known(P1, 1, "c") is None
+    assert local.known(P1, 1, "c") is None  # committed past: nobody reads it again
+    assert local.known(P1, 5, "d") is Known.DONE  # above the commit: read again if P1 comes back
+    assert local.to_assert() == [(P0, 2, "b", False), (P0, 1, "a", True)]  # P1's left behind: not written
 
 
 def test_what_is_written_again_after_redis_forgot() -> None:
