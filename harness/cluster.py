@@ -136,7 +136,8 @@ class ClusterProbe:
                                  f"e.g. {lagging[:3]}")
                     await asyncio.sleep(0.5)
         except (TimeoutError, AssertionError) as exc:
-            raise AssertionError(f"still under-replicated after {timeout:.0f}s: {lagging[:8]} ({exc!r})") from None
+            raise AssertionError(f"still under-replicated after {time.monotonic() - began:.0f}s (of {timeout:.0f}s): "
+                                 f"{lagging[:8]} ({exc!r})") from None
         return time.monotonic() - began
 
 
