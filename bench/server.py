@@ -149,7 +149,8 @@ def server(args: argparse.Namespace) -> Iterator[str | None]:
 
     with tempfile.TemporaryDirectory(prefix="rollstream-bench-vllm-") as tmp:
         local = LocalVLLMServer(Path(tmp), args.model_path, max_num_seqs=max(8, args.concurrency),
-                                max_model_len=args.prompt_tokens + args.max_new_tokens + 8, cpus=args.server_cpus)
+                                max_model_len=args.prompt_tokens + args.max_new_tokens + 8, cpus=args.server_cpus,
+                                confine=True)
         local.start()
         print(f"bench.server: vLLM ready in {local.startup_seconds:.0f}s at {local.url}", file=sys.stderr)
         try:
@@ -171,9 +172,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (rollout.max_concurrent_rollouts)")
     parser.add_argument("--rounds", type=int, default=None, help="direct/pipeline pairs (default 2; --quick 1)")
     parser.add_argument("--server-cpus", default="",
-                        help="the local server's cores (vLLM's VLLM_CPU_OMP_THREADS_BIND, e.g. 0); this process, the "
-                             "tiers and the broker then run on the other cores, as a GPU server leaves the CPUs to the "
-                             "pipeline (default: every process shares every core)")
+                        help="the local server's cores, e.g. 0 (all its processes: the API server, the engine core and "
+                             "the model's threads); this process, the tiers and the broker then run on the other cores, "
+                             "as a GPU server leaves the CPUs to the pipeline (default: every process shares every core)")
 
 
 def pin_away_from(cpus: str) -> set[int]:

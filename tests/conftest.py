@@ -60,7 +60,9 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLMS
     environment comes from scripts/setup.sh (a missing one fails the test: never skipped).
     Tests that change its weights start from :func:`harness.checkpoints.fresh_server`."""
     # eager: no graph capture at start (12 s less on each start here; the same tokens/s on CPU)
-    server = LocalVLLMServer(tmp_path_factory.mktemp("vllm"), tiny_model_dir(), extra_args=("--enforce-eager",))
+    # 1024 tokens: room for a generation long enough that a weight update lands in its middle
+    server = LocalVLLMServer(tmp_path_factory.mktemp("vllm"), tiny_model_dir(), max_model_len=1024,
+                             extra_args=("--enforce-eager",))
     server.start()
     _startup_lines.append(f"vLLM server started in {server.startup_seconds:.1f}s ({server.url}, {server.model})")
     try:

@@ -109,11 +109,15 @@ class LocalVLLMServer(LocalServer):
     ORPHAN_GRACE = 3.0
 
     def __init__(self, workdir: Path, model: Path | str, *, max_model_len: int = 256, max_num_seqs: int = 8,
-                 cpus: str = "", detached: bool = False, extra_args: tuple[str, ...] = ()) -> None:
+                 cpus: str = "", confine: bool = False, detached: bool = False,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.workdir = Path(workdir).resolve()
         self.extra_args = extra_args  # more of vLLM's options (e.g. --enforce-eager)
         self.model = str(model)
         self.cpus = cpus  # "": share every core (no binding); "0" or "0-3": bind the server's threads there
+        # with cpus: the whole server there (its API and engine-core processes too, not only the
+        # model's threads), as a GPU server's host cores are its own
+        self.confine = confine
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.port = free_port()
@@ -131,6 +135,8 @@ class LocalVLLMServer(LocalServer):
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = server_argv(vllm_python(), self.model, self.port, max_model_len=self.max_model_len,
                            max_num_seqs=self.max_num_seqs) + list(self.extra_args)
+        if self.cpus and self.confine:
+            argv = ["taskset", "--cpu-list", self.cpus, *argv]  # children inherit the affinity
         env = {**os.environ, **SERVER_ENV, "PYTHONPATH": str(extension_path(self.workdir))}
         if self.cpus:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus

@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 
 from harness.checkpoints import fresh_server, save_versions
 from harness.logprob_audit import LogprobAuditor
-from harness.waits import until, within
+from harness.waits import stop_task, until, within
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.config import ServerConfig
@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 SETTINGS = ServerConfig(lease_ttl_seconds=10.0, reconcile_seconds=0.5, version_poll_seconds=0.05,
                         backoff_base_seconds=0.05, backoff_max_seconds=0.5, health_timeout_seconds=60)
 PROMPT = [11, 12, 13, 14, 15]
+LONG = 960  # tokens of the request a weight update cuts: a few seconds here (the server takes 1024)
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +121,22 @@ async def generating(server: LocalVLLMServer) -> None:
             await asyncio.sleep(0.01)
 
 
+async def seen_running(server: LocalVLLMServer, engine: VLLMEngine, n: int, what: str,
+                       attempts: int = 5) -> asyncio.Task[ModelResponse]:
+    """A request for ``n`` tokens (eos ignored) that the server is seen running. The server's
+    metrics lag (a GET waited 0.5 s on a loaded machine here, as long as 240 tokens take), so a
+    request may end unseen: it is dropped and another sent, up to ``attempts`` times."""
+    for _ in range(attempts):
+        task = asyncio.create_task(engine.agenerate(request(n, ignore_eos=True)))
+        probe = asyncio.create_task(generating(server))
+        await within(asyncio.wait({task, probe}, return_when=asyncio.FIRST_COMPLETED), 60, f"{what} running")
+        await stop_task(probe, f"the metrics probe for {what}")
+        if not task.done():
+            return task
+        task.result()  # raises what the request raised
+    raise AssertionError(f"{what}: ended before the server was seen running it, {attempts} times")
+
+
 async def test_updates_mid_generation_and_at_the_gate_tag_every_token(
     vllm_server: LocalVLLMServer, engine: VLLMEngine, weights: list[Path], redis_client: aioredis.Redis,
     unique_name: str,
@@ -128,12 +145,11 @@ async def test_updates_mid_generation_and_at_the_gate_tag_every_token(
     async with owners(url, engine, redis_client, unique_name) as running:
         # 1. A version lands while a long generation runs: the owner's pause cuts it off, the
         #    engine resubmits prompt + partial output, the rest comes from the new weights.
-        long = asyncio.create_task(engine.agenerate(request(240, ignore_eos=True)))
-        await within(generating(vllm_server), 60, "the long request running on the server")
+        long = await seen_running(vllm_server, engine, LONG, "the long request")
         for owner in running:
             owner.offer(WeightUpdate(1, str(weights[1])))
         cut = await within(long, 120, "the long request")
-        assert cut.stop_reason == "length" and len(cut.output_tokens) == 240
+        assert cut.stop_reason == "length" and len(cut.output_tokens) == LONG
         assert cut.output_versions[0] == 0 and cut.output_versions[-1] == 1
         assert cut.output_versions == sorted(cut.output_versions), "oldest first"
         assert engine.stats.resubmissions >= 1
@@ -154,11 +170,17 @@ async def test_updates_mid_generation_and_at_the_gate_tag_every_token(
     assert held.output_versions == [2] * 16
 
     # 3. A frozen former owner's late load lands on the running server: the tokens made while
-    #    it is labelled as loading are thrown away and made again once it names a version.
+    #    it is labelled as loading are thrown away and made again once it names a version. The
+    #    request waits at the gate until the label says loading, and the label names a version
+    #    again only after the engine threw the first answer away: no race with a fast generation.
+    await engine.admin.pause(url)
+    sent = engine.stats.http_attempts
     late = asyncio.create_task(engine.agenerate(request(240, ignore_eos=True)))
-    await within(generating(vllm_server), 60, "the late request running on the server")
+    await until(lambda: engine.stats.http_attempts > sent, "the late request sent")
     await engine.admin.http.post(url, "/update_weight_version", {"new_version": loading_label(3)}, 5)
-    await asyncio.sleep(0.3)
+    await engine.admin.resume(url)
+    await until(lambda: engine.stats.unlabelled_spans >= 1 or late.done(), "the late request's loading-time answer",
+                timeout=60)
     await engine.admin.http.post(url, "/update_weight_version", {"new_version": "2"}, 5)
     relabelled = await within(late, 120, "the request cut by a late load")
     assert relabelled.output_versions == [2] * 240 and engine.stats.unlabelled_spans >= 1
