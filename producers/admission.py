@@ -30,7 +30,7 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 
-from rollstream.runtime.tasks import wait_event
+from rollstream.runtime.tasks import cancel_and_wait, wait_event
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import GenerationChanged, RedisStateError, StateMissingError, wait_for_redis
 
@@ -155,9 +155,7 @@ class Admission:
         try:
             await asyncio.wait({room, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (room, stopped):
-                task.cancel()
-            await asyncio.gather(room, stopped, return_exceptions=True)
+            await cancel_and_wait(room, stopped)
         if room.done() and not room.cancelled() and room.exception() is not None:
             raise room.exception()  # type: ignore[misc]
         return not self._stop.is_set()

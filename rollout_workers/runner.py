@@ -36,7 +36,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from rollstream.runtime.tasks import wait_event
+from rollstream.runtime.tasks import cancel_and_wait, wait_event
 from rollstream.api.context import workflow_context
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.workflow import RolloutWorkflow
@@ -282,9 +282,7 @@ class PromptRunner:
         try:
             await asyncio.gather(*samples)
         except BaseException:
-            for sample in samples:
-                sample.cancel()
-            await asyncio.gather(*samples, return_exceptions=True)
+            await cancel_and_wait(*samples)
             raise
         await self._finished(tp, offset)
         log.info("task %s: all %d samples published", task.task_id, task.group_size, extra={"task_id": task.task_id})

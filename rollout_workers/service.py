@@ -43,6 +43,7 @@ from rollstream.kafka.clients import make_consumer, make_producer, start_client,
 from rollstream.kafka.partition_loop import AtLeastOnce, PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.metrics import WEIGHT_VERSION
+from rollstream.runtime.tasks import cancel_and_wait
 from rollstream.state.client import RedisKeys, connect, wait_for_redis
 from rollstream.state.version_store import VersionStore
 from rollstream.retry import KAFKA_RETRY
@@ -113,7 +114,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         await claims.register()
         stack.push_async_callback(claims.retire)
         alive = asyncio.create_task(claims.maintain(), name="claims-upkeep")
-        stack.push_async_callback(_cancel, alive)
+        stack.push_async_callback(cancel_and_wait, alive)
         dump = DumpWriter.from_config(config, tokenizer, versions=store) if rollout.dump_to_file else None
         if dump is not None:
             stack.push_async_callback(dump.close)  # flushes the last lines
@@ -124,9 +125,9 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         )
         consumer = make_rollout_consumer(config, worker_id)
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
-        stack.push_async_callback(_cancel, follower_task)
+        stack.push_async_callback(cancel_and_wait, follower_task)
         stats = asyncio.create_task(export_periodically(), name="areal-stats")  # AReaL's tracker never grows
-        stack.push_async_callback(_cancel, stats)
+        stack.push_async_callback(cancel_and_wait, stats)
         watched = {"the version follower": follower_task, "the claims' upkeep": alive, "the statistics export": stats}
         intake = PromptIntake(runner, tracker, names.prompts, rollout.max_concurrent_rollouts, watched,
                               consumer.end_offsets)
@@ -178,8 +179,3 @@ async def _drain(runner: PromptRunner, grace_seconds: float) -> None:
         await runner.tasks.cancel_all()
     await runner.release_unfinished()
     runner.tasks.raise_if_failed()
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
