@@ -31,7 +31,6 @@ import socket
 import time
 
 from aiokafka import AIOKafkaConsumer
-from redis.asyncio import Redis
 
 from rollstream.areal.stats import export_periodically
 from rollstream.config import RollstreamConfig
@@ -96,7 +95,8 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         await ensure_topics(config.kafka, names)
         redis = connect(config.redis)
         stack.push_async_callback(redis.aclose)
-        if not await _redis_ready(redis, stop):
+        if not await wait_for_redis(redis, stop):
+            log.info("stop requested while waiting for redis")
             return
         keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
         store = VersionStore(redis, keys)
@@ -151,19 +151,6 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         log.info("left the group; other workers take the partitions and wait for this worker's claims")
         await _drain(runner, rollout.shutdown_grace_seconds)
     log.info("rollout worker %s stopped", worker_id)
-
-
-async def _redis_ready(redis: Redis, stop: asyncio.Event) -> bool:
-    """Wait for Redis; False when ``stop`` was set meanwhile (a clean exit, not an error)."""
-    try:
-        await wait_for_redis(redis, stop)
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if stop.is_set() and current is not None and not current.cancelling():
-            log.info("stop requested while waiting for redis")
-            return False
-        raise
-    return True
 
 
 async def _drain(runner: PromptRunner, grace_seconds: float) -> None:
