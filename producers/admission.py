@@ -30,7 +30,7 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 
-from rollstream.runtime.tasks import wait_event
+from rollstream.runtime.tasks import cancel_and_wait, wait_event
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import GenerationChanged, RedisStateError, StateMissingError, wait_for_redis
 
@@ -132,7 +132,7 @@ class Admission:
                     await self._restore()
                 except REDIS_ERRORS as exc:  # Redis went away again during the rebuild
                     log.warning("rebuilding the staleness budget failed: %s", exc)
-                    if not await self._wait_for_redis():
+                    if not await wait_for_redis(self._client, self._stop):
                         return None
             except RedisStateError as exc:
                 log.error("staleness budget unusable while %s: %s; retrying in %.1fs", what, exc, self._poll_seconds)
@@ -141,7 +141,7 @@ class Admission:
                 await self._sleep(self._poll_seconds)
             except REDIS_ERRORS as exc:
                 log.warning("staleness budget unreachable while %s: %s", what, exc)
-                if not await self._wait_for_redis():
+                if not await wait_for_redis(self._client, self._stop):
                     return None
 
     async def wait_for_room(self) -> bool:
@@ -155,9 +155,7 @@ class Admission:
         try:
             await asyncio.wait({room, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (room, stopped):
-                task.cancel()
-            await asyncio.gather(room, stopped, return_exceptions=True)
+            await cancel_and_wait(room, stopped)
         if room.done() and not room.cancelled() and room.exception() is not None:
             raise room.exception()  # type: ignore[misc]
         return not self._stop.is_set()
@@ -167,20 +165,8 @@ class Admission:
             await self._budget.wait_for_room(timeout=self._poll_seconds)
         except REDIS_ERRORS as exc:
             log.warning("staleness budget unreachable while waiting for room: %s", exc)
-            await self._wait_for_redis()
+            await wait_for_redis(self._client, self._stop)
 
     async def _sleep(self, seconds: float) -> None:
         await wait_event(self._stop, seconds)
 
-    async def _wait_for_redis(self) -> bool:
-        """Wait until Redis answers again; False when ``stop`` was set first."""
-        try:
-            await wait_for_redis(self._client, self._stop)
-        except asyncio.CancelledError:
-            # wait_for_redis signals "stop was set" with CancelledError; a real cancellation
-            # of this task must still propagate.
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            return False
-        return True

@@ -118,9 +118,9 @@ async def score_message(
             try:
                 rewards = await _episode_rewards(message, scorer, keep)
             except RewardTimeout:
-                return _rejected(message, "reward_timeout", failed=False)
+                return rejected_episode(message, "reward_timeout", failed=False)
             except Exception as exc:  # noqa: BLE001 - a reward failure is a sample outcome
-                return _rejected(message, f"reward_error: {type(exc).__name__}: {exc}", failed=True)
+                return rejected_episode(message, f"reward_error: {type(exc).__name__}: {exc}", failed=True)
             if keep:
                 scorer.passed_through(message)
             return _scored(message, rewards, scorer.worker_id, "workflow" if keep else "reward_fn")
@@ -180,7 +180,8 @@ def _scored(
     )
 
 
-def _rejected(episode: Episode, reason: str, failed: bool) -> SampleRejected:
+def rejected_episode(episode: Episode, reason: str, failed: bool) -> SampleRejected:
+    """The ``scored`` message that ends ``episode``'s sample as rejected (``failed``: it failed)."""
     return SampleRejected(
         task_id=episode.task_id,
         sample_idx=episode.sample_idx,

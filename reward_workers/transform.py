@@ -17,7 +17,7 @@ from collections import Counter
 
 from aiokafka.structs import ConsumerRecord
 
-from rollstream.reward_workers.scoring import RewardScorer, ScoreResult, score_message
+from rollstream.reward_workers.scoring import RewardScorer, ScoreResult, rejected_episode, score_message
 from rollstream.kafka.consume_transform_produce import PartitionOutput
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.metrics import EPISODES, REWARD
@@ -78,10 +78,7 @@ def failure_answer(record: ConsumerRecord, error: BaseException) -> ScoreResult 
         return TaskFailed(task_id=record.key.decode("utf-8", "replace"), reason=reason)
     match message:
         case Episode():
-            return SampleRejected(
-                task_id=message.task_id, sample_idx=message.sample_idx, group_size=message.group_size,
-                is_eval=message.is_eval, reason=reason, failed=True,
-            )
+            return rejected_episode(message, reason, failed=True)
         case _:
             return message
 

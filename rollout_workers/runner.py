@@ -36,7 +36,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from rollstream.runtime.tasks import wait_event
+from rollstream.runtime.tasks import cancel_and_wait, wait_event
 from rollstream.api.context import workflow_context
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.workflow import RolloutWorkflow
@@ -90,7 +90,6 @@ class PromptRunner:
         self._registry = registry
         self._engine = engine
         self._tracker = tracker
-        self._claims = claims
         self.claims = claims
         self._worker_id = worker_id
         self._dump = dump  # rollout.dump_to_file: AReaL's in-worker dumps
@@ -127,10 +126,10 @@ class PromptRunner:
         known = self.local.known(tp, record.offset, identity)
         if known is not None:
             return Claim(Outcome.MINE if known is Known.MINE else Outcome.DONE, self._worker_id)
-        claim = await self._claims.claim(tp.partition, record.offset, identity)
+        claim = await self.claims.claim(tp.partition, record.offset, identity)
         if claim is None or claim.outcome is Outcome.UNSURE:
             if self.local.fresh(tp, record.offset):  # nobody else can have fetched it: run, claim later
-                self._claims.running(tp.partition, record.offset, identity)
+                self.claims.running(tp.partition, record.offset, identity)
                 return Claim(Outcome.RUN)
             return Claim(Outcome.UNSURE, "Redis unreachable" if claim is None else "Redis not vouching yet")
         if claim.outcome is Outcome.MINE:  # our incarnation's claim, not running here: run it
@@ -179,14 +178,14 @@ class PromptRunner:
     def _stop_waiting(self, tp: TopicPartition, offset: int) -> None:
         self.held.pop((tp, offset), None)
         self.unsure.discard((tp, offset))
-        self._claims.abandon(tp.partition, offset)
+        self.claims.abandon(tp.partition, offset)
 
     async def release_unfinished(self) -> None:
         """After cancelling: give up the claims of records that did not finish, so their
         partition's owner runs them at once instead of after this worker's liveness expired."""
         unfinished = sorted(self.local.running)
         for tp, offset in unfinished:
-            await self._claims.release(tp.partition, offset)
+            await self.claims.release(tp.partition, offset)
             self.local.stopped(tp, offset)
         if unfinished:
             log.info("released the claims of %d unfinished prompts", len(unfinished))
@@ -283,9 +282,7 @@ class PromptRunner:
         try:
             await asyncio.gather(*samples)
         except BaseException:
-            for sample in samples:
-                sample.cancel()
-            await asyncio.gather(*samples, return_exceptions=True)
+            await cancel_and_wait(*samples)
             raise
         await self._finished(tp, offset)
         log.info("task %s: all %d samples published", task.task_id, task.group_size, extra={"task_id": task.task_id})
@@ -296,7 +293,7 @@ class PromptRunner:
         worker, and waits; one that reads it after the commit never reads it at all)."""
         identity = self.local.running.get((tp, offset), "")
         self.local.finished(tp, offset, identity)
-        self._claims.done(tp.partition, offset, identity)
+        self.claims.done(tp.partition, offset, identity)
         self._tracker.done(tp, offset)
 
     async def _run_sample(

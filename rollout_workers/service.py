@@ -31,7 +31,6 @@ import socket
 import time
 
 from aiokafka import AIOKafkaConsumer
-from redis.asyncio import Redis
 
 from rollstream.areal.stats import export_periodically
 from rollstream.config import RollstreamConfig
@@ -43,6 +42,7 @@ from rollstream.kafka.clients import make_consumer, make_producer, start_client,
 from rollstream.kafka.partition_loop import AtLeastOnce, PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.metrics import WEIGHT_VERSION
+from rollstream.runtime.tasks import cancel_and_wait
 from rollstream.state.client import RedisKeys, connect, wait_for_redis
 from rollstream.state.version_store import VersionStore
 from rollstream.retry import KAFKA_RETRY
@@ -95,7 +95,8 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         await ensure_topics(config.kafka, names)
         redis = connect(config.redis)
         stack.push_async_callback(redis.aclose)
-        if not await _redis_ready(redis, stop):
+        if not await wait_for_redis(redis, stop):
+            log.info("stop requested while waiting for redis")
             return
         keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
         store = VersionStore(redis, keys)
@@ -113,7 +114,7 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         await claims.register()
         stack.push_async_callback(claims.retire)
         alive = asyncio.create_task(claims.maintain(), name="claims-upkeep")
-        stack.push_async_callback(_cancel, alive)
+        stack.push_async_callback(cancel_and_wait, alive)
         dump = DumpWriter.from_config(config, tokenizer, versions=store) if rollout.dump_to_file else None
         if dump is not None:
             stack.push_async_callback(dump.close)  # flushes the last lines
@@ -124,9 +125,9 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
         )
         consumer = make_rollout_consumer(config, worker_id)
         follower_task = asyncio.create_task(follower.run(), name="version-follower")
-        stack.push_async_callback(_cancel, follower_task)
+        stack.push_async_callback(cancel_and_wait, follower_task)
         stats = asyncio.create_task(export_periodically(), name="areal-stats")  # AReaL's tracker never grows
-        stack.push_async_callback(_cancel, stats)
+        stack.push_async_callback(cancel_and_wait, stats)
         watched = {"the version follower": follower_task, "the claims' upkeep": alive, "the statistics export": stats}
         intake = PromptIntake(runner, tracker, names.prompts, rollout.max_concurrent_rollouts, watched,
                               consumer.end_offsets)
@@ -152,19 +153,6 @@ async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
     log.info("rollout worker %s stopped", worker_id)
 
 
-async def _redis_ready(redis: Redis, stop: asyncio.Event) -> bool:
-    """Wait for Redis; False when ``stop`` was set meanwhile (a clean exit, not an error)."""
-    try:
-        await wait_for_redis(redis, stop)
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if stop.is_set() and current is not None and not current.cancelling():
-            log.info("stop requested while waiting for redis")
-            return False
-        raise
-    return True
-
-
 async def _drain(runner: PromptRunner, grace_seconds: float) -> None:
     """Graceful stop: let in-flight prompts finish (bounded); give the rest back."""
     if len(runner.tasks):
@@ -178,8 +166,3 @@ async def _drain(runner: PromptRunner, grace_seconds: float) -> None:
         await runner.tasks.cancel_all()
     await runner.release_unfinished()
     runner.tasks.raise_if_failed()
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from rollstream.runtime.tasks import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 
@@ -58,7 +60,4 @@ class TaskSet:
 
     async def cancel_all(self) -> None:
         """Cancel every task still running and wait until they have all ended."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)

@@ -54,7 +54,7 @@ from rollstream.engines.server_http import TRANSPORT_ERRORS, EngineRequestError,
 from rollstream.runtime.metrics import WEIGHT_VERSION
 from rollstream.state.server_lease import Lease, Phase, ServerLeases, ServerSyncState
 from rollstream.retry import WEIGHTS_RETRY
-from rollstream.runtime.tasks import raise_if_cancelled, run_together
+from rollstream.runtime.tasks import cancel_and_wait, raise_if_cancelled, run_together
 from rollstream.rollout_workers.version_follower import TIER, VersionFollower, VersionSource
 
 log = logging.getLogger(__name__)
@@ -129,9 +129,7 @@ class ServerOwner:
                 with contextlib.suppress(LeaseLost):
                     task.result()
         finally:
-            for task in (keeper, server):
-                task.cancel()
-            await asyncio.gather(keeper, server, return_exceptions=True)
+            await cancel_and_wait(keeper, server)
 
     async def _keep(self, lease: Lease) -> None:
         """Renew every ttl/3; returns when the lease is lost or can no longer be confirmed."""

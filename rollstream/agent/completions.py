@@ -41,6 +41,7 @@ from rollstream.agent.openai_types import (
 from rollstream.agent.session import AgentSession
 from rollstream.agent.tool_calls import parse_tool_calls
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
+from rollstream.runtime.tasks import cancel_and_wait
 
 
 def generation_settings(
@@ -133,9 +134,7 @@ async def _generate(
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)
         raise
 
 

@@ -23,6 +23,7 @@ from rollstream.agent.chat_template import ChatRenderer
 from rollstream.agent.conversation import Conversation, Turn
 from rollstream.api.engine import DelegatingEngine, InferenceEngine
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
+from rollstream.runtime.tasks import cancel_and_wait
 
 T = TypeVar("T")
 
@@ -95,10 +96,7 @@ class AgentSession:
     async def close(self) -> None:
         """End the session: cancel what is still generating and wait for it to stop."""
         self.closed = True
-        tasks = list(self._inflight)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*self._inflight)
 
 
 class _RecordingEngine(DelegatingEngine):

@@ -35,7 +35,7 @@ from typing import Any
 
 from rich.console import Console
 
-from rollstream.runtime.tasks import wait_event
+from rollstream.runtime.tasks import cancel_and_wait, wait_event
 from rollstream.config import RollstreamConfig, load_config
 from rollstream.demo.agent import child_env as agent_child_env, prepare_agent_model, with_agent
 from rollstream.demo.children import ChildGroup, tier_argv
@@ -294,8 +294,7 @@ async def _pipeline(config: RollstreamConfig, children: ChildGroup, options: Dem
             if code not in (None, 0) and not stop.is_set():
                 result.reason = f"tier failed: trainer (see {trainer.log_path})"
         finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            await cancel_and_wait(watcher)
     if len(result.reports) >= options.settings.steps:
         result.reason = "done"
 

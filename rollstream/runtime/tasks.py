@@ -1,4 +1,5 @@
 """Run several never-ending coroutines as one: the first error ends them all and is raised;
+cancel tasks and wait for them;
 and make a never-ending loop stop when cancelled even if a library lost the cancellation."""
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ async def run_together(coroutines: dict[str, Coroutine[Any, Any, Any]]) -> None:
         for task in done:
             task.result()
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel ``tasks`` and wait until every one has ended (what they raise is not raised here)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def raise_if_cancelled() -> None:

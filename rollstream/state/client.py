@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 
 from rollstream.config import RedisConfig
 from rollstream.retry import REDIS_RETRY
+from rollstream.runtime.tasks import raise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +106,11 @@ def script_answer(result: object) -> int:
     return int(result)  # type: ignore[call-overload]
 
 
-async def wait_for_redis(client: aioredis.Redis, stop: asyncio.Event | None = None) -> None:
-    """Block until Redis answers PING (the shared retry policy's pauses, up to 5 s).
+async def wait_for_redis(client: aioredis.Redis, stop: asyncio.Event | None = None) -> bool:
+    """Block until Redis answers PING (the shared retry policy's pauses, up to 5 s); True then.
 
-    Raises ``CancelledError`` when ``stop`` is set first."""
+    False when ``stop`` is set first (a clean exit, not an error); a cancellation of the
+    calling task is still raised."""
     try:
         await REDIS_RETRY.call(
             client.ping, retry_on=(aioredis.ConnectionError, aioredis.TimeoutError, OSError),
@@ -116,5 +118,7 @@ async def wait_for_redis(client: aioredis.Redis, stop: asyncio.Event | None = No
         )
     except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
         if stop is not None and stop.is_set():
-            raise asyncio.CancelledError from None
+            raise_if_cancelled()
+            return False
         raise
+    return True
