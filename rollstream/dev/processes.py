@@ -9,6 +9,7 @@ Non-detached children are killed at interpreter exit as a last resort.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import random
@@ -272,7 +273,8 @@ class LocalServer:
     def resume(self) -> None:
         """Wake a paused server (SIGCONT)."""
         if self.pid is not None:
-            os.kill(self.pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # it may have exited just now
+                os.kill(self.pid, signal.SIGCONT)
 
     def _await_ready(self, ready: Callable[[], bool], deadline: float, interval: float,
                      what: str, not_ready: str) -> None:
