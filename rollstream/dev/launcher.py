@@ -143,8 +143,9 @@ def dev_stack(workdir: Path | None = None, brokers: int = 1) -> Iterator[DevStac
         cluster = None
         if local_cluster:
             assert workdir is not None
-            cluster = _start_cluster(stack, workdir, brokers)
-            kafka_source, bootstrap, broker = "local", cluster.bootstrap, None
+            cluster = LocalKafkaCluster(workdir / "kafka", brokers)
+            stack.callback(cluster.stop)  # registered first: a failed start still cleans up
+            kafka_source, bootstrap, broker = "local", cluster.start(), None
         else:
             kafka_source, bootstrap, broker = _resolve(stack, kafka_env, use_docker, _start_kafka_container,
                                                        workdir, lambda root: LocalKafkaBroker(root / "kafka"))
@@ -154,13 +155,6 @@ def dev_stack(workdir: Path | None = None, brokers: int = 1) -> Iterator[DevStac
         services = Services(bootstrap, url, _combined_source(kafka_source, redis_source), replication)
         logger.info("dev services: %s", services)
         yield DevStack(services, broker, redis, cluster)
-
-
-def _start_cluster(stack: contextlib.ExitStack, workdir: Path, brokers: int) -> LocalKafkaCluster:
-    cluster = LocalKafkaCluster(workdir / "kafka", brokers)
-    stack.callback(cluster.stop)  # registered first: a failed start still cleans up
-    cluster.start()
-    return cluster
 
 
 def _combined_source(kafka_source: str, redis_source: str) -> str:

@@ -170,15 +170,10 @@ class LocalVLLMServer(LocalServer):
 
     def kill(self) -> None:
         """SIGKILL the server and its engine processes, as a crash would."""
-        self._signal_group(signal.SIGKILL)
-        self._process.kill()
-
-    def _signal_group(self, sig: signal.Signals) -> None:
         if self._group is not None:
-            try:
-                os.killpg(self._group, sig)  # the server leads its own session (ServiceProcess)
-            except ProcessLookupError:
-                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._group, signal.SIGKILL)  # the server leads its own session (ServiceProcess)
+        self._process.kill()
 
     def _group_alive(self) -> bool:
         if self._group is None:
