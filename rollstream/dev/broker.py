@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollstream.dev.kafka_jars import LOG4J_CONFIG, classpath, ensure_kafka_jars, java_executable
-from rollstream.dev.processes import LOCALHOST, LocalServer, ServiceProcess, free_port, log_tail, port_open
+from rollstream.dev.processes import LOCALHOST, LocalServer, ServiceProcess, free_port, port_open
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class LocalKafkaBroker(LocalServer):
 
     START_TIMEOUT = 120.0
     STOP_TIMEOUT = 30.0
+    START_ERROR = BrokerStartError
 
     def __init__(
         self,
@@ -156,11 +157,8 @@ class LocalKafkaBroker(LocalServer):
         Kills the process and raises BrokerStartError (with the log's tail) when it exits or
         is not ready by `deadline` (both `time.monotonic()` values).
         """
-        try:
-            self._wait_ready(log_offset, deadline)
-        except BaseException:
-            self._process.kill()
-            raise
+        self._await_ready(lambda: self._serves_metadata(log_offset, deadline), deadline, 0.1,
+                          "kafka broker", "not ready in time")
         self.startup_seconds = time.monotonic() - began
         logger.info("kafka node %d ready at %s in %.2fs", self.node_id, self.bootstrap, self.startup_seconds)
 
@@ -265,25 +263,13 @@ class LocalKafkaBroker(LocalServer):
                 stderr=subprocess.STDOUT, timeout=120,
             )
         if result.returncode != 0:
-            raise BrokerStartError(
-                f"kafka storage format failed (exit {result.returncode}); "
-                f"{self.log_path}:\n{log_tail(self.log_path)}"
-            )
+            self._fail(f"kafka storage format failed (exit {result.returncode})")
 
-    def _wait_ready(self, log_offset: int, deadline: float) -> None:
-        """Wait for the started line in this start's log output, then for a metadata answer."""
-        while time.monotonic() < deadline:
-            if not self.is_running():
-                self._fail(f"kafka broker exited with {self._process.exit_code()}")
-            if _log_contains(self.log_path, log_offset, STARTED_LINE) and port_open(self.port):
-                remaining = max(1.0, deadline - time.monotonic())
-                if _metadata_answers(self.bootstrap, remaining):
-                    return
-            time.sleep(0.1)
-        self._fail("kafka broker not ready in time")
-
-    def _fail(self, why: str) -> None:
-        raise BrokerStartError(f"{why}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+    def _serves_metadata(self, log_offset: int, deadline: float) -> bool:
+        """The started line is in this start's log output and a metadata request is answered."""
+        if not (_log_contains(self.log_path, log_offset, STARTED_LINE) and port_open(self.port)):
+            return False
+        return _metadata_answers(self.bootstrap, max(1.0, deadline - time.monotonic()))
 
 
 def _check_scram_users(users: dict[str, str]) -> None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -94,7 +92,7 @@ class LocalKafkaCluster:
         controller that will not come back before they finish shutting down.
         """
         for node in self.nodes.values():
-            self._continue(node)
+            node.resume()
             node.terminate()
         deadline = time.monotonic() + timeout
         for node in self.nodes.values():
@@ -113,13 +111,13 @@ class LocalKafkaCluster:
     def stop_node(self, node_id: int, timeout: float | None = None) -> None:
         """A clean shutdown of one node (its partitions' leadership moves first)."""
         node = self.node(node_id)
-        self._continue(node)
+        node.resume()
         node.stop(timeout)
 
     def kill_node(self, node_id: int) -> None:
         """SIGKILL one node, as a crash or a power cut would."""
         node = self.node(node_id)
-        self._continue(node)  # a stopped process dies on SIGKILL too, but be plain about it
+        node.resume()  # a stopped process dies on SIGKILL too, but be plain about it
         node.kill()
 
     def restart_node(self, node_id: int, timeout: float | None = None) -> None:
@@ -129,12 +127,14 @@ class LocalKafkaCluster:
 
     def pause_node(self, node_id: int) -> None:
         """Freeze one node (SIGSTOP): it answers nothing, its sockets stay open."""
-        pid = self._pid(node_id)
-        os.kill(pid, signal.SIGSTOP)
+        node = self.node(node_id)
+        if node.pid is None:
+            raise BrokerStartError(f"kafka node {node_id} is not running")
+        node.pause()
 
     def resume_node(self, node_id: int) -> None:
         """Let a paused node run again (SIGCONT)."""
-        self._continue(self.node(node_id))
+        self.node(node_id).resume()
 
     def running_nodes(self) -> list[int]:
         return [i for i, node in self.nodes.items() if node.is_running()]
@@ -151,20 +151,6 @@ class LocalKafkaCluster:
             if leader >= 0 and (best is None or epoch > best[1]):
                 best = (leader, epoch)
         return None if best is None else best[0]
-
-    def _pid(self, node_id: int) -> int:
-        pid = self.node(node_id).pid
-        if pid is None:
-            raise BrokerStartError(f"kafka node {node_id} is not running")
-        return pid
-
-    @staticmethod
-    def _continue(node: LocalKafkaBroker) -> None:
-        if node.pid is not None:
-            try:
-                os.kill(node.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
 
     def __enter__(self) -> LocalKafkaCluster:
         self.start()

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from rollstream.dev.launcher import DevStateError, dev_down, dev_env, dev_up, export_lines
+from rollstream.dev.vllm_server import dev_vllm_down, dev_vllm_env, dev_vllm_up
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,6 @@ def _up(args: argparse.Namespace) -> int:
     try:
         services = dev_up(state_dir, brokers=args.brokers)
         if args.vllm is not None:
-            from rollstream.dev.vllm_server import dev_vllm_up
             from rollstream.testing.tiny import tiny_model_dir
 
             print("# starting vLLM (30-60 s on CPU) ...", file=sys.stderr)
@@ -73,20 +73,12 @@ def _up(args: argparse.Namespace) -> int:
     except Exception as exc:  # a CLI answers with a message, not a traceback
         print(f"rollstream dev up: {exc}", file=sys.stderr)
         return 1
-    sys.stdout.write(export_lines(services) + _vllm_env(state_dir))
+    sys.stdout.write(export_lines(services) + dev_vllm_env(state_dir))
     print(f"# logs and data in {state_dir}; stop with `rollstream dev down`", file=sys.stderr)
     return 0
 
 
-def _vllm_env(state_dir: Path) -> str:
-    from rollstream.dev.vllm_server import dev_vllm_env
-
-    return dev_vllm_env(state_dir)
-
-
 def _down(args: argparse.Namespace) -> int:
-    from rollstream.dev.vllm_server import dev_vllm_down
-
     try:
         stopped = dev_vllm_down(_state_dir(args))
         stopped = dev_down(_state_dir(args)) or stopped
@@ -99,7 +91,7 @@ def _down(args: argparse.Namespace) -> int:
 
 def _env(args: argparse.Namespace) -> int:
     try:
-        sys.stdout.write(dev_env(_state_dir(args)) + _vllm_env(_state_dir(args)))
+        sys.stdout.write(dev_env(_state_dir(args)) + dev_vllm_env(_state_dir(args)))
     except DevStateError as exc:
         print(f"rollstream dev env: {exc}", file=sys.stderr)
         return 1

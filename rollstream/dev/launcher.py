@@ -29,15 +29,17 @@ import os
 import shlex
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rollstream.dev.broker import LocalKafkaBroker
 from rollstream.dev.cluster import LocalKafkaCluster
-from rollstream.dev.processes import pid_alive, stop_pid, terminate_pid
+from rollstream.dev.processes import LocalServer, pid_alive, stop_pid, terminate_pid
 from rollstream.dev.redis_server import LocalRedisServer
+
+_Server = TypeVar("_Server", bound=LocalServer)
 
 logger = logging.getLogger(__name__)
 
@@ -141,22 +143,18 @@ def dev_stack(workdir: Path | None = None, brokers: int = 1) -> Iterator[DevStac
         cluster = None
         if local_cluster:
             assert workdir is not None
-            cluster = _start_cluster(stack, workdir, brokers)
-            kafka_source, bootstrap, broker = "local", cluster.bootstrap, None
+            cluster = LocalKafkaCluster(workdir / "kafka", brokers)
+            stack.callback(cluster.stop)  # registered first: a failed start still cleans up
+            kafka_source, bootstrap, broker = "local", cluster.start(), None
         else:
-            kafka_source, bootstrap, broker = _resolve_kafka(stack, kafka_env, use_docker, workdir)
-        redis_source, url, redis = _resolve_redis(stack, redis_env, use_docker, workdir)
+            kafka_source, bootstrap, broker = _resolve(stack, kafka_env, use_docker, _start_kafka_container,
+                                                       workdir, lambda root: LocalKafkaBroker(root / "kafka"))
+        redis_source, url, redis = _resolve(stack, redis_env, use_docker, _start_redis_container,
+                                            workdir, lambda root: LocalRedisServer(root / "redis"))
         replication = cluster.replication if cluster is not None else 1
         services = Services(bootstrap, url, _combined_source(kafka_source, redis_source), replication)
         logger.info("dev services: %s", services)
         yield DevStack(services, broker, redis, cluster)
-
-
-def _start_cluster(stack: contextlib.ExitStack, workdir: Path, brokers: int) -> LocalKafkaCluster:
-    cluster = LocalKafkaCluster(workdir / "kafka", brokers)
-    stack.callback(cluster.stop)  # registered first: a failed start still cleans up
-    cluster.start()
-    return cluster
 
 
 def _combined_source(kafka_source: str, redis_source: str) -> str:
@@ -165,32 +163,24 @@ def _combined_source(kafka_source: str, redis_source: str) -> str:
     return f"kafka={kafka_source},redis={redis_source}"
 
 
-def _resolve_kafka(
-    stack: contextlib.ExitStack, env: str | None, docker: bool, workdir: Path | None
-) -> tuple[str, str, LocalKafkaBroker | None]:
+def _resolve(
+    stack: contextlib.ExitStack,
+    env: str | None,
+    docker: bool,
+    start_container: Callable[[contextlib.ExitStack], str],
+    workdir: Path | None,
+    local: Callable[[Path], _Server],
+) -> tuple[str, str, _Server | None]:
+    """(source, address, local server): the address in `env`, else a container, else a local
+    process made by `local(workdir)`."""
     if env:
         return "env", env, None
     if docker:
-        return "testcontainers", _start_kafka_container(stack), None
+        return "testcontainers", start_container(stack), None
     assert workdir is not None
-    broker = LocalKafkaBroker(workdir / "kafka")
-    stack.callback(broker.stop)  # registered first: a failed start still cleans up
-    broker.start()
-    return "local", broker.bootstrap, broker
-
-
-def _resolve_redis(
-    stack: contextlib.ExitStack, env: str | None, docker: bool, workdir: Path | None
-) -> tuple[str, str, LocalRedisServer | None]:
-    if env:
-        return "env", env, None
-    if docker:
-        return "testcontainers", _start_redis_container(stack), None
-    assert workdir is not None
-    redis = LocalRedisServer(workdir / "redis")
-    stack.callback(redis.stop)
-    redis.start()
-    return "local", redis.url, redis
+    server = local(workdir)
+    stack.callback(server.stop)  # registered first: a failed start still cleans up
+    return "local", server.start(), server
 
 
 def _start_kafka_container(stack: contextlib.ExitStack) -> str:

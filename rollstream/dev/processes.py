@@ -9,6 +9,7 @@ Non-detached children are killed at interpreter exit as a last resort.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import random
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -226,11 +228,12 @@ class LocalServer:
     """What the local broker and redis-server share: one `ServiceProcess` and its lifecycle.
 
     Subclasses set `_process` and implement `start(timeout) -> address`; `START_TIMEOUT` and
-    `STOP_TIMEOUT` are their default waits.
+    `STOP_TIMEOUT` are their default waits; `START_ERROR` is what a failed start raises.
     """
 
     START_TIMEOUT = 30.0
     STOP_TIMEOUT = 10.0
+    START_ERROR: type[RuntimeError] = RuntimeError
     _process: ServiceProcess
 
     def start(self, timeout: float | None = None) -> str:
@@ -271,7 +274,27 @@ class LocalServer:
     def resume(self) -> None:
         """Wake a paused server (SIGCONT)."""
         if self.pid is not None:
-            os.kill(self.pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # it may have exited just now
+                os.kill(self.pid, signal.SIGCONT)
+
+    def _await_ready(self, ready: Callable[[], bool], deadline: float, interval: float,
+                     what: str, not_ready: str) -> None:
+        """Poll `ready()` every `interval` seconds until it holds. Kills the server and raises
+        `START_ERROR` (with the log's tail) when it exits or is not ready by `deadline`."""
+        try:
+            while time.monotonic() < deadline:
+                if not self.is_running():
+                    self._fail(f"{what} exited with {self._process.exit_code()}")
+                if ready():
+                    return
+                time.sleep(interval)
+            self._fail(f"{what} {not_ready}")
+        except BaseException:
+            self.kill()
+            raise
+
+    def _fail(self, why: str) -> None:
+        raise self.START_ERROR(f"{why}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")
 
     def restart(self, timeout: float | None = None) -> str:
         """Stop (cleanly) and start again on the same ports and data directory."""

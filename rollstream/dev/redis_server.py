@@ -24,7 +24,6 @@ from rollstream.dev.processes import (
     MissingToolError,
     ServiceProcess,
     free_port,
-    log_tail,
 )
 
 logger = logging.getLogger(__name__)
@@ -50,6 +49,7 @@ class LocalRedisServer(LocalServer):
 
     START_TIMEOUT = 30.0
     STOP_TIMEOUT = 10.0  # redis exits promptly on SIGTERM
+    START_ERROR = RedisStartError
 
     def __init__(
         self,
@@ -79,11 +79,7 @@ class LocalRedisServer(LocalServer):
         timeout = self.START_TIMEOUT if timeout is None else timeout
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._process.start(self._argv(), cwd=self.workdir)
-        try:
-            self._wait_ready(began + timeout)
-        except BaseException:
-            self._process.kill()
-            raise
+        self._await_ready(self._answers_ping, began + timeout, 0.05, "redis-server", "did not answer PING in time")
         if self._from_rdb:
             self._from_rdb = False
             if self.appendonly:  # loaded from the RDB file; from now on the AOF, as deployed
@@ -137,22 +133,13 @@ class LocalRedisServer(LocalServer):
             argv += ["--requirepass", self.password]
         return argv
 
-    def _wait_ready(self, deadline: float) -> None:
+    def _answers_ping(self) -> bool:
         import redis  # the client library is a project dependency; only needed here
 
-        while time.monotonic() < deadline:
-            if not self.is_running():
-                self._fail(f"redis-server exited with {self._process.exit_code()}")
-            client = redis.Redis.from_url(self.url, socket_timeout=1.0, socket_connect_timeout=1.0)
-            try:
-                if client.ping():
-                    return
-            except redis.RedisError:
-                pass
-            finally:
-                client.close()
-            time.sleep(0.05)
-        self._fail("redis-server did not answer PING in time")
-
-    def _fail(self, why: str) -> None:
-        raise RedisStartError(f"{why}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+        client = redis.Redis.from_url(self.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()

@@ -35,7 +35,6 @@ from rollstream.dev.processes import (
     MissingToolError,
     ServiceProcess,
     free_port,
-    log_tail,
     pid_alive,
     pid_cmdline,
     stop_pid,
@@ -107,6 +106,7 @@ class LocalVLLMServer(LocalServer):
     START_TIMEOUT = 300.0  # 30-60 s on 2 CPU cores; more under load
     STOP_TIMEOUT = 30.0
     ORPHAN_GRACE = 3.0
+    START_ERROR = VLLMStartError
 
     def __init__(self, workdir: Path, model: Path | str, *, max_model_len: int = 256, max_num_seqs: int = 8,
                  cpus: str = "", confine: bool = False, detached: bool = False,
@@ -143,30 +143,18 @@ class LocalVLLMServer(LocalServer):
         env.pop("VIRTUAL_ENV", None)
         self._process.start(argv, cwd=self.workdir, env=env)
         self._group = self._process.pid
-        try:
-            self._wait_ready(began + (self.START_TIMEOUT if timeout is None else timeout))
-        except BaseException:
-            self.kill()
-            raise
+        deadline = began + (self.START_TIMEOUT if timeout is None else timeout)
+        self._await_ready(self._health_ok, deadline, 0.5, "vLLM", "did not answer /health in time")
         self.startup_seconds = time.monotonic() - began
         logger.info("vLLM ready on port %d in %.1fs (%s)", self.port, self.startup_seconds, self.model)
         return self.url
 
-    def _wait_ready(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if not self.is_running():
-                self._fail(f"vLLM exited with {self._process.exit_code()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.5)
-        self._fail("vLLM did not answer /health in time")
-
-    def _fail(self, why: str) -> None:
-        raise VLLMStartError(f"{why}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+    def _health_ok(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM the server (it stops its engine processes); SIGKILL the whole group after
@@ -182,15 +170,10 @@ class LocalVLLMServer(LocalServer):
 
     def kill(self) -> None:
         """SIGKILL the server and its engine processes, as a crash would."""
-        self._signal_group(signal.SIGKILL)
-        self._process.kill()
-
-    def _signal_group(self, sig: signal.Signals) -> None:
         if self._group is not None:
-            try:
-                os.killpg(self._group, sig)  # the server leads its own session (ServiceProcess)
-            except ProcessLookupError:
-                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._group, signal.SIGKILL)  # the server leads its own session (ServiceProcess)
+        self._process.kill()
 
     def _group_alive(self) -> bool:
         if self._group is None:

@@ -105,14 +105,18 @@ def _load(args: argparse.Namespace, tool: str) -> RollstreamConfig | None:
     return config
 
 
-def _run(tool: str, body: Callable[[asyncio.Event], Awaitable[int]]) -> int:
-    """Run ``body(stop)`` with SIGINT/SIGTERM setting ``stop`` (main thread only)."""
+def _run(args: argparse.Namespace, tool: str, body: Callable[[RollstreamConfig, asyncio.Event], Awaitable[int]]) -> int:
+    """Load the configuration, then run ``body(config, stop)`` with SIGINT/SIGTERM setting
+    ``stop`` (main thread only)."""
+    config = _load(args, tool)
+    if config is None:
+        return 2
 
     async def main() -> int:
         shutdown = ShutdownSignal()
         if threading.current_thread() is threading.main_thread():
             shutdown.install()
-        return await body(shutdown.event)
+        return await body(config, shutdown.event)
 
     try:
         return asyncio.run(main())
@@ -143,16 +147,13 @@ def _replay_command(args: argparse.Namespace) -> int:
     from rollstream.tools.progress import replay_progress
     from rollstream.tools.replay import replay
 
-    config = _load(args, "replay")
-    if config is None:
-        return 2
     try:
         options = _replay_options(args)
     except ValueError as exc:
         print(f"rollstream replay: {exc}", file=sys.stderr)
         return 2
 
-    async def body(stop: asyncio.Event) -> int:
+    async def body(config: RollstreamConfig, stop: asyncio.Event) -> int:
         with replay_progress(enabled=not args.no_progress) as bar:
             stats = await replay(config, args.role, options, stop=stop, on_start=bar.start, progress=bar.advance)
         print(
@@ -162,40 +163,33 @@ def _replay_command(args: argparse.Namespace) -> int:
         )
         return 0 if stats.completed or args.max_records is not None else 130
 
-    return _run("replay", body)
+    return _run(args, "replay", body)
 
 
 def _tail_command(args: argparse.Namespace) -> int:
     from rollstream.tools.tail import TailOptions, tail
 
-    config = _load(args, "tail")
-    if config is None:
-        return 2
     options = TailOptions(
         from_beginning=args.from_beginning, max_messages=args.max_messages,
         as_json=args.as_json, tokenizer_path=args.decode, stop_at_end=args.stop_at_end,
     )
 
-    async def body(stop: asyncio.Event) -> int:
+    async def body(config: RollstreamConfig, stop: asyncio.Event) -> int:
         with contextlib.suppress(BrokenPipeError):  # e.g. piped into `head`
             await tail(config, args.role, options, stop=stop)
         return 0
 
-    return _run("tail", body)
+    return _run(args, "tail", body)
 
 
 def _status_command(args: argparse.Namespace) -> int:
     from rollstream.tools.status import status
 
-    config = _load(args, "status")
-    if config is None:
-        return 2
-
-    async def body(stop: asyncio.Event) -> int:
+    async def body(config: RollstreamConfig, stop: asyncio.Event) -> int:
         await status(config, once=args.once, interval=args.interval, stop=stop)
         return 0
 
-    return _run("status", body)
+    return _run(args, "status", body)
 
 
 def _topics_create_command(args: argparse.Namespace) -> int:
