@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -243,7 +243,7 @@ class ExactlyOnce:
         return futures
 
     def _count(self, out: PartitionOutput) -> None:
-        for topic, n in _per_topic(out.records).items():
+        for topic, n in Counter(r.topic for r in out.records).items():
             metrics.MESSAGES_OUT.labels(self._transform.tier, topic).inc(n)
         if out.dead_letters:
             metrics.MESSAGES_OUT.labels(self._transform.tier, self._dead_letter_topic).inc(len(out.dead_letters))
@@ -281,9 +281,3 @@ class ExactlyOnce:
         for p in partitions:
             await self._producers.release(p)
 
-
-def _per_topic(records: Iterable[OutRecord]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for record in records:
-        counts[record.topic] = counts.get(record.topic, 0) + 1
-    return counts
