@@ -37,6 +37,7 @@ from rollstream.runtime import metrics
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.ownership import PartitionOwnership
 from rollstream.kafka.partition_loop import PartitionLoop
+from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.transactions import (
     FENCED_ERRORS,
     RETRYABLE_ERRORS,
@@ -48,8 +49,6 @@ from rollstream.retry import KAFKA_RETRY, RetryPolicy
 from rollstream.wire import DeadLetter
 
 log = logging.getLogger(__name__)
-
-RECORD_OVERHEAD_BYTES = 1024  # Kafka's per-record framing, with room to spare
 
 
 class RecordTooLargeError(ValueError):
@@ -82,12 +81,9 @@ class PartitionOutput:
 
     def send(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None = None) -> None:
         """Queue a record; raises :class:`RecordTooLargeError` (nothing queued) when it cannot fit."""
-        size = len(value or b"") + len(key or b"") + RECORD_OVERHEAD_BYTES
-        if size > self.max_record_bytes:
-            raise RecordTooLargeError(
-                f"a {topic} record of {size - RECORD_OVERHEAD_BYTES} bytes exceeds kafka.max_message_bytes="
-                f"{self.max_record_bytes}"
-            )
+        problem = size_problem(f"a {topic} record", value or b"", key, self.max_record_bytes)
+        if problem is not None:
+            raise RecordTooLargeError(problem)
         self.records.append(OutRecord(topic, value, key, partition))
 
     def empty(self) -> bool:
