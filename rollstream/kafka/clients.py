@@ -36,9 +36,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# The pauses between tries while the broker is unreachable; how long it is waited out is
-# kafka.outage_patience_seconds.
-OUTAGE_RETRY = KAFKA_RETRY
 # How long a client's stop may take: a consumer leaves its group, a producer delivers what it
 # holds (each within kafka.request_timeout_ms; a stop past this is stuck, not slow).
 STOP_TIMEOUT_SECONDS = 45.0
@@ -216,7 +213,7 @@ async def wait_out_outage(
     bootstrap" as a broker that is down). Other errors propagate at once.
     """
     patience = config.outage_patience_seconds if patience is None else patience
-    policy = dataclasses.replace(OUTAGE_RETRY, patience=patience)
+    policy = dataclasses.replace(KAFKA_RETRY, patience=patience)
     tries = 0
     announced = False
     began = time.monotonic()
