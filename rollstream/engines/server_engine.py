@@ -183,9 +183,10 @@ class ServerEngine(InferenceEngine):
         kind = self.admin.kind
         if len(down) == len(self.servers):
             raise EngineUnavailableError(f"{kind} servers not up after {self.settings.health_timeout_seconds}s: {down}")
-        for url in down:
-            logger.error("%s %s is down at start: not used until it answers again", kind, url)
-            self.pool.mark_down(self.pool.server(url))
+        for server, up in zip(self.servers, results):
+            if not up:
+                logger.error("%s %s is down at start: not used until it answers again", kind, server.url)
+                self.pool.mark_down(server)
         await asyncio.gather(*(self.admin.check_api(s.url) for s in self.servers if s.url not in down))
 
     async def _wait_up(self, server: Server, deadline: float) -> bool:
