@@ -56,9 +56,14 @@ class KafkaAuthenticationError(RuntimeError):
     """The broker refused this client's credentials or TLS settings (never worth retrying)."""
 
 
-def security_kwargs(config: KafkaConfig) -> dict[str, Any]:
-    """aiokafka keyword arguments for the configured security protocol."""
-    kwargs: dict[str, Any] = {"security_protocol": config.security_protocol}
+def connection_kwargs(config: KafkaConfig, client_id: str) -> dict[str, Any]:
+    """aiokafka keyword arguments every client gets: its id, the request timeout, and the
+    settings of the configured security protocol."""
+    kwargs: dict[str, Any] = {
+        "client_id": f"{config.client_id_prefix}-{client_id}",
+        "request_timeout_ms": config.request_timeout_ms,
+        "security_protocol": config.security_protocol,
+    }
     if config.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
         if not config.sasl_mechanism or config.sasl_username is None:
             raise ValueError(
@@ -92,7 +97,6 @@ def make_producer(
     what is waiting at once)."""
     return AIOKafkaProducer(
         bootstrap_servers=config.bootstrap_servers,
-        client_id=f"{config.client_id_prefix}-{client_id}",
         enable_idempotence=True,
         acks="all",
         transactional_id=transactional_id,
@@ -102,8 +106,7 @@ def make_producer(
         # not outgrow the limit, or records that each fit are refused together.
         max_batch_size=min(1024 * 1024, config.max_message_bytes),
         linger_ms=config.linger_ms,
-        request_timeout_ms=config.request_timeout_ms,
-        **security_kwargs(config),
+        **connection_kwargs(config, client_id),
     )
 
 
@@ -123,7 +126,6 @@ def make_consumer(
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=config.bootstrap_servers,
-        client_id=f"{config.client_id_prefix}-{client_id}",
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset=auto_offset_reset,
@@ -133,19 +135,13 @@ def make_consumer(
         max_poll_records=max_poll_records,
         fetch_min_bytes=config.fetch_min_bytes,
         fetch_max_wait_ms=config.fetch_max_wait_ms,
-        request_timeout_ms=config.request_timeout_ms,
-        **security_kwargs(config),
+        **connection_kwargs(config, client_id),
         **extra,
     )
 
 
 def make_admin(config: KafkaConfig, client_id: str = "admin") -> AIOKafkaAdminClient:
-    return AIOKafkaAdminClient(
-        bootstrap_servers=config.bootstrap_servers,
-        client_id=f"{config.client_id_prefix}-{client_id}",
-        request_timeout_ms=config.request_timeout_ms,
-        **security_kwargs(config),
-    )
+    return AIOKafkaAdminClient(bootstrap_servers=config.bootstrap_servers, **connection_kwargs(config, client_id))
 
 
 async def authentication_refusal(config: KafkaConfig) -> KafkaAuthenticationError | None:
@@ -159,8 +155,7 @@ async def authentication_refusal(config: KafkaConfig) -> KafkaAuthenticationErro
         host, _, port = server.strip().rpartition(":")
         try:
             conn = await asyncio.wait_for(
-                create_conn(host, int(port), client_id=f"{config.client_id_prefix}-probe",
-                            request_timeout_ms=config.request_timeout_ms, **security_kwargs(config)),
+                create_conn(host, int(port), **connection_kwargs(config, "probe")),
                 config.request_timeout_ms / 1000,
             )
         except REFUSALS as exc:
