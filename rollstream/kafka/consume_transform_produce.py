@@ -36,7 +36,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from rollstream.runtime import metrics
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.ownership import PartitionOwnership
-from rollstream.kafka.partition_loop import PartitionLoop
+from rollstream.kafka.partition_loop import Delivery, PartitionLoop
 from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.transactions import (
     FENCED_ERRORS,
@@ -120,10 +120,11 @@ class Transform(Protocol):
         """``out`` is committed (accounting; effects outside Kafka)."""
 
 
-class ExactlyOnce:
+class ExactlyOnce(Delivery):
     """The exactly-once delivery of a :class:`~rollstream.kafka.partition_loop.PartitionLoop`:
     each cycle transforms the records still owned and commits every owned partition's output
-    with its input offset in one transaction under that partition's transactional id."""
+    with its input offset in one transaction under that partition's transactional id. It sets
+    no room limit: the poll's max_records bounds a cycle."""
 
     def __init__(
         self,
@@ -149,15 +150,6 @@ class ExactlyOnce:
     def bind(self, loop: PartitionLoop) -> None:
         self._topic = loop.topic
         self._ownership = loop.ownership
-
-    def room(self) -> int | None:
-        return None  # the poll's max_records bounds a cycle
-
-    async def wait_for_room(self, timeout: float) -> None:
-        return None
-
-    async def tick(self, final: bool) -> None:
-        return None
 
     async def process(self, records: dict[int, list[ConsumerRecord]], final: bool) -> float:
         """Transform ``records``, commit every owned partition's output; the pause to take
