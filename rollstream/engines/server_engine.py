@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
-from rollstream.api.io_struct import ModelRequest, ModelResponse, StopReason
+from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
 from rollstream.api.request_check import InvalidRequestError, accepted_request
 from rollstream.config import ServerConfig
 from rollstream.engines.server_admin import ServerAdmin, ServerHealth
@@ -67,6 +67,25 @@ from rollstream.retry import RetriesExhausted, RetryPolicy
 __all__ = ["NonFiniteLogprobError", "ServerEngine", "Span"]
 
 logger = logging.getLogger(__name__)
+
+TOP_K_OFF = int(1e8)  # GenerationHyperparameters' "no top-k" default
+
+
+def shared_sampling_params(g: GenerationHyperparameters, top_k_off: int) -> dict[str, Any]:
+    """The ``sampling_params`` SGLang and vLLM name alike (``top_k_off``: the server's "no top-k");
+    ``stop`` only when set."""
+    params: dict[str, Any] = {
+        "temperature": 0.0 if g.greedy else float(g.temperature),
+        "top_p": float(g.top_p),
+        "top_k": top_k_off if g.top_k <= 0 or g.top_k >= TOP_K_OFF else int(g.top_k),
+        "stop_token_ids": list(g.stop_token_ids),
+        "ignore_eos": bool(g.ignore_eos),
+        "skip_special_tokens": bool(g.skip_special_tokens),
+        "frequency_penalty": float(g.frequency_penalty),
+    }
+    if g.stop:
+        params["stop"] = list(g.stop)
+    return params
 
 
 class NonFiniteLogprobError(EngineRequestError):
@@ -99,6 +118,7 @@ class ServerEngine(InferenceEngine):
 
     admin_class: ClassVar[type[ServerAdmin]]
     generate_path: ClassVar[str]
+    request_id_key: ClassVar[str]  # the body key that names the request id
 
     def __init__(
         self, base_urls: list[str], tokenizer_path: str | None = None, settings: ServerConfig | None = None,
@@ -119,10 +139,6 @@ class ServerEngine(InferenceEngine):
     @abc.abstractmethod
     def request_body(self, req: ModelRequest, generated: list[int], budget: int, images: Any) -> dict[str, Any]:
         """The generate request for ``req`` after ``generated`` tokens (no request id yet)."""
-
-    @abc.abstractmethod
-    def with_request_id(self, body: dict[str, Any], request_id: str) -> dict[str, Any]:
-        """``body`` naming ``request_id``."""
 
     @abc.abstractmethod
     def parse_answer(self, data: Any, url: str) -> Span:
@@ -167,9 +183,10 @@ class ServerEngine(InferenceEngine):
         kind = self.admin.kind
         if len(down) == len(self.servers):
             raise EngineUnavailableError(f"{kind} servers not up after {self.settings.health_timeout_seconds}s: {down}")
-        for url in down:
-            logger.error("%s %s is down at start: not used until it answers again", kind, url)
-            self.pool.mark_down(self.pool.server(url))
+        for server, up in zip(self.servers, results):
+            if not up:
+                logger.error("%s %s is down at start: not used until it answers again", kind, server.url)
+                self.pool.mark_down(server)
         await asyncio.gather(*(self.admin.check_api(s.url) for s in self.servers if s.url not in down))
 
     async def _wait_up(self, server: Server, deadline: float) -> bool:
@@ -309,7 +326,7 @@ class ServerEngine(InferenceEngine):
         last_error: BaseException | None = None
         while True:
             server, minimum = await self.pool.pick(rid, last_error)
-            attempt = self.with_request_id(body, f"{rid}.{next(attempts)}")
+            attempt = {**body, self.request_id_key: f"{rid}.{next(attempts)}"}
             try:
                 span = self.parse_answer(await self._tracked_post(server, attempt), server.url)
                 if span.reported is not None:

@@ -83,9 +83,6 @@ class ServerPool:
         now = time.monotonic()
         return [s for s in self.servers if s.up(now)]
 
-    def server(self, url: str) -> Server:
-        return next(s for s in self.servers if s.url == url)
-
     def server_for(self, rid: str) -> str | None:
         server = self._sticky.get(rid)
         return server.url if server else None

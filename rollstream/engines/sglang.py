@@ -26,7 +26,7 @@ from typing import Any
 
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
 from rollstream.api.request_check import InvalidRequestError
-from rollstream.engines.server_engine import NonFiniteLogprobError, ServerEngine, Span
+from rollstream.engines.server_engine import NonFiniteLogprobError, ServerEngine, Span, shared_sampling_params
 from rollstream.engines.server_http import EngineRequestError, EngineUnavailableError, HttpRefused, parse_weight_version
 from rollstream.engines.sglang_admin import SGLangAdmin
 from rollstream.vision.images import ImageError, image_bytes, to_base64
@@ -36,27 +36,12 @@ __all__ = [
     "parse_generate", "sampling_params", "sglang_image_data",
 ]
 
-TOP_K_OFF = int(1e8)  # GenerationHyperparameters' "no top-k" default
-
-
 def sampling_params(g: GenerationHyperparameters, remaining: int, generated: int) -> dict[str, Any]:
     """SGLang ``sampling_params`` for ``remaining`` more tokens after ``generated`` ones."""
-    top_k = -1 if g.top_k <= 0 or g.top_k >= TOP_K_OFF else int(g.top_k)
-    params: dict[str, Any] = {
-        "max_new_tokens": remaining,
-        "temperature": 0.0 if g.greedy else float(g.temperature),
-        "top_p": float(g.top_p),
-        "top_k": top_k,
-        "stop_token_ids": list(g.stop_token_ids),
-        "ignore_eos": bool(g.ignore_eos),
-        "skip_special_tokens": bool(g.skip_special_tokens),
-        "frequency_penalty": float(g.frequency_penalty),
-    }
+    params = {"max_new_tokens": remaining, **shared_sampling_params(g, top_k_off=-1)}
     min_new = min(remaining, max(0, g.min_new_tokens - generated))
     if min_new:  # only when used: --skip-tokenizer-init servers refuse the key
         params["min_new_tokens"] = min_new
-    if g.stop:
-        params["stop"] = list(g.stop)
     return params
 
 
@@ -90,6 +75,8 @@ class SGLangEngine(ServerEngine):
 
     admin_class = SGLangAdmin
     generate_path = "/generate"
+    request_id_key = "rid"
+    parse_answer = staticmethod(parse_generate)
 
     def request_body(self, req: ModelRequest, generated: list[int], budget: int, images: Any) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -100,12 +87,6 @@ class SGLangEngine(ServerEngine):
         if images:
             body["image_data"] = images
         return body
-
-    def with_request_id(self, body: dict[str, Any], request_id: str) -> dict[str, Any]:
-        return {**body, "rid": request_id}
-
-    def parse_answer(self, data: Any, url: str) -> Span:
-        return parse_generate(data, url)
 
     def request_images(self, req: ModelRequest) -> list[str] | None:
         return sglang_image_data(req.image_data) if req.image_data else None

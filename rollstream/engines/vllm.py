@@ -31,9 +31,8 @@ import math
 from typing import Any
 
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
-from rollstream.engines.server_engine import ServerEngine, Span
+from rollstream.engines.server_engine import ServerEngine, Span, shared_sampling_params
 from rollstream.engines.server_http import EngineRequestError, parse_weight_version
-from rollstream.engines.sglang import TOP_K_OFF
 from rollstream.engines.vllm_admin import LOADING_PREFIX, VLLMAdmin
 
 __all__ = ["VLLMEngine", "parse_tokens_answer", "vllm_sampling_params"]
@@ -41,22 +40,13 @@ __all__ = ["VLLMEngine", "parse_tokens_answer", "vllm_sampling_params"]
 
 def vllm_sampling_params(g: GenerationHyperparameters, remaining: int, generated: int) -> dict[str, Any]:
     """vLLM ``sampling_params`` for ``remaining`` more tokens after ``generated`` ones."""
-    params: dict[str, Any] = {
+    return {
         "max_tokens": remaining,
-        "temperature": 0.0 if g.greedy else float(g.temperature),
-        "top_p": float(g.top_p),
-        "top_k": 0 if g.top_k <= 0 or g.top_k >= TOP_K_OFF else int(g.top_k),
         "min_tokens": min(remaining, max(0, g.min_new_tokens - generated)),
-        "stop_token_ids": list(g.stop_token_ids),
-        "ignore_eos": bool(g.ignore_eos),
-        "frequency_penalty": float(g.frequency_penalty),
         "logprobs": 0,
         "detokenize": bool(g.stop),
-        "skip_special_tokens": bool(g.skip_special_tokens),
+        **shared_sampling_params(g, top_k_off=0),
     }
-    if g.stop:
-        params["stop"] = list(g.stop)
-    return params
 
 
 def parse_tokens_answer(data: Any, where: str = "vLLM") -> Span:
@@ -112,15 +102,11 @@ class VLLMEngine(ServerEngine):
 
     admin_class = VLLMAdmin
     generate_path = "/inference/v1/generate"
+    request_id_key = "request_id"
+    parse_answer = staticmethod(parse_tokens_answer)
 
     def request_body(self, req: ModelRequest, generated: list[int], budget: int, images: Any) -> dict[str, Any]:
         return {
             "token_ids": list(req.input_ids) + generated,
             "sampling_params": vllm_sampling_params(req.gconfig, budget - len(generated), len(generated)),
         }
-
-    def with_request_id(self, body: dict[str, Any], request_id: str) -> dict[str, Any]:
-        return {**body, "request_id": request_id}
-
-    def parse_answer(self, data: Any, url: str) -> Span:
-        return parse_tokens_answer(data, url)

@@ -36,9 +36,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# The pauses between tries while the broker is unreachable; how long it is waited out is
-# kafka.outage_patience_seconds.
-OUTAGE_RETRY = KAFKA_RETRY
 # How long a client's stop may take: a consumer leaves its group, a producer delivers what it
 # holds (each within kafka.request_timeout_ms; a stop past this is stuck, not slow).
 STOP_TIMEOUT_SECONDS = 45.0
@@ -59,9 +56,14 @@ class KafkaAuthenticationError(RuntimeError):
     """The broker refused this client's credentials or TLS settings (never worth retrying)."""
 
 
-def security_kwargs(config: KafkaConfig) -> dict[str, Any]:
-    """aiokafka keyword arguments for the configured security protocol."""
-    kwargs: dict[str, Any] = {"security_protocol": config.security_protocol}
+def connection_kwargs(config: KafkaConfig, client_id: str) -> dict[str, Any]:
+    """aiokafka keyword arguments every client gets: its id, the request timeout, and the
+    settings of the configured security protocol."""
+    kwargs: dict[str, Any] = {
+        "client_id": f"{config.client_id_prefix}-{client_id}",
+        "request_timeout_ms": config.request_timeout_ms,
+        "security_protocol": config.security_protocol,
+    }
     if config.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
         if not config.sasl_mechanism or config.sasl_username is None:
             raise ValueError(
@@ -95,7 +97,6 @@ def make_producer(
     what is waiting at once)."""
     return AIOKafkaProducer(
         bootstrap_servers=config.bootstrap_servers,
-        client_id=f"{config.client_id_prefix}-{client_id}",
         enable_idempotence=True,
         acks="all",
         transactional_id=transactional_id,
@@ -105,8 +106,7 @@ def make_producer(
         # not outgrow the limit, or records that each fit are refused together.
         max_batch_size=min(1024 * 1024, config.max_message_bytes),
         linger_ms=config.linger_ms,
-        request_timeout_ms=config.request_timeout_ms,
-        **security_kwargs(config),
+        **connection_kwargs(config, client_id),
     )
 
 
@@ -126,7 +126,6 @@ def make_consumer(
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=config.bootstrap_servers,
-        client_id=f"{config.client_id_prefix}-{client_id}",
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset=auto_offset_reset,
@@ -136,19 +135,13 @@ def make_consumer(
         max_poll_records=max_poll_records,
         fetch_min_bytes=config.fetch_min_bytes,
         fetch_max_wait_ms=config.fetch_max_wait_ms,
-        request_timeout_ms=config.request_timeout_ms,
-        **security_kwargs(config),
+        **connection_kwargs(config, client_id),
         **extra,
     )
 
 
 def make_admin(config: KafkaConfig, client_id: str = "admin") -> AIOKafkaAdminClient:
-    return AIOKafkaAdminClient(
-        bootstrap_servers=config.bootstrap_servers,
-        client_id=f"{config.client_id_prefix}-{client_id}",
-        request_timeout_ms=config.request_timeout_ms,
-        **security_kwargs(config),
-    )
+    return AIOKafkaAdminClient(bootstrap_servers=config.bootstrap_servers, **connection_kwargs(config, client_id))
 
 
 async def authentication_refusal(config: KafkaConfig) -> KafkaAuthenticationError | None:
@@ -162,8 +155,7 @@ async def authentication_refusal(config: KafkaConfig) -> KafkaAuthenticationErro
         host, _, port = server.strip().rpartition(":")
         try:
             conn = await asyncio.wait_for(
-                create_conn(host, int(port), client_id=f"{config.client_id_prefix}-probe",
-                            request_timeout_ms=config.request_timeout_ms, **security_kwargs(config)),
+                create_conn(host, int(port), **connection_kwargs(config, "probe")),
                 config.request_timeout_ms / 1000,
             )
         except REFUSALS as exc:
@@ -216,7 +208,7 @@ async def wait_out_outage(
     bootstrap" as a broker that is down). Other errors propagate at once.
     """
     patience = config.outage_patience_seconds if patience is None else patience
-    policy = dataclasses.replace(OUTAGE_RETRY, patience=patience)
+    policy = dataclasses.replace(KAFKA_RETRY, patience=patience)
     tries = 0
     announced = False
     began = time.monotonic()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,7 +36,8 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from rollstream.runtime import metrics
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
 from rollstream.kafka.ownership import PartitionOwnership
-from rollstream.kafka.partition_loop import PartitionLoop
+from rollstream.kafka.partition_loop import Delivery, PartitionLoop
+from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.transactions import (
     FENCED_ERRORS,
     RETRYABLE_ERRORS,
@@ -48,8 +49,6 @@ from rollstream.retry import KAFKA_RETRY, RetryPolicy
 from rollstream.wire import DeadLetter
 
 log = logging.getLogger(__name__)
-
-RECORD_OVERHEAD_BYTES = 1024  # Kafka's per-record framing, with room to spare
 
 
 class RecordTooLargeError(ValueError):
@@ -82,12 +81,9 @@ class PartitionOutput:
 
     def send(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None = None) -> None:
         """Queue a record; raises :class:`RecordTooLargeError` (nothing queued) when it cannot fit."""
-        size = len(value or b"") + len(key or b"") + RECORD_OVERHEAD_BYTES
-        if size > self.max_record_bytes:
-            raise RecordTooLargeError(
-                f"a {topic} record of {size - RECORD_OVERHEAD_BYTES} bytes exceeds kafka.max_message_bytes="
-                f"{self.max_record_bytes}"
-            )
+        problem = size_problem(f"a {topic} record", value or b"", key, self.max_record_bytes)
+        if problem is not None:
+            raise RecordTooLargeError(problem)
         self.records.append(OutRecord(topic, value, key, partition))
 
     def empty(self) -> bool:
@@ -124,10 +120,11 @@ class Transform(Protocol):
         """``out`` is committed (accounting; effects outside Kafka)."""
 
 
-class ExactlyOnce:
+class ExactlyOnce(Delivery):
     """The exactly-once delivery of a :class:`~rollstream.kafka.partition_loop.PartitionLoop`:
     each cycle transforms the records still owned and commits every owned partition's output
-    with its input offset in one transaction under that partition's transactional id."""
+    with its input offset in one transaction under that partition's transactional id. It sets
+    no room limit: the poll's max_records bounds a cycle."""
 
     def __init__(
         self,
@@ -153,15 +150,6 @@ class ExactlyOnce:
     def bind(self, loop: PartitionLoop) -> None:
         self._topic = loop.topic
         self._ownership = loop.ownership
-
-    def room(self) -> int | None:
-        return None  # the poll's max_records bounds a cycle
-
-    async def wait_for_room(self, timeout: float) -> None:
-        return None
-
-    async def tick(self, final: bool) -> None:
-        return None
 
     async def process(self, records: dict[int, list[ConsumerRecord]], final: bool) -> float:
         """Transform ``records``, commit every owned partition's output; the pause to take
@@ -243,7 +231,7 @@ class ExactlyOnce:
         return futures
 
     def _count(self, out: PartitionOutput) -> None:
-        for topic, n in _per_topic(out.records).items():
+        for topic, n in Counter(r.topic for r in out.records).items():
             metrics.MESSAGES_OUT.labels(self._transform.tier, topic).inc(n)
         if out.dead_letters:
             metrics.MESSAGES_OUT.labels(self._transform.tier, self._dead_letter_topic).inc(len(out.dead_letters))
@@ -281,9 +269,3 @@ class ExactlyOnce:
         for p in partitions:
             await self._producers.release(p)
 
-
-def _per_topic(records: Iterable[OutRecord]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for record in records:
-        counts[record.topic] = counts.get(record.topic, 0) + 1
-    return counts

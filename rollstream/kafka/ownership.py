@@ -108,7 +108,7 @@ class PartitionOwnership(ConsumerRebalanceListener):
         if not wanted:
             return
         self._bump(wanted)
-        self._pause(wanted)
+        self._consumer.pause(*self._held_tps(wanted))
         self.pending.update(dict.fromkeys(wanted, time.monotonic()))
         acquired = await self._acquire(wanted)
         await self._seek_to_committed(acquired)
@@ -116,7 +116,7 @@ class PartitionOwnership(ConsumerRebalanceListener):
             self.pending.pop(p, None)
         self.owned |= acquired
         self._bump(acquired)
-        self._resume(acquired)
+        self._consumer.resume(*self._held_tps(acquired))
         if wanted - acquired:
             log.warning("%s: could not take partitions %s yet; paused, will retry", self._name, sorted(wanted - acquired))
 
@@ -136,7 +136,7 @@ class PartitionOwnership(ConsumerRebalanceListener):
         them (rule 3) until the group's next assignment says who owns them."""
         lost = set(partitions)
         await self.drop(lost)
-        self._pause(lost)
+        self._consumer.pause(*self._held_tps(lost))
         self.pending.update(dict.fromkeys(lost, time.monotonic() + self._hold_seconds))
         log.warning("%s: partitions %s are owned by another instance now; paused until the group rebalances",
                     self._name, sorted(lost))
@@ -172,18 +172,12 @@ class PartitionOwnership(ConsumerRebalanceListener):
         for p in partitions:
             self._epochs[p] = self._epochs.get(p, 0) + 1
 
-    def _pause(self, partitions: Collection[int]) -> None:
-        tps = [self._tp(p) for p in partitions if self._held(p)]
-        if tps:
-            self._consumer.pause(*tps)
-
-    def _resume(self, partitions: Collection[int]) -> None:
-        tps = [self._tp(p) for p in partitions if self._held(p)]
-        if tps:
-            self._consumer.resume(*tps)
+    def _held_tps(self, partitions: Collection[int]) -> list[TopicPartition]:
+        """``partitions`` (in order) that the consumer holds, as topic partitions."""
+        return [self._tp(p) for p in partitions if self._held(p)]
 
     async def _seek_to_committed(self, partitions: Collection[int]) -> None:
-        tps = [self._tp(p) for p in sorted(partitions) if self._held(p)]
+        tps = self._held_tps(sorted(partitions))
         if not tps:
             return
         starts = await self._consumer.beginning_offsets(tps)

@@ -42,7 +42,8 @@ POSITION_TIMEOUT_SECONDS = 5.0
 
 class Delivery(Protocol):
     """What a loop delivers by: how partitions are taken and given up, how records are
-    processed and committed."""
+    processed and committed. A subclass inherits ``room``, ``wait_for_room`` and ``tick`` that
+    do nothing (no limit, no wait, no periodic work)."""
 
     def bind(self, loop: PartitionLoop) -> None:
         """The loop this delivery runs in (its consumer, topic and guard)."""

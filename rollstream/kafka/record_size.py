@@ -9,12 +9,12 @@ into a dead letter or a failed sample naming its size and the limit.
 
 from __future__ import annotations
 
-from rollstream.kafka.consume_transform_produce import RECORD_OVERHEAD_BYTES
+RECORD_OVERHEAD_BYTES = 1024  # Kafka's per-record framing, with room to spare
 
 
 def size_problem(what: str, value: bytes, key: bytes | None, limit: int) -> str | None:
     """Why a record of ``value`` and ``key`` cannot be written under ``limit`` bytes, or ``None``
-    when it fits (the same margin for Kafka's framing as the transactional tiers use)."""
+    when it fits (the transactional tiers' :class:`PartitionOutput` checks with this too)."""
     size = len(value) + len(key or b"")
     if size + RECORD_OVERHEAD_BYTES <= limit:
         return None

@@ -19,6 +19,16 @@ def _safe(part: str) -> str:
     return cleaned
 
 
+class _Role:
+    """The topic of one role, read as an attribute of :class:`TopicNames`."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+
+    def __get__(self, names: TopicNames, owner: type | None = None) -> str:
+        return names._name(self.role)
+
+
 @dataclass(frozen=True)
 class TopicNames:
     """``rs.<experiment>.<trial>.<role>`` for each role in the pipeline."""
@@ -34,35 +44,15 @@ class TopicNames:
     def _name(self, role: str) -> str:
         return f"rs.{_safe(self.experiment)}.{_safe(self.trial)}.{role}"
 
-    @property
-    def prompts(self) -> str:
-        return self._name("prompts")
-
-    @property
-    def episodes(self) -> str:
-        return self._name("episodes")
-
-    @property
-    def scored(self) -> str:
-        return self._name("scored")
-
-    @property
-    def batches(self) -> str:
-        return self._name("batches")
-
-    @property
-    def dead_letter(self) -> str:
-        return self._name("dead-letter")
-
-    @property
-    def grouping_changelog(self) -> str:
-        """Compacted; co-partitioned with ``scored`` (partition p records scored partition p)."""
-        return self._name("grouping-changelog")
-
-    @property
-    def producer_cursor(self) -> str:
-        """Compacted; the dataset cursor each producer commits with its prompts."""
-        return self._name("producer-cursor")
+    prompts = _Role("prompts")
+    episodes = _Role("episodes")
+    scored = _Role("scored")
+    batches = _Role("batches")
+    dead_letter = _Role("dead-letter")
+    # Compacted; co-partitioned with ``scored`` (partition p records scored partition p).
+    grouping_changelog = _Role("grouping-changelog")
+    # Compacted; the dataset cursor each producer commits with its prompts.
+    producer_cursor = _Role("producer-cursor")
 
     def data_topics(self) -> list[str]:
         return [self.prompts, self.episodes, self.scored, self.batches, self.dead_letter]
@@ -76,4 +66,4 @@ class TopicNames:
 
     def group_id(self, tier: str) -> str:
         """Consumer group id of ``tier`` for this trial."""
-        return f"rs.{_safe(self.experiment)}.{_safe(self.trial)}.{tier}"
+        return self._name(tier)

@@ -69,10 +69,6 @@ class TransactionalProducer:
         self.transactional_id = transactional_id
         self._producer: AIOKafkaProducer | None = None
 
-    @property
-    def started(self) -> bool:
-        return self._producer is not None
-
     async def start(self) -> None:
         """Register the transactional id; returns once any predecessor with the same id is
         fenced and its open transaction aborted (Kafka completes it before answering)."""
