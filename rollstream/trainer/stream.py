@@ -28,7 +28,6 @@ import msgspec
 from aiokafka.structs import TopicPartition
 
 from rollstream.config import RollstreamConfig
-from rollstream.trainer.deprecated import DeprecatedMethod
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource
 from rollstream.trainer.ledger import LedgerEntry
 from rollstream.trainer.step_source import Step, StepSource
@@ -162,8 +161,6 @@ class StepStream:
         step.step = groups.number
         step.offsets = {TopicPartition(self.source.topic, p): o for p, o in groups.offsets.items()}
         return step
-
-    next_batch = DeprecatedMethod("next_step")
 
     async def commit(self, step: TrainingStep) -> None:
         """Commit ``step`` (and every step handed out before it); raises

@@ -44,7 +44,6 @@ import torch.distributed as dist
 from aiokafka.structs import TopicPartition
 
 from rollstream.config import ConfigError, RollstreamConfig
-from rollstream.trainer.deprecated import DeprecatedMethod
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource
 from rollstream.trainer.loop_thread import LoopThread
 from rollstream.trainer.ranks.health import CollectiveFailed, RankFailed, RankHealth
@@ -243,8 +242,6 @@ class TrainerSteps:
             topic = self._source.topic if self._source is not None else ""
             step.offsets = {TopicPartition(topic, p): o for p, o in entry.offsets.items()}
         return step
-
-    next_batch = DeprecatedMethod("next_step")
 
     @property
     def stopped(self) -> bool:
