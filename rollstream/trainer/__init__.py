@@ -43,8 +43,7 @@ Building blocks:
 - :class:`GroupRows`, :func:`batch_group`, :func:`assemble`: a record's group, groups into a :class:`TrainingStep`
 - :func:`split_by_tokens`: a step's groups split between ranks
 
-Rank coordination lives in :mod:`rollstream.trainer.ranks`; deprecated names in
-:mod:`rollstream.trainer.deprecated`.
+Rank coordination lives in :mod:`rollstream.trainer.ranks`.
 """
 
 from typing import Any
@@ -52,7 +51,6 @@ from typing import Any
 from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.checkpoints import Checkpoint, CheckpointError, Checkpoints
 from rollstream.trainer.dataset import StepDataset
-from rollstream.trainer.deprecated import alias
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource, ledger_path
 from rollstream.trainer.layouts import VerlBatch, pack, to_areal, to_verl, unpack
 from rollstream.trainer.ledger import LedgerEntry, LedgerMismatch, StepLedger
@@ -64,9 +62,21 @@ from rollstream.trainer.training_step import GroupRows, TrainingStep, assemble, 
 from rollstream.trainer.version_publisher import SyncVersionPublisher, VersionPublisher, VersionRefused
 
 
+#: renamed -> the name to use; an old name is refused with it
+RENAMED = {
+    "TrainerBatches": "TrainerSteps",
+    "TrainingBatch": "TrainingStep",
+    "BatchStream": "StepStream",
+    "BatchDataset": "StepDataset",
+    "BatchAccumulator": "StepAccumulator",
+}
+
+
 def __getattr__(name: str) -> Any:
-    """The deprecated names (:mod:`rollstream.trainer.deprecated`), with a DeprecationWarning."""
-    return alias(name)
+    """An old name of :data:`RENAMED` is an ``AttributeError`` naming the one to use."""
+    if name in RENAMED:
+        raise AttributeError(f"rollstream.trainer.{name} was renamed: use {RENAMED[name]}")
+    raise AttributeError(f"module 'rollstream.trainer' has no attribute {name!r}")
 
 
 __all__ = [

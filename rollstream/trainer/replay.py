@@ -96,6 +96,7 @@ class _OrderedReplay(_Replay):
         self._records: AsyncIterator[tuple[int, int, bytes | None]] | None = None
 
     def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
+        """The records to replay, in order: (partition, offset, value)."""
         raise NotImplementedError
 
     async def next_step(self, timeout: float | None) -> Step | None:
@@ -147,15 +148,12 @@ class RangeReplay(_OrderedReplay):
             self.end_offsets = {tp.partition: o for tp, o in ends.items()}
         return await super().start()
 
-    async def _records_in_order(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
+    async def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
         assert self.end_offsets is not None
         for partition in sorted(self.end_offsets):
             start = self.start_offsets.get(partition, 0)
             async for record in read_partition(self._config, self.topic, partition, start, self.end_offsets[partition]):
                 yield record.partition, record.offset, record.value
-
-    def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
-        return self._records_in_order()
 
 
 def batch_from_json(message: dict[str, Any]) -> EmittedGroup | GroupDropped:
@@ -190,7 +188,7 @@ class DumpReplay(_OrderedReplay):
         super().__init__(config, include_eval, first_step)
         self.path = Path(path)
 
-    async def _lines(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
+    async def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
         with self.path.open() as handle:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
@@ -204,9 +202,6 @@ class DumpReplay(_OrderedReplay):
                 except (ReplayError, msgspec.ValidationError, KeyError, TypeError, ValueError) as exc:
                     raise ReplayError(f"{self.path} line {number}: {exc}") from None
                 yield int(row.get("partition", -1)), int(row.get("offset", -1)), encode(message)
-
-    def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
-        return self._lines()
 
 
 class LedgerReplay(_Replay):

@@ -28,11 +28,10 @@ import msgspec
 from aiokafka.structs import TopicPartition
 
 from rollstream.config import RollstreamConfig
-from rollstream.trainer.deprecated import DeprecatedMethod
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource
 from rollstream.trainer.ledger import LedgerEntry
 from rollstream.trainer.step_source import Step, StepSource
-from rollstream.trainer.training_step import StepAssembler, TrainingStep, trainer_image_processor
+from rollstream.trainer.training_step import GroupRows, StepAssembler, TrainingStep, trainer_image_processor
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +64,53 @@ class StepBook:
         self.last_committed = max(self.last_committed, step)
 
 
-class StepStream:
+class StepFrontEnd:
+    """What :class:`StepStream` and :class:`~rollstream.trainer.TrainerSteps` share: the steps
+    handed out (``book``), their groups padded into a :class:`TrainingStep`, and the counters of
+    the step source (``source``; zero where there is none, on ranks other than 0)."""
+
+    source: StepSource | None
+
+    def __init__(self, config: RollstreamConfig, image_processor: Any) -> None:
+        self.book = StepBook()
+        self._pad_value = config.grouping.pad_value
+        self._images = StepAssembler(image_processor if image_processor is not None else trainer_image_processor(config))
+
+    def _assemble(self, groups: list[GroupRows], number: int, offsets: dict[int, int]) -> TrainingStep:
+        """Step ``number``'s ``groups``, with the ``offsets`` (partition: offset) it commits."""
+        step = self._images.assemble(groups, self._pad_value)
+        step.step = number
+        topic = self.source.topic if self.source is not None else ""
+        step.offsets = {TopicPartition(topic, p): o for p, o in offsets.items()}
+        return step
+
+    def _counter(self, name: str) -> Any:
+        return getattr(self.source.accumulator, name) if self.source is not None else 0
+
+    @property
+    def drops_by_reason(self) -> Counter[str]:
+        return self.source.accumulator.drops_by_reason if self.source is not None else Counter()
+
+    @property
+    def undecodable(self) -> int:
+        return self._counter("undecodable")
+
+    @property
+    def eval_skipped(self) -> int:
+        return self._counter("eval_skipped")
+
+    @property
+    def duplicates_skipped(self) -> int:
+        """Groups skipped because they were handed out before (see StepAccumulator)."""
+        return self._counter("duplicates_skipped")
+
+    @property
+    def last_committed_step(self) -> int:
+        """The last step committed, by this process or before a restart (0: none); every rank."""
+        return self.book.last_committed
+
+
+class StepStream(StepFrontEnd):
     """Async iterator of :class:`TrainingStep`, one per step (see the module docstring).
 
     ``include_eval=False`` skips eval groups (counted in ``eval_skipped``); with True they are
@@ -96,33 +141,7 @@ class StepStream:
         self.source: StepSource = source or KafkaStepSource(
             config, include_eval=include_eval, client_id=client_id, use_ledger=ledger, published=published
         )
-        self.book = StepBook()
-        self._pad_value = config.grouping.pad_value
-        self._images = StepAssembler(image_processor if image_processor is not None else trainer_image_processor(config))
-
-    # -- counters --
-
-    @property
-    def drops_by_reason(self) -> Counter[str]:
-        return self.source.accumulator.drops_by_reason
-
-    @property
-    def undecodable(self) -> int:
-        return self.source.accumulator.undecodable
-
-    @property
-    def eval_skipped(self) -> int:
-        return self.source.accumulator.eval_skipped
-
-    @property
-    def duplicates_skipped(self) -> int:
-        """Groups skipped because they were handed out before (see StepAccumulator)."""
-        return self.source.accumulator.duplicates_skipped
-
-    @property
-    def last_committed_step(self) -> int:
-        """The last step committed, by this stream or before a restart (0: none)."""
-        return self.book.last_committed
+        super().__init__(config, image_processor)
 
     # -- lifecycle --
 
@@ -158,12 +177,7 @@ class StepStream:
         if groups is None:
             return None
         self.book.handed_out(groups, [[g.task_id for g in groups.groups]])
-        step = self._images.assemble(groups.groups, self._pad_value)
-        step.step = groups.number
-        step.offsets = {TopicPartition(self.source.topic, p): o for p, o in groups.offsets.items()}
-        return step
-
-    next_batch = DeprecatedMethod("next_step")
+        return self._assemble(groups.groups, groups.number, groups.offsets)
 
     async def commit(self, step: TrainingStep) -> None:
         """Commit ``step`` (and every step handed out before it); raises

@@ -35,16 +35,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from aiokafka.structs import TopicPartition
 
 from rollstream.config import ConfigError, RollstreamConfig
-from rollstream.trainer.deprecated import DeprecatedMethod
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource
 from rollstream.trainer.loop_thread import LoopThread
 from rollstream.trainer.ranks.health import CollectiveFailed, RankFailed, RankHealth
@@ -52,15 +49,15 @@ from rollstream.trainer.ranks.share import StepShare, decode_share, encode_share
 from rollstream.trainer.ranks.split import split_by_tokens
 from rollstream.trainer.ranks.world import Ranks
 from rollstream.trainer.step_source import Step, StepSource
-from rollstream.trainer.stream import StepBook
-from rollstream.trainer.training_step import GroupRows, StepAssembler, TrainingStep, trainer_image_processor
+from rollstream.trainer.stream import StepFrontEnd
+from rollstream.trainer.training_step import GroupRows, TrainingStep
 
 log = logging.getLogger(__name__)
 
 SourceFactory = Callable[[], StepSource]
 
 
-class TrainerSteps:
+class TrainerSteps(StepFrontEnd):
     """Synchronous iterator of :class:`TrainingStep`, this rank's share of each step.
 
     ``source`` makes the step source on rank 0's I/O thread (default: the live Kafka source;
@@ -94,14 +91,12 @@ class TrainerSteps:
                 f"{self.ranks.world_size} ranks: every rank needs at least one group per step"
             )
         self.wait_seconds = wait_seconds
-        self.book = StepBook()
-        self._pad_value = config.grouping.pad_value
-        self._images = StepAssembler(image_processor if image_processor is not None else trainer_image_processor(config))
+        super().__init__(config, image_processor)
         self._stop = threading.Event()
         self._stopped = False
         self._mine: list[GroupRows] = []
         self._thread: LoopThread | None = None
-        self._source: StepSource | None = None
+        self.source: StepSource | None = None  # rank 0's (None on other ranks)
         self._health = RankHealth(self.ranks, config.trainer)
         if self.ranks.is_leader:
             factory = source or (lambda: KafkaStepSource(config, include_eval=include_eval, client_id=client_id,
@@ -112,41 +107,10 @@ class TrainerSteps:
                 return factory()
 
             try:
-                self._source = self._thread.run(make())
+                self.source = self._thread.run(make())
             except BaseException as exc:
                 self.close(exc)
                 raise
-
-    # -- counters (rank 0's; zero elsewhere) --
-
-    def _counter(self, name: str) -> Any:
-        return getattr(self._source.accumulator, name) if self._source is not None else 0
-
-    @property
-    def drops_by_reason(self) -> Counter[str]:
-        return self._counter("drops_by_reason") or Counter()
-
-    @property
-    def undecodable(self) -> int:
-        return self._counter("undecodable")
-
-    @property
-    def eval_skipped(self) -> int:
-        return self._counter("eval_skipped")
-
-    @property
-    def duplicates_skipped(self) -> int:
-        return self._counter("duplicates_skipped")
-
-    @property
-    def source(self) -> StepSource | None:
-        """Rank 0's step source (None on other ranks)."""
-        return self._source
-
-    @property
-    def last_committed_step(self) -> int:
-        """The last step committed, in this job or before a restart (0: none); every rank."""
-        return self.book.last_committed
 
     # -- lifecycle --
 
@@ -154,9 +118,9 @@ class TrainerSteps:
         """Start the source (rank 0) and agree on where the steps resume (collective)."""
         self._health.at(0, "start")
         resume = None
-        if self._thread is not None and self._source is not None:
-            last = self._thread.run(self._source.start())
-            resume = (last, dict(getattr(self._source, "resumed_offsets", {})))
+        if self._thread is not None and self.source is not None:
+            last = self._thread.run(self.source.start())
+            resume = (last, dict(getattr(self.source, "resumed_offsets", {})))
         self._health.resume = self._health.collective(lambda: self.ranks.broadcast(resume))
         self.book.last_committed = self._health.step = self._health.resume[0]
         self._health.log_start()
@@ -167,8 +131,8 @@ class TrainerSteps:
         try:
             if self._thread is not None:
                 try:
-                    if self._source is not None:
-                        self._thread.run(self._source.close(), timeout=30)
+                    if self.source is not None:
+                        self._thread.run(self.source.close(), timeout=30)
                 finally:
                     self._thread.close()
                     self._thread = None
@@ -236,15 +200,10 @@ class TrainerSteps:
         self._health.step = share.step
         self._health.at(share.step, "train")
         groups = self._mine if self.ranks.is_leader else [group_rows(g) for g in share.groups]
-        step = self._images.assemble(groups, self._pad_value)
-        step.step, step.rank, step.world_size, step.step_groups = share.step, share.rank, share.world_size, share.step_groups
-        if self.ranks.is_leader:
-            entry = self.book.pending[share.step]
-            topic = self._source.topic if self._source is not None else ""
-            step.offsets = {TopicPartition(topic, p): o for p, o in entry.offsets.items()}
+        offsets = self.book.pending[share.step].offsets if self.ranks.is_leader else {}
+        step = self._assemble(groups, share.step, offsets)
+        step.rank, step.world_size, step.step_groups = share.rank, share.world_size, share.step_groups
         return step
-
-    next_batch = DeprecatedMethod("next_step")
 
     @property
     def stopped(self) -> bool:
@@ -259,15 +218,15 @@ class TrainerSteps:
 
     def _lead_round(self, timeout: float | None) -> list[bytes]:
         """Rank 0: the payload of every rank for this round."""
-        assert self._thread is not None and self._source is not None
+        assert self._thread is not None and self.source is not None
         world = self.ranks.world_size
         try:
-            step = self._thread.run(self._source.next_step(timeout))
+            step = self._thread.run(self.source.next_step(timeout))
         except Exception as exc:  # every rank must hear of it, or they would wait forever
             log.exception("trainer step source failed")
             return [encode_share(StepShare(kind="stop", error=f"{type(exc).__name__}: {exc}"))] * world
         if step is None:
-            kind = "stop" if self._source.exhausted else "idle"
+            kind = "stop" if self.source.exhausted else "idle"
             return [encode_share(StepShare(kind=kind))] * world
         return self._split(step)
 
@@ -296,11 +255,11 @@ class TrainerSteps:
         failure = None
         error: BaseException | None = None
         if self.ranks.is_leader:
-            assert self._thread is not None and self._source is not None
+            assert self._thread is not None and self.source is not None
             try:
                 entries = self.book.due(step.step)
                 if entries:
-                    self._thread.run(self._source.commit(entries))
+                    self._thread.run(self.source.commit(entries))
                     offsets = dict(self._health.resume[1])
                     for entry in entries:
                         offsets.update(entry.offsets)
