@@ -73,9 +73,10 @@ RENAMED = {
 
 
 def __getattr__(name: str) -> Any:
-    """An old name of :data:`RENAMED` is an ``AttributeError`` naming the one to use."""
+    """An old name of :data:`RENAMED` is an ``ImportError`` naming the one to use (an
+    ``AttributeError`` would reach ``from rollstream.trainer import ...`` without its message)."""
     if name in RENAMED:
-        raise AttributeError(f"rollstream.trainer.{name} was renamed: use {RENAMED[name]}")
+        raise ImportError(f"rollstream.trainer.{name} was renamed: use {RENAMED[name]}", name=name)
     raise AttributeError(f"module 'rollstream.trainer' has no attribute {name!r}")
 
 
