@@ -55,6 +55,7 @@ from rollstream.api.request_check import InvalidRequestError, accepted_request
 from rollstream.engines.kv_batch import KVBatch, make_cache
 from rollstream.engines.sampling import SamplingSpec, sample
 from rollstream.engines.vision_rows import EngineVision
+from rollstream.runtime.tasks import cancel_and_wait
 from rollstream.vision.forward import is_vision_model
 from rollstream.vision.inputs import VisionInputs
 from rollstream.vision.processor import load_image_processor
@@ -181,8 +182,7 @@ class HFEngine(InferenceEngine):
     async def close(self) -> None:
         """Stop the loop and fail requests still waiting with ``RuntimeError``."""
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+            await cancel_and_wait(self._loop_task)
             self._loop_task = None
         for seq in [*self._pending, *self._active]:
             if not seq.future.done():

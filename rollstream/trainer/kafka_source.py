@@ -45,7 +45,7 @@ from rollstream.kafka.clients import make_admin, make_consumer, start_client, st
 from rollstream.kafka.partition_loop import AtLeastOnce, CommitRefused, PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.retry import KAFKA_RETRY
-from rollstream.runtime.tasks import wait_event
+from rollstream.runtime.tasks import cancel_and_wait, wait_event
 from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.version_store import VersionStore
@@ -196,8 +196,7 @@ class KafkaStepSource:
                 async with asyncio.timeout(self._poll_seconds + 10.0):
                     await asyncio.gather(self._task, return_exceptions=True)
             except TimeoutError:
-                self._task.cancel()
-                await asyncio.gather(self._task, return_exceptions=True)
+                await cancel_and_wait(self._task)
         await stop_client(self._consumer, f"the trainer's consumer (group {self.group_id})")
         await self._redis.aclose()
 

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from rollstream.runtime.tasks import cancel_and_wait
+
 T = TypeVar("T")
 
 
@@ -52,10 +54,7 @@ class LoopThread:
             return
 
         async def cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(*(t for t in asyncio.all_tasks() if t is not asyncio.current_task()))
 
         try:
             asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(timeout)
