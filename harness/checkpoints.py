@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import ServerConfig
 from rollstream.dev.vllm_server import LocalVLLMServer
+from rollstream.engines.server_admin import time_epoch
 from rollstream.engines.server_http import ServerHttp
 from rollstream.engines.vllm_admin import VLLMAdmin
 
@@ -38,9 +39,10 @@ async def fresh_server(server: LocalVLLMServer) -> None:
     have loaded others), running."""
     http = ServerHttp(ServerConfig())
     admin = VLLMAdmin(http)
+    epoch = time_epoch()
     try:
-        await admin.pause(server.url)
-        await admin.load(server.url, WeightUpdate(0, server.model))
-        await admin.resume(server.url)
+        await admin.pause(server.url, epoch)
+        await admin.load(server.url, WeightUpdate(0, server.model), epoch)
+        await admin.resume(server.url, epoch)
     finally:
         await http.close()

@@ -55,6 +55,7 @@ from aiohttp import web
 
 from harness.services import free_port
 from harness.token_ledger import TokenLedger
+from rollstream.engines.server_http import parse_label
 
 
 SAMPLING_KEYS = frozenset({
@@ -89,9 +90,19 @@ class Load:
     started: float
     finished: float
 
+    @property
+    def version(self) -> int | None:
+        """The rollstream version its label names."""
+        return parse_label(self.weight_version).version
+
 
 class FakeSGLangServer:
     """``async with FakeSGLangServer() as server:`` serves on ``server.url`` (a free port)."""
+
+    @property
+    def version(self) -> int | None:
+        """The rollstream version its weight label names (``weight_version`` is the label itself)."""
+        return parse_label(self.weight_version).version
 
     def __init__(
         self, *, token_delay: float = 0.002, vocab_size: int = 1000, eos_token_id: int = 2, seed: int = 0,

@@ -110,6 +110,11 @@ class FakeSource:
         v = self.version if version is None else version
         return WeightUpdate(v, self.paths[v]) if v in self.paths else None
 
+    async def latest_checkpoint(self, at_most: int) -> WeightUpdate | None:
+        self._check()
+        versions = [v for v in self.paths if v <= at_most]
+        return WeightUpdate(max(versions), self.paths[max(versions)]) if versions else None
+
     async def watch(self, poll_seconds: float = 2.0) -> AsyncIterator[int]:
         self.watch_calls += 1
         self._check()

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from harness.fake_sglang import FakeSGLangServer, INITIAL_VERSION
+from harness.fake_sglang import FakeSGLangServer
+from rollstream.engines.server_http import parse_label
 from rollstream.wire import Episode
 from rollstream.wire.torch_tensors import decode_tensor_dict
 
@@ -32,7 +33,9 @@ class LedgerTagAudit:
 
 
 def as_version(weight_version: str) -> int:
-    return 0 if weight_version == INITIAL_VERSION else int(weight_version)
+    version = parse_label(weight_version).version
+    assert version is not None, f"the stand-in produced tokens under the label {weight_version!r}"
+    return version
 
 
 def audit(episodes: Iterable[Episode], servers: Sequence[FakeSGLangServer]) -> LedgerTagAudit:

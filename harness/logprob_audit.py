@@ -1,5 +1,17 @@
 """The audit of every generated token's version tag by its logprob: recomputed with the weights
-of the version it is tagged with (the tests on the real vLLM server)."""
+of the version it is tagged with (the tests on the real vLLM server).
+
+Two ways a server treats running requests at a weight update, two recomputations:
+
+* ``recomputed`` (``rollout.weight_update_mode: abort``): a request cut by the update is sent
+  again and prefilled from scratch, so every token's logprob comes from one forward pass of the
+  weights of its tag over its whole prefix;
+* ``kept`` (``keep``): the request is frozen with its keys and values and goes on, so each
+  position's keys and values come from the weights of the step that consumed it (the step that
+  made the next generated token; the prompt's, the prefill that made the first one), and a
+  token's logprob from the weights of its own step over that mixed cache. The audit replays
+  exactly that: segment by segment, each version's model extends one cache.
+"""
 
 from __future__ import annotations
 
@@ -33,11 +45,14 @@ class LogprobTagAudit:
 
 
 class LogprobAuditor:
-    """Audits rows (ids, loss mask, logprobs, versions) against checkpoints by version."""
+    """Audits rows (ids, loss mask, logprobs, versions) against checkpoints by version; ``kv``:
+    how the server treated keys and values at an update (see the module docstring)."""
 
-    def __init__(self, weights: Sequence[Path], temperature: float = 1.0) -> None:
+    def __init__(self, weights: Sequence[Path], temperature: float = 1.0, kv: str = "recomputed") -> None:
+        assert kv in ("recomputed", "kept"), kv
         self.weights = weights
         self.temperature = temperature
+        self.kv = kv
         self._models: dict[int, Any] = {}
         self.result = LogprobTagAudit()
 
@@ -53,6 +68,31 @@ class LogprobAuditor:
             logits = self.model(version)(tensor).logits[0].float() / self.temperature
         return torch.log_softmax(logits[:-1], -1).gather(1, tensor[0, 1:, None]).squeeze(1)
 
+    def expected_kept(self, ids: list[int], generated: list[bool], versions: list[int]) -> torch.Tensor:
+        """The logprob of each token of ``ids`` after its prefix, each position's keys and values
+        from the weights of the step that consumed it (see the module docstring)."""
+        consumer = [-1] * len(ids)  # the version of the step that consumed position p
+        upcoming = -1
+        for p in range(len(ids) - 1, 0, -1):
+            if generated[p]:
+                upcoming = versions[p]
+            consumer[p - 1] = upcoming
+        logits: list[torch.Tensor] = []
+        cache: Any = None
+        start = 0
+        with torch.no_grad():
+            while start < len(ids) - 1:
+                end = start
+                while end < len(ids) - 1 and consumer[end] == consumer[start]:
+                    end += 1
+                model = self.model(max(consumer[start], 0))
+                out = model(torch.tensor([ids[start:end]]), past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                logits.append(out.logits[0].float())
+                start = end
+        scaled = torch.cat(logits) / self.temperature
+        return torch.log_softmax(scaled, -1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+
     def row(self, ids: list[int], generated: list[bool], logprobs: list[float], versions: list[int],
             where: str = "") -> None:
         result = self.result
@@ -60,7 +100,11 @@ class LogprobAuditor:
         tags = {versions[i] for i, g in enumerate(generated) if g}
         result.rows_with_several_versions += len(tags) > 1
         result.versions |= tags
-        by_version = {v: self.expected(ids, v) for v in tags}
+        if self.kv == "kept":
+            kept = self.expected_kept(ids, generated, versions)
+            by_version = {v: kept for v in tags}
+        else:
+            by_version = {v: self.expected(ids, v) for v in tags}
         for i, g in enumerate(generated):
             if not g or i == 0:
                 continue

@@ -119,5 +119,5 @@ async def owners_elected(config: RollstreamConfig, servers: list[FakeSGLangServe
         await redis.aclose()
 
 
-def loads_per_version(server: FakeSGLangServer) -> Counter[str]:
-    return Counter(load.weight_version for load in server.loads)
+def loads_per_version(server: FakeSGLangServer) -> Counter[int | None]:
+    return Counter(load.version for load in server.loads)

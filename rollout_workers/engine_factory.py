@@ -64,7 +64,13 @@ def build_engine(config: RolloutConfig) -> InferenceEngine:
     if config.engine in ("sglang", "vllm"):
         require(config.server_urls, "rollout.server_urls",
                 f"must list at least one server when rollout.engine is {config.engine!r}")
-        return _server_engine_class(config.engine)(config.server_urls, tokenizer_path(config), config.server)
+        return _server_engine_class(config.engine)(config.server_urls, tokenizer_path(config), config.server,
+                                                   config.weight_update_mode)
+    if config.weight_transfer == "distributed":
+        raise ConfigError(
+            f"invalid configuration: rollout.weight_transfer 'distributed' sends weights to inference servers; "
+            f"rollout.engine {config.engine!r} loads checkpoints (use rollout.weight_transfer: checkpoint, or "
+            "rollout.engine: vllm)")
     if config.engine == "custom":
         return _custom_engine(config)
     raise ConfigError(f"invalid configuration: unknown rollout.engine {config.engine!r}")
@@ -106,7 +112,8 @@ def build_follower(
     from rollstream.rollout_workers.weight_sync import SharedServerFollower, WeightSync
 
     leases = ServerLeases(redis, keys, owner_id(worker_id), engine.settings.lease_ttl_seconds)
-    sync = WeightSync([s.url for s in engine.servers], engine.admin, leases, engine.settings)
+    sync = WeightSync([s.url for s in engine.servers], engine.admin, leases, engine.settings,
+                      config.weight_update_mode, store.latest_checkpoint)
     return SharedServerFollower(engine, store, sync)
 
 

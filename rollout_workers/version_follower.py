@@ -41,6 +41,8 @@ class VersionSource(Protocol):
 
     async def get_update(self, version: int | None = None) -> WeightUpdate | None: ...
 
+    async def latest_checkpoint(self, at_most: int) -> WeightUpdate | None: ...
+
 
 async def load_weights(engine: InferenceEngine, update: WeightUpdate) -> None:
     """Pause, load ``update``, declare its version, resume (also when the load raises)."""
@@ -76,6 +78,7 @@ class VersionFollower:
         self._changed = asyncio.Event()
         self.failed_loads = 0
 
+    takes_transfers = False  # versions sent over the wire (no checkpoint) reach this engine
     async def apply(self, update: WeightUpdate) -> None:
         """Make ``update`` the engine's version: here, pause, load and resume the engine."""
         await load_weights(self._engine, update)
@@ -152,6 +155,10 @@ class VersionFollower:
         if update is None:
             log.warning("version %d was published without weights; keeping version %d",
                         version, self._engine.get_version())
+            return "no_weights"
+        if not update.path and not self.takes_transfers:
+            log.warning("version %d was published without a checkpoint (sent over the wire only); keeping "
+                        "version %d", version, self._engine.get_version())
             return "no_weights"
         try:
             await self.apply(update)

@@ -14,14 +14,22 @@ Every rollout worker with ``rollout.engine: sglang`` or ``vllm`` runs a :class:`
 
 What an owner does while it holds the lease (and checks before every step that it still does):
 
-* when the server reports a version below the newest published one (a new version, or a
-  server that restarted or missed updates while down): pause (which answers once the requests
-  it cut off were answered), load (the checkpoint, labelled with its version), continue.
-  Superseded versions are skipped: a server behind by several versions loads only the newest.
-  A failed load resumes the server, which reports a version below the target (or none), so
-  workers do not use it, and is retried with capped backoff;
-* every ``reconcile_seconds`` it re-reads the server's version and probes it: a server that
-  went back (restarted on its launch weights) is reloaded; one that is up but does not generate
+* when the server's label is below the newest published version (a new version, or a server
+  that restarted or missed updates while down), or was written by another owner: pause (mode
+  ``rollout.weight_update_mode``: ``abort`` cuts the running requests, ``keep`` freezes them
+  with their keys and values), load, continue. How the weights get there: over the wire when
+  the trainer sends the version (``rollout.weight_transfer: distributed``) and still serves it;
+  else its checkpoint; else (a server that joins or restarts after the version was sent) the
+  newest checkpoint at or below it, labelled with that checkpoint's version, so the server
+  catches up and takes the next version over the wire. Superseded versions are skipped.
+  A failed load resumes the server, which keeps a label no worker trusts (vLLM) or its old one
+  (SGLang), and is retried with capped backoff;
+* every call carries the owner's fencing epoch, its lease token: the server refuses a call from
+  an older epoch (vLLM's weight fence), so an owner that stalled past its lease changes nothing
+  once its successor called. A refusal means a newer owner took over: the owner gives the lease
+  up and competes again (a new grant has a newer token);
+* every ``reconcile_seconds`` it re-reads the server's label and probes it: a server that went
+  back (restarted on its launch weights) is reloaded; one that is up but does not generate
   while no update runs (a pause left behind) is continued, as is every server at once when the
   owner takes it over (its predecessor may have died mid-update);
 * it records each phase in Redis (``ServerLeases.write_state``, fenced by its token), which is
@@ -30,11 +38,10 @@ What an owner does while it holds the lease (and checks before every step that i
 Every pause and load is recorded first, and taken only when Redis confirms the lease right then
 (a refusal or an unreachable Redis stops the owner): a Redis that came back with an earlier
 moment's state voids every lease granted before (``rollstream.state.server_lease``), so an owner
-whose grant it forgot starts no new step. Limits: the server itself knows nothing of fencing
-tokens. An owner that stalls past its lease (a frozen process), or whose grant Redis forgot,
-may still have one HTTP call in flight when its successor starts; the
-successor's reconcile undoes a stray pause or load within ``reconcile_seconds`` (plus a probe). A load that
-outlasts a dead owner's lease can run a second time (same weights, same tag).
+whose grant it forgot starts no new step. Where the server cannot fence (SGLang), an owner that
+stalls past its lease may still have one HTTP call in flight when its successor starts; SGLang
+labels weights in the same call that loads them, so such a call can only load older weights
+under their own label, which the successor's reconcile replaces within ``reconcile_seconds``.
 """
 
 from __future__ import annotations
@@ -49,8 +56,8 @@ from redis.exceptions import RedisError
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.config import ServerConfig
-from rollstream.engines.server_admin import ServerAdmin, ServerHealth
-from rollstream.engines.server_http import TRANSPORT_ERRORS, EngineRequestError, Retryable
+from rollstream.engines.server_admin import PauseMode, ServerAdmin, ServerHealth
+from rollstream.engines.server_http import TRANSPORT_ERRORS, EngineRequestError, FencedOut, Retryable
 from rollstream.runtime.metrics import WEIGHT_VERSION
 from rollstream.state.server_lease import Lease, Phase, ServerLeases, ServerSyncState
 from rollstream.retry import WEIGHTS_RETRY
@@ -63,20 +70,36 @@ REDIS_ERRORS = (RedisError, OSError)
 SERVER_ERRORS = (*TRANSPORT_ERRORS, Retryable, EngineRequestError)
 
 
+CheckpointLookup = Callable[[int], Awaitable[WeightUpdate | None]]
+
+
+async def _no_checkpoints(version: int) -> WeightUpdate | None:
+    return None
+
+
 class LeaseLost(Exception):
     """The owner no longer holds the server's lease: it must stop touching the server."""
 
 
 class ServerOwner:
-    """Competes for one server's lease and, while holding it, keeps the server on the target."""
+    """Competes for one server's lease and, while holding it, keeps the server on the target.
 
-    def __init__(self, url: str, admin: ServerAdmin, leases: ServerLeases, settings: ServerConfig) -> None:
+    ``checkpoints(v)``: the newest checkpoint at or below version ``v`` (None when there is none),
+    what a server loads when the version it lacks is no longer sent over the wire.
+    """
+
+    def __init__(self, url: str, admin: ServerAdmin, leases: ServerLeases, settings: ServerConfig,
+                 mode: PauseMode = "abort", checkpoints: CheckpointLookup = _no_checkpoints) -> None:
         self.url = url
         self._admin = admin
         self._leases = leases
         self._settings = settings
+        self._mode = mode
+        self._checkpoints = checkpoints
         self._target: WeightUpdate | None = None
         self._changed = asyncio.Event()
+        self._waiting_for: int | None = None  # the target it could not load (logged once)
+        self._seen_epoch = 0  # the newest fencing epoch seen in the server's labels (its own included)
         self.loads = 0  # loads this owner completed (for tests and logs)
         self.failed_loads = 0
         self.lease: Lease | None = None
@@ -100,7 +123,11 @@ class ServerOwner:
                     await asyncio.sleep(period)
                     continue
                 log.info("weight-sync owner of %s (fencing token %d)", self.url, lease.token)
-                await self._own(lease)
+                try:
+                    await self._own(lease)
+                except FencedOut as exc:  # a newer owner's epoch was accepted: a new grant has a newer token
+                    log.warning("%s refused fencing token %d (%s): giving the lease up", self.url, lease.token, exc)
+                    await self._give_up()
                 log.warning("no longer the weight-sync owner of %s", self.url)
         finally:
             await self._give_up()
@@ -166,14 +193,24 @@ class ServerOwner:
 
         The server is continued on taking it over (a predecessor may have died between its
         pause and its continue) and whenever it is up but does not generate; not blindly,
-        since newer SGLang empties the CUDA cache on each continue.
+        since newer SGLang empties the CUDA cache on each continue. A label written by an older
+        epoch than one already seen on the server counts as no version (workers discard what it
+        labels): the owner loads again, under its own epoch.
         """
         self._check(lease)
         target = self._target
         try:
-            version = await self._admin.weight_version(self.url)
+            label = await self._admin.label(self.url)
+            version = None if 0 < label.epoch < self._seen_epoch else label.version
+            self._seen_epoch = max(self._seen_epoch, label.epoch)
             if target is not None and (version is None or version < target.version):
-                return await self._update(lease, target, version)
+                update, how = await self._source(target, version)
+                if update is not None:
+                    return await self._update(lease, update, how, version)
+                if self._waiting_for != target.version:
+                    self._waiting_for = target.version
+                    log.info("%s: v%d is no longer sent and no checkpoint newer than v%s exists: waiting for the "
+                             "next version", self.url, target.version, version)
             if not taken_over:
                 probe = await self._admin.probe(self.url)
                 if probe.health is ServerHealth.DOWN:
@@ -184,39 +221,67 @@ class ServerOwner:
                     log.warning("%s is up but does not generate (%s) and no update is running: continuing it",
                                 self.url, probe.detail)
             if taken_over:
-                await self._admin.resume(self.url)
+                await self._admin.resume(self.url, lease.token)
+        except FencedOut:
+            raise
         except SERVER_ERRORS as exc:
             await self._record(lease, "down", None, f"{type(exc).__name__}: {exc}")
             return False
         await self._record(lease, "serving", version)
         return True
 
-    async def _update(self, lease: Lease, target: WeightUpdate, version: int | None) -> bool:
+    async def _update(self, lease: Lease, update: WeightUpdate, load: str, version: int | None) -> bool:
         started = time.monotonic()
-        log.info("%s: loading weight version %d (server at %s) from %s", self.url, target.version,
-                 version, target.path)
+        log.info("%s: loading weight version %d (server at %s) %s", self.url, update.version, version,
+                 f"from the trainer at {update.source}" if load == "receive" else f"from {update.path}")
         loaded = False
         try:
-            await self._step(lease, "pausing", version, self._admin.pause)
-            await self._step(lease, "loading", version, lambda url: self._admin.load(url, target))
+            await self._step(lease, "pausing", version, lambda url: self._admin.pause(url, lease.token, self._mode))
+            await self._step(lease, "loading", version, lambda url: self._load(url, load, update, lease.token))
             loaded = True
+        except FencedOut:
+            raise
         except SERVER_ERRORS as exc:
             self.failed_loads += 1
-            log.error("%s: loading weight version %d failed (%s: %s); it resumes on its old weights and "
-                      "is not used until it caught up", self.url, target.version, type(exc).__name__, exc)
+            log.error("%s: loading weight version %d failed (%s: %s); it resumes and is not used until a load "
+                      "succeeds", self.url, update.version, type(exc).__name__, exc)
         finally:  # also when stopped (cancelled) mid-update: continue the server it paused
             if lease.valid():  # never continue a server that is no longer ours
                 with contextlib.suppress(*SERVER_ERRORS):
-                    await self._record(lease, "continuing", target.version if loaded else version)
-                    await self._admin.resume(self.url)
+                    await self._record(lease, "continuing", update.version if loaded else version)
+                    await self._admin.resume(self.url, lease.token)
         if not loaded:
-            await self._record(lease, "failed", version, f"loading v{target.version} failed")
+            await self._record(lease, "failed", version, f"loading v{update.version} failed")
             return False
         self.loads += 1
-        await self._record(lease, "serving", target.version)
-        log.info("%s: now at weight version %d (pause + load + continue %.2fs)", self.url, target.version,
+        self._seen_epoch = max(self._seen_epoch, lease.token)
+        await self._record(lease, "serving", update.version)
+        log.info("%s: now at weight version %d (pause + %s + continue %.2fs)", self.url, update.version, load,
                  time.monotonic() - started)
         return True
+
+    async def _source(self, target: WeightUpdate, version: int | None) -> tuple[WeightUpdate | None, str]:
+        """What to load for ``target``: ``(update, "receive")`` while the trainer sends it,
+        ``(update, "load")`` for a checkpoint (``target``'s own, else the newest below it that
+        is newer than ``version``), ``(None, "")`` when nothing newer can be had now."""
+        if target.source and time.time() < target.open_until:
+            return target, "receive"
+        if target.path:
+            return target, "load"
+        try:
+            latest = await self._checkpoints(target.version)
+        except REDIS_ERRORS as exc:
+            log.warning("cannot read the checkpoints of %s from Redis (%s); will retry", self.url, exc)
+            return None, ""
+        if latest is None or (version is not None and latest.version <= version):
+            return None, ""
+        return latest, "load"
+
+    async def _load(self, url: str, how: str, update: WeightUpdate, epoch: int) -> None:
+        if how == "receive":
+            await self._admin.receive(url, update, epoch, self._mode)
+        else:
+            await self._admin.load(url, update, epoch, self._mode)
 
     async def _step(self, lease: Lease, phase: Phase, version: int | None,
                     op: Callable[[str], Awaitable[None]]) -> None:
@@ -248,8 +313,9 @@ class ServerOwner:
 class WeightSync:
     """A :class:`ServerOwner` per server URL, all fed the same target."""
 
-    def __init__(self, urls: list[str], admin: ServerAdmin, leases: ServerLeases, settings: ServerConfig) -> None:
-        self.owners = [ServerOwner(url.rstrip("/"), admin, leases, settings) for url in urls]
+    def __init__(self, urls: list[str], admin: ServerAdmin, leases: ServerLeases, settings: ServerConfig,
+                 mode: PauseMode = "abort", checkpoints: CheckpointLookup = _no_checkpoints) -> None:
+        self.owners = [ServerOwner(url.rstrip("/"), admin, leases, settings, mode, checkpoints) for url in urls]
 
     def offer(self, update: WeightUpdate) -> None:
         for owner in self.owners:
@@ -262,6 +328,8 @@ class WeightSync:
 
 class SharedServerFollower(VersionFollower):
     """Follows the trainer's version for an engine on shared servers; see the module docstring."""
+
+    takes_transfers = True  # the owners receive them, or catch up from a checkpoint
 
     def __init__(self, engine: InferenceEngine, store: VersionSource, sync: WeightSync, **kwargs: float) -> None:
         super().__init__(engine, store, **kwargs)

@@ -212,6 +212,16 @@ class RolloutConfig(_Section):
     # group.min.session.timeout.ms (6 s by default).
     failure_detection_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 10.0
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)  # see AgentConfig
+    # Engines sglang / vllm: what a weight update does to the requests running on a server.
+    # abort: cut them (each is sent again with its tokens, prefilled with the new weights);
+    # keep: freeze them with their keys and values, which the new weights then extend (each
+    # token tagged with the weights of its step; a vLLM server must not cache prefixes)
+    weight_update_mode: Literal["abort", "keep"] = "abort"
+    # Engines sglang / vllm: how a version reaches the servers. checkpoint: each loads the
+    # trainer's checkpoint; distributed: the trainer's rank 0 sends the tensors over a
+    # torch.distributed group (trainer.weight_sender; vLLM), and a server that missed a version
+    # catches up from the newest checkpoint (written every trainer.checkpoint_every versions)
+    weight_transfer: Literal["checkpoint", "distributed"] = "checkpoint"
 
 
 class RewardConfig(_Section):
@@ -246,6 +256,18 @@ class GroupingConfig(_Section):
     instance_id: Name = "grouping-0"  # names the instance in logs and client ids
     session_timeout_ms: SessionMillis = 10_000  # consumer group session: how soon a dead instance's partitions move
     max_consecutive_failures: AtLeastOne = 10  # failed transactions in a row before the instance gives up
+
+
+class WeightSenderConfig(_Section):
+    """The trainer's side of ``rollout.weight_transfer: distributed`` (``trainer.weight_sender.*``)."""
+
+    host: str = "127.0.0.1"  # the address inference servers reach the trainer's rank 0 at
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0  # its rendezvous port; 0: a free one
+    backend: Literal["gloo", "nccl"] = "gloo"  # gloo on CPU, nccl between GPUs
+    # a publish waits this long for the servers (rollout.server_urls) to take the version; one
+    # that did not catches up from a checkpoint and takes the next version
+    timeout_seconds: Seconds = 60.0
+    bucket_mb: AtLeastOne = 64  # tensors travel in buffers of at most this many MiB
 
 
 class TrainerConfig(_Section):
@@ -290,6 +312,10 @@ class TrainerConfig(_Section):
     max_grad_norm: float = 1.0
     max_steps: Count = 0  # 0: train until stopped
     keep_checkpoints: AtLeastOne = 4  # older v{n} directories and their Redis entries are deleted
+    # rollout.weight_transfer distributed: a checkpoint every this many versions (recovery, and
+    # servers that missed a version); with checkpoint transfers every version has one
+    checkpoint_every: AtLeastOne = 1
+    weight_sender: WeightSenderConfig = msgspec.field(default_factory=WeightSenderConfig)
 
 
 class DumpConfig(_Section):

@@ -29,7 +29,8 @@ from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.config import ServerConfig
 from rollstream.engines.sglang import SGLangEngine
-from rollstream.engines.server_http import HttpRefused, ServerHttp
+from rollstream.engines.server_admin import time_epoch
+from rollstream.engines.server_http import HttpRefused, ServerHttp, weight_label
 
 
 class CheckFailed(AssertionError):
@@ -66,7 +67,7 @@ class Ctx:
         return {"sampling_params": {"max_new_tokens": self.args.long_tokens, "ignore_eos": True}, **extra}
 
     async def next_version(self) -> int:
-        return (await self.engine.admin.weight_version(self.url) or 0) + 1
+        return ((await self.engine.admin.label(self.url)).version or 0) + 1
 
 
 async def gen(ctx: Ctx, **kw: Any) -> ModelResponse:
@@ -110,16 +111,18 @@ async def check_skip_tokenizer_init(ctx: Ctx) -> str:
 async def check_weight_version(ctx: Ctx) -> str:
     version = await ctx.next_version()
     admin = ctx.engine.admin
-    await admin.pause(ctx.url)
+    epoch = time_epoch()
+    await admin.pause(ctx.url, epoch)
     try:
-        await admin.load(ctx.url, WeightUpdate(version, ctx.args.model_path))
+        await admin.load(ctx.url, WeightUpdate(version, ctx.args.model_path), epoch)
     finally:
-        await admin.resume(ctx.url)
+        await admin.resume(ctx.url, epoch)
     status, answer = await ctx.generate({"sampling_params": {"max_new_tokens": 2}})
     reported = answer["meta_info"].get("weight_version") if status == 200 else None
-    expect(reported == str(version), f"/generate reports weight_version {reported!r}, loaded {version}")
-    expect(await admin.weight_version(ctx.url) == version, "/model_info does not report the loaded version")
-    return f"loaded as {version!r}: /generate and /model_info report it"
+    expect(reported == weight_label(version, epoch), f"/generate reports weight_version {reported!r}, loaded {version}")
+    label = await admin.label(ctx.url)
+    expect((label.version, label.epoch) == (version, epoch), "/model_info does not report the loaded version")
+    return f"loaded as {reported!r}: /generate and /model_info report it"
 
 
 async def check_blocking_pause(ctx: Ctx) -> str:
@@ -128,7 +131,8 @@ async def check_blocking_pause(ctx: Ctx) -> str:
     running.add_done_callback(lambda _: answered.append(time.monotonic()))
     await asyncio.sleep(ctx.args.pause_after)
     started = time.monotonic()
-    await ctx.engine.admin.pause(ctx.url)
+    epoch = time_epoch()
+    await ctx.engine.admin.pause(ctx.url, epoch)
     returned = time.monotonic()
     try:
         status, answer = await asyncio.wait_for(running, 60)
@@ -138,18 +142,19 @@ async def check_blocking_pause(ctx: Ctx) -> str:
         late = answered[0] - returned
         expect(late < 0.1, f"/pause_generation answered {late:.2f}s before the aborted request was")
     finally:
-        await ctx.engine.admin.resume(ctx.url)
+        await ctx.engine.admin.resume(ctx.url, epoch)
     return f"pause answered after {returned - started:.2f}s, once the aborted request was answered"
 
 
 async def check_gate(ctx: Ctx) -> str:
-    await ctx.engine.admin.pause(ctx.url)
+    epoch = time_epoch()
+    await ctx.engine.admin.pause(ctx.url, epoch)
     try:
         waiting = asyncio.create_task(ctx.generate({"sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}))
         await asyncio.sleep(ctx.args.gate_wait)
         expect(not waiting.done(), f"a request sent while paused was answered: {waiting.result() if waiting.done() else ''}")
     finally:
-        await ctx.engine.admin.resume(ctx.url)
+        await ctx.engine.admin.resume(ctx.url, epoch)
     status, answer = await asyncio.wait_for(waiting, 120)
     finish = answer["meta_info"]["finish_reason"]["type"] if status == 200 else status
     expect(finish == "length", f"after continue it ended with {finish!r}, not length (it must not be aborted)")
@@ -168,10 +173,11 @@ async def check_duplicate_rid(ctx: Ctx) -> str:
 
 
 async def check_health_while_paused(ctx: Ctx) -> str:
-    await ctx.engine.admin.pause(ctx.url)
+    epoch = time_epoch()
+    await ctx.engine.admin.pause(ctx.url, epoch)
     try:
         started = time.monotonic()
-        version = await ctx.engine.admin.weight_version(ctx.url)
+        version = (await ctx.engine.admin.label(ctx.url)).version
         info_s = time.monotonic() - started
         expect(info_s < 5, f"/model_info took {info_s:.1f}s while paused")
         started = time.monotonic()
@@ -181,7 +187,7 @@ async def check_health_while_paused(ctx: Ctx) -> str:
             status = None
         health_s = time.monotonic() - started
     finally:
-        await ctx.engine.admin.resume(ctx.url)
+        await ctx.engine.admin.resume(ctx.url, epoch)
     expect(status == 503, f"/health while paused: {status} after {health_s:.1f}s, expected 503")
     return f"/model_info answered in {info_s:.2f}s (v{version}); /health 503 after {health_s:.1f}s"
 
@@ -207,12 +213,13 @@ async def check_abort_resume(ctx: Ctx) -> str:
     task = asyncio.create_task(gen(ctx, max_new_tokens=budget, ignore_eos=True))
     await asyncio.sleep(ctx.args.pause_after)
     started = time.monotonic()
+    epoch = time_epoch()
     for url in ctx.args.url:
-        await ctx.engine.admin.pause(url)
+        await ctx.engine.admin.pause(url, epoch)
         try:
-            await ctx.engine.admin.load(url, WeightUpdate(version, ctx.args.model_path))
+            await ctx.engine.admin.load(url, WeightUpdate(version, ctx.args.model_path), epoch)
         finally:
-            await ctx.engine.admin.resume(url)
+            await ctx.engine.admin.resume(url, epoch)
     update_s = time.monotonic() - started
     resp = await task
     expect(consistent(resp), "tokens/logprobs/versions lengths differ")

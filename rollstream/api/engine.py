@@ -11,10 +11,19 @@ from rollstream.api.io_struct import ModelRequest, ModelResponse
 
 @dataclass(frozen=True)
 class WeightUpdate:
-    """Where a new policy version's weights are. ``path`` is a directory the engine can load."""
+    """Where a new policy version's weights are.
+
+    ``path``: a directory holding exactly this version's weights that the engine can load ("":
+    the version has no checkpoint). ``source``: the ``host:port`` of the trainer's weight sender
+    when the trainer sends the version over a torch.distributed group (``backend``: gloo or
+    nccl), which it serves until ``open_until`` (unix seconds); "" otherwise.
+    """
 
     version: int
-    path: str
+    path: str = ""
+    source: str = ""
+    open_until: float = 0.0
+    backend: str = "gloo"
 
 
 class InferenceEngine(abc.ABC):

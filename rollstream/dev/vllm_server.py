@@ -5,9 +5,10 @@ from ours): ``ROLLSTREAM_VLLM_PYTHON`` names its interpreter, else the one
 ``scripts/setup.sh`` installs (``~/.cache/rollstream/vllm-venv``). The server is started the
 way rollstream needs it (:func:`server_argv`, :data:`SERVER_ENV`; compose.yaml's ``vllm``
 service starts it the same way): the RL routes (dev mode), the token-in/token-out API,
-``processed_logprobs`` (``log_softmax`` after temperature, as the local engines compute) and
-rollstream's worker extension, which this module puts on the server's ``PYTHONPATH`` on its own
-(a package directory holding only that module), so the server needs nothing else of rollstream.
+``processed_logprobs`` (``log_softmax`` after temperature, as the local engines compute),
+rollstream's weight fence (an ASGI middleware) and worker extension, which this module puts on
+the server's ``PYTHONPATH`` on their own (a package directory holding only the modules that run
+inside vLLM: :data:`SERVER_SIDE_MODULES`), so the server needs nothing else of rollstream.
 
 The server and its engine processes run in a process group of their own: ``stop`` and ``kill``
 reach all of them. ``restart`` brings it back on the same port with its launch weights (version
@@ -44,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 VENV = Path.home() / ".cache" / "rollstream" / "vllm-venv"
 EXTENSION = "rollstream.engines.vllm_worker_extension.WeightLoader"
+FENCE = "rollstream.engines.vllm_weight_fence.WeightFence"
+# What runs inside the vLLM server: these import nothing else of rollstream.
+SERVER_SIDE_MODULES = ("vllm_worker_extension", "vllm_weight_fence", "weight_transfer")
 # What every rollstream vLLM server runs with (compose.yaml's vllm service too).
 SERVER_ENV = {
     "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /update_weight_version, /weight_info
@@ -83,20 +87,23 @@ def server_argv(python: str, model: str, port: int, *, host: str = LOCALHOST, se
         "--enable-scale-out",  # /inference/v1/generate: token ids in and out, with weight versions
         "--logprobs-mode", "processed_logprobs",
         "--worker-extension-cls", EXTENSION,
+        "--middleware", FENCE,
     ]
 
 
 def extension_path(workdir: Path) -> Path:
-    """A directory to put on the server's PYTHONPATH that holds rollstream's worker extension
+    """A directory to put on the server's PYTHONPATH that holds rollstream's server-side modules
     and nothing else of rollstream (the server's environment has its own torch and transformers)."""
-    from rollstream.engines import vllm_worker_extension
+    import rollstream.engines
 
+    source = Path(rollstream.engines.__file__).parent
     root = workdir / "extension"
     package = root / "rollstream" / "engines"
     package.mkdir(parents=True, exist_ok=True)
     for init in (root / "rollstream" / "__init__.py", package / "__init__.py"):
         init.write_text("")
-    shutil.copyfile(vllm_worker_extension.__file__, package / "vllm_worker_extension.py")
+    for module in SERVER_SIDE_MODULES:
+        shutil.copyfile(source / f"{module}.py", package / f"{module}.py")
     return root
 
 

@@ -7,10 +7,13 @@ Callers may rely on:
 
 * **Tags come from the server.** Every output token carries the version of the weights that
   produced it, as the server labels it in its answer (rollstream loads version ``v`` with the
-  label ``"v"``; the launch weights' label ``"default"`` is version 0). A generation cut by a
-  pause (an answer that ends in "abort") is resubmitted as prompt + partial output with the
-  remaining budget; each returned span is tagged by its own answer, so one response can hold
-  several versions, oldest first. An abort that exhausts the budget is reported as "length".
+  label ``"v@<epoch>"``, the fencing epoch of the owner that loaded it; the launch weights'
+  label ``"default"`` is version 0). A generation cut by a pause (an answer that ends in
+  "abort") is resubmitted as prompt + partial output with the remaining budget; a generation
+  frozen by a ``keep`` pause goes on and its answer labels each step; either way one response
+  can hold several versions, oldest first. An abort that exhausts the budget is reported as
+  "length". A request a weight update cut before its first token is sent again and never
+  counts toward ``max_retries`` (``stats.update_cuts``).
 * **This engine never pauses or reloads a server while it generates.** Weight updates of a
   shared server are done by its one owner (``rollout_workers/weight_sync.py``). ``pause``,
   ``update_weights`` and ``resume`` act on every server and are meant for a process that owns
@@ -21,8 +24,9 @@ Callers may rely on:
   ``version_poll_seconds``), so a server that missed an update (down, slow) is not used until
   it caught up. A span that comes back older than required when it was sent (the server
   restarted meanwhile) is discarded and generated again, and so is one whose tokens the server
-  labels as made during a weight load (a load on a running server, by an owner that lost its
-  lease while frozen): no token is ever tagged with weights that did not produce it.
+  labels as made during a weight load, or labelled by an older fencing epoch than one this
+  engine already saw on that server (a former owner's label): no token is ever tagged with
+  weights that did not produce it.
 * **Requests never collide.** Each HTTP attempt has its own request id (``<request rid>.<n>``),
   so a retry after a timeout, a resubmission after an abort or a failover is never refused as a
   duplicate of a request the server still holds; should a server answer 400 "Duplicate
@@ -45,14 +49,14 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
 from rollstream.api.request_check import InvalidRequestError, accepted_request
 from rollstream.config import ServerConfig
-from rollstream.engines.server_admin import ServerAdmin, ServerHealth
+from rollstream.engines.server_admin import PauseMode, ServerAdmin, ServerHealth, time_epoch
 from rollstream.engines.server_http import (
     TRANSPORT_ERRORS,
     EngineRequestError,
@@ -107,6 +111,8 @@ class Span:
     # Some tokens were labelled as produced during a weight load (a label that is no version):
     # which weights produced them is unknown, so the whole answer is generated again.
     unlabelled: bool = False
+    epochs: set[int] = field(default_factory=set)  # fencing epochs of the labels (0: none)
+    stale_epoch: bool = False  # some label was written by a former owner: generated again
 
     def older_than(self, minimum: int) -> bool:
         """Produced (or reported) by weights older than ``minimum``."""
@@ -122,10 +128,12 @@ class ServerEngine(InferenceEngine):
 
     def __init__(
         self, base_urls: list[str], tokenizer_path: str | None = None, settings: ServerConfig | None = None,
+        weight_update_mode: PauseMode = "abort",
     ) -> None:
         if not base_urls:
             raise ValueError(f"{type(self).__name__} needs at least one server URL")
         self.tokenizer_path = tokenizer_path
+        self.weight_update_mode = weight_update_mode
         self.settings = settings or ServerConfig()
         self.http = ServerHttp(self.settings)
         self.admin = self.admin_class(self.http)
@@ -187,13 +195,14 @@ class ServerEngine(InferenceEngine):
             if not up:
                 logger.error("%s %s is down at start: not used until it answers again", kind, server.url)
                 self.pool.mark_down(server)
-        await asyncio.gather(*(self.admin.check_api(s.url) for s in self.servers if s.url not in down))
+        await asyncio.gather(*(self.admin.check_api(s.url, self.weight_update_mode)
+                               for s in self.servers if s.url not in down))
 
     async def _wait_up(self, server: Server, deadline: float) -> bool:
         while True:
             probe = await self.admin.probe(server.url)
             if probe.health is not ServerHealth.DOWN:
-                server.version = probe.weight_version
+                server.observe(probe.label)
                 if probe.health is ServerHealth.NOT_GENERATING:
                     logger.info("%s %s is up but not generating (%s): paused for a weight update?",
                                 self.admin.kind, server.url, probe.detail)
@@ -223,25 +232,33 @@ class ServerEngine(InferenceEngine):
 
     # ------------------------------------------- whole-fleet control (single owner only)
 
+    # A process that owns every server fences its calls with the clock (``time_epoch``), taken
+    # once per pause, so its load and resume come with the pause's epoch.
+    _fleet_epoch = 0
+
     async def pause(self) -> None:
         """Pause every server that is up; returns once each answered (bounded)."""
-        await self._each(self.admin.pause, "pause")
+        self._fleet_epoch = time_epoch()
+        await self._each(lambda url: self.admin.pause(url, self._fleet_epoch, self.weight_update_mode), "pause")
 
     async def update_weights(self, update: WeightUpdate) -> None:
         """Load ``update`` on every server; EngineUnavailableError when none succeeded."""
         servers = self.pool.up_servers()
-        results = await asyncio.gather(*(self.admin.load(s.url, update) for s in servers), return_exceptions=True)
+        epoch = self._fleet_epoch = max(self._fleet_epoch, time_epoch())
+        results = await asyncio.gather(*(self.admin.load(s.url, update, epoch, self.weight_update_mode)
+                                         for s in servers), return_exceptions=True)
         for server, result in zip(servers, results):
             if isinstance(result, BaseException):
                 logger.error("weight update to version %d failed on %s: %r", update.version, server.url, result)
             else:
-                server.version = update.version
+                server.version, server.epoch = update.version, epoch
         if all(isinstance(r, BaseException) for r in results):
             raise EngineUnavailableError(f"weight update to version {update.version} failed on every server")
 
     async def resume(self) -> None:
         """Continue every server that is up."""
-        await self._each(self.admin.resume, "resume")
+        epoch = self._fleet_epoch = max(self._fleet_epoch, time_epoch())
+        await self._each(lambda url: self.admin.resume(url, epoch), "resume")
 
     async def _each(self, op: Any, what: str) -> None:
         servers = self.pool.up_servers()
@@ -268,11 +285,16 @@ class ServerEngine(InferenceEngine):
         attempts = itertools.count()  # a fresh request id per HTTP attempt
         while len(tokens) < budget:
             body = self.request_body(req, tokens, budget, images)
-            server, span, minimum = await self._generate(req.rid, body, attempts)
+            server, span, minimum, sent = await self._generate(req.rid, body, attempts)
             if span.unlabelled:  # made while a (stale) owner loaded weights: which ones, nobody knows
                 self.stats.unlabelled_spans += 1
                 server.version = None  # read again before the next call: wait for the load to end
                 logger.warning("%s labelled tokens as made during a weight load: answer discarded", server.url)
+                continue
+            if span.stale_epoch:  # a former owner's label: the server's owner reloads it
+                self.stats.stale_epoch_spans += 1
+                logger.warning("%s labelled tokens with a former owner's epoch %s (newest seen %d): answer discarded",
+                               server.url, sorted(span.epochs), server.epoch)
                 continue
             if span.older_than(minimum):  # the server went back (restarted) after it was picked
                 self.stats.stale_spans += 1
@@ -291,8 +313,7 @@ class ServerEngine(InferenceEngine):
                 break
             if kind != "abort":
                 raise EngineRequestError(f"unknown finish reason {span.finish!r} for rid {req.rid}")
-            empty_aborts = 0 if chunk else empty_aborts + 1
-            await self._after_abort(req.rid, span.finish, empty_aborts)
+            empty_aborts = await self._after_abort(req.rid, span.finish, empty_aborts, bool(chunk), server, sent)
         return ModelResponse(
             input_tokens=list(req.input_ids),
             output_tokens=tokens,
@@ -306,32 +327,55 @@ class ServerEngine(InferenceEngine):
             processor=req.processor,
         )
 
-    async def _after_abort(self, rid: str, finish: dict[str, Any], empty_aborts: int) -> None:
-        """An abort with a client error raises; a pause (by the server's owner) is resumed."""
+    async def _after_abort(self, rid: str, finish: dict[str, Any], empty_aborts: int, progress: bool,
+                           server: Server, sent: tuple[int | None, int]) -> int:
+        """After an abort: the count of aborts in a row without progress. An abort with a client
+        error raises; a pause (by the server's owner) is resumed, and one that cut the request
+        before its first token is no failure; other aborts without progress count toward
+        ``max_retries``, with a pause between them."""
         self.stats.resubmissions += 1
         status = finish.get("status_code")
         if isinstance(status, int) and 400 <= status < 500:
             raise EngineRequestError(f"rid {rid} aborted by the server: {finish!r}")
+        if progress:
+            return 0
+        if await self._cut_by_update(server, sent):
+            self.stats.update_cuts += 1
+            server.version = None  # read again before the next call: wait for the update to end
+            return empty_aborts
+        empty_aborts += 1
         if empty_aborts > self.settings.max_retries:
             raise EngineRequestError(f"rid {rid} aborted {empty_aborts} times without progress: {finish!r}")
-        if empty_aborts:
-            await asyncio.sleep(self._retry_policy().pause(empty_aborts))  # shedding load: do not spin
+        await asyncio.sleep(self._retry_policy().pause(empty_aborts))  # shedding load: do not spin
+        return empty_aborts
+
+    async def _cut_by_update(self, server: Server, sent: tuple[int | None, int]) -> bool:
+        try:
+            return await self.admin.updating(server.url, sent)
+        except (*TRANSPORT_ERRORS, EngineRequestError):
+            return False
 
     async def _generate(
         self, rid: str, body: dict[str, Any], attempts: itertools.count[int],
-    ) -> tuple[Server, Span, int]:
-        """POST the request with retries and failover: the server, its span, the minimum version.
+    ) -> tuple[Server, Span, int, tuple[int | None, int]]:
+        """POST the request with retries and failover: the server, its span, the minimum version
+        and the server's label (version, epoch) when it was picked.
         ``rollout.server.max_retries`` retries, paused by :meth:`_retry_policy`."""
         backoff = self._retry_policy().limited(max_attempts=self.settings.max_retries + 1).backoff()
         last_error: BaseException | None = None
         while True:
             server, minimum = await self.pool.pick(rid, last_error)
+            sent = (server.version, server.epoch)
             attempt = {**body, self.request_id_key: f"{rid}.{next(attempts)}"}
             try:
                 span = self.parse_answer(await self._tracked_post(server, attempt), server.url)
-                if span.reported is not None:
+                span.stale_epoch = server.stale(span.epochs)
+                server.epoch = max(server.epoch, *span.epochs, 0)
+                if span.stale_epoch:
+                    server.version = None  # a former owner's label: not current until relabelled
+                elif span.reported is not None:
                     server.version = span.reported  # the server's own word is the freshest
-                return server, span, minimum
+                return server, span, minimum, sent
             except HttpRefused as exc:
                 if not exc.duplicate_rid:
                     raise self.explain_refusal(exc, body) from None

@@ -7,10 +7,14 @@ Callers may rely on:
   (an :class:`EngineRequestError`) carrying the status and the server's message; a 2xx answer
   that is not JSON raises :class:`EngineRequestError`. Connection errors
   and timeouts propagate as ``aiohttp.ClientError`` / ``asyncio.TimeoutError``.
-* :func:`parse_weight_version` turns a server's weight-version label into a rollstream
-  version: the decimal string rollstream sets with each load, or ``"default"`` (the weights the
-  server was started with; SGLang and vLLM both start with that label) as version 0; anything
-  else is ``None`` (not a rollstream version, e.g. the label of a load in progress).
+* :func:`parse_label` reads a server's weight-version label as rollstream writes it
+  (:class:`WeightLabel`): ``"<version>@<epoch>"`` after a load by the weight-sync owner whose
+  fencing epoch is ``epoch``, ``"loading:<version>@<epoch>"`` while it loads, ``"default"`` for
+  the weights the server was started with (SGLang and vLLM both start with that label: version 0,
+  no epoch); a plain decimal is a version without an epoch. Anything else is no rollstream
+  version.
+* A call refused by a server's weight fence (HTTP 409: a newer owner's epoch was accepted there)
+  raises :class:`FencedOut`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -25,7 +30,9 @@ import aiohttp
 from rollstream.config import ServerConfig
 
 INITIAL_WEIGHT_VERSION = "default"  # what SGLang and vLLM report before their first weight update
+LOADING_PREFIX = "loading:"
 _DECIMAL = re.compile(r"-?\d+")
+_LABEL = re.compile(r"(-?\d+)@(\d+)")
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
@@ -51,19 +58,61 @@ class HttpRefused(EngineRequestError):
         return self.status == 400 and "duplicate request id" in self.message.lower()
 
 
+class FencedOut(HttpRefused):
+    """The server's weight fence refused the call: it accepted a newer owner's epoch."""
+
+
 class Retryable(Exception):
     """An HTTP 5xx answer: worth another try, maybe on another server."""
 
 
-def parse_weight_version(value: Any) -> int | None:
-    """The rollstream version of a server's weight-version label; None when it is not one."""
+@dataclass(frozen=True)
+class WeightLabel:
+    """A server's weight-version label, read (see the module docstring).
+
+    ``version`` is None when the label names no weights rollstream can tag with (a load in
+    progress, a label rollstream did not write); ``epoch`` is the fencing epoch of the owner
+    that wrote it (0: none, as for the launch weights).
+    """
+
+    version: int | None
+    epoch: int = 0
+    loading: bool = False
+    raw: str = ""
+
+
+def parse_label(value: Any) -> WeightLabel:
+    """The :class:`WeightLabel` of a server's weight-version label."""
     if value == INITIAL_WEIGHT_VERSION:
-        return 0
+        return WeightLabel(0, raw=value)
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and _DECIMAL.fullmatch(value):
-        return int(value)
-    return None
+        return WeightLabel(value, raw=str(value))
+    if not isinstance(value, str):
+        return WeightLabel(None, raw=repr(value))
+    loading = value.startswith(LOADING_PREFIX)
+    body = value.removeprefix(LOADING_PREFIX)
+    if match := _LABEL.fullmatch(body):
+        version, epoch = int(match[1]), int(match[2])
+    elif _DECIMAL.fullmatch(body):
+        version, epoch = int(body), 0
+    else:
+        return WeightLabel(None, raw=value, loading=loading)
+    return WeightLabel(None if loading else version, epoch, loading, value)
+
+
+def parse_weight_version(value: Any) -> int | None:
+    """The rollstream version a server's weight-version label names; None when none."""
+    return parse_label(value).version
+
+
+def weight_label(version: int, epoch: int) -> str:
+    """The label of weights ``version`` loaded by the owner with fencing epoch ``epoch``."""
+    return f"{version}@{epoch}"
+
+
+def loading_label(version: int, epoch: int) -> str:
+    """The label of a server while it loads ``version``: deliberately no rollstream version."""
+    return f"{LOADING_PREFIX}{version}@{epoch}"
 
 
 def error_message(text: str) -> str:
@@ -99,9 +148,11 @@ class ServerHttp:
     def _timeout(self, total: float) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=total, connect=min(total, self.settings.connect_timeout_seconds))
 
-    async def post(self, url: str, path: str, body: dict[str, Any], timeout: float) -> Any:
+    async def post(self, url: str, path: str, body: dict[str, Any], timeout: float,
+                   headers: dict[str, str] | None = None) -> Any:
         """POST ``body`` as JSON; the decoded JSON answer (see the module docstring for errors)."""
-        async with self._client().post(f"{url}{path}", json=body, timeout=self._timeout(timeout)) as resp:
+        async with self._client().post(f"{url}{path}", json=body, timeout=self._timeout(timeout),
+                                       headers=headers) as resp:
             text = await resp.text()
             _raise_for_status(f"{url}{path}", resp.status, text)
             try:
@@ -127,5 +178,7 @@ class ServerHttp:
 def _raise_for_status(where: str, status: int, text: str) -> None:
     if status >= 500:
         raise Retryable(f"HTTP {status} from {where}: {error_message(text)}")
+    if status == 409:
+        raise FencedOut(where, status, error_message(text))
     if status >= 400:
         raise HttpRefused(where, status, error_message(text))

@@ -12,6 +12,9 @@ Callers may rely on:
   raises ``EngineUnavailableError`` after ``down_patience_seconds`` (0: at once).
 * :meth:`record_failure` counts failures in a row; ``failure_threshold`` of them mark a server
   down for ``down_cooldown_seconds``. A success (``record_success``) resets the count.
+* A server's version is what its label says (:meth:`Server.observe`), unless the label was
+  written by an older fencing epoch than one this engine saw on that server: then it is taken
+  for no version (not current) until the server's owner labels it again.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 
 from rollstream.config import ServerConfig
 from rollstream.engines.server_admin import ServerAdmin, ServerHealth
-from rollstream.engines.server_http import TRANSPORT_ERRORS, EngineUnavailableError
+from rollstream.engines.server_http import TRANSPORT_ERRORS, EngineUnavailableError, WeightLabel
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +41,20 @@ class Server:
     failures: int = 0  # consecutive
     down_until: float = 0.0
     version: int | None = None  # the weight version it last reported; None: not known yet
+    epoch: int = 0  # the newest fencing epoch seen in its labels
+
+    def stale(self, epochs: set[int]) -> bool:
+        """Some of ``epochs`` (of labels this server wrote) are older than one already seen."""
+        return any(0 < e < self.epoch for e in epochs)
+
+    def observe(self, label: WeightLabel | None) -> None:
+        """Take the server's label as its version (None when unread, loading, or written by a
+        stale epoch)."""
+        if label is None:
+            self.version = None
+            return
+        self.version = None if self.stale({label.epoch}) else label.version
+        self.epoch = max(self.epoch, label.epoch)
 
     def up(self, now: float) -> bool:
         return self.down_until <= now
@@ -57,6 +74,8 @@ class ServerEngineStats:
     duplicate_rids: int = 0  # 400 "Duplicate request ID" answers, retried with a new rid
     stale_spans: int = 0  # spans discarded: the server answered older than required
     unlabelled_spans: int = 0  # answers discarded: tokens labelled as made during a weight load
+    stale_epoch_spans: int = 0  # answers discarded: tokens labelled by a former weight-sync owner
+    update_cuts: int = 0  # requests a weight update cut before their first token (not failures)
     catch_up_waits: int = 0  # calls that waited for a server to reach the trainer's version
     calls_per_server: Counter[str] = field(default_factory=Counter)  # generate posts by URL
 
@@ -148,13 +167,14 @@ class ServerPool:
                 for server, probe in zip(self.servers, probes):
                     if probe.health is not ServerHealth.DOWN:
                         logger.info("%s %s answers again (%s)", self._admin.kind, server.url, probe.health.value)
-                        server.down_until, server.failures, server.version = 0.0, 0, probe.weight_version
+                        server.down_until, server.failures = 0.0, 0
+                        server.observe(probe.label)
                 self._next_probe = time.monotonic() + self.settings.version_poll_seconds
         await asyncio.sleep(max(0.0, min(self._next_probe, until) - time.monotonic()))
 
     async def _read_version(self, server: Server) -> None:
         try:
-            server.version = await self._admin.weight_version(server.url)
+            server.observe(await self._admin.label(server.url))
         except TRANSPORT_ERRORS as exc:
             self.record_failure(server, exc)
 

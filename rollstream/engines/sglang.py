@@ -7,8 +7,8 @@ Callers may rely on (besides everything ``server_engine.py`` promises):
   ``sampling_params`` with SGLang's own keys only (SGLang >= 0.5.22 answers 400 to unknown
   ones); ``stop`` and ``min_new_tokens`` only when set (a server started with
   ``--skip-tokenizer-init`` refuses them; the error says so).
-* Tags: each answer's ``meta_info.weight_version`` (the label rollstream sets with every load)
-  tags all of its tokens.
+* Tags: each answer's ``meta_info.weight_version`` (the label ``"<version>@<epoch>"`` rollstream
+  sets with every load) tags all of its tokens.
 * **Images.** ``image_data`` is sent, with every submission of the request (resubmissions
   too), as a list of strings for the one request, the form SGLang's ``GenerateReqInput`` takes
   for a single ``input_ids`` prompt: base64 text, data URIs, paths or URLs go as they are (the
@@ -27,7 +27,7 @@ from typing import Any
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
 from rollstream.api.request_check import InvalidRequestError
 from rollstream.engines.server_engine import NonFiniteLogprobError, ServerEngine, Span, shared_sampling_params
-from rollstream.engines.server_http import EngineRequestError, EngineUnavailableError, HttpRefused, parse_weight_version
+from rollstream.engines.server_http import EngineRequestError, EngineUnavailableError, HttpRefused, parse_label
 from rollstream.engines.sglang_admin import SGLangAdmin
 from rollstream.vision.images import ImageError, image_bytes, to_base64
 
@@ -57,17 +57,18 @@ def parse_generate(data: Any, where: str = "SGLang") -> Span:
     except (KeyError, TypeError, IndexError, ValueError) as exc:
         raise EngineRequestError(f"unexpected /generate answer from {where}: {str(data)[:300]}") from exc
     raw = meta.get("weight_version")
-    version = parse_weight_version(raw)
+    label = parse_label(raw)
+    version = label.version
     if version is None:
         raise EngineRequestError(
             f"{where} reports meta_info.weight_version={raw!r}, not a rollstream version: tokens are "
             "tagged with the version the server reports, so load weights through rollstream (which "
-            "sends weight_version=<version>) and do not start SGLang with a non-integer --weight-version"
+            "sends weight_version=<version>@<epoch>) and do not start SGLang with a non-integer --weight-version"
         )
     finish = meta.get("finish_reason") or {}
     if isinstance(finish, str):
         finish = {"type": finish}
-    return Span(tokens, logprobs, finish, [version] * len(tokens), version)
+    return Span(tokens, logprobs, finish, [version] * len(tokens), version, epochs={label.epoch})
 
 
 class SGLangEngine(ServerEngine):

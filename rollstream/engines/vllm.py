@@ -18,9 +18,10 @@ Callers may rely on (besides everything ``server_engine.py`` promises):
   definition as long as ``top_k``/``top_p`` are off (with them vLLM renormalises over the kept
   tokens).
 * Tags: the answer's ``weight_versions`` spans (the label the engine core stamped on every step
-  that produced each token) tag each token; an answer with a token labelled ``loading:<v>``
-  (made during a weight load) is discarded and generated again; one without spans (an older
-  vLLM) or with a label rollstream did not set is refused.
+  that produced each token) tag each token, and name the fencing epoch of the owner that wrote
+  each label; an answer with a token labelled ``loading:<v>@<epoch>`` (made during a weight
+  load) is discarded and generated again; one without spans (an older vLLM) or with a label
+  rollstream did not set is refused.
 * Images are refused (``InvalidRequestError``): vLLM's token-in API takes preprocessed image
   features, which rollstream does not make.
 """
@@ -32,8 +33,8 @@ from typing import Any
 
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
 from rollstream.engines.server_engine import ServerEngine, Span, shared_sampling_params
-from rollstream.engines.server_http import EngineRequestError, parse_weight_version
-from rollstream.engines.vllm_admin import LOADING_PREFIX, VLLMAdmin
+from rollstream.engines.server_http import EngineRequestError, parse_label
+from rollstream.engines.vllm_admin import VLLMAdmin
 
 __all__ = ["VLLMEngine", "parse_tokens_answer", "vllm_sampling_params"]
 
@@ -61,11 +62,13 @@ def parse_tokens_answer(data: Any, where: str = "vLLM") -> Span:
         raise EngineRequestError(f"unexpected /inference/v1/generate answer from {where}: {str(data)[:300]}") from exc
     if len(logprobs) != len(tokens):
         raise EngineRequestError(f"{where} answered {len(tokens)} tokens with {len(logprobs)} logprobs")
-    spans = choice.get("weight_versions")
-    if any(str(s.get("version", "")).startswith(LOADING_PREFIX) for s in spans or []):
-        return Span(tokens, logprobs, finish, [], None, unlabelled=True)
+    spans = choice.get("weight_versions") or []
+    labels = [parse_label(s.get("version")) for s in spans]
+    epochs = {label.epoch for label in labels}
+    if any(label.loading for label in labels):
+        return Span(tokens, logprobs, finish, [], None, unlabelled=True, epochs=epochs)
     versions = token_versions(spans, len(tokens), where)
-    return Span(tokens, logprobs, finish, versions, versions[-1] if versions else None)
+    return Span(tokens, logprobs, finish, versions, versions[-1] if versions else None, epochs=epochs)
 
 
 def token_versions(spans: Any, count: int, where: str) -> list[int]:
@@ -78,11 +81,11 @@ def token_versions(spans: Any, count: int, where: str) -> list[int]:
             "API, which labels every token with the weights that produced it")
     versions: list[int] = []
     for span in spans:
-        version = parse_weight_version(span.get("version"))
+        version = parse_label(span.get("version")).version
         if version is None or span.get("start") != len(versions):
             raise EngineRequestError(
                 f"{where} labels tokens {span!r}: not a rollstream version, or spans that do not tile the "
-                "output (weights must be loaded through rollstream, which labels them <version>)")
+                "output (weights must be loaded through rollstream, which labels them <version>@<epoch>)")
         versions += [version] * (int(span["end"]) - int(span["start"]))
     if len(versions) != count:
         raise EngineRequestError(f"{where}'s weight_versions cover {len(versions)} of {count} tokens")

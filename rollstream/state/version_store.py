@@ -1,5 +1,10 @@
 """The trainer's weight versions in Redis: the current one, where each version's weights are,
-and the announcement channel. Versions only go up (:meth:`VersionStore.publish_newer`)."""
+how the current one is sent over the wire, and the announcement channel. Versions only go up
+(:meth:`VersionStore.publish_newer`).
+
+Keys: ``version`` (the current version), ``weights`` (hash: version -> checkpoint directory, for
+the versions that have one), ``transfer`` (JSON: the current version's weight sender, when the
+trainer sends it over a torch.distributed group)."""
 
 from __future__ import annotations
 
@@ -15,8 +20,9 @@ from rollstream.state.client import MALFORMED, RedisKeys, parse_int, script_answ
 
 log = logging.getLogger(__name__)
 
-# KEYS: version, weights, channel. ARGV: version, path, announcement. Publishes only a version
-# above the current one: {1} published, {0, current} refused, {MALFORMED, key, value}.
+# KEYS: version, weights, channel, transfer. ARGV: version, path ("": none), announcement,
+# transfer ("": none). Publishes only a version above the current one: {1} published,
+# {0, current} refused, {MALFORMED, key, value}.
 _PUBLISH_NEWER = """
 local raw = redis.call('GET', KEYS[1])
 if raw then
@@ -24,11 +30,19 @@ if raw then
   if current == nil then return {-3, KEYS[1], raw} end
   if tonumber(ARGV[1]) <= current then return {0, current} end
 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
+if ARGV[4] ~= '' then redis.call('SET', KEYS[4], ARGV[4]) else redis.call('DEL', KEYS[4]) end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('PUBLISH', KEYS[3], ARGV[3])
 return {1}
 """
+
+
+def _transfer(update: WeightUpdate) -> str:
+    if not update.source:
+        return ""
+    return json.dumps({"version": update.version, "source": update.source, "open_until": update.open_until,
+                       "backend": update.backend})
 
 
 
@@ -45,11 +59,28 @@ class VersionStore:
         return parse_int(key, await self._redis.get(key))
 
     async def get_update(self, version: int | None = None) -> WeightUpdate | None:
-        """The weights of ``version`` (default: the current one); None when none were published."""
+        """The weights of ``version`` (default: the current one): its checkpoint, and its weight
+        sender while it is the current version; None when it has neither."""
         if version is None:
             version = await self.get_version()
         path = await self._redis.hget(self._keys.key("weights"), str(version))
-        return WeightUpdate(version, path.decode()) if path is not None else None
+        raw = await self._redis.get(self._keys.key("transfer"))
+        sent = json.loads(raw) if raw else {}
+        if sent.get("version") != version:
+            sent = {}
+        if path is None and not sent:
+            return None
+        return WeightUpdate(version, path.decode() if path is not None else "", sent.get("source", ""),
+                            float(sent.get("open_until", 0.0)), sent.get("backend", "gloo"))
+
+    async def latest_checkpoint(self, at_most: int) -> WeightUpdate | None:
+        """The newest version at or below ``at_most`` that has a checkpoint; None when none has."""
+        entries = await self._redis.hgetall(self._keys.key("weights"))
+        versions = [(int(v), p.decode()) for v, p in entries.items() if int(v) <= at_most and p]
+        if not versions:
+            return None
+        version, path = max(versions)
+        return WeightUpdate(version, path)
 
     async def publish(self, update: WeightUpdate) -> None:
         """Record ``update`` as the current version, then announce it on the channel."""
@@ -69,8 +100,8 @@ class VersionStore:
         version that refused it; RedisStateError when the version key is malformed."""
         message = json.dumps({"event": "version", "version": update.version, "path": update.path})
         script = self._redis.register_script(_PUBLISH_NEWER)
-        keys = [self._keys.key("version"), self._keys.key("weights"), self._keys.channel]
-        result = await script(keys=keys, args=[update.version, update.path, message])
+        keys = [self._keys.key("version"), self._keys.key("weights"), self._keys.channel, self._keys.key("transfer")]
+        result = await script(keys=keys, args=[update.version, update.path, message, _transfer(update)])
         if result[0] == MALFORMED:
             script_answer(result)
         if result[0] == 0:

@@ -132,7 +132,7 @@ async def test_sigkilled_weight_sync_owner_is_replaced(
                 worker.start()
             await until(lambda: all(w.grep("consuming") for w in workers.values()), "3 workers up", 120, logs)
             await publish_versions(config, range(1, 2), every=0.0)
-            await until(lambda: a.weight_version == b.weight_version == "1" and not (a.paused or b.paused),
+            await until(lambda: a.version == b.version == 1 and not (a.paused or b.paused),
                         "both servers at v1", 60, logs)
 
             await publish_versions(config, range(2, 3), every=0.0)
@@ -144,14 +144,14 @@ async def test_sigkilled_weight_sync_owner_is_replaced(
             killed_at = time.monotonic()
             assert victim_server.paused, "the kill should land between pause and continue"
 
-            await until(lambda: a.weight_version == b.weight_version == "2" and not (a.paused or b.paused),
+            await until(lambda: a.version == b.version == 2 and not (a.paused or b.paused),
                         "every server at v2 and running again", 60, logs)
             taken_over = time.monotonic() - killed_at
             successor, new_token = await within(leases.holder(victim_server.url), 5, "reading the lease holder")
             assert successor.split(":")[0] != victim.name and new_token > token
 
             await within(publish_versions(config, range(3, 5), every=1.0), 30, "publishing v3 and v4")
-            await until(lambda: a.weight_version == b.weight_version == "4" and not (a.paused or b.paused),
+            await until(lambda: a.version == b.version == 4 and not (a.paused or b.paused),
                         "every server at the newest version", 60, logs)
             feed.stop()
             await within(feeding, 30, "the prompt feed stopping")
@@ -172,5 +172,5 @@ async def test_sigkilled_weight_sync_owner_is_replaced(
         for server in (a, b):
             loads = loads_per_version(server)
             print(f"{server.url}: loads {dict(loads)}, pauses {server.hits['pause']}, refusals {dict(server.refusals)}")
-            assert max(loads.values()) == 1 and loads["2"] == loads["4"] == 1, loads  # none twice, none lost
+            assert max(loads.values()) == 1 and loads[2] == loads[4] == 1, loads  # none twice, none lost
             assert server.refusals["duplicate_rid"] == 0

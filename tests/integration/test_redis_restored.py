@@ -264,7 +264,7 @@ async def test_an_owner_takes_no_step_on_a_lease_redis_cannot_confirm(
             await asyncio.sleep(1.0)  # within its lease's local deadline, Redis unreachable
             assert server.hits["pause"] == 0 and not server.loads
             await restore(redis_server, snapshot, client)
-            await until(lambda: server.weight_version == "1" and not server.paused, "the server on v1", 20)
+            await until(lambda: server.version == 1 and not server.paused, "the server on v1", 20)
             assert len(server.loads) == 1 and server.hits["pause"] == 1
         finally:
             task.cancel()

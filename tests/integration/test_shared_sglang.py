@@ -85,16 +85,16 @@ async def test_three_workers_two_shared_servers_exact_tags(
         assert result.mistagged == 0 and result.unknown == 0, result.examples
         assert result.tokens >= 1000 and result.multi_version_episodes > 0
 
-        newest = str(VERSIONS[-1])
+        newest = VERSIONS[-1]
         for server in (a, b):
             loads = loads_per_version(server)
-            skipped = [v for v in VERSIONS if str(v) not in loads]
+            skipped = [v for v in VERSIONS if v not in loads]
             print(f"{server.url}: {len(server.loads)} loads of {len(VERSIONS)} versions, skipped {skipped}, "
                   f"pauses {server.hits['pause']}, refusals {dict(server.refusals)}")
             # Owners skip a version only when a newer one was already out before they got to it;
             # with a load taking ~0.1 s and a version a second, none is skipped.
-            assert loads == {str(v): 1 for v in VERSIONS}, (loads, skipped)
-            assert server.refusals["duplicate_rid"] == 0 and server.weight_version == newest
+            assert loads == {v: 1 for v in VERSIONS}, (loads, skipped)
+            assert server.refusals["duplicate_rid"] == 0 and server.version == newest
             users = [w for w in WORKERS if ENGINES[w].stats.calls_per_server[server.url] > 0]
             assert len(users) >= 2, users
             assert len(set(server.requests[i]["rid"] for i in range(len(server.requests)))) == len(server.requests)

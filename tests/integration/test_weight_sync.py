@@ -27,6 +27,7 @@ from rollstream.api.engine import WeightUpdate
 from rollstream.config import ServerConfig
 from rollstream.engines.server_http import ServerHttp
 from rollstream.engines.sglang import SGLangEngine
+from rollstream.engines.server_admin import time_epoch
 from rollstream.engines.sglang_admin import SGLangAdmin
 from rollstream.rollout_workers.weight_sync import ServerOwner, SharedServerFollower, WeightSync
 from rollstream.state.client import RedisKeys
@@ -113,10 +114,10 @@ async def test_exactly_one_of_three_owners_loads_each_version(
         for version in (1, 2, 3):
             for owner, _ in running:
                 owner.offer(WeightUpdate(version, f"/ckpt/v{version}"))
-            await until(lambda: server.weight_version == str(version) and not server.paused,
+            await until(lambda: server.version == version and not server.paused,
                         f"the server running on v{version}")
         await asyncio.sleep(3 * SETTINGS.reconcile_seconds)  # reconciles load nothing more
-        assert [load.weight_version for load in server.loads] == ["1", "2", "3"]
+        assert [load.version for load in server.loads] == [1, 2, 3]
         assert server.hits["pause"] == 3 and sum(o.loads for o, _ in running) == 3
         states = await within(leases(redis_client, unique_name, "reader").states(), 5, "reading the states")
         assert states[server.url].phase == "serving" and states[server.url].version == 3
@@ -129,7 +130,7 @@ async def test_graceful_stop_hands_over_and_the_successor_releases_a_paused_serv
             owners(server, admin, redis_client, unique_name, settings=SETTINGS) as running:
         await until(lambda: len(holders(running)) == 1, "one lease holder")
         (first,) = holders(running)
-        await within(admin.pause(server.url), 5, "pausing the server")  # as if its owner died right after its pause
+        await within(admin.pause(server.url, first.lease.token), 5, "pausing the server")  # as if its owner died right after its pause
         task = next(t for o, t in running if o is first)
         task.cancel()  # a graceful stop releases the lease at once
         await within(asyncio.gather(task, return_exceptions=True), 5, "stopping the first owner")
@@ -151,7 +152,7 @@ async def test_failed_load_resumes_the_server_and_is_retried(
         await until(lambda: not server.paused, "the server running")  # and never left paused meanwhile
         assert owner.failed_loads >= 2 and server.weight_version == "default"
         server.fail_updates = False
-        await until(lambda: server.weight_version == "1" and not server.paused, "the server running on v1")
+        await until(lambda: server.version == 1 and not server.paused, "the server running on v1")
         assert len(server.loads) == 1
 
 
@@ -189,7 +190,7 @@ async def test_a_stray_pause_is_continued_by_the_owner(
             owners(server, admin, redis_client, unique_name, n=1) as running:
         await until(lambda: len(holders(running)) == 1 and server.hits["continue"] == 1,
                     "the takeover's own continue")
-        await within(admin.pause(server.url), 5, "pausing the server")
+        await within(admin.pause(server.url, time_epoch()), 5, "pausing the server")
         await until(lambda: not server.paused, "the owner continuing the server",
                     timeout=3 * SETTINGS.health_probe_timeout_seconds)
         assert server.hits["continue"] == 2 and server.loads == []
@@ -296,7 +297,7 @@ async def test_a_follower_stops_even_when_redis_loses_the_cancellation(
         task = asyncio.create_task(follower.run())
         try:
             await within(store.publish(WeightUpdate(1, "/ckpt/v1")), 5, "publishing v1")
-            await until(lambda: server.weight_version == "1" and not server.paused, "the server running on v1")
+            await until(lambda: server.version == 1 and not server.paused, "the server running on v1")
             store.arm()
             await within(store.publish(WeightUpdate(2, "/ckpt/v2")), 5, "publishing v2")
             await within(store.answered.wait(), 10, f"the follower's next {lossy}")

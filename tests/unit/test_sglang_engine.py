@@ -14,6 +14,8 @@ from harness.services import free_port
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.config import ServerConfig
+from rollstream.engines.server_admin import time_epoch
+from rollstream.engines.server_http import parse_label
 from rollstream.engines.sglang import (
     EngineRequestError,
     EngineUnavailableError,
@@ -64,7 +66,7 @@ def exact_tags(server: FakeSGLangServer, resp: ModelResponse) -> bool:
     for token, logprob, version in zip(resp.output_tokens, resp.output_logprobs, resp.output_versions):
         context.append(token)
         produced = server.ledger.weights_of(context, logprob)
-        if {int(v) if v != "default" else 0 for v in produced} != {version}:
+        if {parse_label(v).version for v in produced} != {version}:
             return False
     return True
 
@@ -148,7 +150,7 @@ async def test_abort_resume_across_weight_update_tags_each_span_as_the_server_re
     assert first["rid"] != second["rid"]  # a resubmission never reuses a rid
     assert second["input_ids"] == [11, 12, 13] + resp.output_tokens[:k]
     assert second["sampling_params"]["max_new_tokens"] == 100 - k
-    assert server.weight_version == "1" and server.model_path == "/ckpt/v1"
+    assert server.version == 1 and server.model_path == "/ckpt/v1"
     assert server.hits["pause"] == server.hits["continue"] == 1
 
 
@@ -240,7 +242,7 @@ async def test_a_server_behind_the_trainer_is_not_used_until_it_caught_up(server
     owner, engine = engine_for(a, b), engine_for(a, b)
     try:
         await owner.update_weights(WeightUpdate(version=3, path="/ckpt/v3"))
-        await owner.admin.load(b.url, WeightUpdate(version=2, path="/ckpt/v2"))  # b goes back to 2
+        await owner.admin.load(b.url, WeightUpdate(version=2, path="/ckpt/v2"), time_epoch())  # b goes back to 2
         await engine.start()  # reads each server's version
         engine.set_version(3)
         for _ in range(4):
@@ -250,7 +252,7 @@ async def test_a_server_behind_the_trainer_is_not_used_until_it_caught_up(server
         task = asyncio.create_task(engine.agenerate(request(n=2)))
         await asyncio.sleep(0.3)
         assert not task.done() and engine.stats.catch_up_waits == 1
-        await owner.admin.load(b.url, WeightUpdate(version=4, path="/ckpt/v4"))
+        await owner.admin.load(b.url, WeightUpdate(version=4, path="/ckpt/v4"), time_epoch())
         assert (await task).output_versions == [4, 4] and len(b.requests) == 1
     finally:
         await owner.close()
@@ -281,7 +283,7 @@ async def test_span_from_a_restarted_server_is_discarded_and_regenerated(servers
         await server.go_down()
         await server.come_up(fresh=True)  # back on "default" weights (version 0)
         await until(lambda: engine.stats.stale_spans >= 1 or task.done())
-        await owner.admin.load(server.url, WeightUpdate(version=1, path="/ckpt/v1"))
+        await owner.admin.load(server.url, WeightUpdate(version=1, path="/ckpt/v1"), time_epoch())
         resp = await task
     finally:
         await owner.close()

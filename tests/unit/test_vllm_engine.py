@@ -8,9 +8,16 @@ import pytest
 
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.config import ConfigError, load_config
-from rollstream.engines.server_http import EngineRequestError, parse_weight_version
+from rollstream.engines.server_http import (
+    EngineRequestError,
+    WeightLabel,
+    loading_label,
+    parse_label,
+    parse_weight_version,
+    weight_label,
+)
+from rollstream.engines.server_pool import Server
 from rollstream.engines.vllm import parse_tokens_answer, vllm_sampling_params
-from rollstream.engines.vllm_admin import loading_label
 
 
 def answer(tokens: list[int], spans: list[dict] | None, finish: str = "length", logprobs: list | None = None) -> dict:
@@ -48,7 +55,7 @@ def test_an_empty_abort_reports_no_version() -> None:
 
 def test_tokens_made_during_a_load_make_the_answer_unlabelled() -> None:
     span = parse_tokens_answer(answer([5, 6], [{"version": "3", "start": 0, "end": 1},
-                                               {"version": loading_label(4), "start": 1, "end": 2}]))
+                                               {"version": loading_label(4, 9), "start": 1, "end": 2}]))
     assert span.unlabelled and span.versions == [] and span.reported is None
 
 
@@ -68,8 +75,26 @@ def test_a_non_finite_logprob_is_none() -> None:
     assert span.logprobs == [None, -1.0]
 
 
-def test_the_loading_label_is_no_version() -> None:
-    assert parse_weight_version(loading_label(7)) is None and parse_weight_version("7") == 7
+def test_labels_name_the_version_and_the_epoch_that_wrote_them() -> None:
+    assert parse_label(weight_label(7, 123)) == WeightLabel(7, 123, False, "7@123")
+    assert parse_label(loading_label(7, 123)) == WeightLabel(None, 123, True, "loading:7@123")
+    assert parse_label("default") == WeightLabel(0, 0, False, "default")
+    assert parse_label("7") == WeightLabel(7, 0, False, "7")  # no epoch: never taken for a stale one
+    assert parse_label("mine").version is None and parse_label(None).version is None
+    assert parse_weight_version(loading_label(7, 1)) is None and parse_weight_version("7@1") == 7
+
+
+def test_an_answer_labelled_by_a_former_owner_is_stale_for_a_server_that_saw_its_successor() -> None:
+    server = Server("http://s")
+    server.observe(parse_label(weight_label(3, 200)))
+    assert (server.version, server.epoch) == (3, 200)
+    span = parse_tokens_answer(answer([5, 6], [{"version": weight_label(2, 100), "start": 0, "end": 2}]))
+    assert span.epochs == {100} and server.stale(span.epochs)
+    assert not server.stale({0, 200, 300})  # the launch weights (no epoch), the same owner, a newer one
+    server.observe(parse_label(weight_label(2, 100)))  # a former owner's label read from the server
+    assert server.version is None and server.epoch == 200
+    server.observe(parse_label("default"))  # a restarted server: its launch weights are version 0
+    assert server.version == 0
 
 
 def test_moved_server_keys_name_their_new_place() -> None:

@@ -1,0 +1,194 @@
+"""The weight path against a REAL vLLM server (CPU) and Redis: fenced, all or nothing.
+
+Checkpoints of later versions are perturbed copies of the tiny model, so a token tagged with
+the wrong version has a logprob that version's weights do not give: every generated token is
+audited by recomputing its logprob with the weights of its tag (harness/logprob_audit.py).
+
+Asserted: a former weight-sync owner whose last call (its label) arrives after its successor
+took the server over changes nothing, whether its version is older or newer than the
+successor's (a real proxy holds the call, deterministically); a checkpoint with a parameter
+renamed, or missing, is refused naming it, keeps the ``loading:`` label, and no token is ever
+tagged with its version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from safetensors.torch import load_file, save_file
+
+from harness.checkpoints import fresh_server, save_versions
+from harness.holding_proxy import HoldingProxy, ProxiedHttp
+from harness.logprob_audit import LogprobAuditor, LogprobTagAudit
+from harness.waits import stop_task, until, within
+from rollstream.api.engine import WeightUpdate
+from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
+from rollstream.config import ServerConfig
+from rollstream.dev.vllm_server import LocalVLLMServer
+from rollstream.engines.server_admin import WeightLoadError, time_epoch
+from rollstream.engines.vllm import VLLMEngine
+from rollstream.engines.vllm_admin import VLLMAdmin
+from rollstream.rollout_workers.weight_sync import ServerOwner
+from rollstream.state.client import RedisKeys
+from rollstream.state.server_lease import ServerLeases
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
+
+TTL = 2.0
+SETTINGS = ServerConfig(lease_ttl_seconds=TTL, reconcile_seconds=0.5, version_poll_seconds=0.05,
+                        backoff_base_seconds=0.05, backoff_max_seconds=0.5, health_timeout_seconds=60)
+PROMPT = [11, 12, 13, 14, 15]
+RENAMED = "model.layers.1.mlp.down_proj.weight"
+
+
+@pytest.fixture(scope="module")
+def weights(vllm_server: LocalVLLMServer, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """v0: the server's launch weights; v1, v2: distinct perturbed copies."""
+    return save_versions(Path(vllm_server.model), tmp_path_factory.mktemp("weight-path"), 2)
+
+
+@pytest.fixture
+async def engine(vllm_server: LocalVLLMServer) -> AsyncIterator[VLLMEngine]:
+    await fresh_server(vllm_server)
+    engine = VLLMEngine([vllm_server.url], vllm_server.model, SETTINGS)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+class Generation:
+    """Requests of 48 tokens, one after another on a few lanes, until stopped; every response kept."""
+
+    def __init__(self, engine: VLLMEngine, lanes: int = 3) -> None:
+        self.engine = engine
+        self.responses: list[ModelResponse] = []
+        self._tasks = [asyncio.create_task(self._lane()) for _ in range(lanes)]
+
+    async def _lane(self) -> None:
+        while True:
+            request = ModelRequest(input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=48))
+            self.responses.append(await self.engine.agenerate(request))
+
+    def versions(self) -> set[int]:
+        return {v for r in self.responses for v in r.output_versions}
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            await stop_task(task, "a generation lane")
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+
+def audit(responses: list[ModelResponse], weights: list[Path]) -> LogprobTagAudit:
+    checker = LogprobAuditor(weights)
+    for i, resp in enumerate(responses):
+        n = len(resp.input_tokens)
+        checker.row(resp.input_tokens + resp.output_tokens, [False] * n + [True] * len(resp.output_tokens),
+                    [0.0] * n + resp.output_logprobs, [-1] * n + resp.output_versions, f"response {i}")
+    return checker.result
+
+
+def owner(url: str, admin: VLLMAdmin, client: aioredis.Redis, name: str, who: str) -> ServerOwner:
+    return ServerOwner(url, admin, ServerLeases(client, RedisKeys(name, "t0"), who, TTL), SETTINGS)
+
+
+def final_label(path: str, body: object) -> bool:
+    """The call that labels loaded weights with their version (not the loading label)."""
+    return path == "/update_weight_version" and not str((body or {}).get("new_version", "")).startswith("loading:")
+
+
+@pytest.mark.parametrize(("late", "successor"), [(1, 2), (2, 1)], ids=["late-owner-older", "late-owner-newer"])
+async def test_a_former_owner_labels_nothing_after_its_successor(
+    vllm_server: LocalVLLMServer, engine: VLLMEngine, weights: list[Path], redis_client: aioredis.Redis,
+    unique_name: str, late: int, successor: int,
+) -> None:
+    url = vllm_server.url
+    generation = Generation(engine)
+    async with HoldingProxy(url) as proxy:
+        # The old owner loads `late`; its last call, the label, is held in flight.
+        proxy.hold(final_label)
+        old = owner(url, VLLMAdmin(ProxiedHttp(SETTINGS, url, proxy)), redis_client, unique_name, "old")
+        old.offer(WeightUpdate(late, str(weights[late])))
+        old_task = asyncio.create_task(old.run())
+        await within(proxy.held.wait(), 60, "the old owner's label reaching the proxy")
+        assert old.lease is not None
+        old_token = old.lease.token
+        # The old owner stops (its lease ends, as a stalled owner's would expire); its label is
+        # still in flight. The successor takes the server over and loads `successor`.
+        new = owner(url, engine.admin, redis_client, unique_name, "new")
+        new.offer(WeightUpdate(successor, str(weights[successor])))
+        await stop_task(old_task, "the old owner")
+        new_task = asyncio.create_task(new.run())
+        await until(lambda: new.loads == 1, "the successor's load", timeout=60)
+        assert new.lease is not None and new.lease.token > old_token
+        await until(lambda: successor in generation.versions(), f"tokens of v{successor}", timeout=60)
+        # The old owner's late label arrives now: refused.
+        proxy.release()
+        await until(lambda: any("/update_weight_version -> 409" in f for f in proxy.forwarded),
+                    "the late label refused", timeout=30)
+        seen = len(generation.responses)
+        await until(lambda: len(generation.responses) >= seen + 6, "responses after the late label", timeout=60)
+        label = await engine.admin.label(url)
+        assert (label.version, label.epoch) == (successor, new.lease.token), label
+        await generation.stop()
+        await stop_task(new_task, "the successor")
+
+    result = audit(generation.responses, weights)
+    print(f"\n{result}; forwarded for the old owner: {proxy.forwarded}")
+    assert result.mistagged == 0 and successor in result.versions, result.examples
+
+
+def broken_checkpoint(good: Path, out: Path, how: str) -> Path:
+    """``good`` with one parameter renamed, or removed."""
+    shutil.copytree(good, out)
+    tensors = load_file(out / "model.safetensors")
+    value = tensors.pop(RENAMED)
+    if how == "renamed":
+        tensors[RENAMED + "_renamed"] = value
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+async def test_a_partial_load_keeps_the_loading_label_and_tags_nothing(
+    vllm_server: LocalVLLMServer, engine: VLLMEngine, weights: list[Path], redis_client: aioredis.Redis,
+    unique_name: str, tmp_path: Path,
+) -> None:
+    url = vllm_server.url
+    renamed = broken_checkpoint(weights[1], tmp_path / "renamed", "renamed")
+    removed = broken_checkpoint(weights[1], tmp_path / "removed", "removed")
+    epoch = time_epoch()
+    await engine.admin.pause(url, epoch)
+    try:
+        with pytest.raises(WeightLoadError, match="down_proj.weight_renamed"):
+            await engine.admin.load(url, WeightUpdate(1, str(renamed)), epoch)
+        with pytest.raises(WeightLoadError, match=r"not written: \['model.layers.1.mlp.down_proj.weight'\]"):
+            await engine.admin.load(url, WeightUpdate(1, str(removed)), epoch)
+        label = await engine.admin.label(url)
+        assert label.loading and label.version is None, label
+    finally:
+        await engine.admin.resume(url, epoch)
+
+    # An owner offered the renamed checkpoint as v1: it fails, the server keeps a label no worker
+    # trusts, and generation waits; then v2 lands and generation goes on with it.
+    generation = Generation(engine)
+    keeper = owner(url, engine.admin, redis_client, unique_name, "w0")
+    keeper.offer(WeightUpdate(1, str(renamed)))
+    task = asyncio.create_task(keeper.run())
+    try:
+        await until(lambda: keeper.failed_loads >= 2, "two failed loads of the renamed checkpoint", timeout=60)
+        assert (await engine.admin.label(url)).loading
+        keeper.offer(WeightUpdate(2, str(weights[2])))
+        await until(lambda: 2 in generation.versions(), "tokens of v2", timeout=60)
+    finally:
+        await generation.stop()
+        await stop_task(task, "the owner")
+    result = audit(generation.responses, weights)
+    print(f"\n{result}")
+    assert 1 not in result.versions and result.mistagged == 0 and 2 in result.versions, result
