@@ -56,7 +56,7 @@ from redis.exceptions import RedisError
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.config import ServerConfig
-from rollstream.engines.server_admin import PauseMode, ServerAdmin, ServerHealth
+from rollstream.engines.server_admin import NotServed, PauseMode, ServerAdmin, ServerHealth
 from rollstream.engines.server_http import TRANSPORT_ERRORS, EngineRequestError, FencedOut, Retryable
 from rollstream.runtime.metrics import WEIGHT_VERSION
 from rollstream.state.server_lease import Lease, Phase, ServerLeases, ServerSyncState
@@ -100,6 +100,7 @@ class ServerOwner:
         self._changed = asyncio.Event()
         self._waiting_for: int | None = None  # the target it could not load (logged once)
         self._seen_epoch = 0  # the newest fencing epoch seen in the server's labels (its own included)
+        self._not_served = -1  # the newest version the trainer answered it no longer sends
         self.loads = 0  # loads this owner completed (for tests and logs)
         self.failed_loads = 0
         self.lease: Lease | None = None
@@ -241,6 +242,9 @@ class ServerOwner:
             loaded = True
         except FencedOut:
             raise
+        except NotServed as exc:  # the trainer moved on: the next try catches up from a checkpoint
+            self._not_served = max(self._not_served, update.version)
+            log.info("%s: %s; catching up from a checkpoint", self.url, exc)
         except SERVER_ERRORS as exc:
             self.failed_loads += 1
             log.error("%s: loading weight version %d failed (%s: %s); it resumes and is not used until a load "
@@ -264,7 +268,7 @@ class ServerOwner:
         """What to load for ``target``: ``(update, "receive")`` while the trainer sends it,
         ``(update, "load")`` for a checkpoint (``target``'s own, else the newest below it that
         is newer than ``version``), ``(None, "")`` when nothing newer can be had now."""
-        if target.source and time.time() < target.open_until:
+        if target.source and time.time() < target.open_until and target.version > self._not_served:
             return target, "receive"
         if target.path:
             return target, "load"

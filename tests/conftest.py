@@ -72,6 +72,20 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLMS
 
 
 @pytest.fixture(scope="session")
+def vllm_keep_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLMServer]:
+    """A second real vLLM server for ``rollout.weight_update_mode: keep``, which needs a server
+    that caches no prefixes across requests (started only by the tests that ask for it)."""
+    server = LocalVLLMServer(tmp_path_factory.mktemp("vllm-keep"), tiny_model_dir(), max_model_len=1024,
+                             extra_args=("--enforce-eager", "--no-enable-prefix-caching"))
+    server.start()
+    _startup_lines.append(f"vLLM keep server started in {server.startup_seconds:.1f}s ({server.url})")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def services(dev_stack: DevStack) -> Services:
     """Addresses of the session's Kafka and Redis."""
     return dev_stack.services

@@ -54,6 +54,11 @@ class WeightLoadError(EngineRequestError):
     """The server refused to load a checkpoint (or answered that the load failed)."""
 
 
+class NotServed(WeightLoadError):
+    """The trainer no longer sends the version asked for: catch up from a checkpoint. Nothing
+    was loaded."""
+
+
 class TransferUnsupported(WeightLoadError):
     """The server kind cannot receive weights over a torch.distributed group from rollstream's trainer."""
 

@@ -31,10 +31,11 @@ vLLM specifics the contract rests on (vLLM 0.32's code and a real server on CPU)
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from rollstream.api.engine import WeightUpdate
-from rollstream.engines.server_admin import PauseMode, Probe, ServerAdmin, ServerHealth, WeightLoadError
+from rollstream.engines.server_admin import NotServed, PauseMode, Probe, ServerAdmin, ServerHealth, WeightLoadError
 from rollstream.engines.server_http import (
     TRANSPORT_ERRORS,
     EngineRequestError,
@@ -74,8 +75,10 @@ class VLLMAdmin(ServerAdmin):
         await self._load(url, update.version, epoch, mode, body, f"from {update.path}")
 
     async def receive(self, url: str, update: WeightUpdate, epoch: int, mode: PauseMode = "abort") -> None:
+        # Waits end with the trainer's window (a trainer that died leaves nothing to wait for).
+        timeout = min(self.settings.update_timeout_seconds, max(10.0, update.open_until - time.time() + 10.0))
         request = {"address": update.source, "version": update.version, "server": url, "backend": update.backend,
-                   "timeout": self.settings.update_timeout_seconds, "epoch": epoch}
+                   "timeout": timeout, "epoch": epoch}
         body = {"method": RECEIVE_METHOD, "args": [json.dumps(request)]}
         await self._load(url, update.version, epoch, mode, body, f"from the trainer at {update.source}")
 
@@ -89,12 +92,15 @@ class VLLMAdmin(ServerAdmin):
         """
         await self._label(url, loading_label(version, epoch), epoch)
         try:
-            await self._post(url, "/collective_rpc", body, epoch, self.settings.update_timeout_seconds)
+            answer = await self._post(url, "/collective_rpc", body, epoch, self.settings.update_timeout_seconds)
         except FencedOut:
             raise
         except (HttpRefused, Retryable) as exc:
             raise WeightLoadError(f"loading version {version} {source} on {url} failed: {exc} (its label stays "
                                   f"{loading_label(version, epoch)!r}: no worker uses it until a load succeeds)") from exc
+        refused = [r for r in (answer or {}).get("results", []) if isinstance(r, dict) and r.get("served") is False]
+        if refused:
+            raise NotServed(f"version {version} {source} on {url}: {refused[0].get('reason')}")
         reset = "/reset_prefix_cache" + ("?reset_running_requests=true" if mode == "abort" else "")
         await self._post(url, reset, {}, epoch, self.settings.health_probe_timeout_seconds)
         await self._label(url, weight_label(version, epoch), epoch)

@@ -10,7 +10,8 @@ server's ``PYTHONPATH``. The weight-sync owner calls, through ``POST /collective
 * ``rollstream_load_weights(path, epoch)``: a checkpoint directory;
 * ``rollstream_receive_weights(request)``: a version sent by the trainer over a torch.distributed
   group (``request`` is JSON: the trainer's address, the version, the server's URL, the backend,
-  the timeout and the epoch; see :mod:`rollstream.engines.weight_transfer`).
+  the timeout and the epoch; see :mod:`rollstream.engines.weight_transfer`). When the trainer no
+  longer serves that version it answers ``{"served": false, "reason"}`` and touches nothing.
 
 Callers may rely on:
 
@@ -38,7 +39,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from rollstream.engines.weight_transfer import Receiver
+from rollstream.engines.weight_transfer import NotServing, Receiver
 
 
 class StaleEpochError(RuntimeError):
@@ -84,11 +85,19 @@ class WeightLoader:
                             timeout=float(spec.get("timeout", 60)), device=str(self.model_runner.device))
         try:
             manifest = receiver.join()
-            done = self._reload(receiver.tensors(manifest), f"v{manifest.version} from {spec['address']}")
-            receiver.acknowledge()
+        except NotServing as exc:  # nothing touched: the owner catches up from a checkpoint
+            receiver.close()
+            return {"served": False, "reason": str(exc)}
+        try:
+            try:
+                done = self._reload(receiver.tensors(manifest), f"v{manifest.version} from {spec['address']}")
+            except Exception:
+                receiver.acknowledge(False)  # the trainer hears of it now, not at its timeout
+                raise
+            receiver.acknowledge(True)
         finally:
             receiver.close()
-        return {**done, "bytes": receiver.received_bytes}
+        return {**done, "served": True, "bytes": receiver.received_bytes}
 
     def _admit(self, epoch: int) -> None:
         if epoch < self.rollstream_fence:

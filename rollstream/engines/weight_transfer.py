@@ -14,7 +14,9 @@ The trainer's rank 0 hosts a ``TCPStore`` (the rendezvous). For each version it 
    GPUs) under the ticket's prefix, so a server that dies breaks only its own transfer;
 3. the trainer broadcasts the buckets (flat byte buffers of at most ``bucket_bytes``, each
    tensor aligned) in the manifest's order; each worker loads a bucket's tensors as they
-   arrive, then acknowledges (``<ticket>/ack/<worker>``) once its load succeeded;
+   arrive, then every rank of the group sums its verdict (1: loaded, 0: failed) in one
+   all-reduce, so the trainer learns at once whether every worker loaded the version, and a
+   peer that died breaks the group for the other side at once;
 4. the trainer closes the session (``open`` set to ""): a server that asks later is told the
    version is no longer served (:class:`NotServing`) at once, and catches up from a checkpoint.
 
@@ -150,8 +152,11 @@ def ticket_key(session: str, ticket: int) -> str:
     return f"{session}/ticket/{ticket}"
 
 
-def ack_key(session: str, ticket: int, worker: int) -> str:
-    return f"{session}/ticket/{ticket}/ack/{worker}"
+def verdict(pg: Any, ok: bool, device: str | torch.device) -> int:
+    """Sum every rank's verdict (1: its part went well) over the group; ``1 + workers`` when all did."""
+    total = torch.tensor([int(ok)], dtype=torch.int64, device=device)
+    pg.allreduce([total]).wait()
+    return int(total.item())
 
 
 def _aligned(n: int) -> int:
@@ -193,15 +198,19 @@ class Receiver:
             raise NotServing(f"the trainer at {self.address} serves v{session['version']}, not v{self.version}")
         self._session = session["session"]
         server_key = f"{self._session}/server/{self.server}"
-        if self.worker == 0:
-            self._ticket = int(store.add(f"{self._session}/tickets", 1))
-            store.set(ticket_key(self._session, self._ticket), json.dumps({"server": self.server, "workers": self.workers}))
-            store.set(server_key, str(self._ticket))
-        else:
-            self._ticket = int(store.get(server_key))
-        manifest = Manifest.decode(store.get(f"{self._session}/manifest"))
-        self._group = group(store, f"{self._session}/{self._ticket}", 1 + self.worker, 1 + self.workers,
-                            self.backend, self.timeout)
+        try:
+            if self.worker == 0:
+                self._ticket = int(store.add(f"{self._session}/tickets", 1))
+                store.set(ticket_key(self._session, self._ticket),
+                          json.dumps({"server": self.server, "workers": self.workers}))
+                store.set(server_key, str(self._ticket))
+            else:
+                self._ticket = int(store.get(server_key))
+            manifest = Manifest.decode(store.get(f"{self._session}/manifest"))
+            self._group = group(store, f"{self._session}/{self._ticket}", 1 + self.worker, 1 + self.workers,
+                                self.backend, self.timeout)
+        except RuntimeError as exc:
+            raise TransferError(f"joining the trainer at {self.address} for v{self.version} failed: {exc}") from exc
         return manifest
 
     def tensors(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
@@ -218,10 +227,14 @@ class Receiver:
             self.received_bytes += size
             yield from unpack(manifest, bucket, buffer)
 
-    def acknowledge(self) -> None:
-        """Tell the trainer this worker loaded every tensor."""
-        assert self._store is not None
-        self._store.set(ack_key(self._session, self._ticket, self.worker), "1")
+    def acknowledge(self, ok: bool) -> None:
+        """Tell the trainer whether this worker loaded every tensor (``verdict``)."""
+        try:
+            verdict(self._group, ok, self.device)
+        except RuntimeError as exc:
+            if ok:
+                raise TransferError(f"the trainer at {self.address} left before v{self.version} was "
+                                    f"acknowledged: {exc}") from exc
 
     def close(self) -> None:
         self._group = None  # its connections close with it

@@ -16,15 +16,24 @@ restarted trainer resumes from.
 Redis down or restarting is waited out (the one retry policy, ``REDIS_RETRY``), not raised: a
 trainer must not die on an outage of Redis between two steps. A publish whose answer was lost
 and that finds its own version current on the retry counts as published.
+
+Over the wire (``rollout.weight_transfer: distributed``): rank 0 publishes with the model in
+hand (``publish(version, checkpoint_or_None, model=model)``); its :class:`WeightSender` sends the
+tensors to every inference server (``rollout.server_urls``) before the publish returns, and a
+checkpoint, when one is given, is recorded for recovery and for servers that missed the
+version. Servers whose weight-sync owner reports them down are not waited for. What went where
+is ``last_transfer``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -32,9 +41,11 @@ from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.retry import REDIS_RETRY
 from rollstream.state.client import RedisKeys, connect
+from rollstream.state.server_lease import ServerLeases
 from rollstream.state.version_store import VersionStore
 from rollstream.trainer.checkpoints import Checkpoint, CheckpointError, Checkpoints
 from rollstream.trainer.loop_thread import LoopThread
+from rollstream.trainer.weight_sender import TransferReport, WeightSender, named_tensors
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +105,12 @@ class VersionPublisher:
         if self.keep < 1:
             raise ValueError(f"keep must be >= 1, got {self.keep}")
         self.last_published = 0  # the newest version this publisher published (what its steps train)
+        self.sender: WeightSender | None = None
+        self.last_transfer: TransferReport | None = None
+        self._servers = [u.rstrip("/") for u in config.rollout.server_urls]
+        self._leases = ServerLeases(self._redis, keys, "trainer", config.rollout.server.lease_ttl_seconds)
+        if config.rollout.weight_transfer == "distributed":
+            self.sender = WeightSender(config.trainer.weight_sender)
 
     async def __aenter__(self) -> VersionPublisher:
         return self
@@ -112,25 +129,58 @@ class VersionPublisher:
         """The published version and where its weights are; None when none was published."""
         return await _waiting_out(self.store.get_update, "reading the weight version")
 
-    async def publish(self, version: int, weights: str | Path | Checkpoint) -> None:
-        """Make ``version`` (weights at ``weights``) current and announce it; see the module
+    async def publish(self, version: int, weights: str | Path | Checkpoint | None = None, model: Any = None) -> None:
+        """Make ``version`` current and announce it: its weights at ``weights`` (a checkpoint),
+        sent over the wire from ``model`` too when the transfer is distributed; see the module
         docstring for what is refused (:class:`VersionRefused`, :class:`CheckpointError`)."""
         if version < 0:
             raise ValueError(f"weight version must be >= 0, got {version}")
-        location = _location(version, weights)
+        location = _location(version, weights) if weights is not None else ""
+        update = WeightUpdate(version, location)
+        if self.sender is not None:
+            if model is None:
+                raise ValueError("rollout.weight_transfer is 'distributed': publish(version, checkpoint, model=model) "
+                                 "so that rank 0 sends the model's weights to the inference servers")
+            self.sender.open(version, named_tensors(model))
+            update = WeightUpdate(version, location, self.sender.address,
+                                  time.time() + self.sender.settings.timeout_seconds, self.sender.settings.backend)
+        elif not location:
+            raise CheckpointError(f"weight version {version} needs its checkpoint (rollout.weight_transfer is "
+                                  "'checkpoint': inference servers load it)")
+        try:
+            await self._publish(update)
+        except BaseException:
+            if self.sender is not None:
+                self.sender.close()
+            raise
+        if self.sender is not None:
+            expected = await self._expected_servers()
+            self.last_transfer = await asyncio.to_thread(self.sender.serve, expected)
+            log.info("sent weight version %s", self.last_transfer)
+        if self.checkpoints is not None:
+            await self.retain(version)
+
+    async def _publish(self, update: WeightUpdate) -> None:
         tries = 0
 
         async def once() -> int | None:
             nonlocal tries
             tries += 1
-            return await self.store.publish_newer(WeightUpdate(version, location))
+            return await self.store.publish_newer(update)
 
-        current = await _waiting_out(once, f"publishing weight version {version}")
-        if current is not None and not (tries > 1 and current == version):  # a retry may find its own
-            raise VersionRefused(version, current)
-        self.last_published = max(self.last_published, version)
-        if self.checkpoints is not None:
-            await self.retain(version)
+        current = await _waiting_out(once, f"publishing weight version {update.version}")
+        if current is not None and not (tries > 1 and current == update.version):  # a retry may find its own
+            raise VersionRefused(update.version, current)
+        self.last_published = max(self.last_published, update.version)
+
+    async def _expected_servers(self) -> list[str]:
+        """The servers to wait for: every configured one whose owner does not report it down."""
+        try:
+            states = await self._leases.states()
+        except REDIS_FAULTS as exc:
+            log.warning("cannot read the servers' weight-sync states (%s): waiting for every server", exc)
+            states = {}
+        return [url for url in self._servers if url not in states or states[url].phase != "down"]
 
     async def retain(self, published: int) -> list[int]:
         """Delete checkpoints older than the newest ``keep`` up to ``published``, each Redis
@@ -180,5 +230,10 @@ class SyncVersionPublisher:
     def current(self) -> WeightUpdate | None:
         return self._thread.run(self._publisher.current())
 
-    def publish(self, version: int, weights: str | Path | Checkpoint) -> None:
-        self._thread.run(self._publisher.publish(version, weights))
+    @property
+    def last_transfer(self) -> TransferReport | None:
+        """How the last version sent over the wire went (None: none was)."""
+        return self._publisher.last_transfer
+
+    def publish(self, version: int, weights: str | Path | Checkpoint | None = None, model: Any = None) -> None:
+        self._thread.run(self._publisher.publish(version, weights, model))

@@ -21,14 +21,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import msgspec
 import pytest
 import redis.asyncio as aioredis
 
 from harness.checkpoints import fresh_server, save_versions
+from harness.vllm_requests import seen_running
 from harness.logprob_audit import LogprobAuditor
-from harness.waits import stop_task, until, within
+from harness.waits import until, within
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.config import ServerConfig
@@ -110,34 +110,6 @@ async def owners(url: str, engine: VLLMEngine, client: aioredis.Redis, name: str
         await within(asyncio.gather(*tasks, return_exceptions=True), 10, "stopping the owners")
 
 
-async def generating(server: LocalVLLMServer) -> None:
-    """Until the server has a request running (read from its own metrics)."""
-    async with aiohttp.ClientSession() as session:
-        while True:
-            async with session.get(f"{server.url}/metrics") as resp:
-                text = await resp.text()
-            if any(line.startswith("vllm:num_requests_running") and not line.rstrip().endswith(" 0.0")
-                   for line in text.splitlines()):
-                return
-            await asyncio.sleep(0.01)
-
-
-async def seen_running(server: LocalVLLMServer, engine: VLLMEngine, n: int, what: str,
-                       attempts: int = 5) -> asyncio.Task[ModelResponse]:
-    """A request for ``n`` tokens (eos ignored) that the server is seen running. The server's
-    metrics lag (a GET waited 0.5 s on a loaded machine here, as long as 240 tokens take), so a
-    request may end unseen: it is dropped and another sent, up to ``attempts`` times."""
-    for _ in range(attempts):
-        task = asyncio.create_task(engine.agenerate(request(n, ignore_eos=True)))
-        probe = asyncio.create_task(generating(server))
-        await within(asyncio.wait({task, probe}, return_when=asyncio.FIRST_COMPLETED), 60, f"{what} running")
-        await stop_task(probe, f"the metrics probe for {what}")
-        if not task.done():
-            return task
-        task.result()  # raises what the request raised
-    raise AssertionError(f"{what}: ended before the server was seen running it, {attempts} times")
-
-
 async def test_updates_mid_generation_and_at_the_gate_tag_every_token(
     vllm_server: LocalVLLMServer, engine: VLLMEngine, weights: list[Path], redis_client: aioredis.Redis,
     unique_name: str,
@@ -146,7 +118,7 @@ async def test_updates_mid_generation_and_at_the_gate_tag_every_token(
     async with owners(url, engine, redis_client, unique_name) as running:
         # 1. A version lands while a long generation runs: the owner's pause cuts it off, the
         #    engine resubmits prompt + partial output, the rest comes from the new weights.
-        long = await seen_running(vllm_server, engine, LONG, "the long request")
+        long = await seen_running(vllm_server, engine, request(LONG, ignore_eos=True), "the long request")
         for owner in running:
             owner.offer(WeightUpdate(1, str(weights[1])))
         cut = await within(long, 120, "the long request")

@@ -8,7 +8,8 @@ Asserted: a former weight-sync owner whose last call (its label) arrives after i
 took the server over changes nothing, whether its version is older or newer than the
 successor's (a real proxy holds the call, deterministically); a checkpoint with a parameter
 renamed, or missing, is refused naming it, keeps the ``loading:`` label, and no token is ever
-tagged with its version.
+tagged with its version; with ``weight_update_mode: keep`` running requests are frozen, not
+cut, and each token's logprob is what the mix of keys and values the server kept gives.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from harness.checkpoints import fresh_server, save_versions
 from harness.holding_proxy import HoldingProxy, ProxiedHttp
 from harness.logprob_audit import LogprobAuditor, LogprobTagAudit
+from harness.vllm_requests import seen_running
 from harness.waits import stop_task, until, within
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
@@ -86,8 +88,8 @@ class Generation:
                 raise task.exception()  # type: ignore[misc]
 
 
-def audit(responses: list[ModelResponse], weights: list[Path]) -> LogprobTagAudit:
-    checker = LogprobAuditor(weights)
+def audit(responses: list[ModelResponse], weights: list[Path], kv: str = "recomputed") -> LogprobTagAudit:
+    checker = LogprobAuditor(weights, kv=kv)
     for i, resp in enumerate(responses):
         n = len(resp.input_tokens)
         checker.row(resp.input_tokens + resp.output_tokens, [False] * n + [True] * len(resp.output_tokens),
@@ -95,8 +97,8 @@ def audit(responses: list[ModelResponse], weights: list[Path]) -> LogprobTagAudi
     return checker.result
 
 
-def owner(url: str, admin: VLLMAdmin, client: aioredis.Redis, name: str, who: str) -> ServerOwner:
-    return ServerOwner(url, admin, ServerLeases(client, RedisKeys(name, "t0"), who, TTL), SETTINGS)
+def owner(url: str, admin: VLLMAdmin, client: aioredis.Redis, name: str, who: str, mode: str = "abort") -> ServerOwner:
+    return ServerOwner(url, admin, ServerLeases(client, RedisKeys(name, "t0"), who, TTL), SETTINGS, mode)  # type: ignore[arg-type]
 
 
 def final_label(path: str, body: object) -> bool:
@@ -192,3 +194,33 @@ async def test_a_partial_load_keeps_the_loading_label_and_tags_nothing(
     result = audit(generation.responses, weights)
     print(f"\n{result}")
     assert 1 not in result.versions and result.mistagged == 0 and 2 in result.versions, result
+
+
+async def test_keep_freezes_running_requests_and_tags_each_step(
+    vllm_keep_server: LocalVLLMServer, weights: list[Path], redis_client: aioredis.Redis, unique_name: str,
+) -> None:
+    server = vllm_keep_server
+    await fresh_server(server)
+    engine = VLLMEngine([server.url], server.model, SETTINGS, weight_update_mode="keep")
+    await engine.start()
+    keeper = owner(server.url, engine.admin, redis_client, unique_name, "w0", mode="keep")
+    task = asyncio.create_task(keeper.run())
+    try:
+        await until(lambda: keeper.lease is not None, "the lease")
+        long = ModelRequest(input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=900, ignore_eos=True))
+        first = await seen_running(server, engine, long, "the long requests")
+        others = [asyncio.create_task(engine.agenerate(long)) for _ in range(2)]
+        keeper.offer(WeightUpdate(1, str(weights[1])))
+        await until(lambda: keeper.loads == 1, "the load of v1", timeout=60)
+        keeper.offer(WeightUpdate(2, str(weights[2])))
+        responses = await within(asyncio.gather(first, *others), 120, "the frozen requests")
+    finally:
+        await stop_task(task, "the owner")
+        await engine.close()
+    kept = audit(responses, weights, kv="kept")
+    recomputed = audit(responses, weights)
+    print(f"\nkept: {kept}; recomputed as if cut: {recomputed.mistagged} tokens disagree")
+    assert engine.stats.resubmissions == 0 and engine.stats.update_cuts == 0, engine.stats
+    assert all(len(r.output_tokens) == 900 and r.output_versions == sorted(r.output_versions) for r in responses)
+    assert kept.mistagged == 0 and kept.rows_with_several_versions >= 1, kept.examples
+    assert recomputed.mistagged > 0  # the kept keys and values are what the server used: the audit can tell
