@@ -15,14 +15,18 @@ Under ``torchrun`` every rank runs this file: the model is wrapped in Distribute
    gradients averaged across ranks by DDP;
 4. rank 0 saves the weights as checkpoint ``v<step>`` (complete or invisible:
    :class:`~rollstream.trainer.Checkpoints`), with the step's figures (:class:`StepRecord`);
+   with ``rollout.weight_transfer: distributed`` only every ``trainer.checkpoint_every`` steps;
 5. every rank commits the step (rank 0 writes the ledger and commits the offsets, once);
 6. rank 0 appends the step's line to ``--steps-file`` and publishes version ``<step>``
    (versions only go up; old checkpoints and their Redis entries are deleted together,
-   keeping ``trainer.keep_checkpoints``).
+   keeping ``trainer.keep_checkpoints``); with ``distributed`` it publishes with the model in
+   hand, and the publish sends the weights to every inference server before it returns.
 
 Restart (after a crash, a stall or a failure of any rank; ``rollstream train`` runs the job
 under ``torchrun --max-restarts``): the job resumes after the last committed step, from that
-step's checkpoint. A checkpoint written for a step whose commit did not happen is discarded;
+step's checkpoint (with ``distributed``: from the newest checkpoint at or before it; the steps
+after it were trained and committed, but their weights are lost with the process: the price
+of ``trainer.checkpoint_every`` above 1). A checkpoint written for a step whose commit did not happen is discarded;
 that step number is trained again on the groups that follow the committed offsets, which
 need not be the groups the lost step held (the order across partitions may differ): none is
 lost and none is trained twice (docs/TRAINER.md). A crash after the commit leaves the step's
@@ -97,6 +101,10 @@ class GRPOTrainer:
         self.model: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.stopping = False
+        # rollout.weight_transfer distributed: each version goes to the servers from the model in
+        # hand; a checkpoint only every trainer.checkpoint_every steps
+        self.over_the_wire = config.rollout.weight_transfer == "distributed"
+        self.checkpoint_every = tc.checkpoint_every if self.over_the_wire else 1
 
     # -- resume --
 
@@ -108,18 +116,22 @@ class GRPOTrainer:
         if dist.is_initialized():
             dist.barrier()  # nobody reads the directory while rank 0 tidies it up
         checkpoint = self.checkpoints.latest(at_most_step=last_step)
-        if last_step > 0 and (checkpoint is None or checkpoint.step != last_step):
+        if last_step > 0 and (checkpoint is None or checkpoint.step != last_step) and not self.over_the_wire:
             raise RuntimeError(
                 f"the ledger says step {last_step} was committed but {self.checkpoints.directory} has no "
                 f"checkpoint of it (found {checkpoint}): restore the checkpoint directory"
             )
         path = checkpoint.path if checkpoint is not None else Path(self.config.trainer.model_path)
+        if checkpoint is not None and checkpoint.step != last_step:
+            log.warning("resuming from step %d's checkpoint: the weights of steps %d-%d (committed, sent over the "
+                        "wire, never checkpointed: trainer.checkpoint_every) are lost with the process",
+                        checkpoint.step, checkpoint.step + 1, last_step)
         self._load(path)
-        self.version = checkpoint.version if checkpoint is not None else 0
+        self.version = last_step if self.over_the_wire else (checkpoint.version if checkpoint is not None else 0)
         if self.leader and checkpoint is not None:
             self._write_step_line_if_missing(checkpoint)
         if versions is not None:
-            self._publish_if_behind(checkpoint, versions)
+            self._publish_if_behind(checkpoint, last_step, versions)
         log.info("rank %d: starting after step %d from %s", self.rank, last_step, path)
 
     def _write_step_line_if_missing(self, checkpoint: Checkpoint) -> None:
@@ -136,11 +148,11 @@ class GRPOTrainer:
         log.info("step %d: its line was missing from %s (a restart after its commit); written from its checkpoint",
                  checkpoint.step, self.steps_log.path)
 
-    def _publish_if_behind(self, checkpoint: Checkpoint | None, versions: SyncVersionPublisher) -> None:
+    def _publish_if_behind(self, checkpoint: Checkpoint | None, last_step: int, versions: SyncVersionPublisher) -> None:
         current, mine = versions.current_version(), checkpoint.version if checkpoint is not None else 0
-        if checkpoint is not None and current < mine:  # the crash came between the commit and the publish
+        if checkpoint is not None and current < mine and not self.over_the_wire:  # a crash between commit and publish
             versions.publish(mine, checkpoint)
-        elif current > mine:
+        elif current > max(mine, last_step if self.over_the_wire else mine):
             raise RuntimeError(
                 f"redis holds version {current}, above this trainer's last committed step {mine}: another "
                 "trainer publishes to this experiment, or its ledger or checkpoints were replaced"
@@ -234,7 +246,7 @@ class GRPOTrainer:
             seconds=time.monotonic() - started, finished_at=time.time(),
         )
         checkpoint = None
-        if self.leader:
+        if self.leader and step.step % self.checkpoint_every == 0:
             steps.phase("checkpoint")
             checkpoint = self.save(step.step, report)  # durable before the commit, with its record
         steps.commit(step)  # every rank finished the step; it is never delivered again
@@ -246,9 +258,9 @@ class GRPOTrainer:
             if self.steps_log is not None:
                 steps.phase("steps file")
                 self.steps_log.append(report)
-        if versions is not None and checkpoint is not None:
+        if versions is not None:
             steps.phase("publish")
-            versions.publish(step.step, checkpoint)
+            versions.publish(step.step, checkpoint, model=self.model if self.over_the_wire else None)
         WEIGHT_VERSION.labels(TIER).set(self.version)
         STALENESS.labels(TIER).observe(step.max_staleness)
         return report

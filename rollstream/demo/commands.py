@@ -1,6 +1,7 @@
 """``rollstream demo | train``.
 
     rollstream demo [--steps N] [--workers W] [--run-dir D] [--no-live] [--agent] [--engine hf|vllm]
+                    [--weight-transfer checkpoint|distributed]
     rollstream train --config F [--ranks N] [--max-restarts R]  # the example GRPO trainer (torchrun)
 
 Handlers return the process exit code (0 ok, 1 failed, 2 bad arguments or config, 130
@@ -65,6 +66,10 @@ def _register_demo(subparsers: Any) -> None:
     p.add_argument("--engine", choices=("hf", "vllm"), default=d.engine,
                    help="where the rollout workers generate: hf (in-process transformers, default) or vllm (a local "
                         "vLLM server the demo starts from the environment scripts/setup.sh installs)")
+    p.add_argument("--weight-transfer", choices=("checkpoint", "distributed"), default=d.weight_transfer,
+                   help="how each version reaches the vLLM server: checkpoint (it loads the trainer's checkpoint, "
+                        "default) or distributed (the trainer sends the tensors over gloo; a checkpoint every "
+                        f"{d.checkpoint_every} versions; implies --engine vllm)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (default 900)")
     p.add_argument("--agent", action="store_true",
                    help="answer through the example agent (examples/agent_calculator.py: openai client, calculator "
@@ -95,7 +100,8 @@ def _demo_command(args: argparse.Namespace) -> int:
         DemoSettings(), steps=args.steps, workers=args.workers, trainer_ranks=args.trainer_ranks,
         trainer_restarts=args.trainer_restarts, group_size=args.group_size,
         prompts_per_step=args.prompts_per_step, learning_rate=args.lr, max_head_offpolicyness=args.eta,
-        warmup_steps=args.warmup_steps, seed=args.seed, max_operand=args.max_operand, engine=args.engine,
+        warmup_steps=args.warmup_steps, seed=args.seed, max_operand=args.max_operand,
+        engine="vllm" if args.weight_transfer == "distributed" else args.engine, weight_transfer=args.weight_transfer,
     )
     console = Console()
     if args.prepare_only:

@@ -42,6 +42,10 @@ class DemoSettings:
     max_concurrent_rollouts: int = 16
     seed: int = 0
     engine: str = "hf"  # "vllm": the rollout workers generate on a local vLLM server (rollstream.dev.vllm_server)
+    # "distributed": the trainer sends each version to the vLLM server over gloo (engine vllm),
+    # a checkpoint every checkpoint_every versions
+    weight_transfer: str = "checkpoint"
+    checkpoint_every: int = 5
 
     def dataset_size(self) -> int:
         """Prompts the producer may publish: the steps' worth plus what staleness lets run ahead."""
@@ -68,7 +72,7 @@ def demo_config_tree(
         "fileroot": str(run_dir / "dumps"), "shutdown_grace_seconds": 5.0,
     }
     if server_urls:
-        rollout.update(engine="vllm", server_urls=list(server_urls))
+        rollout.update(engine="vllm", server_urls=list(server_urls), weight_transfer=settings.weight_transfer)
     return {
         "kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": settings.partitions,
                   "transaction_timeout_ms": 15000},
@@ -86,7 +90,7 @@ def demo_config_tree(
                     "group_id": f"{experiment}-trainer",
                     "model_path": str(model_dir), "learning_rate": settings.learning_rate,
                     "clip": settings.clip, "ppo_epochs": settings.ppo_epochs, "max_steps": settings.steps,
-                    "max_restarts": settings.trainer_restarts},
+                    "max_restarts": settings.trainer_restarts, "checkpoint_every": settings.checkpoint_every},
     }
 
 

@@ -24,9 +24,9 @@ Callers may rely on:
   ``version_poll_seconds``), so a server that missed an update (down, slow) is not used until
   it caught up. A span that comes back older than required when it was sent (the server
   restarted meanwhile) is discarded and generated again, and so is one whose tokens the server
-  labels as made during a weight load, or labelled by an older fencing epoch than one this
-  engine already saw on that server (a former owner's label): no token is ever tagged with
-  weights that did not produce it.
+  labels as made during a weight load, or labelled by a former owner after its successor (an
+  older fencing epoch than the server had accepted before the request was sent:
+  ``server_pool.stale_labels``): no token is ever tagged with weights that did not produce it.
 * **Requests never collide.** Each HTTP attempt has its own request id (``<request rid>.<n>``),
   so a retry after a timeout, a resubmission after an abort or a failover is never refused as a
   duplicate of a request the server still holds; should a server answer 400 "Duplicate
@@ -65,7 +65,7 @@ from rollstream.engines.server_http import (
     Retryable,
     ServerHttp,
 )
-from rollstream.engines.server_pool import Server, ServerEngineStats, ServerPool
+from rollstream.engines.server_pool import Server, ServerEngineStats, ServerPool, stale_labels
 from rollstream.retry import RetriesExhausted, RetryPolicy
 
 __all__ = ["NonFiniteLogprobError", "ServerEngine", "Span"]
@@ -111,7 +111,7 @@ class Span:
     # Some tokens were labelled as produced during a weight load (a label that is no version):
     # which weights produced them is unknown, so the whole answer is generated again.
     unlabelled: bool = False
-    epochs: set[int] = field(default_factory=set)  # fencing epochs of the labels (0: none)
+    epochs: list[int] = field(default_factory=list)  # fencing epochs of the labels, in token order (0: none)
     stale_epoch: bool = False  # some label was written by a former owner: generated again
 
     def older_than(self, minimum: int) -> bool:
@@ -294,7 +294,7 @@ class ServerEngine(InferenceEngine):
             if span.stale_epoch:  # a former owner's label: the server's owner reloads it
                 self.stats.stale_epoch_spans += 1
                 logger.warning("%s labelled tokens with a former owner's epoch %s (newest seen %d): answer discarded",
-                               server.url, sorted(span.epochs), server.epoch)
+                               server.url, span.epochs, server.epoch)
                 continue
             if span.older_than(minimum):  # the server went back (restarted) after it was picked
                 self.stats.stale_spans += 1
@@ -369,7 +369,7 @@ class ServerEngine(InferenceEngine):
             attempt = {**body, self.request_id_key: f"{rid}.{next(attempts)}"}
             try:
                 span = self.parse_answer(await self._tracked_post(server, attempt), server.url)
-                span.stale_epoch = server.stale(span.epochs)
+                span.stale_epoch = stale_labels(span.epochs, sent[1])
                 server.epoch = max(server.epoch, *span.epochs, 0)
                 if span.stale_epoch:
                     server.version = None  # a former owner's label: not current until relabelled

@@ -15,6 +15,9 @@ Callers may rely on:
 * A server's version is what its label says (:meth:`Server.observe`), unless the label was
   written by an older fencing epoch than one this engine saw on that server: then it is taken
   for no version (not current) until the server's owner labels it again.
+* :func:`stale_labels`: an answer's labels include one a former owner wrote after its
+  successor (an epoch older than one the server had accepted before the request was sent, or
+  than an earlier label of the same answer).
 """
 
 from __future__ import annotations
@@ -43,17 +46,13 @@ class Server:
     version: int | None = None  # the weight version it last reported; None: not known yet
     epoch: int = 0  # the newest fencing epoch seen in its labels
 
-    def stale(self, epochs: set[int]) -> bool:
-        """Some of ``epochs`` (of labels this server wrote) are older than one already seen."""
-        return any(0 < e < self.epoch for e in epochs)
-
     def observe(self, label: WeightLabel | None) -> None:
-        """Take the server's label as its version (None when unread, loading, or written by a
-        stale epoch)."""
+        """Take the server's label as its version (None when unread, loading, or written by an
+        older epoch than one already seen on this server)."""
         if label is None:
             self.version = None
             return
-        self.version = None if self.stale({label.epoch}) else label.version
+        self.version = None if 0 < label.epoch < self.epoch else label.version
         self.epoch = max(self.epoch, label.epoch)
 
     def up(self, now: float) -> bool:
@@ -61,6 +60,19 @@ class Server:
 
     def current(self, minimum: int) -> bool:
         return self.version is not None and self.version >= minimum
+
+
+def stale_labels(epochs: list[int], known: int) -> bool:
+    """``epochs``: the fencing epochs of an answer's labels in the order its tokens were made (0:
+    none, as the launch weights'); ``known``: the newest epoch seen on the server before the
+    request was sent. A label can only have been written after the request started, so one
+    older than ``known``, or than an earlier label of the answer, was written by a former owner."""
+    newest = known
+    for epoch in epochs:
+        if 0 < epoch < newest:
+            return True
+        newest = max(newest, epoch)
+    return False
 
 
 @dataclass

@@ -68,7 +68,7 @@ def parse_generate(data: Any, where: str = "SGLang") -> Span:
     finish = meta.get("finish_reason") or {}
     if isinstance(finish, str):
         finish = {"type": finish}
-    return Span(tokens, logprobs, finish, [version] * len(tokens), version, epochs={label.epoch})
+    return Span(tokens, logprobs, finish, [version] * len(tokens), version, epochs=[label.epoch])
 
 
 class SGLangEngine(ServerEngine):

@@ -64,7 +64,7 @@ def parse_tokens_answer(data: Any, where: str = "vLLM") -> Span:
         raise EngineRequestError(f"{where} answered {len(tokens)} tokens with {len(logprobs)} logprobs")
     spans = choice.get("weight_versions") or []
     labels = [parse_label(s.get("version")) for s in spans]
-    epochs = {label.epoch for label in labels}
+    epochs = [label.epoch for label in labels]
     if any(label.loading for label in labels):
         return Span(tokens, logprobs, finish, [], None, unlabelled=True, epochs=epochs)
     versions = token_versions(spans, len(tokens), where)

@@ -1,12 +1,14 @@
 """The whole pipeline on a REAL vLLM server: two rollout workers share it, versions land
-mid-generation, the server is killed and restarted mid-run.
+mid-generation over the wire, the server is killed and restarted mid-run.
 
 producer -> two rollout-worker processes (``rollout.engine: vllm``, one session vLLM server on
 CPU, each worker competing for its weight-sync lease) -> reward worker -> grouping -> this test
-as the trainer: it acks each step and publishes the next version (a perturbed checkpoint), which
-the server's owner loads while generations run. After the first step the vLLM server is
-SIGKILLed and started again (it comes back on its launch weights, version 0: the owner must load
-the current version before any worker uses it).
+as the trainer: it acks each step and publishes the next version with the model in hand
+(``rollout.weight_transfer: distributed``: the trainer's sender sends the tensors over gloo, a
+checkpoint only every other version), which the server's owner has the server receive while
+generations run. After the first step the vLLM server is SIGKILLed and started again (it comes
+back on its launch weights, version 0: the owner must catch up from the checkpoint before any
+worker uses it, then takes the next version over the wire).
 
 Asserted: every admitted prompt ends exactly once (emitted group or counted drop), none of them
 as a failure; every generated token's logprob equals a fresh forward pass of the weights of the
@@ -22,6 +24,7 @@ import json
 from pathlib import Path
 
 import pytest
+from transformers import AutoModelForCausalLM
 
 from harness.batch_checks import acked_batches, check_batch_tensors
 from harness.budget_watch import BudgetWatch
@@ -62,7 +65,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, server: Loca
         staleness={"groups_per_step": STEP_GROUPS, "max_head_offpolicyness": ETA},
         producer={"dataset": str(dataset), "group_size": GROUP_SIZE, "batch_linger_ms": 20},
         rollout={"engine": "vllm", "server_urls": [server.url], "tokenizer_path": server.model,
-                 "max_concurrent_rollouts": 4, "shutdown_grace_seconds": 20,
+                 "weight_transfer": "distributed", "max_concurrent_rollouts": 4, "shutdown_grace_seconds": 20,
                  "gconfig": {"max_new_tokens": 48, "temperature": 1.0},
                  "server": {"lease_ttl_seconds": 5.0, "reconcile_seconds": 1.0, "version_poll_seconds": 0.2,
                             "health_timeout_seconds": 120}},
@@ -98,7 +101,10 @@ async def test_pipeline_on_a_real_vllm_server(
                 async for batch in acked_batches(consumer, tiers, STEPS, timeout=480):
                     check_batch_tensors(batch, STEP_GROUPS)
                     batches.append(batch)
-                    await publisher.publish(len(batches), str(weights[len(batches)]))
+                    version = len(batches)
+                    model = AutoModelForCausalLM.from_pretrained(weights[version])  # the trainer's weights
+                    checkpoint = str(weights[version]) if version % 2 else None
+                    await publisher.publish(version, checkpoint, model=model)
                     if len(batches) == 1:  # a crash: it comes back on its launch weights
                         vllm_server.kill()
                         await asyncio.to_thread(vllm_server.start)

@@ -16,7 +16,7 @@ from rollstream.engines.server_http import (
     parse_weight_version,
     weight_label,
 )
-from rollstream.engines.server_pool import Server
+from rollstream.engines.server_pool import Server, stale_labels
 from rollstream.engines.vllm import parse_tokens_answer, vllm_sampling_params
 
 
@@ -84,13 +84,17 @@ def test_labels_name_the_version_and_the_epoch_that_wrote_them() -> None:
     assert parse_weight_version(loading_label(7, 1)) is None and parse_weight_version("7@1") == 7
 
 
-def test_an_answer_labelled_by_a_former_owner_is_stale_for_a_server_that_saw_its_successor() -> None:
+def test_a_label_a_former_owner_wrote_after_its_successor_is_stale() -> None:
+    span = parse_tokens_answer(answer([5, 6, 7], [{"version": weight_label(2, 100), "start": 0, "end": 1},
+                                                  {"version": weight_label(3, 200), "start": 1, "end": 3}]))
+    assert span.epochs == [100, 200]
+    assert not stale_labels(span.epochs, known=100)  # frozen across an owner change (keep): both true
+    assert stale_labels(span.epochs, known=200)  # the server had accepted 200 before the request was sent
+    assert stale_labels([200, 100], known=0)  # a former owner's label after its successor's, in one answer
+    assert not stale_labels([0, 100], known=100)  # the launch weights carry no epoch
     server = Server("http://s")
     server.observe(parse_label(weight_label(3, 200)))
     assert (server.version, server.epoch) == (3, 200)
-    span = parse_tokens_answer(answer([5, 6], [{"version": weight_label(2, 100), "start": 0, "end": 2}]))
-    assert span.epochs == {100} and server.stale(span.epochs)
-    assert not server.stale({0, 200, 300})  # the launch weights (no epoch), the same owner, a newer one
     server.observe(parse_label(weight_label(2, 100)))  # a former owner's label read from the server
     assert server.version is None and server.epoch == 200
     server.observe(parse_label("default"))  # a restarted server: its launch weights are version 0
