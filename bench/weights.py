@@ -50,6 +50,7 @@ import torch
 
 from bench.common import Report, base_parser, mean, percentiles
 from harness.checkpoints import fresh_server
+from harness.vllm_requests import Lanes
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
 from rollstream.engines.vllm import VLLMEngine
@@ -141,28 +142,13 @@ async def metric(url: str, name: str) -> float:
                or line.startswith(name + " "))
 
 
-class Lanes:
-    """``lanes`` requests generating all the time; counts the requests it starts."""
+def lanes_of(engine: VLLMEngine, lanes: int, new_tokens: int, vocab: int) -> Lanes:
+    """``lanes`` requests generating all the time, each with a prompt of its own."""
+    def request(lane: int, n: int) -> ModelRequest:
+        ids = [(lane * 7919 + n * 104729 + k * 31) % (vocab - 4) + 3 for k in range(PROMPT_TOKENS)]
+        return ModelRequest(input_ids=ids, gconfig=GenerationHyperparameters(max_new_tokens=new_tokens, ignore_eos=True))
 
-    def __init__(self, engine: VLLMEngine, lanes: int, new_tokens: int, vocab: int) -> None:
-        self.engine, self.new_tokens, self.vocab = engine, new_tokens, vocab
-        self.started = 0
-        self._tasks = [asyncio.create_task(self._lane(i)) for i in range(lanes)]
-
-    async def _lane(self, lane: int) -> None:
-        n = 0
-        while True:
-            n += 1
-            ids = [(lane * 7919 + n * 104729 + k * 31) % (self.vocab - 4) + 3 for k in range(PROMPT_TOKENS)]
-            request = ModelRequest(input_ids=ids, gconfig=GenerationHyperparameters(
-                max_new_tokens=self.new_tokens, ignore_eos=True))
-            self.started += 1
-            await self.engine.agenerate(request)
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+    return Lanes(engine, lanes, request)
 
 
 @contextlib.asynccontextmanager
@@ -230,7 +216,7 @@ async def one_mode(args: argparse.Namespace, url: str, redis_url: str, model_pat
     mib: list[float] = []
     try:
         async with rollout_side(config, redis) as engine, VersionPublisher(config, checkpoints) as publisher:
-            lanes = Lanes(engine, args.lanes, args.new_tokens, args.vocab)
+            lanes = lanes_of(engine, args.lanes, args.new_tokens, args.vocab)
             watcher = asyncio.create_task(pauses(redis, config, paused))
             await asyncio.sleep(args.warmup)
             gen0, prompt0, started0 = await metric(url, "vllm:generation_tokens_total"), \

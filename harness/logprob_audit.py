@@ -86,8 +86,8 @@ class LogprobAuditor:
                 while end < len(ids) - 1 and consumer[end] == consumer[start]:
                     end += 1
                 model = self.model(max(consumer[start], 0))
-                out = model(torch.tensor([ids[start:end]]), past_key_values=cache, use_cache=True)
-                cache = out.past_key_values
+                out = model(torch.tensor([ids[start:end]]), cache=cache, use_cache=True)
+                cache = out.cache
                 logits.append(out.logits[0].float())
                 start = end
         scaled = torch.cat(logits) / self.temperature

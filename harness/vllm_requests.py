@@ -1,9 +1,11 @@
-"""Requests on a real vLLM server that a test sees running (read from the server's own metrics),
-so that a weight update is known to land in their middle."""
+"""Requests on a real vLLM server: one a test sees running (read from the server's own
+metrics), so that a weight update is known to land in its middle; lanes of requests that keep a
+server generating while versions change."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiohttp
 
@@ -39,3 +41,34 @@ async def seen_running(server: object, engine: InferenceEngine, request: ModelRe
             return task
         task.result()  # raises what the request raised
     raise AssertionError(f"{what}: ended before the server was seen running it, {attempts} times")
+
+
+class Lanes:
+    """``lanes`` requests on ``engine`` one after another per lane, until :meth:`stop`; every
+    response kept (``responses``), every request counted as it starts (``started``)."""
+
+    def __init__(self, engine: InferenceEngine, lanes: int, request: Callable[[int, int], ModelRequest]) -> None:
+        self.engine = engine
+        self.request = request  # (lane, n-th request of the lane) -> the request
+        self.responses: list[ModelResponse] = []
+        self.started = 0
+        self._tasks = [asyncio.create_task(self._lane(i)) for i in range(lanes)]
+
+    async def _lane(self, lane: int) -> None:
+        n = 0
+        while True:
+            n += 1
+            self.started += 1
+            self.responses.append(await self.engine.agenerate(self.request(lane, n)))
+
+    def versions(self) -> set[int]:
+        """Every version the responses so far carry."""
+        return {v for r in self.responses for v in r.output_versions}
+
+    async def stop(self) -> None:
+        """Stop every lane; raise what a lane raised."""
+        for task in self._tasks:
+            await stop_task(task, "a generation lane")
+        for task in self._tasks:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]

@@ -56,6 +56,11 @@ def load_tokenizer(config: RolloutConfig) -> Any:
 
 def build_engine(config: RolloutConfig) -> InferenceEngine:
     """A not yet started engine for ``config`` (call ``start()`` before generating)."""
+    if config.weight_transfer == "distributed" and config.engine != "vllm":
+        why = ("SGLang servers load checkpoints" if config.engine == "sglang"
+               else f"rollout.engine {config.engine!r} loads checkpoints")
+        raise ConfigError(f"invalid configuration: rollout.weight_transfer 'distributed' needs rollout.engine 'vllm' "
+                          f"(the trainer sends the weights to vLLM servers); {why}: use rollout.weight_transfer: checkpoint")
     if config.engine == "hf":
         require(config.model_path, "rollout.model_path", "must be set when rollout.engine is 'hf'")
         from rollstream.engines.hf import HFEngine
@@ -66,11 +71,6 @@ def build_engine(config: RolloutConfig) -> InferenceEngine:
                 f"must list at least one server when rollout.engine is {config.engine!r}")
         return _server_engine_class(config.engine)(config.server_urls, tokenizer_path(config), config.server,
                                                    config.weight_update_mode)
-    if config.weight_transfer == "distributed":
-        raise ConfigError(
-            f"invalid configuration: rollout.weight_transfer 'distributed' sends weights to inference servers; "
-            f"rollout.engine {config.engine!r} loads checkpoints (use rollout.weight_transfer: checkpoint, or "
-            "rollout.engine: vllm)")
     if config.engine == "custom":
         return _custom_engine(config)
     raise ConfigError(f"invalid configuration: unknown rollout.engine {config.engine!r}")

@@ -15,6 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import json
+
+import redis.asyncio as aioredis
+
 from bench.chaos import schedule as kinds
 from bench.chaos.observe import Observer
 from bench.chaos.schedule import Fault
@@ -23,11 +27,15 @@ from harness.pipeline import Pipeline
 from harness.tiers import TierProcess
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
+from rollstream.dev.vllm_server import LocalVLLMServer
+from rollstream.state.server_lease import ServerLeases
 
 
 NODE_START_TIMEOUT = 240.0
 REPLICATION_TIMEOUT = 180.0
 STOP_TIMEOUT = 120.0  # a rollout worker that leaves: its grace period and some
+SERVER_START_TIMEOUT = 400.0  # a vLLM server on 2 busy cores
+LOAD_WAIT = 90.0  # the owner faults wait this long for the next weight load
 
 
 @dataclass
@@ -39,6 +47,8 @@ class Stage:
     probe: ClusterProbe
     redis: LocalRedisServer
     observer: Observer
+    vllm: LocalVLLMServer | None = None  # a run on a vLLM server: its one server
+    leases: ServerLeases | None = None  # that server's weight-sync lease (to find its owner)
 
 
 @dataclass
@@ -199,9 +209,75 @@ async def _restart(stage: Stage, fault: Fault) -> str:
     return note
 
 
+async def _next_load(stage: Stage) -> str | None:
+    """The worker id of the owner of the server as it starts its next load (its "loading"
+    record in Redis), or None when no load began within ``LOAD_WAIT`` seconds."""
+    assert stage.leases is not None
+    client = aioredis.from_url(stage.redis.url)
+    pubsub = client.pubsub()
+    try:
+        await pubsub.subscribe(stage.leases.channel)
+        deadline = time.monotonic() + LOAD_WAIT
+        while time.monotonic() < deadline:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if message and json.loads(message["data"]).get("phase") == "loading":
+                return str(json.loads(message["data"])["owner"]).rsplit(":", 1)[0]
+        return None
+    finally:
+        await pubsub.aclose()
+        await client.aclose()
+
+
+async def _owner_now(stage: Stage) -> str | None:
+    assert stage.leases is not None and stage.vllm is not None
+    holder = await stage.leases.holder(stage.vllm.url)
+    return holder[0].rsplit(":", 1)[0] if holder else None
+
+
+async def _owner_pause(stage: Stage, fault: Fault) -> str:
+    """SIGSTOP the weight-sync owner as it starts a load, for longer than its lease: a successor
+    takes the server over; the owner's calls that follow must change nothing (the fence)."""
+    owner = await _next_load(stage)
+    note = ""
+    if owner is None:
+        owner, note = await _owner_now(stage), f"no load began in {LOAD_WAIT:.0f}s: paused the owner idle"
+    if owner is None or owner not in stage.pipeline.tiers:
+        return f"no owner to pause ({owner})"
+    process = stage.pipeline.tiers[owner]
+    process.pause()
+    try:
+        await stage.pipeline.sleep(fault.seconds)
+    finally:
+        process.resume()
+    return note or f"{owner} paused in its load"
+
+
+async def _owner_kill(stage: Stage, fault: Fault) -> str:
+    owner = await _owner_now(stage)
+    if owner is None or owner not in stage.pipeline.tiers:
+        return f"no owner to kill ({owner})"
+    process = stage.pipeline.tiers[owner]
+    process.kill()
+    await stage.pipeline.sleep(fault.seconds)
+    process.start()
+    return f"{owner} killed"
+
+
+async def _server_kill(stage: Stage, fault: Fault) -> str:
+    """SIGKILL the vLLM server as its owner starts a load (mid-transfer), start it again: it
+    comes back on its launch weights, and its owner must bring it up to date before use."""
+    assert stage.vllm is not None
+    note = "" if await _next_load(stage) else f"no load began in {LOAD_WAIT:.0f}s: killed the server idle"
+    stage.vllm.kill()
+    await stage.pipeline.sleep(fault.seconds)
+    await stage.pipeline.in_thread(stage.vllm.start, SERVER_START_TIMEOUT, "the vLLM server to start")
+    return note or f"killed in a load; back in {stage.vllm.startup_seconds:.0f}s"
+
+
 _ACTIONS = {
     kinds.KILL: _kill, kinds.PAUSE: _pause, kinds.NODE_KILL: _node_kill, kinds.NODE_RESTART: _node_restart,
     kinds.NODE_PAUSE: _node_pause, kinds.REDIS_RESTART: _redis_restart, kinds.REDIS_WIPE: _redis_wipe,
     kinds.REDIS_RESTORE: _redis_restore,
     kinds.JOIN: _join, kinds.LEAVE: _leave, kinds.RESTART: _restart,
+    kinds.OWNER_PAUSE: _owner_pause, kinds.SERVER_KILL: _server_kill, kinds.OWNER_KILL: _owner_kill,
 }

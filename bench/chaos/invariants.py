@@ -19,6 +19,9 @@ accepting. What each one reads:
 - ``trained within eta``: no group reaches a training step more than eta versions behind the
   version that step trains (the trainer's ledger: step ``s`` trains version ``s - 1``).
 - ``nothing in flight``: at the end every admitted prompt ended and no tier has records left.
+- ``tokens tagged with the weights that made them`` (a run on a vLLM server): every generated
+  token's logprob, recomputed by a forward pass of the weights of its tag, is the one the server
+  gave (``bench/chaos/audit.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.ledger import Ledger
+from harness.logprob_audit import LogprobTagAudit
 from rollstream.trainer.ledger import LedgerEntry
 from rollstream.wire import EmittedGroup
 from rollstream.wire.codec import group_arrays
@@ -45,7 +49,9 @@ VERSIONS_UP = "versions only go up"
 TOKEN_VERSIONS = "token versions in bounds"
 TRAINED_STALENESS = "trained within eta"
 IN_FLIGHT = "nothing in flight"
-INVARIANTS = (ENDS_ONCE, TRAINED_ONCE, STALENESS, VERSIONS_UP, TOKEN_VERSIONS, TRAINED_STALENESS, IN_FLIGHT)
+LOGPROB_TAGS = "tokens tagged with the weights that made them"
+INVARIANTS = (ENDS_ONCE, TRAINED_ONCE, STALENESS, VERSIONS_UP, TOKEN_VERSIONS, TRAINED_STALENESS, IN_FLIGHT,
+              LOGPROB_TAGS)
 
 
 @dataclass(frozen=True)
@@ -317,3 +323,12 @@ def left_in_flight(admitted: set[str], ledger: Ledger, lags: dict[str, int], tra
 
 def by_invariant(violations: Iterable[Violation]) -> Counter[str]:
     return Counter(v.invariant for v in violations)
+
+
+def logprob_tags(audit: LogprobTagAudit) -> list[Violation]:
+    """One violation per mis-tagged token found by the logprob audit (its examples say which)."""
+    if not audit.mistagged:
+        return []
+    shown = "; ".join(audit.examples[:5])
+    return [Violation(LOGPROB_TAGS, f"{audit.mistagged} of {audit.tokens} generated tokens disagree with the weights "
+                                    f"of their tag: {shown}")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.chaos import invariants as inv
 from bench.chaos.run import Result
-from bench.chaos.schedule import KINDS
+from bench.chaos.schedule import ALL_KINDS, KINDS
 from bench.common import Report
 
 FAULTS_PER_MINUTE = 2  # the target: 60 in 30 minutes
@@ -17,7 +17,8 @@ def report(result: Result, out: Report) -> None:
     """Print the run's tables and figures into ``out`` and set its targets."""
     s = result.settings
     kinds = result.by_kind()
-    out.table("Faults by kind", [{"kind": k, "carried out": kinds.get(k, 0)} for k in KINDS]
+    drawn = ALL_KINDS if s.engine == "vllm" else KINDS
+    out.table("Faults by kind", [{"kind": k, "carried out": kinds.get(k, 0)} for k in drawn]
                  + [{"kind": "total", "carried out": len(result.done)}])
     out.table("Faults as they happened", [
         {"at (s)": d.began, "fault": d.fault.kind, "target": d.fault.target, "lasting (s)": d.fault.seconds,
@@ -28,7 +29,7 @@ def report(result: Result, out: Report) -> None:
         out.note(f"VIOLATION [{violation.invariant}] {violation.saw}")
     for name, lines in result.exits.items():
         out.note(f"{name} exited unasked (restarted): " + " | ".join(lines))
-    out.extra.update({"seed": s.seed, "minutes": s.minutes, "mean gap (s)": s.mean_gap,
+    out.extra.update({"seed": s.seed, "minutes": s.minutes, "mean gap (s)": s.mean_gap, "engine": s.engine,
                          "faults planned": len(result.planned), "faults carried out": len(result.done),
                          "faults by kind": dict(kinds), "violations": len(result.violations),
                          "violations by invariant": dict(counts), "unasked exits": result.exits,

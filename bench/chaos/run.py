@@ -10,14 +10,17 @@ consumer groups must have nothing left. (4) the final checks, then everything st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from bench.chaos import invariants as inv
+from bench.chaos.audit import audit_groups
 from bench.chaos.faults import Done, Stage, execute, rollout_worker
 from bench.chaos.observe import Observer
 from bench.chaos.schedule import TRAINER, Fault, Fleet, draw_schedule
@@ -29,6 +32,9 @@ from harness.waits import stop_task
 from rollstream.config import config_from_dict
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
+from rollstream.dev.vllm_server import LocalVLLMServer
+from rollstream.state.client import RedisKeys, connect
+from rollstream.state.server_lease import ServerLeases
 from rollstream.wire import EmittedGroup, decode_group, decode_prompt
 
 
@@ -51,6 +57,9 @@ class Settings:
     max_new_tokens: int = 8
     startup_timeout: float = 480.0
     drain_timeout: float = 600.0
+    # "vllm": the rollout workers generate on one real vLLM server, versions reach it over the
+    # wire (a checkpoint each, kept for the audit), and the weight path's faults are drawn
+    engine: str = "hf"
 
 
 @dataclass
@@ -67,8 +76,9 @@ class Result:
 
 
 def chaos_config(bootstrap: str, redis_url: str, name: str, model: Path, dataset: Path, workdir: Path,
-                 s: Settings) -> dict[str, Any]:
-    """The fault tests' pipeline config, replicated, with a real trainer and the run's sizes."""
+                 s: Settings, server_url: str = "") -> dict[str, Any]:
+    """The fault tests' pipeline config, replicated, with a real trainer and the run's sizes;
+    with ``server_url``, the rollout workers on that vLLM server, versions over the wire."""
     tree = pipeline_config(bootstrap, redis_url, name, model, dataset, None)
     tree["kafka"].update({"replication_factor": 3, "prompt_partitions": s.fleet.rollout_max})
     tree["staleness"] = {"groups_per_step": s.groups_per_step, "max_head_offpolicyness": s.eta}
@@ -80,6 +90,15 @@ def chaos_config(bootstrap: str, redis_url: str, name: str, model: Path, dataset
     tree["trainer"] = {"group_id": f"{name}-trainer", "model_path": str(model),
                        "checkpoint_dir": str(workdir / "checkpoints"), "session_timeout_ms": 6000,
                        "learning_rate": 1e-5, "keep_checkpoints": 4}
+    if server_url:
+        tree["rollout"].update({
+            "engine": "vllm", "server_urls": [server_url], "tokenizer_path": str(model),
+            "weight_transfer": "distributed",
+            "server": {"lease_ttl_seconds": 5.0, "reconcile_seconds": 1.0, "version_poll_seconds": 0.2,
+                       "health_timeout_seconds": 300, "backoff_max_seconds": 2.0}})
+        # every version's weights stay on disk: the audit recomputes each token's logprob with them
+        tree["trainer"].update({"keep_checkpoints": 100_000, "checkpoint_every": 1,
+                                "weight_sender": {"timeout_seconds": 30}})
     return tree
 
 
@@ -98,7 +117,7 @@ def add_tiers(pipeline: Pipeline, fleet: Fleet, steps_file: Path) -> None:
 async def run_chaos(s: Settings, workdir: Path, model: Path, cluster: LocalKafkaCluster | None = None) -> Result:
     """The whole run in ``workdir`` (Redis, logs, checkpoints) on the tiny ``model``, on
     ``cluster`` (its nodes all running; default: a cluster of its own in ``workdir``)."""
-    planned = draw_schedule(s.seed, s.minutes * 60, s.fleet, s.mean_gap)
+    planned = draw_schedule(s.seed, s.minutes * 60, s.fleet, s.mean_gap, weight_path=s.engine == "vllm")
     print(f"{len(planned)} faults planned by seed {s.seed} over {s.minutes:g} minutes:", flush=True)
     for fault in planned:
         print("  " + fault.line())
@@ -110,22 +129,42 @@ async def run_chaos(s: Settings, workdir: Path, model: Path, cluster: LocalKafka
     elif len(cluster.running_nodes()) != s.fleet.nodes:
         raise ValueError(f"the schedule needs {s.fleet.nodes} running nodes, the cluster has {cluster.running_nodes()}")
     try:
-        with LocalRedisServer(workdir / "redis", appendonly=True) as redis:
-            return await _on_stage(s, planned, workdir, model, cluster, redis)
+        with LocalRedisServer(workdir / "redis", appendonly=True) as redis, _server(s, workdir, model) as vllm:
+            return await _on_stage(s, planned, workdir, model, cluster, redis, vllm)
     finally:
         if own:
             await asyncio.to_thread(cluster.stop)
 
 
+@contextlib.contextmanager
+def _server(s: Settings, workdir: Path, model: Path) -> Iterator[LocalVLLMServer | None]:
+    """A run on a vLLM server: the server (the tiny model), up before the tiers."""
+    if s.engine != "vllm":
+        yield None
+        return
+    server = LocalVLLMServer(workdir / "vllm", model, max_model_len=256, extra_args=("--enforce-eager",))
+    server.start()
+    print(f"vLLM server up in {server.startup_seconds:.0f}s at {server.url}", flush=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 async def _on_stage(s: Settings, planned: list[Fault], workdir: Path, model: Path, cluster: LocalKafkaCluster,
-                    redis: LocalRedisServer) -> Result:
+                    redis: LocalRedisServer, vllm: LocalVLLMServer | None) -> Result:
     name = f"chaos{s.seed}"
     dataset = write_dataset(workdir / "prompts.jsonl", DATASET_LINES)
-    tree = chaos_config(cluster.bootstrap, redis.url, name, model, dataset, workdir, s)
-    observer = Observer(config_from_dict(tree), Path(tree["trainer"]["checkpoint_dir"]) / "ledger.jsonl")
+    tree = chaos_config(cluster.bootstrap, redis.url, name, model, dataset, workdir, s, vllm.url if vllm else "")
+    config = config_from_dict(tree)
+    observer = Observer(config, Path(tree["trainer"]["checkpoint_dir"]) / "ledger.jsonl")
     pipeline = Pipeline(tree, workdir, model, stand_in_trainer=False, on_batch=observer.on_batch)
     observer.follow(pipeline.ledger)
-    stage = Stage(pipeline, cluster, ClusterProbe(cluster, pipeline.config.kafka), redis, observer)
+    leases = None
+    if vllm is not None:
+        keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
+        leases = ServerLeases(connect(config.redis), keys, "chaos-observer", config.rollout.server.lease_ttl_seconds)
+    stage = Stage(pipeline, cluster, ClusterProbe(cluster, pipeline.config.kafka), redis, observer, vllm, leases)
     began = time.monotonic()
     async with pipeline, TopicFollower(pipeline.config.kafka, pipeline.names.prompts, observer.on_prompt) as prompts:
         watching = asyncio.create_task(observer.watch(), name="observer")
@@ -141,6 +180,8 @@ async def _on_stage(s: Settings, planned: list[Fault], workdir: Path, model: Pat
             drain = await _drain(stage, s, prompts)
             result = Result(s, planned, done, [], exits=_exits(pipeline))
             result.figures = {"startup seconds": round(startup), **drain, **_figures(stage)}
+            if vllm is not None:
+                result.figures |= await _audit(stage, model, Path(tree["trainer"]["checkpoint_dir"]))
             if watching.done():  # the live checks stopped: the run proves nothing
                 watching.result()
                 raise RuntimeError("the observer stopped watching before the end")
@@ -201,6 +242,17 @@ async def _drain(stage: Stage, s: Settings, prompts: TopicFollower) -> dict[str,
     return {"drain seconds": round(time.monotonic() - began), "every prompt ended in the drain": ended,
             "trainer caught up in the drain": trained, "admitted": len(admitted), "prompt records": len(records),
             "trainer groups waiting at the end": waiting, "lags at the end": lags}
+
+
+async def _audit(stage: Stage, model: Path, checkpoints: Path) -> dict[str, Any]:
+    """Every generated token on ``batches``, its logprob recomputed with the weights of the
+    version it is tagged with (each version's checkpoint): a violation for each that disagrees."""
+    records = await read_records(stage.pipeline.config.kafka, stage.pipeline.names.batches)
+    groups = [m for m in (decode_group(r.value) for r in records) if isinstance(m, EmittedGroup)]
+    result = await asyncio.to_thread(audit_groups, groups, model, checkpoints)
+    stage.observer.report(inv.logprob_tags(result))
+    return {"tokens audited by their logprob": result.tokens, "mis-tagged tokens": result.mistagged,
+            "versions audited": len(result.versions), "rows spanning several versions": result.rows_with_several_versions}
 
 
 async def _until(pipeline: Pipeline, predicate: Any, timeout: float) -> bool:

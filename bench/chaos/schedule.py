@@ -24,12 +24,21 @@ REDIS_RESTORE = "redis restored from an earlier snapshot"  # snapshot, `seconds`
 JOIN = "rollout join"  # a rollout worker with a worker id not running starts
 LEAVE = "rollout leave"  # a running rollout worker gets SIGTERM and stays away
 RESTART = "rollout restart"  # a running rollout worker gets SIGTERM and starts again, same worker id
+# The weight path (a run on a vLLM server): the targets are found when the fault comes.
+OWNER_PAUSE = "owner paused mid-load"  # SIGSTOP the server's weight-sync owner in a load, past its lease
+SERVER_KILL = "server killed mid-load"  # SIGKILL the vLLM server in a load, start it after `seconds`
+OWNER_KILL = "owner killed"  # SIGKILL the rollout worker that owns the server, start it after `seconds`
 
 KINDS = (KILL, PAUSE, NODE_KILL, NODE_RESTART, NODE_PAUSE, REDIS_RESTART, REDIS_WIPE, REDIS_RESTORE, JOIN, LEAVE,
          RESTART)
+WEIGHT_KINDS = (OWNER_PAUSE, SERVER_KILL, OWNER_KILL)
+ALL_KINDS = KINDS + WEIGHT_KINDS
 NODE_KINDS = (NODE_KILL, NODE_RESTART, NODE_PAUSE)
 WEIGHTS = {KILL: 24, PAUSE: 20, NODE_KILL: 8, NODE_RESTART: 5, NODE_PAUSE: 8, REDIS_RESTART: 5, REDIS_WIPE: 5,
            REDIS_RESTORE: 5, JOIN: 9, LEAVE: 8, RESTART: 8}
+WEIGHT_PATH_WEIGHTS = {OWNER_PAUSE: 8, SERVER_KILL: 4, OWNER_KILL: 6}
+OWNER = "the server's owner"  # the target of the owner faults: whoever holds the lease then
+SERVER = "vllm"
 TRAINER = "trainer"
 
 
@@ -74,7 +83,9 @@ def _duration(rng: random.Random, kind: str) -> float:
     timeout of the run's config (6-10 s)."""
     low, high = {KILL: (0.0, 4.0), PAUSE: (1.0, 20.0), NODE_KILL: (2.0, 10.0), NODE_PAUSE: (3.0, 12.0),
                  REDIS_RESTART: (0.0, 3.0), REDIS_WIPE: (0.0, 3.0),
-                 REDIS_RESTORE: (2.0, 8.0)}.get(kind, (0.0, 0.0))  # restore: how old the snapshot is
+                 REDIS_RESTORE: (2.0, 8.0),  # restore: how old the snapshot is
+                 OWNER_PAUSE: (8.0, 15.0),  # past the run's 5 s lease
+                 SERVER_KILL: (0.0, 3.0), OWNER_KILL: (0.0, 4.0)}.get(kind, (0.0, 0.0))
     return round(rng.uniform(low, high), 1) if high else 0.0
 
 
@@ -100,6 +111,10 @@ class _Membership:
             return f"node-{rng.randint(1, self.fleet.nodes)}"
         if kind in (REDIS_RESTART, REDIS_WIPE, REDIS_RESTORE):
             return "redis"
+        if kind in (OWNER_PAUSE, OWNER_KILL):
+            return OWNER
+        if kind == SERVER_KILL:
+            return SERVER
         if kind == JOIN:
             idle = [w for w in self.fleet.rollout_ids() if w not in self.running]
             fresh = [w for w in idle if w not in self.used]  # a new worker id first, else one that left
@@ -113,27 +128,30 @@ class _Membership:
         return worker
 
 
-def draw_schedule(seed: int, seconds: float, fleet: Fleet = Fleet(), mean_gap: float = 22.0) -> list[Fault]:
+def draw_schedule(seed: int, seconds: float, fleet: Fleet = Fleet(), mean_gap: float = 22.0,
+                  weight_path: bool = False) -> list[Fault]:
     """The faults of a run of ``seconds``, one every ``mean_gap`` seconds on average (each gap
-    drawn between half and one and a half of it); the same list for the same arguments."""
+    drawn between half and one and a half of it); the same list for the same arguments. With
+    ``weight_path`` (a run on a vLLM server) the weight path's kinds are drawn too."""
     rng = random.Random(seed)
-    deck = list(KINDS)
+    weights = WEIGHTS | (WEIGHT_PATH_WEIGHTS if weight_path else {})
+    deck = list(ALL_KINDS if weight_path else KINDS)
     rng.shuffle(deck)
     members = _Membership(fleet)
     faults: list[Fault] = []
     at = rng.uniform(0.2, 0.6) * mean_gap
     while round(at, 1) < seconds:  # as the fault will say it (a time that rounds up to the end is past it)
-        kind = _next_kind(rng, deck, members)
+        kind = _next_kind(rng, deck, members, weights)
         faults.append(Fault(round(at, 1), kind, members.target(rng, kind), _duration(rng, kind)))
         at += rng.uniform(0.5, 1.5) * mean_gap
     return faults
 
 
-def _next_kind(rng: random.Random, deck: list[str], members: _Membership) -> str:
+def _next_kind(rng: random.Random, deck: list[str], members: _Membership, weights: dict[str, int]) -> str:
     """The first kind of the deck that is possible now (a leave waits for a join), else a draw."""
     for i, kind in enumerate(deck):
         if members.possible(kind):
             return deck.pop(i)
-    while not members.possible(kind := rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]):
+    while not members.possible(kind := rng.choices(list(weights), weights=list(weights.values()))[0]):
         pass
     return kind

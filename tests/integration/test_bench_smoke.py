@@ -101,3 +101,14 @@ def test_server_benchmark_refuses_clearly_without_cuda(tmp_path: Path, capsys: p
     (tmp_path / "config.json").write_text("{}")
     assert server.main(["--engine", "hf", "--model-path", str(tmp_path)]) == 2
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+@pytest.mark.broker
+def test_weights_benchmark_runs_on_the_keep_server(redis_url: str, tmp_path: Path,
+                                                    vllm_keep_server: LocalVLLMServer) -> None:
+    results = run_bench("weights", tmp_path, "--server-url", vllm_keep_server.url, "--model-path",
+                        vllm_keep_server.model, "--redis-url", redis_url, timeout=300)
+    rows = next(iter(results["tables"].values()))
+    assert [row["mode"] for row in rows] == ["no updates", "distributed, abort", "distributed, keep"]
+    assert all(row["tokens/s"] > 0 for row in rows) and all(row["versions"] >= 1 for row in rows[1:]), rows
+    assert rows[2]["re-prefilled / update"] == 0, rows  # keep prefills nothing again

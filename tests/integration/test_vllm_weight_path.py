@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from harness.checkpoints import fresh_server, save_versions
 from harness.holding_proxy import HoldingProxy, ProxiedHttp
 from harness.logprob_audit import LogprobAuditor, LogprobTagAudit
-from harness.vllm_requests import seen_running
+from harness.vllm_requests import Lanes, seen_running
 from harness.waits import stop_task, until, within
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
@@ -65,27 +65,10 @@ async def engine(vllm_server: LocalVLLMServer) -> AsyncIterator[VLLMEngine]:
         await engine.close()
 
 
-class Generation:
-    """Requests of 48 tokens, one after another on a few lanes, until stopped; every response kept."""
-
-    def __init__(self, engine: VLLMEngine, lanes: int = 3) -> None:
-        self.engine = engine
-        self.responses: list[ModelResponse] = []
-        self._tasks = [asyncio.create_task(self._lane()) for _ in range(lanes)]
-
-    async def _lane(self) -> None:
-        while True:
-            request = ModelRequest(input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=48))
-            self.responses.append(await self.engine.agenerate(request))
-
-    def versions(self) -> set[int]:
-        return {v for r in self.responses for v in r.output_versions}
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            await stop_task(task, "a generation lane")
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+def lanes_of(engine: VLLMEngine) -> Lanes:
+    """Three lanes of 48-token requests until stopped."""
+    return Lanes(engine, 3, lambda lane, n: ModelRequest(input_ids=list(PROMPT),
+                                                          gconfig=GenerationHyperparameters(max_new_tokens=48)))
 
 
 def audit(responses: list[ModelResponse], weights: list[Path], kv: str = "recomputed") -> LogprobTagAudit:
@@ -112,7 +95,7 @@ async def test_a_former_owner_labels_nothing_after_its_successor(
     unique_name: str, late: int, successor: int,
 ) -> None:
     url = vllm_server.url
-    generation = Generation(engine)
+    generation = lanes_of(engine)
     async with HoldingProxy(url) as proxy:
         # The old owner loads `late`; its last call, the label, is held in flight.
         proxy.hold(final_label)
@@ -179,7 +162,7 @@ async def test_a_partial_load_keeps_the_loading_label_and_tags_nothing(
 
     # An owner offered the renamed checkpoint as v1: it fails, the server keeps a label no worker
     # trusts, and generation waits; then v2 lands and generation goes on with it.
-    generation = Generation(engine)
+    generation = lanes_of(engine)
     keeper = owner(url, engine.admin, redis_client, unique_name, "w0")
     keeper.offer(WeightUpdate(1, str(renamed)))
     task = asyncio.create_task(keeper.run())

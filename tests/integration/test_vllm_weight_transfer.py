@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM
 from harness.checkpoints import fresh_server
 from harness.configs import make_config
 from harness.logprob_audit import LogprobAuditor
+from harness.vllm_requests import Lanes
 from harness.waits import eventually, stop_task, until, within
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.config import RollstreamConfig
@@ -76,30 +77,32 @@ class RolloutSide:
         self.sync = WeightSync([rollout.server_urls[0]], self.engine.admin, leases, rollout.server,
                                checkpoints=self.store.latest_checkpoint)
         self.follower = SharedServerFollower(self.engine, self.store, self.sync, poll_seconds=0.2)
-        self.responses: list[ModelResponse] = []
-        self._tasks: list[asyncio.Task[Any]] = []
+        self.lanes: Lanes | None = None
+        self._follower: asyncio.Task[Any] | None = None
 
     @property
     def owner(self) -> Any:
         return self.sync.owners[0]
 
-    async def start(self, lanes: int = 2) -> None:
-        await self.engine.start()
-        await self.follower.catch_up()  # as the rollout worker does before its first prompt
-        self._tasks.append(asyncio.create_task(self.follower.run()))
-        self._tasks += [asyncio.create_task(self._lane()) for _ in range(lanes)]
-
-    async def _lane(self) -> None:
-        while True:
-            request = ModelRequest(input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=48))
-            self.responses.append(await self.engine.agenerate(request))
+    @property
+    def responses(self) -> list[ModelResponse]:
+        return self.lanes.responses if self.lanes else []
 
     def versions(self) -> set[int]:
-        return {v for r in self.responses for v in r.output_versions}
+        return self.lanes.versions() if self.lanes else set()
+
+    async def start(self) -> None:
+        await self.engine.start()
+        await self.follower.catch_up()  # as the rollout worker does before its first prompt
+        self._follower = asyncio.create_task(self.follower.run())
+        self.lanes = Lanes(self.engine, 2, lambda lane, n: ModelRequest(
+            input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=48)))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            await stop_task(task, "the rollout side")
+        if self.lanes is not None:
+            await self.lanes.stop()
+        if self._follower is not None:
+            await stop_task(self._follower, "the version follower")
         await self.engine.close()
 
 

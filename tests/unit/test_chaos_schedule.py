@@ -49,3 +49,13 @@ def test_pauses_reach_past_the_runs_timeouts_and_instant_faults_last_nothing() -
     assert all(f.seconds == 0 for f in faults if f.kind in (s.JOIN, s.LEAVE, s.RESTART, s.NODE_RESTART))
     kinds = Counter(f.kind for f in faults)
     assert kinds[s.KILL] > kinds[s.REDIS_WIPE] > 0 and "trainer" in {f.target for f in faults if f.kind == s.KILL}
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_run_on_a_vllm_server_meets_the_weight_path_faults_early(seed: int) -> None:
+    short = s.draw_schedule(seed, 200, mean_gap=10, weight_path=True)
+    assert set(s.ALL_KINDS) <= {f.kind for f in short[: len(s.ALL_KINDS) + 2]}
+    owners = [f for f in s.draw_schedule(seed, 3600, weight_path=True) if f.kind in s.WEIGHT_KINDS]
+    assert all(f.target == (s.SERVER if f.kind == s.SERVER_KILL else s.OWNER) for f in owners)
+    assert all(f.seconds > 5.0 for f in owners if f.kind == s.OWNER_PAUSE)  # past the run's lease
+    assert not {f.kind for f in s.draw_schedule(seed, 3600)} & set(s.WEIGHT_KINDS)  # only when asked

@@ -53,6 +53,10 @@ def test_custom_engine_from_factory() -> None:
         (RolloutConfig(engine="hf"), "rollout.model_path"),
         (RolloutConfig(engine="sglang", tokenizer_path="/tok"), "rollout.server_urls"),
         (RolloutConfig(engine="sglang", server_urls=["http://x"]), "rollout.tokenizer_path"),
+        (RolloutConfig(engine="hf", model_path="/m", weight_transfer="distributed"),
+         "rollout.weight_transfer 'distributed' needs rollout.engine 'vllm'"),
+        (RolloutConfig(engine="sglang", server_urls=["http://x"], weight_transfer="distributed"),
+         "needs rollout.engine 'vllm'"),
     ],
 )
 def test_missing_settings_are_named(config: RolloutConfig, setting: str) -> None:
