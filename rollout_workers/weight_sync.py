@@ -15,7 +15,8 @@ Every rollout worker with ``rollout.engine: sglang`` or ``vllm`` runs a :class:`
 What an owner does while it holds the lease (and checks before every step that it still does):
 
 * when the server's label is below the newest published version (a new version, or a server
-  that restarted or missed updates while down), or was written by another owner: pause (mode
+  that restarted or missed updates while down), or was written by an older epoch than one
+  already seen on the server (a former owner's, after its successor's): pause (mode
   ``rollout.weight_update_mode``: ``abort`` cuts the running requests, ``keep`` freezes them
   with their keys and values), load, continue. How the weights get there: over the wire when
   the trainer sends the version (``rollout.weight_transfer: distributed``) and still serves it;
