@@ -81,7 +81,7 @@ def random_model(params_billions: float, out: Path) -> Path:
     config = AutoConfig.from_pretrained(tiny)
     config.hidden_size, config.intermediate_size = 1024, 4096
     config.num_attention_heads, config.num_key_value_heads = 16, 4
-    per_layer = 4 * 1024 * 1024 // 2 * 2 + 3 * 1024 * 4096  # attention (q, o full; k, v a quarter) + MLP
+    per_layer = 2 * 1024 * 1024 + 2 * 1024 * 256 + 3 * 1024 * 4096  # attention (q, o; k, v a quarter) + MLP
     config.num_hidden_layers = int(params_billions * 1e9 // per_layer) + 1
     config.layer_types = ["full_attention"] * config.num_hidden_layers
     path = out / f"random-qwen2-{config.num_hidden_layers}x1024"
@@ -196,6 +196,11 @@ async def pauses(redis: aioredis.Redis, config: RollstreamConfig, out: list[floa
         await pubsub.aclose()
 
 
+def save(checkpoints: Checkpoints, version: int, model: Any) -> None:
+    with checkpoints.write(version) as out:
+        model.save_pretrained(out)
+
+
 def nudge(model: Any, version: int) -> None:
     """A training step's change to the weights (not timed)."""
     generator = torch.Generator().manual_seed(version)
@@ -232,11 +237,11 @@ async def one_mode(args: argparse.Namespace, url: str, redis_url: str, model_pat
                     continue
                 tick = time.monotonic()
                 version += 1
-                nudge(model, version)
+                # the trainer's own work runs off the event loop, as a trainer is a process of its own
+                await asyncio.to_thread(nudge, model, version)
                 started = time.monotonic()
                 if transfer == "checkpoint":
-                    with checkpoints.write(version) as out:
-                        model.save_pretrained(out)
+                    await asyncio.to_thread(save, checkpoints, version, model)
                     checkpoint = checkpoints.get(version)
                     mib.append(sum(f.stat().st_size for f in checkpoint.path.glob("*")) / 2**20)  # type: ignore[union-attr]
                     await publisher.publish(version, checkpoint)
