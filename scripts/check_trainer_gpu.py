@@ -59,7 +59,7 @@ def write_inputs(workdir: Path, ranks: int) -> tuple[Path, Path]:
             }
             episode = Episode(task_id=f"task-{g}", sample_idx=i, group_size=4, trajectory=encode_tensor_dict(tensors))
             episodes.append(ScoredEpisode(episode=episode, reward=float(i % 2)))
-        batch = build_emitted_group([CompleteGroup(f"task-{g}", 4, False, tuple(episodes), 0, 0, 0, 0, 0.0)], trainer_version=0)
+        batch = build_emitted_group(CompleteGroup(f"task-{g}", 4, False, tuple(episodes), 0, 0, 0, 0, 0.0), trainer_version=0)
         lines.append(b'{"partition":0,"offset":%d,"key":null,"message":' % g + message_json(batch) + b"}\n")
     dump = workdir / "batches.jsonl"
     dump.write_bytes(b"".join(lines))

@@ -36,8 +36,8 @@ Callers may rely on:
   server down for ``down_cooldown_seconds`` and its calls move to the others. With no server
   up (or retries exhausted) ``agenerate`` raises ``EngineUnavailableError``; other HTTP 4xx
   raise ``EngineRequestError`` at once. A logprob the server could not write as a number (NaN
-  or inf) raises ``NonFiniteLogprobError`` naming the position, so the sample fails with that
-  reason.
+  or inf: SGLang's ``null``, vLLM's ``-9999.0``) raises ``NonFiniteLogprobError`` naming the
+  position, so the sample fails with that reason.
 * Routing (``server_pool.py``): a new request goes to the current server with the fewest calls
   in flight; its resubmissions stay on that server (bounded LRU) while it is current and up.
 """
@@ -417,6 +417,6 @@ def _finite(logprobs: list[float | None], offset: int, rid: str, url: str) -> li
     for i, lp in enumerate(logprobs):
         if lp is None:
             raise NonFiniteLogprobError(
-                f"{url} returned a null (NaN or infinite) logprob for output token {offset + i} of "
-                f"rid {rid}: the sample is dropped rather than trained on")
+                f"{url} returned a null (NaN or infinite; SGLang writes null, vLLM -9999.0) logprob for output "
+                f"token {offset + i} of rid {rid}: the sample is dropped rather than trained on")
     return logprobs  # type: ignore[return-value]  # no None left

@@ -92,12 +92,17 @@ def token_versions(spans: Any, count: int, where: str) -> list[int]:
     return versions
 
 
+# vLLM's token-in/token-out serving writes a NaN, -inf or missing logprob as max(logprob, -9999.0)
+# (its OpenAI shapes' floor): a number, but none a sampled token can have.
+VLLM_LOGPROB_FLOOR = -9999.0
+
+
 def _number(value: Any) -> float | None:
-    """A finite logprob, or None (NaN, infinity, or not written as a number)."""
+    """A finite logprob, or None (NaN, infinity, vLLM's floor for them, or not a number)."""
     if value is None:
         return None
     number = float(value)
-    return number if math.isfinite(number) else None
+    return number if math.isfinite(number) and number > VLLM_LOGPROB_FLOOR else None
 
 
 class VLLMEngine(ServerEngine):

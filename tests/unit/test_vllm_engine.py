@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -73,6 +74,13 @@ def test_unusable_labels_are_refused(spans: list | None, why: str) -> None:
 def test_a_non_finite_logprob_is_none() -> None:
     span = parse_tokens_answer(answer([5, 6], [{"version": "1", "start": 0, "end": 2}], logprobs=[math.nan, -1.0]))
     assert span.logprobs == [None, -1.0]
+
+
+def test_vllms_floor_for_nan_and_minus_infinity_is_no_logprob() -> None:
+    # what vLLM 0.32's token-in/token-out serving sends for a NaN or -inf logprob: -9999.0 in JSON
+    raw = json.dumps(answer([5, 6, 7], [{"version": "1@3", "start": 0, "end": 3}], logprobs=[-9999.0, -2.5, -9999.0]))
+    span = parse_tokens_answer(json.loads(raw))
+    assert span.logprobs == [None, -2.5, None]
 
 
 def test_labels_name_the_version_and_the_epoch_that_wrote_them() -> None:
