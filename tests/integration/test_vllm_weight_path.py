@@ -9,7 +9,8 @@ took the server over changes nothing, whether its version is older or newer than
 successor's (a real proxy holds the call, deterministically); a checkpoint with a parameter
 renamed, or missing, is refused naming it, keeps the ``loading:`` label, and no token is ever
 tagged with its version; with ``weight_update_mode: keep`` running requests are frozen, not
-cut, and each token's logprob is what the mix of keys and values the server kept gives.
+cut, and each token's logprob is what the mix of keys and values the server kept gives; a
+request an update cuts before its first token is no failure.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 from safetensors.torch import load_file, save_file
@@ -207,3 +209,32 @@ async def test_keep_freezes_running_requests_and_tags_each_step(
     assert all(len(r.output_tokens) == 900 and r.output_versions == sorted(r.output_versions) for r in responses)
     assert kept.mistagged == 0 and kept.rows_with_several_versions >= 1, kept.examples
     assert recomputed.mistagged > 0  # the kept keys and values are what the server used: the audit can tell
+
+
+async def test_requests_a_weight_update_cuts_before_their_first_token_never_fail(
+    vllm_server: LocalVLLMServer, weights: list[Path], redis_client: aioredis.Redis, unique_name: str,
+) -> None:
+    """More requests than the server runs at once (8): the ones still queued when the owner's
+    pause aborts everything come back with no token. With max_retries 0 each such answer used to
+    fail its sample; a weight update's cut is no failure."""
+    await fresh_server(vllm_server)
+    strict = msgspec.structs.replace(SETTINGS, max_retries=0)
+    engine = VLLMEngine([vllm_server.url], vllm_server.model, strict)
+    await engine.start()
+    keeper = owner(vllm_server.url, engine.admin, redis_client, unique_name, "w0")
+    task = asyncio.create_task(keeper.run())
+    try:
+        await until(lambda: keeper.lease is not None, "the lease")
+        many = ModelRequest(input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=300, ignore_eos=True))
+        first = await seen_running(vllm_server, engine, many, "the first request")
+        rest = [asyncio.create_task(engine.agenerate(many)) for _ in range(15)]
+        keeper.offer(WeightUpdate(1, str(weights[1])))
+        responses = await within(asyncio.gather(first, *rest), 180, "16 requests across the update")
+    finally:
+        await stop_task(task, "the owner")
+        await engine.close()
+    print(f"\n{engine.stats}")
+    assert all(len(r.output_tokens) == 300 for r in responses)
+    assert engine.stats.update_cuts >= 1 and keeper.loads == 1, engine.stats
+    result = audit(responses, weights)
+    assert result.mistagged == 0 and 1 in result.versions, result.examples
