@@ -1,8 +1,10 @@
 """Weights of distinct versions: perturbed copies of a model saved as checkpoints, and the
-session's vLLM server put back on its launch weights (version 0)."""
+session's vLLM server put back on its launch weights (version 0), with an engine on it."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import torch
@@ -13,6 +15,7 @@ from rollstream.config import ServerConfig
 from rollstream.dev.vllm_server import LocalVLLMServer
 from rollstream.engines.server_admin import time_epoch
 from rollstream.engines.server_http import ServerHttp
+from rollstream.engines.vllm import VLLMEngine
 from rollstream.engines.vllm_admin import VLLMAdmin
 
 
@@ -46,3 +49,16 @@ async def fresh_server(server: LocalVLLMServer) -> None:
         await admin.resume(server.url, epoch)
     finally:
         await http.close()
+
+
+@contextlib.asynccontextmanager
+async def fresh_engine(server: LocalVLLMServer, settings: ServerConfig,
+                       weight_update_mode: str = "abort") -> AsyncIterator[VLLMEngine]:
+    """A started ``VLLMEngine`` on ``server``, put back on its launch weights first; closed after."""
+    await fresh_server(server)
+    engine = VLLMEngine([server.url], server.model, settings, weight_update_mode)  # type: ignore[arg-type]
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()

@@ -25,7 +25,7 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from harness.checkpoints import fresh_server, save_versions
+from harness.checkpoints import fresh_engine, save_versions
 from harness.vllm_requests import seen_running
 from harness.logprob_audit import LogprobAuditor
 from harness.waits import until, within
@@ -57,13 +57,8 @@ def weights(vllm_server: LocalVLLMServer, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture
 async def engine(vllm_server: LocalVLLMServer) -> AsyncIterator[VLLMEngine]:
-    await fresh_server(vllm_server)
-    engine = VLLMEngine([vllm_server.url], vllm_server.model, SETTINGS)
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.close()
+    async with fresh_engine(vllm_server, SETTINGS) as started:
+        yield started
 
 
 def request(n: int, **settings: object) -> ModelRequest:

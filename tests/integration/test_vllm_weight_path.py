@@ -16,6 +16,7 @@ request an update cuts before its first token is no failure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +26,7 @@ import pytest
 import redis.asyncio as aioredis
 from safetensors.torch import load_file, save_file
 
-from harness.checkpoints import fresh_server, save_versions
+from harness.checkpoints import fresh_engine, save_versions
 from harness.holding_proxy import HoldingProxy, ProxiedHttp
 from harness.logprob_audit import LogprobAuditor, LogprobTagAudit
 from harness.vllm_requests import Lanes, seen_running
@@ -58,13 +59,8 @@ def weights(vllm_server: LocalVLLMServer, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture
 async def engine(vllm_server: LocalVLLMServer) -> AsyncIterator[VLLMEngine]:
-    await fresh_server(vllm_server)
-    engine = VLLMEngine([vllm_server.url], vllm_server.model, SETTINGS)
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.close()
+    async with fresh_engine(vllm_server, SETTINGS) as started:
+        yield started
 
 
 def lanes_of(engine: VLLMEngine) -> Lanes:
@@ -84,6 +80,22 @@ def audit(responses: list[ModelResponse], weights: list[Path], kv: str = "recomp
 
 def owner(url: str, admin: VLLMAdmin, client: aioredis.Redis, name: str, who: str, mode: str = "abort") -> ServerOwner:
     return ServerOwner(url, admin, ServerLeases(client, RedisKeys(name, "t0"), who, TTL), SETTINGS, mode)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def owned_engine(server: LocalVLLMServer, settings: ServerConfig, client: aioredis.Redis, name: str,
+                       mode: str) -> AsyncIterator[tuple[VLLMEngine, ServerOwner]]:
+    """An engine on ``server`` (back on its launch weights) and the server's weight-sync owner
+    in ``mode``, holding its lease; both stopped after."""
+    async with fresh_engine(server, settings, mode) as engine:
+        keeper = ServerOwner(server.url, engine.admin, ServerLeases(client, RedisKeys(name, "t0"), "w0", TTL),
+                             settings, mode)  # type: ignore[arg-type]
+        task = asyncio.create_task(keeper.run())
+        try:
+            await until(lambda: keeper.lease is not None, "the lease")
+            yield engine, keeper
+        finally:
+            await stop_task(task, "the owner")
 
 
 def final_label(path: str, body: object) -> bool:
@@ -184,24 +196,14 @@ async def test_a_partial_load_keeps_the_loading_label_and_tags_nothing(
 async def test_keep_freezes_running_requests_and_tags_each_step(
     vllm_keep_server: LocalVLLMServer, weights: list[Path], redis_client: aioredis.Redis, unique_name: str,
 ) -> None:
-    server = vllm_keep_server
-    await fresh_server(server)
-    engine = VLLMEngine([server.url], server.model, SETTINGS, weight_update_mode="keep")
-    await engine.start()
-    keeper = owner(server.url, engine.admin, redis_client, unique_name, "w0", mode="keep")
-    task = asyncio.create_task(keeper.run())
-    try:
-        await until(lambda: keeper.lease is not None, "the lease")
+    async with owned_engine(vllm_keep_server, SETTINGS, redis_client, unique_name, "keep") as (engine, keeper):
         long = ModelRequest(input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=900, ignore_eos=True))
-        first = await seen_running(server, engine, long, "the long requests")
+        first = await seen_running(vllm_keep_server, engine, long, "the long requests")
         others = [asyncio.create_task(engine.agenerate(long)) for _ in range(2)]
         keeper.offer(WeightUpdate(1, str(weights[1])))
         await until(lambda: keeper.loads == 1, "the load of v1", timeout=60)
         keeper.offer(WeightUpdate(2, str(weights[2])))
         responses = await within(asyncio.gather(first, *others), 120, "the frozen requests")
-    finally:
-        await stop_task(task, "the owner")
-        await engine.close()
     kept = audit(responses, weights, kv="kept")
     recomputed = audit(responses, weights)
     print(f"\nkept: {kept}; recomputed as if cut: {recomputed.mistagged} tokens disagree")
@@ -217,22 +219,13 @@ async def test_requests_a_weight_update_cuts_before_their_first_token_never_fail
     """More requests than the server runs at once (8): the ones still queued when the owner's
     pause aborts everything come back with no token. With max_retries 0 each such answer used to
     fail its sample; a weight update's cut is no failure."""
-    await fresh_server(vllm_server)
     strict = msgspec.structs.replace(SETTINGS, max_retries=0)
-    engine = VLLMEngine([vllm_server.url], vllm_server.model, strict)
-    await engine.start()
-    keeper = owner(vllm_server.url, engine.admin, redis_client, unique_name, "w0")
-    task = asyncio.create_task(keeper.run())
-    try:
-        await until(lambda: keeper.lease is not None, "the lease")
+    async with owned_engine(vllm_server, strict, redis_client, unique_name, "abort") as (engine, keeper):
         many = ModelRequest(input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=300, ignore_eos=True))
         first = await seen_running(vllm_server, engine, many, "the first request")
         rest = [asyncio.create_task(engine.agenerate(many)) for _ in range(15)]
         keeper.offer(WeightUpdate(1, str(weights[1])))
         responses = await within(asyncio.gather(first, *rest), 180, "16 requests across the update")
-    finally:
-        await stop_task(task, "the owner")
-        await engine.close()
     print(f"\n{engine.stats}")
     assert all(len(r.output_tokens) == 300 for r in responses)
     assert engine.stats.update_cuts >= 1 and keeper.loads == 1, engine.stats
