@@ -213,7 +213,8 @@ async def test_a_trainer_killed_mid_transfer_leaves_the_server_loading_and_the_n
         await until(lambda: side.owner.lease is not None, "the weight-sync owner")
         dying = subprocess.Popen([sys.executable, "-m", "harness.weight_transfer_peers", "trainer", redis_url,
                                   unique_name, "1"], cwd=REPO, stdout=subprocess.PIPE, text=True)
-        address = dying.stdout.readline().split()[-1]  # type: ignore[union-attr]
+        # Read off the loop: the owner and the publisher share it and must go on meanwhile.
+        address = (await within(asyncio.to_thread(dying.stdout.readline), 90, "the trainer's address")).split()[-1]  # type: ignore[union-attr]
         started = time.monotonic()
         assert await asyncio.to_thread(dying.wait, 60) == -9
         await until(lambda: side.owner.failed_loads >= 1, "the failed transfer", timeout=60)
@@ -253,7 +254,9 @@ async def test_a_server_killed_mid_transfer_is_named_and_the_others_are_served(
                                      publisher.sender.address, "1", doomed], cwd=REPO, stdout=subprocess.PIPE,
                                     text=True)
             try:
-                assert peer.stdout.readline().strip() == "joined"  # type: ignore[union-attr]
+                # Off the loop: the publisher on it must go on to create the peer's group meanwhile.
+                joined = await within(asyncio.to_thread(peer.stdout.readline), 90, "the doomed peer joining")  # type: ignore[union-attr]
+                assert joined.strip() == "joined"
             finally:
                 peer.kill()
                 peer.wait()
