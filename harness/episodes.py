@@ -36,6 +36,17 @@ def scored(
     return ScoredEpisode(episode=episode, reward=reward)
 
 
+def claiming(task_id: str, idx: int, versions: list[int], head: int, tail: int, group_size: int = 4) -> ScoredEpisode:
+    """A scored sample of 2 prompt tokens and one generated token per entry of ``versions``
+    (as a workflow wrote them), whose message claims the span ``head``..``tail``."""
+    tensors = trajectory(gen_len=len(versions))
+    tensors["versions"][0, 2:] = torch.tensor(versions, dtype=torch.int32)
+    tensors["rewards"] = torch.ones(1, dtype=torch.float32)
+    episode = Episode(task_id=task_id, sample_idx=idx, group_size=group_size, trajectory=encode_tensor_dict(tensors),
+                      head_version=head, tail_version=tail, has_reward=True)
+    return ScoredEpisode(episode=episode, reward=1.0)
+
+
 def rejected(task_id: str, idx: int, group_size: int = 4, *, is_eval: bool = False) -> SampleRejected:
     return SampleRejected(task_id=task_id, sample_idx=idx, group_size=group_size, is_eval=is_eval)
 

@@ -48,6 +48,8 @@ def trajectory(length: int = 5, prompt: int = 2) -> dict[str, torch.Tensor]:
 
 
 def episode(task_id: str = "t-1", sample_idx: int = 0, group_size: int = 2, **kw: Any) -> Episode:
+    """An episode of :func:`trajectory` (generated tokens of version 0, as its head and tail say)."""
+    kw = {"head_version": 0, "tail_version": 0, **kw}
     return Episode(task_id=task_id, sample_idx=sample_idx, group_size=group_size,
                    trajectory=encode_tensor_dict(trajectory()), data={"prompt": "p", "answer": "1"}, **kw)
 

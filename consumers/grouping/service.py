@@ -36,6 +36,7 @@ from rollstream.consumers.grouping.emission import QueuedGroup, Emission, SlotRe
 from rollstream.consumers.grouping.filters import load_group_filters
 from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
 from rollstream.consumers.grouping.trainer_version import TrainerVersion, VersionReading
+from rollstream.consumers.grouping.version_check import EpisodeRefused, above_trainer, version_problem
 from rollstream.runtime import metrics
 from rollstream.config import RollstreamConfig
 from rollstream.runtime.health import mark_ready
@@ -50,7 +51,7 @@ from rollstream.state.client import RedisKeys, connect
 from rollstream.state.version_store import VersionStore
 from rollstream.retry import transaction_retry
 from rollstream.trajectory.staleness import staleness
-from rollstream.wire import TaskFailed, WireDecodeError, decode_scored
+from rollstream.wire import Episode, SampleRejected, ScoredEpisode, TaskFailed, WireDecodeError, decode_scored
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +110,34 @@ class GroupingTransform:
     async def transform(self, record: ConsumerRecord, out: PartitionOutput) -> None:
         self.buffer.mark_seen(record.partition, record.offset)  # the watermark passes it, whatever happens
         message = decode_scored(record.value)
+        if isinstance(message, ScoredEpisode):
+            await self._check_versions(message.episode)
         self._route(self.buffer.add(message, record.partition, record.offset, self._now, self._reading.version))
+
+    async def _check_versions(self, episode: Episode) -> None:
+        """Raise :class:`EpisodeRefused` when ``episode``'s versions cannot be true (see
+        :mod:`rollstream.consumers.grouping.version_check`); Redis is asked again only for
+        tokens newer than this cycle's reading."""
+        problem = version_problem(episode)
+        if problem is None and episode.tail_version > self._reading.version:
+            fresh = await self.version.get()
+            if fresh.known and fresh.published:
+                problem = above_trainer(episode, fresh.version)
+        if problem is not None:
+            raise EpisodeRefused(episode, problem)
 
     def on_error(self, record: ConsumerRecord, error: Exception, out: PartitionOutput) -> None:
         """An undecodable record with a key ends its task's group at once (``task_failed``)
         instead of leaving it to time out; a record that contradicts its group (another
-        ``group_size``) is only dead-lettered, and the group goes on with its other samples."""
+        ``group_size``) is only dead-lettered, and the group goes on with its other samples; an
+        episode whose versions were refused counts as a failed sample of its group."""
+        if isinstance(error, EpisodeRefused):
+            episode = error.episode
+            refused = SampleRejected(task_id=episode.task_id, sample_idx=episode.sample_idx,
+                                     group_size=episode.group_size, is_eval=episode.is_eval,
+                                     reason=f"versions refused: {error}", failed=True)
+            self._route(self.buffer.add(refused, record.partition, record.offset, self._now, self._reading.version))
+            return
         if not isinstance(error, WireDecodeError) or record.key is None:
             return
         failure = TaskFailed(task_id=record.key.decode("utf-8", "replace"), reason=f"undecodable scored record: {error}")

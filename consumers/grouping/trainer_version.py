@@ -41,6 +41,7 @@ class VersionReading:
 
     version: int
     known: bool
+    published: bool = True  # Redis held a version (False: it answered that it holds none)
 
 
 class TrainerVersion:
@@ -64,7 +65,7 @@ class TrainerVersion:
         if now < self._retry_at:
             return VersionReading(self.last, known=False)
         try:
-            version = await asyncio.wait_for(self._store.get_version(), self._timeout)
+            held = await asyncio.wait_for(self._store.published_version(), self._timeout)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             pause = self._backoff.failed(exc)
             self._retry_at = now + pause
@@ -74,6 +75,7 @@ class TrainerVersion:
             )
             return VersionReading(self.last, known=False)
         self._backoff.succeeded()
+        version = 0 if held is None else held
         if version < self.last:
             log.warning("trainer version in Redis went back to %d (last seen %d); keeping %d",
                         version, self.last, self.last)
@@ -82,4 +84,4 @@ class TrainerVersion:
             log.info("trainer version is now %d", version)
         self.last = version
         WEIGHT_VERSION.labels("grouping").set(version)
-        return VersionReading(version, known=True)
+        return VersionReading(version, known=True, published=held is not None)

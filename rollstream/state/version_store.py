@@ -55,8 +55,14 @@ class VersionStore:
 
     async def get_version(self) -> int:
         """The current version (0 when none was published); RedisStateError when malformed."""
+        return await self.published_version() or 0
+
+    async def published_version(self) -> int | None:
+        """The current version; None when Redis holds none (none was published, or Redis lost
+        it); RedisStateError when malformed."""
         key = self._keys.key("version")
-        return parse_int(key, await self._redis.get(key))
+        raw = await self._redis.get(key)
+        return None if raw is None else parse_int(key, raw)
 
     async def get_update(self, version: int | None = None) -> WeightUpdate | None:
         """The weights of ``version`` (default: the current one): its checkpoint, and its weight

@@ -25,13 +25,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.configs import make_config
+from harness.episodes import claiming
 from harness.ledger import read_topic
 from harness.strategies import BUDGET, as_dict, broken_bytes, episode, float_tensor, raw, trajectory, valid_messages
+from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
 from rollstream.consumers.grouping.service import run as run_grouping
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import TopicNames
+from rollstream.state.client import RedisKeys
+from rollstream.state.version_store import VersionStore
 from rollstream.reward_workers.service import run as run_reward_worker
 from rollstream.rollout_workers.service import run as run_rollout_worker
 from rollstream.wire import (
@@ -261,12 +265,23 @@ def scored_cases() -> list[Case]:
     ]
 
 
-async def test_grouping_input(kafka_bootstrap: str, redis_url: str, unique_name: str) -> None:
+def version_cases() -> list[Case]:
+    """Episodes whose versions cannot be true (the trainer is at version 3): refused at intake."""
+    return [
+        ("v-negative", encode(claiming("v-negative", 0, [3, -7, 3], 3, 3, group_size=1)), "token version -7 is below -1"),
+        ("v-outside", encode(claiming("v-outside", 0, [2, 3], 3, 3, group_size=1)), "outside the head_version"),
+        ("v-no-span", encode(claiming("v-no-span", 0, [3], 3, 1, group_size=1)), "are not a span"),
+        ("v-ahead", encode(claiming("v-ahead", 0, [9], 9, 9, group_size=1)), "above the trainer's current version 3"),
+    ]
+
+
+async def test_grouping_input(kafka_bootstrap: str, redis_url: str, unique_name: str, redis_client: Any) -> None:
     config, tier = configs(kafka_bootstrap, redis_url, unique_name, {"grouping": {
         "instance_id": "g-fuzz", "session_timeout_ms": 6000, "commit_interval_ms": 100,
     }})
     names = TopicNames.of(config)
-    cases = scored_cases()
+    cases = scored_cases() + version_cases()
+    await VersionStore(redis_client, RedisKeys(unique_name, "t0")).publish(WeightUpdate(3, "/weights/3"))
     # the same task id, first with group size 2, then with 3: the second contradicts the open group
     first = SampleRejected(task_id="reused", sample_idx=0, group_size=2)
     second = SampleRejected(task_id="reused", sample_idx=1, group_size=3)
@@ -287,3 +302,10 @@ async def test_grouping_input(kafka_bootstrap: str, redis_url: str, unique_name:
     ended = {m.task_id: m.reason for m in await read_topic(config.kafka, names.batches, decode_group)
              if isinstance(m, GroupDropped)}
     assert ended["ranks"] == "dead_lettered"
+    emitted = emitted_tasks(await read_topic(config.kafka, names.batches, decode_group))
+    assert not emitted & {task_id for task_id, _, _ in version_cases()}, emitted
+    assert {ended[task_id] for task_id, _, _ in version_cases()} == {"all_failed"}, ended
+
+
+def emitted_tasks(records: list[Any]) -> set[str]:
+    return {m.task_id for m in records if isinstance(m, EmittedGroup)}

@@ -12,15 +12,25 @@ class FlakyStore:
     """The one VersionStore method TrainerVersion needs; fails while ``down``."""
 
     def __init__(self) -> None:
-        self.version = 0
+        self.version: int | None = 0  # None: Redis holds no version
         self.down = False
         self.calls = 0
 
-    async def get_version(self) -> int:
+    async def published_version(self) -> int | None:
         self.calls += 1
         if self.down:
             raise RedisConnectionError("connection refused")
         return self.version
+
+
+async def test_a_redis_that_holds_no_version_answers_0_not_published() -> None:
+    """The intake check refuses tokens above the trainer only on a version Redis holds."""
+    store = FlakyStore()
+    store.version = None
+    reader = TrainerVersion(store)  # type: ignore[arg-type]
+    assert await reader.get() == VersionReading(0, known=True, published=False)
+    store.version = 2
+    assert await reader.get() == VersionReading(2, known=True, published=True)
 
 
 async def test_last_known_version_while_redis_is_down(caplog) -> None:
