@@ -316,7 +316,7 @@ class PromptRunner:
     ) -> Episode | SampleRejected:
         """Run one episode (on its own copy of the task's ``data``) in its own workflow context
         and convert its result."""
-        engine = EpisodeEngine(self._engine)
+        engine = EpisodeEngine(self._engine, training=not task.is_eval)
         with workflow_context.scope(task_id=task.task_id, is_eval=task.is_eval, sample_idx=sample_idx):
             try:
                 result = await workflow.arun_episode(engine, data)

@@ -22,6 +22,9 @@ class TokenizerLike(Protocol):
     eos_token_id: int | None
 
 
+TOP_K_OFF = int(1e8)  # GenerationHyperparameters' "no top-k" default (AReaL's)
+
+
 @dataclass
 class GenerationHyperparameters:
     """Sampling settings for one request. Defaults follow AReaL.
@@ -36,7 +39,7 @@ class GenerationHyperparameters:
     max_tokens: int = 32768
     greedy: bool = False
     top_p: float = 1.0
-    top_k: int = int(1e8)
+    top_k: int = TOP_K_OFF
     temperature: float = 1.0
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False

@@ -8,12 +8,18 @@ the episode's result be matched to what the engine returned (``rollstream.trajec
 ``image_data`` holds, per ``agenerate`` call in order, the images the request sent (a copy of
 ``ModelRequest.image_data``; ``[]`` for none): what the model saw, which the rollout worker
 ships to the trainer side.
+
+A training episode's requests must sample so that each token's logprob is the one the trainer
+recomputes (:mod:`rollstream.engines.logprob_definition`): with ``training`` (the default), a
+request that sets ``top_p``, ``top_k``, ``frequency_penalty`` or ``min_new_tokens`` is refused
+before it reaches the engine. Eval episodes pass ``training=False``.
 """
 
 from __future__ import annotations
 
 from rollstream.api.engine import DelegatingEngine, InferenceEngine
 from rollstream.api.io_struct import ModelRequest, ModelResponse
+from rollstream.engines.logprob_definition import check_trainable
 
 
 class EpisodeEngine(DelegatingEngine):
@@ -23,12 +29,15 @@ class EpisodeEngine(DelegatingEngine):
     exposes) are looked up on the shared engine.
     """
 
-    def __init__(self, inner: InferenceEngine) -> None:
+    def __init__(self, inner: InferenceEngine, training: bool = True) -> None:
         super().__init__(inner)
+        self.training = training
         self.responses: list[ModelResponse] = []
         self.image_data: list[list[str]] = []
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        if self.training:
+            check_trainable(getattr(req, "gconfig", None))
         images = list(req.image_data or [])  # copied now: the workflow may reuse the request
         resp = await self.inner.agenerate(req)
         self.responses.append(resp)

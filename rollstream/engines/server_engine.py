@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
-from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
+from rollstream.api.io_struct import TOP_K_OFF, GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
 from rollstream.api.request_check import InvalidRequestError, accepted_request
 from rollstream.config import ServerConfig
 from rollstream.engines.server_admin import PauseMode, ServerAdmin, ServerHealth, time_epoch
@@ -72,7 +72,6 @@ __all__ = ["NonFiniteLogprobError", "ServerEngine", "Span"]
 
 logger = logging.getLogger(__name__)
 
-TOP_K_OFF = int(1e8)  # GenerationHyperparameters' "no top-k" default
 
 
 def shared_sampling_params(g: GenerationHyperparameters, top_k_off: int) -> dict[str, Any]:

@@ -14,9 +14,9 @@ Callers may rely on (besides everything ``server_engine.py`` promises):
 * The answer gives the sampled ids (``token_ids``), their logprobs and the finish reason (stop,
   length or abort: the server paused for a weight update). The logprob is what the server's
   ``--logprobs-mode`` computes: rollstream starts vLLM with ``processed_logprobs``,
-  ``log_softmax`` of the logits after penalties and temperature, which is the local engines'
-  definition as long as ``top_k``/``top_p`` are off (with them vLLM renormalises over the kept
-  tokens).
+  ``log_softmax`` of the logits after penalties and temperature, which is the one definition
+  (:mod:`rollstream.engines.logprob_definition`) for every setting a training request may use
+  (with ``top_k``/``top_p`` on, vLLM renormalises over the kept tokens: eval requests only).
 * Tags: the answer's ``weight_versions`` spans (the label the engine core stamped on every step
   that produced each token) tag each token, and name the fencing epoch of the owner that wrote
   each label; an answer with a token labelled ``loading:<v>@<epoch>`` (made during a weight

@@ -117,7 +117,7 @@ async def _engine_or_tiny(engine: InferenceEngine | None) -> AsyncIterator[Infer
 
 
 async def _sample(workflow: Any, shared: InferenceEngine, task: PromptTask, sample_idx: int) -> SampleCheck:
-    engine = EpisodeEngine(shared)
+    engine = EpisodeEngine(shared, training=not task.is_eval)
     data = decode_prompt(encode(task)).data  # each sample its own copy, as in the worker
     with workflow_context.scope(task_id=task.task_id, is_eval=task.is_eval, sample_idx=sample_idx):
         try:
