@@ -145,12 +145,13 @@ def server(args: argparse.Namespace) -> Iterator[str | None]:
     if args.engine != "vllm" or args.server_url:
         yield args.server_url
         return
+    from rollstream.config import ServerLaunchConfig
     from rollstream.dev.vllm_server import LocalVLLMServer
 
     with tempfile.TemporaryDirectory(prefix="rollstream-bench-vllm-") as tmp:
-        local = LocalVLLMServer(Path(tmp), args.model_path, max_num_seqs=max(8, args.concurrency),
-                                max_model_len=args.prompt_tokens + args.max_new_tokens + 8, cpus=args.server_cpus,
-                                confine=True)
+        launch = ServerLaunchConfig(max_num_seqs=max(8, args.concurrency),
+                                    max_model_len=args.prompt_tokens + args.max_new_tokens + 8)
+        local = LocalVLLMServer(Path(tmp), args.model_path, launch, cpus=args.server_cpus, confine=True)
         local.start()
         print(f"bench.server: vLLM ready in {local.startup_seconds:.0f}s at {local.url}", file=sys.stderr)
         try:

@@ -54,7 +54,7 @@ import torch
 from bench.common import Report, base_parser, mean, percentiles
 from harness.checkpoints import fresh_server
 from harness.vllm_requests import Lanes
-from rollstream.config import RollstreamConfig, config_from_dict
+from rollstream.config import RollstreamConfig, ServerLaunchConfig, config_from_dict
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
 from rollstream.engines.vllm import VLLMEngine
 from rollstream.rollout_workers.weight_sync import SharedServerFollower, WeightSync
@@ -117,10 +117,10 @@ def local_services(args: argparse.Namespace, model: Path, work: Path) -> Iterato
             stack.callback(redis.stop)
         url = args.server_url
         if not url:
-            server = LocalVLLMServer(work / "vllm", model, max_model_len=PROMPT_TOKENS + args.new_tokens + 16,
-                                     max_num_seqs=max(8, args.lanes), cpus=args.server_cpus,
-                                     confine=bool(args.server_cpus),
-                                     extra_args=("--enforce-eager", "--no-enable-prefix-caching"))
+            launch = ServerLaunchConfig(max_model_len=PROMPT_TOKENS + args.new_tokens + 16,
+                                        max_num_seqs=max(8, args.lanes), cuda_graphs=False)
+            server = LocalVLLMServer(work / "vllm", model, launch, cpus=args.server_cpus,
+                                     confine=bool(args.server_cpus), extra_args=("--no-enable-prefix-caching",))
             url = server.start()
             stack.callback(server.stop)
             print(f"bench.weights: vLLM ready in {server.startup_seconds:.0f}s at {url}", file=sys.stderr)

@@ -167,6 +167,23 @@ class ServerConfig(_Section):
     reconcile_seconds: Seconds = 5.0  # the owner re-checks its idle server (version, not left paused)
 
 
+class ServerLaunchConfig(_Section):
+    """How rollstream starts an inference server, vLLM or SGLang (``rollout.launch.*``): the dev
+    server (``rollstream dev up --vllm``), the demo and the benches read it; compose's services
+    take the same settings from environment variables (docs/DEPLOYMENT.md). The flags each
+    becomes: ``rollstream.engines.server_launch``."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when torch sees a GPU, else cpu
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    cuda_graphs: bool = True  # False: eager (vLLM --enforce-eager, SGLang --disable-cuda-graph)
+    max_num_seqs: AtLeastOne = 8  # requests batched at once (vLLM --max-num-seqs, SGLang --max-running-requests)
+    # of the GPU's memory, for weights and KV cache (vLLM --gpu-memory-utilization, SGLang
+    # --mem-fraction-static); cuda only (a CPU server's KV cache: VLLM_CPU_KVCACHE_SPACE, GiB)
+    memory_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.85
+    tensor_parallel_size: AtLeastOne = 1  # GPUs one server spans (vLLM --tensor-parallel-size, SGLang --tp-size)
+    max_model_len: Count = 256  # prompt + generation, in tokens; 0: the model's own (SGLang --context-length)
+
+
 class AgentConfig(_Section):
     """The OpenAI-compatible endpoint agent workflows talk to (``rollout.agent.*``; see
     docs/WORKFLOWS.md, "Write an agent workflow"). Each agent episode gets its own session on it:
@@ -194,6 +211,7 @@ class RolloutConfig(_Section):
     processor_path: str | None = None
     server_urls: list[str] = []  # engine sglang / vllm: the servers' base URLs (http://host:port)
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)  # see ServerConfig
+    launch: ServerLaunchConfig = msgspec.field(default_factory=ServerLaunchConfig)  # see ServerLaunchConfig
     device: str = "cpu"
     seed: int | None = None
     max_concurrent_rollouts: AtLeastOne = 8

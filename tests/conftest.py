@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from harness.reports import ShowReport
 from rollstream.dev.kafka_jars import KAFKA_VERSION
 from rollstream.dev.launcher import DevStack, Services, dev_stack as start_dev_stack
+from rollstream.config import ServerLaunchConfig
 from rollstream.dev.vllm_server import LocalVLLMServer
 from rollstream.runtime.import_effects import undo_import_effects
 from rollstream.testing.tiny import tiny_model_dir
@@ -61,8 +62,8 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLMS
     Tests that change its weights start from :func:`harness.checkpoints.fresh_server`."""
     # eager: no graph capture at start (12 s less on each start here; the same tokens/s on CPU)
     # 1024 tokens: room for a generation long enough that a weight update lands in its middle
-    server = LocalVLLMServer(tmp_path_factory.mktemp("vllm"), tiny_model_dir(), max_model_len=1024,
-                             extra_args=("--enforce-eager",))
+    server = LocalVLLMServer(tmp_path_factory.mktemp("vllm"), tiny_model_dir(),
+                             ServerLaunchConfig(max_model_len=1024, cuda_graphs=False))
     server.start()
     _startup_lines.append(f"vLLM server started in {server.startup_seconds:.1f}s ({server.url}, {server.model})")
     try:
@@ -75,8 +76,9 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLMS
 def vllm_keep_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLMServer]:
     """A second real vLLM server for ``rollout.weight_update_mode: keep``, which needs a server
     that caches no prefixes across requests (started only by the tests that ask for it)."""
-    server = LocalVLLMServer(tmp_path_factory.mktemp("vllm-keep"), tiny_model_dir(), max_model_len=1024,
-                             extra_args=("--enforce-eager", "--no-enable-prefix-caching"))
+    server = LocalVLLMServer(tmp_path_factory.mktemp("vllm-keep"), tiny_model_dir(),
+                             ServerLaunchConfig(max_model_len=1024, cuda_graphs=False),
+                             extra_args=("--no-enable-prefix-caching",))
     server.start()
     _startup_lines.append(f"vLLM keep server started in {server.startup_seconds:.1f}s ({server.url})")
     try:

@@ -29,7 +29,7 @@ from harness.configs import pipeline_config
 from harness.ledger import TopicFollower, read_records, unconsumed
 from harness.pipeline import Pipeline, write_dataset
 from harness.waits import stop_task
-from rollstream.config import config_from_dict
+from rollstream.config import ServerLaunchConfig, config_from_dict
 from rollstream.dev.cluster import LocalKafkaCluster
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.dev.vllm_server import LocalVLLMServer
@@ -142,7 +142,7 @@ def _server(s: Settings, workdir: Path, model: Path) -> Iterator[LocalVLLMServer
     if s.engine != "vllm":
         yield None
         return
-    server = LocalVLLMServer(workdir / "vllm", model, max_model_len=256, extra_args=("--enforce-eager",))
+    server = LocalVLLMServer(workdir / "vllm", model, ServerLaunchConfig(max_model_len=256, cuda_graphs=False))
     server.start()
     print(f"vLLM server up in {server.startup_seconds:.0f}s at {server.url}", flush=True)
     try:

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from rollstream.config import ConfigError, load_config
 
 
@@ -70,6 +72,9 @@ def _register_demo(subparsers: Any) -> None:
                    help="how each version reaches the vLLM server: checkpoint (it loads the trainer's checkpoint, "
                         "default) or distributed (the trainer sends the tensors over gloo; a checkpoint every "
                         f"{d.checkpoint_every} versions; implies --engine vllm)")
+    p.add_argument("--launch", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --engine vllm: a rollout.launch setting of the server (repeatable), e.g. "
+                        "--launch dtype=bfloat16 --launch max_num_seqs=16 (docs/DEPLOYMENT.md)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (default 900)")
     p.add_argument("--agent", action="store_true",
                    help="answer through the example agent (examples/agent_calculator.py: openai client, calculator "
@@ -92,6 +97,11 @@ def _demo_command(args: argparse.Namespace) -> int:
               (args.warmup_steps >= 0, "--warmup-steps"), (args.timeout > 0, "--timeout"),
               (1 <= args.trainer_ranks <= args.prompts_per_step, "--trainer-ranks (1 to --prompts-per-step)"),
               (args.trainer_restarts >= 0, "--trainer-restarts")]
+    launch = {}
+    for item in args.launch:
+        key, sep, value = item.partition("=")
+        checks.append((bool(sep and key), f"--launch {item!r} (KEY=VALUE)"))
+        launch[key.strip()] = yaml.safe_load(value)
     bad = [name for ok, name in checks if not ok]
     if bad:
         print(f"rollstream demo: invalid {', '.join(bad)}", file=sys.stderr)
@@ -102,7 +112,15 @@ def _demo_command(args: argparse.Namespace) -> int:
         prompts_per_step=args.prompts_per_step, learning_rate=args.lr, max_head_offpolicyness=args.eta,
         warmup_steps=args.warmup_steps, seed=args.seed, max_operand=args.max_operand,
         engine="vllm" if args.weight_transfer == "distributed" else args.engine, weight_transfer=args.weight_transfer,
+        launch=launch,
     )
+    from rollstream.demo.settings import demo_launch
+
+    try:
+        demo_launch(settings)
+    except ConfigError as exc:
+        print(f"rollstream demo: --launch: {exc}", file=sys.stderr)
+        return 2
     console = Console()
     if args.prepare_only:
         from rollstream.demo.runner import prepare_only

@@ -42,7 +42,7 @@ from rollstream.demo.children import ChildGroup, tier_argv
 from rollstream.demo.example_trainer import TORCHRUN_ENV, trainer_argv
 from rollstream.demo.progress import DemoProgress, LagProbe, ProgressView
 from rollstream.demo.report import RewardTrend, StepsFile, plot_rewards, reward_trend, weight_reloads
-from rollstream.demo.settings import DemoSettings, demo_config_tree, write_config
+from rollstream.demo.settings import DemoSettings, demo_config_tree, demo_launch, write_config
 from rollstream.demo.task import dataset_rows, write_dataset
 from rollstream.dev.launcher import DevStack, dev_stack
 from rollstream.dev.vllm_server import LocalVLLMServer
@@ -224,7 +224,7 @@ def _inference_server(settings: DemoSettings, model: Path, run_dir: Path, consol
     if settings.engine != "vllm":
         yield None
         return
-    server = LocalVLLMServer(run_dir / "vllm", model, cpus="0")
+    server = LocalVLLMServer(run_dir / "vllm", model, demo_launch(settings), cpus="0")
     console.print("starting the vLLM server (30-60 s on CPU) ...")
     server.start()
     console.print(f"vLLM server ready in {server.startup_seconds:.0f}s at {server.url} (log {server.log_path})")

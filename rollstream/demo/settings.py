@@ -7,13 +7,13 @@ the tiers and the trainer, which :func:`write_config` validates and saves as YAM
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rollstream.config import config_from_dict
+from rollstream.config import ServerLaunchConfig, config_from_dict
 
 REWARD_FN = "rollstream.demo.task:digit_answer_reward"
 
@@ -46,6 +46,8 @@ class DemoSettings:
     # a checkpoint every checkpoint_every versions
     weight_transfer: str = "checkpoint"
     checkpoint_every: int = 5
+    # engine vllm: the server's rollout.launch settings beyond the demo's (e.g. dtype: bfloat16)
+    launch: dict[str, Any] = field(default_factory=dict)
 
     def dataset_size(self) -> int:
         """Prompts the producer may publish: the steps' worth plus what staleness lets run ahead."""
@@ -72,7 +74,8 @@ def demo_config_tree(
         "fileroot": str(run_dir / "dumps"), "shutdown_grace_seconds": 5.0,
     }
     if server_urls:
-        rollout.update(engine="vllm", server_urls=list(server_urls), weight_transfer=settings.weight_transfer)
+        rollout.update(engine="vllm", server_urls=list(server_urls), weight_transfer=settings.weight_transfer,
+                       launch=dict(settings.launch))
     return {
         "kafka": {"bootstrap_servers": kafka_bootstrap, "partitions": settings.partitions,
                   "transaction_timeout_ms": 15000},
@@ -100,3 +103,9 @@ def write_config(tree: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(tree, sort_keys=False))
     return path
+
+
+def demo_launch(settings: DemoSettings) -> ServerLaunchConfig:
+    """The demo's vLLM server settings: ``rollout.launch`` with ``settings.launch`` over its
+    defaults; ``ConfigError`` naming a bad key."""
+    return config_from_dict({"rollout": {"launch": dict(settings.launch)}}).rollout.launch

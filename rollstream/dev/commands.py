@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from rollstream.dev.launcher import DevStateError, dev_down, dev_env, dev_up, export_lines
+from rollstream.config import load_config
 from rollstream.dev.vllm_server import dev_vllm_down, dev_vllm_env, dev_vllm_up
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also start a vLLM server (the environment scripts/setup.sh installs) on MODEL_DIR, default the "
              "tiny model; the export lines then point rollout workers at it (rollout.engine vllm)",
     )
+    up.add_argument(
+        "--config", type=Path, default=None,
+        help="with --vllm: start it with this file's rollout.launch settings (dtype, batch, context, eager, "
+             "tensor parallel, memory); ROLLSTREAM__ROLLOUT__LAUNCH__* variables override them",
+    )
     up.set_defaults(func=_up)
     down = actions.add_parser("down", parents=[common], help="stop both and delete their data")
     down.set_defaults(func=_down)
@@ -69,7 +75,8 @@ def _up(args: argparse.Namespace) -> int:
             from rollstream.testing.tiny import tiny_model_dir
 
             print("# starting vLLM (30-60 s on CPU) ...", file=sys.stderr)
-            dev_vllm_up(state_dir, str(Path(args.vllm).resolve()) if args.vllm else str(tiny_model_dir()))
+            launch = load_config(args.config).rollout.launch
+            dev_vllm_up(state_dir, str(Path(args.vllm).resolve()) if args.vllm else str(tiny_model_dir()), launch)
     except Exception as exc:  # a CLI answers with a message, not a traceback
         print(f"rollstream dev up: {exc}", file=sys.stderr)
         return 1

@@ -30,6 +30,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from rollstream.config import ServerLaunchConfig
+from rollstream.engines.server_launch import resolved_device, vllm_flags
 from rollstream.dev.processes import (
     LOCALHOST,
     LocalServer,
@@ -72,16 +74,15 @@ def vllm_python() -> str:
     return candidate
 
 
-def server_argv(python: str, model: str, port: int, *, host: str = LOCALHOST, served_name: str = "",
-                max_model_len: int = 256, max_num_seqs: int = 8, dtype: str = "float32") -> list[str]:
-    """The command line of a rollstream vLLM server (see the module docstring)."""
+def server_argv(python: str, model: str, port: int, launch: ServerLaunchConfig, *, host: str = LOCALHOST,
+                served_name: str = "") -> list[str]:
+    """The command line of a rollstream vLLM server (see the module docstring): ``launch``'s
+    settings (``rollout.launch``) and what rollstream needs."""
     return [
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model,
         "--served-model-name", served_name or Path(model).name,
-        "--dtype", dtype,
-        "--max-model-len", str(max_model_len),
-        "--max-num-seqs", str(max_num_seqs),
+        *vllm_flags(launch, resolved_device(launch)),
         "--host", host,
         "--port", str(port),
         "--enable-scale-out",  # /inference/v1/generate: token ids in and out, with weight versions
@@ -115,18 +116,17 @@ class LocalVLLMServer(LocalServer):
     ORPHAN_GRACE = 3.0
     START_ERROR = VLLMStartError
 
-    def __init__(self, workdir: Path, model: Path | str, *, max_model_len: int = 256, max_num_seqs: int = 8,
+    def __init__(self, workdir: Path, model: Path | str, launch: ServerLaunchConfig | None = None, *,
                  cpus: str = "", confine: bool = False, detached: bool = False,
                  extra_args: tuple[str, ...] = ()) -> None:
         self.workdir = Path(workdir).resolve()
-        self.extra_args = extra_args  # more of vLLM's options (e.g. --enforce-eager)
+        self.launch = launch or ServerLaunchConfig()  # rollout.launch: dtype, batch, context, ...
+        self.extra_args = extra_args  # more of vLLM's options (e.g. --no-enable-prefix-caching)
         self.model = str(model)
         self.cpus = cpus  # "": share every core (no binding); "0" or "0-3": bind the server's threads there
         # with cpus: the whole server there (its API and engine-core processes too, not only the
         # model's threads), as a GPU server's host cores are its own
         self.confine = confine
-        self.max_model_len = max_model_len
-        self.max_num_seqs = max_num_seqs
         self.port = free_port()
         self.startup_seconds: float | None = None
         self._process = ServiceProcess("vllm", self.workdir / "vllm.log", detached)
@@ -140,8 +140,7 @@ class LocalVLLMServer(LocalServer):
         """Start the server and block until ``/health`` answers 200; return ``url``."""
         began = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = server_argv(vllm_python(), self.model, self.port, max_model_len=self.max_model_len,
-                           max_num_seqs=self.max_num_seqs) + list(self.extra_args)
+        argv = server_argv(vllm_python(), self.model, self.port, self.launch) + list(self.extra_args)
         if self.cpus and self.confine:
             argv = ["taskset", "--cpu-list", self.cpus, *argv]  # children inherit the affinity
         env = {**os.environ, **SERVER_ENV, "PYTHONPATH": str(extension_path(self.workdir))}
@@ -199,15 +198,15 @@ DEV_STATE = "vllm.json"
 CMDLINE_MARK = "vllm.entrypoints.openai.api_server"
 
 
-def dev_vllm_up(state_dir: Path, model: str) -> str:
-    """Start a detached server for ``rollstream dev up --vllm`` (kept when one already runs on
-    the same model); returns its URL."""
+def dev_vllm_up(state_dir: Path, model: str, launch: ServerLaunchConfig | None = None) -> str:
+    """Start a detached server for ``rollstream dev up --vllm`` with ``launch``'s settings (kept
+    when one already runs on the same model); returns its URL."""
     state_dir = Path(state_dir).resolve()
     running = _dev_state(state_dir)
     if running is not None and pid_alive(running["pid"]) and running["model"] == model:
         return str(running["url"])
     dev_vllm_down(state_dir)
-    server = LocalVLLMServer(state_dir / "vllm", model, detached=True)
+    server = LocalVLLMServer(state_dir / "vllm", model, launch, detached=True)
     server.start()
     record = {"pid": server.pid, "url": server.url, "model": model, "log": str(server.log_path)}
     (state_dir / DEV_STATE).write_text(json.dumps(record, indent=2) + "\n")

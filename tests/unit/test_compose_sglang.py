@@ -21,6 +21,8 @@ import pytest
 from harness.compose import COMPOSE, load_compose
 from harness.fake_sglang import FakeSGLangServer
 from harness.services import free_port
+from rollstream.config import ServerLaunchConfig
+from rollstream.engines.server_launch import sglang_flags
 
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,6 +52,24 @@ def test_the_server_uses_sglang_gpus_gpus(tmp_path: Path, gpus: str, dp: str, tp
     args = out.stdout.split()
     assert args[args.index("--tp-size") + 1] == tp and args[args.index("--dp-size") + 1] == dp
     assert int(tp) * int(dp) == int(gpus)
+
+
+def test_the_launch_settings_come_from_the_environment(tmp_path: Path) -> None:
+    """rollout.launch's settings as compose's variables become SGLang's flags as
+    ``rollstream.engines.server_launch`` writes them (the defaults: bfloat16, no eager)."""
+    out = run_command(sglang(), tmp_path)
+    args = out.stdout.split()
+    assert args[args.index("--dtype") + 1] == "bfloat16" and "--disable-cuda-graph" not in args
+    assert "--context-length" not in args
+    env = {"SGLANG_DTYPE": "float16", "SGLANG_MEMORY_FRACTION": "0.7", "SGLANG_MAX_RUNNING_REQUESTS": "64",
+           "SGLANG_CONTEXT_LENGTH": "4096", "SGLANG_EAGER": "1"}
+    args = run_command(sglang(env), tmp_path).stdout.split()
+    launch = ServerLaunchConfig(dtype="float16", memory_fraction=0.7, max_num_seqs=64, max_model_len=4096,
+                                cuda_graphs=False)
+    flags = sglang_flags(launch, "cuda")
+    for flag in ("--dtype", "--mem-fraction-static", "--max-running-requests", "--context-length"):
+        assert args[args.index(flag) + 1] == flags[flags.index(flag) + 1], flag
+    assert "--disable-cuda-graph" in args and "--disable-cuda-graph" in flags
 
 
 def test_gpus_not_a_multiple_of_dp_is_refused(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import pytest
 from harness.compose import ROOT, load_compose
 from harness.services import free_port
 from rollstream.config import load_config
+from rollstream.config import ServerLaunchConfig
 from rollstream.dev.vllm_server import SERVER_ENV, server_argv
 
 
@@ -30,10 +31,18 @@ def vllm(env: dict[str, str] | None = None) -> dict:
 
 def test_the_server_starts_as_rollstream_starts_one() -> None:
     service = vllm()
-    assert service["command"] == server_argv("python", "/data/demo/model", 8000, host="0.0.0.0")
+    cpu = ServerLaunchConfig(device="cpu")
+    assert service["command"] == server_argv("python", "/data/demo/model", 8000, cpu, host="0.0.0.0")
     assert {k: str(v) for k, v in service["environment"].items()} == SERVER_ENV
     other = vllm({"VLLM_MODEL": "/data/models/mine", "VLLM_SERVED_MODEL_NAME": "mine"})["command"]
-    assert other == server_argv("python", "/data/models/mine", 8000, host="0.0.0.0", served_name="mine")
+    assert other == server_argv("python", "/data/models/mine", 8000, cpu, host="0.0.0.0", served_name="mine")
+
+
+def test_the_launch_settings_come_from_the_environment() -> None:
+    """rollout.launch's dtype, context and batch, as compose's variables."""
+    command = vllm({"VLLM_DTYPE": "bfloat16", "VLLM_MAX_MODEL_LEN": "2048", "VLLM_MAX_NUM_SEQS": "64"})["command"]
+    launch = ServerLaunchConfig(device="cpu", dtype="bfloat16", max_model_len=2048, max_num_seqs=64)
+    assert [str(part) for part in command] == server_argv("python", "/data/demo/model", 8000, launch, host="0.0.0.0")
 
 
 def test_it_serves_the_demo_model_where_the_trainer_writes_its_checkpoints() -> None:
