@@ -12,7 +12,7 @@ place). Eval groups are never filtered. ``grouping.drop_equal_rewards: true`` pu
 What a filter gets is a :class:`GroupTrajectory`: a read-only mapping of the group's rows, padded
 as the trainer will get them (``input_ids``, ``attention_mask``, ``loss_mask``, ``logprobs``,
 ``versions``, ``rewards`` ``[rows]``, ...: numpy arrays, as the torch-free grouping tier holds
-them, bfloat16 as its 2-byte words), so AReaL's ``lambda traj: traj["rewards"].std() > 0``
+them, bfloat16 as its 2-byte words; padded with ``grouping.pad_value`` as the emitted group is), so AReaL's ``lambda traj: traj["rewards"].std() > 0``
 works as written; plus the group's ``task_id``, ``group_size``, ``rejected``, ``failed`` and
 ``head_version``. Only ``rewards`` is cheap; other keys are padded on first use. A filter that
 raises drops the group as ``filtered`` with the error in the drop's detail (logged as an error):
@@ -42,8 +42,9 @@ MAX_REWARDS_SHOWN = 16
 class GroupTrajectory(Mapping[str, numpy.ndarray]):
     """One complete group as a filter sees it (see the module doc)."""
 
-    def __init__(self, group: CompleteGroup) -> None:
+    def __init__(self, group: CompleteGroup, pad_value: float = 0.0) -> None:
         self._group = group
+        self._pad_value = pad_value  # grouping.pad_value: what the emitted group is padded with
         self._rows = [episode_rows(scored) for scored in group.episodes]
         self._padded: dict[str, numpy.ndarray] | None = None
 
@@ -85,7 +86,8 @@ class GroupTrajectory(Mapping[str, numpy.ndarray]):
 
     def _all(self) -> dict[str, numpy.ndarray]:
         if self._padded is None:
-            self._padded = concat_padded_arrays(align_keys([dict(rows) for rows in self._rows]))
+            rows = align_keys([dict(rows) for rows in self._rows], self._pad_value)
+            self._padded = concat_padded_arrays(rows, self._pad_value)
         return self._padded
 
 
@@ -102,14 +104,14 @@ def load_group_filters(config: GroupingConfig) -> tuple[GroupFilter, ...]:
     :class:`ConfigError` naming the setting when one cannot be imported or is not callable."""
     named = [("grouping.drop_equal_rewards", DISTINCT_REWARDS)] if config.drop_equal_rewards else []
     named += [(f"grouping.group_filters[{i}]", path) for i, path in enumerate(config.group_filters)]
-    return tuple(_judge(path, import_callable(path, key)) for key, path in named)
+    return tuple(_judge(path, import_callable(path, key), config.pad_value) for key, path in named)
 
 
-def _judge(path: str, fn: Callable[[GroupTrajectory], Any]) -> GroupFilter:
+def _judge(path: str, fn: Callable[[GroupTrajectory], Any], pad_value: float) -> GroupFilter:
     """``fn`` as the buffer runs it: ``None`` keeps the group, a detail string drops it."""
 
     def judge(group: CompleteGroup) -> str | None:
-        view = GroupTrajectory(group)
+        view = GroupTrajectory(group, pad_value)
         try:
             keep = bool(fn(view))
         except Exception as exc:  # noqa: BLE001 - the group ends, counted, with the error named

@@ -221,7 +221,9 @@ async def test_killed_worker_restarted_with_same_id_scores_each_episode_exactly_
     kafka_bootstrap: str, redis_url: str, unique_name: str, tokenizer_dir: str, tmp_path: Path
 ) -> None:
     n = 40
-    config = reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir)
+    # 0.1 s per score: the kill lands mid-stream however fast the worker and slow this reader are
+    config = reward_config(kafka_bootstrap, redis_url, unique_name, tokenizer_dir,
+                           reward_fn="tests.integration.reward_service_fns:slow_exact_match")
     await produce_episodes(config, [(f"p:0:{i}".encode(), encode(episode(i))) for i in range(n)])
     log_path = tmp_path / "worker.log"
 

@@ -9,6 +9,8 @@ from harness.episodes import rejected, scored
 from rollstream.config import ConfigError, GroupingConfig
 from rollstream.consumers.grouping.filters import GroupTrajectory, distinct_rewards, load_group_filters
 from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup, GroupBuffer, GroupFilters, GroupResult
+from rollstream.consumers.grouping.records import build_emitted_group
+from rollstream.wire.codec import group_arrays
 from tests.unit import group_filter_fns
 
 
@@ -61,6 +63,21 @@ def test_a_filter_sees_the_group_padded_as_the_trainer_gets_it() -> None:
     assert seen["rewards"].tolist() == [0.25, 0.25, 0.75] and seen["rewards"].dtype == numpy.float32
     assert seen["input_ids"].shape == (3, 6) and seen["attention_mask"].tolist()[0] == [True] * 4 + [False] * 2
     assert seen["versions"][0].tolist() == [-1, -1, 0, 0, -1, -1]  # padded with -1, as in batches
+
+
+def test_a_filter_sees_the_padding_the_emitted_group_carries() -> None:
+    """``grouping.pad_value`` pads what a filter judges exactly as it pads the batch record."""
+    group_filter_fns.SEEN.clear()
+    config = GroupingConfig(group_filters=["tests.unit.group_filter_fns:keep_all"], pad_value=-3.0)
+    buf = GroupBuffer(10.0, 100.0, GroupFilters(group_filters=load_group_filters(config)))
+    out = buf.add(scored("t", 0, 2, 0.25, gen_len=2), 0, 0, 0.0) + buf.add(scored("t", 1, 2, 0.75, gen_len=5), 0, 1, 0.0)
+    (complete,) = out
+    assert isinstance(complete, CompleteGroup)
+    emitted = group_arrays(build_emitted_group(complete, 0, config.pad_value))
+    (seen,) = group_filter_fns.SEEN
+    assert seen["logprobs"][0].tolist()[-3:] == [-3.0] * 3
+    for key in ("input_ids", "loss_mask", "logprobs", "versions", "attention_mask"):
+        assert seen[key].tolist() == emitted[key].tolist(), key
 
 
 def test_a_filter_that_raises_drops_the_group_naming_the_error() -> None:
