@@ -358,10 +358,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase-seconds", type=float, default=None, help="length of each phase (default 60, quick 20)")
     parser.add_argument("--redis-pause-at-join", type=float, default=0.0,
                         help="freeze Redis (SIGSTOP) this many seconds from just before the third worker starts")
+    parser.add_argument("--tokens-per-second", type=float, default=512.0,
+                        help="load generator rate PER worker (default 512; higher: a worker stops sooner on SIGTERM)")
+    parser.add_argument("--failure-detection", type=float, default=10.0,
+                        help="rollout.failure_detection_seconds (default 10; the broker's least is 6): the crash phase "
+                             "lasts this much longer")
     args = parser.parse_args(argv)
     sizes = Sizes(phase_seconds=args.phase_seconds or (20.0 if args.quick else 60.0),
-                  tokens_per_second=512.0, max_new_tokens=192 if not args.quick else 96,
-                  redis_pause_at_join=args.redis_pause_at_join)
+                  tokens_per_second=args.tokens_per_second, max_new_tokens=192 if not args.quick else 96,
+                  failure_detection=args.failure_detection, redis_pause_at_join=args.redis_pause_at_join)
     report = Report("elastic", args.quick)
     report.extra["sizes"] = sizes.__dict__
     asyncio.run(measure(sizes, report))

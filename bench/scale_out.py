@@ -60,6 +60,18 @@ PHASES: list[tuple[str, dict[str, int]]] = [
 ]
 
 
+def capped_phases(most: int) -> list[tuple[str, dict[str, int]]]:
+    """PHASES with at most ``most`` replicas of any tier (``--max-replicas``; 0: PHASES as they are)."""
+    if most <= 0:
+        return PHASES
+    phases = []
+    for name, counts in PHASES:
+        word, _, number = name.rpartition(" ")
+        phases.append((f"{word} {min(int(number), most)}" if number.isdigit() else name,
+                       {tier: min(count, most) for tier, count in counts.items()}))
+    return phases
+
+
 @dataclass
 class PhaseResult:
     name: str
@@ -126,9 +138,9 @@ class Replicas:
 
 
 async def run_phases(watcher: BatchesWatcher, replicas: Replicas, phase_seconds: float,
-                     timeout: float) -> list[PhaseResult]:
+                     timeout: float, phases: list[tuple[str, dict[str, int]]]) -> list[PhaseResult]:
     results = []
-    for name, counts in PHASES:
+    for name, counts in phases:
         changed = time.monotonic()
         before = len(watcher.ledger.accounted)
         new = [p for tier in TIERS for p in await asyncio.to_thread(replicas.scale, tier, counts[tier])]
@@ -220,7 +232,8 @@ async def measure(args: argparse.Namespace, report: Report) -> None:
             await wait_until_consuming(replicas.all(), args.timeout)
             producer = TierProcess("producer", path, workdir / "producer.log").start()
             await first_group(watcher, replicas, args.timeout)  # the first phase measures a running pipeline
-            results = await run_phases(watcher, replicas, phase_seconds, args.timeout)
+            results = await run_phases(watcher, replicas, phase_seconds, args.timeout,
+                                       capped_phases(args.max_replicas))
             pacer.cancel()
             producer.stop(60)  # commits what it admitted
             admitted, drain_seconds = await drain(watcher, replicas, config, names, args.timeout)
@@ -261,6 +274,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--brokers", type=int, default=1, help="local Kafka nodes (3: a replicated cluster)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any one phase may take")
     parser.add_argument("--workdir", type=Path, default=None, help="keep configs, tier logs and services here")
+    parser.add_argument("--max-replicas", type=int, default=0,
+                        help="at most this many replicas of a tier in any phase (default 0: no cap, up to 4 "
+                             "rollout workers)")
 
 
 def main(argv: list[str] | None = None) -> int:
