@@ -14,7 +14,11 @@ Both paths generate from the same prompts with the same settings, those the roll
 RLVR workflow sends (``--max-new-tokens``, ``ignore_eos``, and the tokenizer's eos and pad ids as
 stop tokens, so a request may end early), and both rates count the generated tokens over the
 window from the first completed group to the last (start-up excluded). The two paths alternate twice (direct, pipeline, direct,
-pipeline) and the better run of each counts: the machine is shared and a server warms up.
+pipeline) and the better run of each counts: the machine is shared and a server warms up. Each
+run is sized to last ``--window`` seconds (60; a short direct run measures the rate first, and
+``--prompts`` overrides it) at ``--concurrency`` requests in flight, by default twice the local
+server's batch (``--server-max-seqs``, 8), so the server is never short of work. The table gives
+every run's rate, each path's spread between runs and the spread of the per-round ratio.
 Target (vLLM): the pipeline >= 95% of direct.
 
     python -m bench.server                                   # CPU: a local vLLM server on the tiny model
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import sys
 import tempfile
@@ -149,7 +154,7 @@ def server(args: argparse.Namespace) -> Iterator[str | None]:
     from rollstream.dev.vllm_server import LocalVLLMServer
 
     with tempfile.TemporaryDirectory(prefix="rollstream-bench-vllm-") as tmp:
-        launch = ServerLaunchConfig(max_num_seqs=max(8, args.concurrency),
+        launch = ServerLaunchConfig(max_num_seqs=args.server_max_seqs,
                                     max_model_len=args.prompt_tokens + args.max_new_tokens + 8)
         local = LocalVLLMServer(Path(tmp), args.model_path, launch, cpus=args.server_cpus, confine=True)
         local.start()
@@ -166,11 +171,16 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", default=None,
                         help="local model directory (the server's model with --server-url; default: the tiny model)")
     parser.add_argument("--device", default="cuda", help="--engine hf: cuda (default), cuda:N or cpu")
-    parser.add_argument("--prompts", type=int, default=None, help="groups (default 24; --quick 2)")
+    parser.add_argument("--prompts", type=int, default=None, help="groups (default: as many as --window takes; --quick 2)")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=None, help="default 64; --quick 8")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128; --quick 8")
-    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (rollout.max_concurrent_rollouts)")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="requests in flight (rollout.max_concurrent_rollouts; default 2 x --server-max-seqs: "
+                             "the server never waits for work)")
+    parser.add_argument("--server-max-seqs", type=int, default=8, help="the local server's batch (max_num_seqs, default 8)")
+    parser.add_argument("--window", type=float, default=None,
+                        help="seconds each run lasts (default 60; --quick: --prompts 2 instead); sizes --prompts")
     parser.add_argument("--rounds", type=int, default=None, help="direct/pipeline pairs (default 2; --quick 1)")
     parser.add_argument("--server-cpus", default="",
                         help="the local server's cores, e.g. 0 (all its processes: the API server, the engine core and "
@@ -199,13 +209,16 @@ async def measure(args: argparse.Namespace, report: Report) -> None:
     with server(args) as url:
         if args.server_cpus:
             report.extra["pipeline cpus"] = sorted(pin_away_from(args.server_cpus))
+        if not args.prompts:
+            args.prompts = await sized_prompts(args, url, vocab)
         for _ in range(args.rounds):
             for name, run in paths:
                 runs[name].append(await run(args, url, vocab))
-    rows = [max(runs[name], key=lambda r: r["tokens/s"]) | {"runs": [round(r["tokens/s"], 1) for r in runs[name]]}
-            for name, _ in paths]
+    rows = [max(runs[name], key=lambda r: r["tokens/s"]) | spread(runs[name]) for name, _ in paths]
     share = rows[1]["tokens/s"] / rows[0]["tokens/s"]
     rows[1]["% of direct"] = 100 * share
+    ratios = [p["tokens/s"] / d["tokens/s"] for d, p in zip(runs["directly"], runs["through the pipeline"])]
+    rows[1]["% of direct per round"] = [round(100 * r, 1) for r in ratios]
     where = args.server_url or ("a local vLLM server (CPU)" if args.engine == "vllm" else args.device)
     report.table(f"{args.engine} on {where} ({args.model_path}): {args.prompts} prompts x {args.group_size}, "
                  f"{args.prompt_tokens} prompt + {args.max_new_tokens} new tokens, {args.concurrency} in flight", rows)
@@ -214,11 +227,30 @@ async def measure(args: argparse.Namespace, report: Report) -> None:
         report.target("pipeline tokens/s / direct tokens/s on the same vLLM server", share, TARGET)
 
 
+async def sized_prompts(args: argparse.Namespace, url: str | None, vocab: int) -> int:
+    """Groups that keep a run busy for ``--window`` seconds at the rate a short direct run measures."""
+    trial = argparse.Namespace(**{**vars(args), "prompts": max(3, 2 * args.concurrency // args.group_size)})
+    rate = (await direct(trial, url, vocab))["tokens/s"]
+    per_group = args.group_size * args.max_new_tokens
+    prompts = max(3, math.ceil(args.window * rate / per_group) + 1)
+    print(f"bench.server: {rate:.0f} tokens/s directly: {prompts} groups for a {args.window:.0f} s window",
+          file=sys.stderr)
+    return prompts
+
+
+def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every run's rate, and how far apart they are: (max - min) / max."""
+    rates = [r["tokens/s"] for r in runs]
+    return {"runs": [round(r, 1) for r in rates], "spread %": round(100 * (max(rates) - min(rates)) / max(rates), 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("server", __doc__.splitlines()[0])
     arguments(parser)
     args = parser.parse_args(argv)
-    args.prompts = args.prompts or (2 if args.quick else 24)
+    args.concurrency = args.concurrency or 2 * args.server_max_seqs
+    args.window = args.window if args.window is not None else (0.0 if args.quick else 60.0)
+    args.prompts = args.prompts or (2 if args.quick or not args.window else 0)  # 0: sized to the window
     args.prompt_tokens = args.prompt_tokens or (8 if args.quick else 64)
     args.max_new_tokens = args.max_new_tokens or (8 if args.quick else 128)
     args.rounds = args.rounds or (1 if args.quick else 2)

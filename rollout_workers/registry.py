@@ -46,6 +46,7 @@ from rollstream.agent import AgentEndpoint, AgentWorkflow
 from rollstream.areal.workflow import is_areal_workflow
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.api.workflow import RolloutWorkflow
+from rollstream.engines.logprob_definition import shaping_settings
 from rollstream.config import ConfigError, RolloutConfig, WorkflowSpec
 from rollstream.imports import import_object
 from rollstream.runtime.import_effects import undo_import_effects
@@ -141,6 +142,11 @@ class WorkflowRegistry:
     def from_config(cls, config: RolloutConfig, tokenizer: Any) -> WorkflowRegistry:
         """Build every configured workflow (plus the built-in ``rlvr``) with ``tokenizer``."""
         gconfig = make_gconfig(config.gconfig, tokenizer)
+        shaping = shaping_settings(gconfig)
+        if shaping:
+            log.warning("rollout.gconfig sets %s: training samples that sample with it fail (a token's logprob "
+                        "must be the one the trainer recomputes: docs/ARCHITECTURE.md, 'A token's logprob'); "
+                        "only eval prompts may use it", ", ".join(shaping))
         specs = {**DEFAULT_WORKFLOWS, **config.workflows}
         processor = _processor_loader(config)
         workflows = {

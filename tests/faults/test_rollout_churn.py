@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.configs import pipeline_config
+from harness.full_length import FULL_LENGTH_RLVR
 from harness.outcome_report import report
 from harness.pipeline import Pipeline, write_dataset
 from harness.reports import ShowReport
@@ -60,7 +61,7 @@ async def test_workers_join_leave_restart_and_crash_during_weight_updates(
     tree["kafka"]["partitions"] = 4  # three workers, each with a partition
     # long samples, few at a time, and a trainer that takes 3 s a step: the run lasts about a
     # minute and a half, so every fleet change lands while prompts are being generated
-    tree["rollout"].update({"gconfig": {"max_new_tokens": 32, "min_new_tokens": 32}, "max_concurrent_rollouts": 8,
+    tree["rollout"].update({"gconfig": {"max_new_tokens": 32}, "workflows": FULL_LENGTH_RLVR, "max_concurrent_rollouts": 8,
                             "failure_detection_seconds": 6, "shutdown_grace_seconds": 120})
     async with Pipeline(tree, tmp_path, tiny_model, step_seconds=3.0) as pipeline:
         for name, tier in (("reward", "reward-worker"), ("grouping", "grouping"), ("producer", "producer")):

@@ -21,6 +21,7 @@ import yaml
 from aiokafka.structs import TopicPartition
 
 from harness.configs import make_config
+from harness.full_length import FULL_LENGTH_RLVR
 from harness.rollout_feed import TopicReader, publish_prompts, stop_worker
 from harness.tiers import TierProcess
 from rollstream.api.engine import WeightUpdate
@@ -152,10 +153,11 @@ def _perturbed_copy(model: Path, out: Path) -> Path:
 async def test_worker_follows_published_weight_versions(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path
 ) -> None:
-    long = {"max_new_tokens": 128, "min_new_tokens": 128}  # min: no early stop, a long window
+    long = {"max_new_tokens": 128}  # every sample that long (FULL_LENGTH_RLVR): a long window
     # Two samples at a time: four prompts of two samples take several waves, so the update
     # lands while some sample is mid-generation; the later prompts queue behind them.
-    config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=long, max_concurrent_rollouts=2)
+    config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=long, max_concurrent_rollouts=2,
+                     workflows=FULL_LENGTH_RLVR)
     names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     weights = _perturbed_copy(tiny_model, tmp_path / "v1")
@@ -195,10 +197,11 @@ async def test_a_join_while_redis_is_paused_runs_no_prompt_twice(
     cannot answer except what a worker cannot know by itself, and after the outage no absence
     (a claim, a holder's liveness) is trusted until the live workers wrote theirs again."""
     caplog.set_level(logging.INFO, logger="rollstream.rollout_workers")
-    slow = {"max_new_tokens": 384, "min_new_tokens": 384}
+    slow = {"max_new_tokens": 384}  # every sample that long (FULL_LENGTH_RLVR)
     with LocalRedisServer(tmp_path / "redis") as redis:
         config_a = _config(kafka_bootstrap, redis.url, unique_name, tiny_model, gconfig=slow,
-                           max_concurrent_rollouts=8, worker_id="w-a", failure_detection_seconds=6)
+                           max_concurrent_rollouts=8, worker_id="w-a", failure_detection_seconds=6,
+                           workflows=FULL_LENGTH_RLVR)
         config_b = msgspec.structs.replace(config_a, rollout=msgspec.structs.replace(config_a.rollout, worker_id="w-b"))
         names = TopicNames.of(config_a)
         await ensure_topics(config_a.kafka, names)
@@ -265,9 +268,9 @@ async def _until_committed_to_end(config: RollstreamConfig, timeout: float) -> N
 async def test_crashed_worker_prompts_are_rerun_and_a_sigterm_finishes_its_own(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tiny_model: Path, tmp_path: Path
 ) -> None:
-    slow = {"max_new_tokens": 128, "min_new_tokens": 128}
+    slow = {"max_new_tokens": 128}  # every sample that long (FULL_LENGTH_RLVR)
     config = _config(kafka_bootstrap, redis_url, unique_name, tiny_model, gconfig=slow,
-                     max_concurrent_rollouts=1, shutdown_grace_seconds=20)
+                     max_concurrent_rollouts=1, shutdown_grace_seconds=20, workflows=FULL_LENGTH_RLVR)
     names = TopicNames.of(config)
     await ensure_topics(config.kafka, names)
     config_file = tmp_path / "worker.yaml"

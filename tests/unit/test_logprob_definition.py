@@ -43,3 +43,13 @@ async def test_a_training_episode_with_top_p_fails_alone_and_an_eval_one_runs() 
     assert all(not s.responses for s in training.failed)  # refused before the engine generated
     evaluation = await check_workflow(workflow, data, n=2, is_eval=True)
     assert len(evaluation.episodes) == 2
+
+
+def test_a_rollout_gconfig_that_changes_logprobs_is_named_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    """The worker says at start what every training sample would then fail on."""
+    from harness.fakes import make_tokenizer
+    from rollstream.config import RolloutConfig
+    from rollstream.rollout_workers.registry import WorkflowRegistry
+
+    WorkflowRegistry.from_config(RolloutConfig(gconfig={"top_p": 0.8, "max_new_tokens": 4}), make_tokenizer())
+    assert any("rollout.gconfig sets top_p=0.8" in r.getMessage() for r in caplog.records)
