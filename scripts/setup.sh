@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+# scripts/bundle.sh makes the offline bundle's Java runtime with jlink (a JDK tool)
+command -v jlink >/dev/null || missing+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null || missing+=(maven)
 # the vLLM service's compose health check runs curl; a unit test runs that check
 command -v curl >/dev/null || missing+=(curl)

@@ -133,7 +133,7 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 #   machine, so two of them never run at once.
 PARALLEL_SAFE = ("tests/unit/", "tests/fuzz/test_decoders.py")
 SIDE_LANE = tuple(f"tests/integration/test_{name}.py" for name in (
-    "agent_endpoint", "budget_rebuild", "debugging_tools", "dump_layout", "group_filter_pipeline",
+    "agent_endpoint", "budget_rebuild", "bundle", "debugging_tools", "dump_layout", "group_filter_pipeline",
     "group_trainer_version", "grouping_service", "harness_smoke", "namespace_install", "producer_images",
     "producer_service", "prompt_claims", "redis_budget", "redis_restored", "reference_workflow",
     "reward_service", "rollout_images", "security", "slot_releaser", "stream_without_ledger",

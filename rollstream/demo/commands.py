@@ -68,6 +68,8 @@ def _register_demo(subparsers: Any) -> None:
     p.add_argument("--engine", choices=("hf", "vllm"), default=d.engine,
                    help="where the rollout workers generate: hf (in-process transformers, default) or vllm (a local "
                         "vLLM server the demo starts from the environment scripts/setup.sh installs)")
+    p.add_argument("--device", default=d.device,
+                   help=f"where the rollout workers' HF engine and the trainer run: cpu, cuda or cuda:N (default {d.device})")
     p.add_argument("--weight-transfer", choices=("checkpoint", "distributed"), default=d.weight_transfer,
                    help="how each version reaches the vLLM server: checkpoint (it loads the trainer's checkpoint, "
                         "default) or distributed (the trainer sends the tensors over gloo; a checkpoint every "
@@ -112,7 +114,7 @@ def _demo_command(args: argparse.Namespace) -> int:
         prompts_per_step=args.prompts_per_step, learning_rate=args.lr, max_head_offpolicyness=args.eta,
         warmup_steps=args.warmup_steps, seed=args.seed, max_operand=args.max_operand,
         engine="vllm" if args.weight_transfer == "distributed" else args.engine, weight_transfer=args.weight_transfer,
-        launch=launch,
+        launch=launch, device=args.device,
     )
     from rollstream.demo.settings import demo_launch
 

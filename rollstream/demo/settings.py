@@ -41,6 +41,7 @@ class DemoSettings:
     partitions: int = 2
     max_concurrent_rollouts: int = 16
     seed: int = 0
+    device: str = "cpu"  # where the rollout workers' HF engine and the trainer run (rollout.device, trainer.device)
     engine: str = "hf"  # "vllm": the rollout workers generate on a local vLLM server (rollstream.dev.vllm_server)
     # "distributed": the trainer sends each version to the vLLM server over gloo (engine vllm),
     # a checkpoint every checkpoint_every versions
@@ -69,7 +70,7 @@ def demo_config_tree(
     with ``server_urls``, the rollout workers generate on those vLLM servers."""
     gconfig = {"max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature}
     rollout: dict[str, Any] = {
-        "engine": "hf", "model_path": str(model_dir), "device": "cpu", "seed": settings.seed,
+        "engine": "hf", "model_path": str(model_dir), "device": settings.device, "seed": settings.seed,
         "gconfig": gconfig, "max_concurrent_rollouts": settings.max_concurrent_rollouts,
         "fileroot": str(run_dir / "dumps"), "shutdown_grace_seconds": 5.0,
     }
@@ -91,7 +92,7 @@ def demo_config_tree(
         "grouping": {"instance_id": "demo-grouping-0"},
         "trainer": {"checkpoint_dir": str(run_dir / "ckpt"),
                     "group_id": f"{experiment}-trainer",
-                    "model_path": str(model_dir), "learning_rate": settings.learning_rate,
+                    "model_path": str(model_dir), "device": settings.device, "learning_rate": settings.learning_rate,
                     "clip": settings.clip, "ppo_epochs": settings.ppo_epochs, "max_steps": settings.steps,
                     "max_restarts": settings.trainer_restarts, "checkpoint_every": settings.checkpoint_every},
     }

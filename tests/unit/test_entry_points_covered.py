@@ -48,6 +48,8 @@ COVERED: dict[str, str] = {
     "scripts/check_trainer_gpu.py": f"{SCRIPTS_SMOKE}::test_check_trainer_gpu_runs_on_cpu",
     "scripts/check_sglang.py": "tests/unit/test_check_sglang.py::test_every_check_passes_against_the_standin",
     "scripts/demo.sh": f"{SCRIPTS_SMOKE}::test_demo_script_reaches_the_demo",
+    "scripts/bundle.sh": "tests/integration/test_bundle.py::test_bundle_parts_fit_and_match_the_manifest",
+    "scripts/gpu_check.sh": "tests/integration/test_bundle.py::test_bundle_installs_and_starts_its_services",
 }
 
 # a module no one runs by itself -> the module that imports (or starts) it
