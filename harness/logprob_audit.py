@@ -30,13 +30,12 @@ from transformers import AutoModelForCausalLM
 # between vLLM on CPU and transformers, both bfloat16 (tests/integration/test_vllm_bf16.py), while
 # the next version's weights differ by 0.156 at the median: 10x the measured figure.
 TOLERANCES = {"float32": 1e-4, "bfloat16": 0.02}
-TOLERANCE = TOLERANCES["float32"]
 
 
 @dataclass
 class LogprobTagAudit:
     """Each generated token's logprob recomputed with the weights of the version it is tagged
-    with: ``mistagged`` when they disagree (beyond :data:`TOLERANCE`)."""
+    with: ``mistagged`` when they disagree (beyond the tolerance of the dtype, :data:`TOLERANCES`)."""
 
     rows: int = 0
     tokens: int = 0

@@ -73,7 +73,6 @@ __all__ = ["NonFiniteLogprobError", "ServerEngine", "Span"]
 logger = logging.getLogger(__name__)
 
 
-
 def shared_sampling_params(g: GenerationHyperparameters, top_k_off: int) -> dict[str, Any]:
     """The ``sampling_params`` SGLang and vLLM name alike (``top_k_off``: the server's "no top-k");
     ``stop`` only when set."""
