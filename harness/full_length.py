@@ -9,14 +9,20 @@ recomputes them.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from rollstream.api.context import workflow_context
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.workflows.rlvr import RLVRWorkflow
 
-# rollout.workflows entry that makes it the default workflow ("rlvr") of a test's config
+# rollout.workflows entries that make it (or its gated form) the default workflow ("rlvr")
 FULL_LENGTH_RLVR = {"rlvr": {"path": "harness.full_length:FullLengthRLVR",
                              "kwargs": {"gconfig": "$gconfig", "tokenizer": "$tokenizer"}}}
+GATED_FULL_LENGTH_RLVR = {"rlvr": {**FULL_LENGTH_RLVR["rlvr"], "path": "harness.full_length:GatedFullLengthRLVR"}}
+# What held samples of GatedFullLengthRLVR wait for (workers that run in the test's process).
+GATE = asyncio.Event()
+OPEN_TASK = "task-0"  # the one task whose samples never wait
 
 
 class FullLengthRLVR(RLVRWorkflow):
@@ -25,3 +31,15 @@ class FullLengthRLVR(RLVRWorkflow):
     def __init__(self, gconfig: GenerationHyperparameters, tokenizer: Any, **kwargs: Any) -> None:
         super().__init__(gconfig, tokenizer, **kwargs)
         self.gconfig = self.gconfig.new(stop_token_ids=[], ignore_eos=True)
+
+
+class GatedFullLengthRLVR(FullLengthRLVR):
+    """:class:`FullLengthRLVR` whose samples, except those of :data:`OPEN_TASK`, end only once
+    :data:`GATE` is set: a test decides when prompts may finish (e.g. only after their
+    partitions moved), however fast or slow the machine generates."""
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> Any:
+        result = await super().arun_episode(engine, data)
+        if workflow_context.task_id != OPEN_TASK:
+            await GATE.wait()
+        return result
