@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rollstream.api.context import workflow_context
 from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.workflows.rlvr import RLVRWorkflow
 
@@ -20,9 +19,18 @@ from rollstream.workflows.rlvr import RLVRWorkflow
 FULL_LENGTH_RLVR = {"rlvr": {"path": "harness.full_length:FullLengthRLVR",
                              "kwargs": {"gconfig": "$gconfig", "tokenizer": "$tokenizer"}}}
 GATED_FULL_LENGTH_RLVR = {"rlvr": {**FULL_LENGTH_RLVR["rlvr"], "path": "harness.full_length:GatedFullLengthRLVR"}}
-# What held samples of GatedFullLengthRLVR wait for (workers that run in the test's process).
+# What held samples of GatedFullLengthRLVR wait for (workers that run in the test's process),
+# once OPEN_SAMPLES samples went through (close_gate() starts over).
 GATE = asyncio.Event()
-OPEN_TASK = "task-0"  # the one task whose samples never wait
+OPEN_SAMPLES = 2
+_let_through = 0
+
+
+def close_gate() -> None:
+    """Hold every sample of :class:`GatedFullLengthRLVR` after the next :data:`OPEN_SAMPLES`."""
+    global _let_through
+    GATE.clear()
+    _let_through = 0
 
 
 class FullLengthRLVR(RLVRWorkflow):
@@ -34,12 +42,16 @@ class FullLengthRLVR(RLVRWorkflow):
 
 
 class GatedFullLengthRLVR(FullLengthRLVR):
-    """:class:`FullLengthRLVR` whose samples, except those of :data:`OPEN_TASK`, end only once
-    :data:`GATE` is set: a test decides when prompts may finish (e.g. only after their
-    partitions moved), however fast or slow the machine generates."""
+    """:class:`FullLengthRLVR` whose samples, after the first :data:`OPEN_SAMPLES` to finish
+    generating, end only once :data:`GATE` is set: a test decides when prompts may finish (e.g.
+    only after their partitions moved), however fast or slow the machine generates. The first
+    ones pass whichever prompts the worker started first, so nothing waits on a held slot."""
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> Any:
+        global _let_through
         result = await super().arun_episode(engine, data)
-        if workflow_context.task_id != OPEN_TASK:
+        if _let_through < OPEN_SAMPLES:
+            _let_through += 1
+        else:
             await GATE.wait()
         return result

@@ -21,7 +21,7 @@ import yaml
 from aiokafka.structs import TopicPartition
 
 from harness.configs import make_config
-from harness.full_length import FULL_LENGTH_RLVR, GATE, GATED_FULL_LENGTH_RLVR
+from harness.full_length import FULL_LENGTH_RLVR, GATE, GATED_FULL_LENGTH_RLVR, close_gate
 from harness.rollout_feed import TopicReader, publish_prompts, stop_worker
 from harness.tiers import TierProcess
 from rollstream.api.engine import WeightUpdate
@@ -199,9 +199,9 @@ async def test_a_join_while_redis_is_paused_runs_no_prompt_twice(
     caplog.set_level(logging.INFO, logger="rollstream.rollout_workers")
     slow = {"max_new_tokens": 384}  # every sample that long (FULL_LENGTH_RLVR)
     with LocalRedisServer(tmp_path / "redis") as redis:
-        # samples of every task but task-0 end only once the gate opens (after the partitions
+        # after the first two samples, samples end only once the gate opens (after the partitions
         # moved), so prompts are running at the revocation however fast this machine generates
-        GATE.clear()
+        close_gate()
         config_a = _config(kafka_bootstrap, redis.url, unique_name, tiny_model, gconfig=slow,
                            max_concurrent_rollouts=8, worker_id="w-a", failure_detection_seconds=6,
                            workflows=GATED_FULL_LENGTH_RLVR)
