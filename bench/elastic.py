@@ -197,7 +197,7 @@ def ownership_intervals(worker: Worker, end: float) -> dict[int, list[tuple[floa
             owned.update(dict.fromkeys(_partitions(message), at))
         elif "revoked partitions" in message and ": revoked" in message:
             close(at, _partitions(message))
-        elif message.startswith("left the group") or message.startswith("rollout worker") and "stopped" in message:
+        elif message.startswith("left the group") or message.startswith("rollout-worker") and message.endswith(" stopped"):
             close(at)
     close(worker.killed_at or end)
     return intervals

@@ -17,7 +17,6 @@ limit), which no retry could ever write. A row's images travel as encoded files
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -32,16 +31,16 @@ from rollstream.producers.dataset import iter_samples, load_rows, next_position,
 from rollstream.producers.prompt_images import image_sizes, with_encoded_images
 from rollstream.producers.publisher import TIER, PendingBatch, PromptPublisher, transactional_id
 from rollstream.config import RollstreamConfig, require
-from rollstream.runtime.health import mark_ready
-from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import start_client
 from rollstream.kafka.consume_transform_produce import RecordTooLargeError
 from rollstream.kafka.record_size import size_problem
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import TransactionalProducer
 from rollstream.state.budget import StalenessBudget
-from rollstream.state.client import RedisKeys, connect
 from rollstream.retry import KAFKA_RETRY
+from rollstream.tier.context import TierContext
+from rollstream.tier.declaration import SOURCE, Tier
+from rollstream.tier.runtime import entry, serve
 from rollstream.wire import DeadLetter, ProducerCursor, PromptTask, encode
 
 log = logging.getLogger(__name__)
@@ -70,52 +69,66 @@ def check_config(config: RollstreamConfig) -> None:
     require(config.producer.dataset, "producer.dataset", "must name a JSONL, Parquet or HF dataset path")
 
 
-async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
-    """Publish prompts until the dataset is exhausted, ``max_prompts`` is reached, or ``stop``."""
-    await run_producer(config, stop)
+def declare(config: RollstreamConfig) -> Tier:
+    check_config(config)
+    return Tier(TIER, config.producer.producer_id, None, ("prompts", "producer-cursor"), SOURCE, build)
+
+
+async def build(ctx: TierContext) -> PromptSource:
+    """The dataset's rows, the transactional producer, and the staleness budget's admission."""
+    config, pc = ctx.config, ctx.config.producer
+    ctx.phase = f"loading the dataset {pc.dataset}"
+    rows = await asyncio.to_thread(load_rows, pc.dataset, pc.dataset_format, pc.split)
+    txn = TransactionalProducer(config.kafka, ctx.tier.client_id, transactional_id(ctx.names, pc.producer_id))
+    ctx.on_close("stopping the transactional producer", txn.stop)
+    budget = StalenessBudget(await ctx.redis(), ctx.keys, config.staleness.max_head_offpolicyness,
+                             config.staleness.groups_per_step)
+    admission = Admission(
+        budget, await ctx.redis(), pc.admission_poll_seconds, ctx.stop, enabled=config.staleness.enabled,
+        restore=lambda: restore_budget(config, ctx.names, budget), counts=not pc.is_eval,
+    )
+    publisher = PromptPublisher(txn, ctx.names, KAFKA_RETRY.limited(PUBLISH_ATTEMPTS, config.kafka.outage_patience_seconds),
+                                admission)
+    return PromptSource(config, ctx.names, rows, txn, admission, publisher)
+
+
+run = entry(declare)
 
 
 async def run_producer(config: RollstreamConfig, stop: asyncio.Event) -> RunSummary:
     """:func:`run`, returning the summary of what was published (for tests and tools)."""
-    check_config(config)
-    pc = config.producer
-    rows = await asyncio.to_thread(load_rows, pc.dataset, pc.dataset_format, pc.split)
-    names = TopicNames.of(config)
-    await ensure_topics(config.kafka, names)
-    async with contextlib.AsyncExitStack() as stack:
-        txn = TransactionalProducer(config.kafka, f"producer-{pc.producer_id}", transactional_id(names, pc.producer_id))
-        stack.push_async_callback(txn.stop)
-        redis = connect(config.redis)
-        stack.push_async_callback(redis.aclose)
-        budget = StalenessBudget(
-            redis, RedisKeys(config.experiment.experiment_name, config.experiment.trial_name),
-            config.staleness.max_head_offpolicyness, config.staleness.groups_per_step,
-        )
-        admission = Admission(
-            budget, redis, pc.admission_poll_seconds, stop, enabled=config.staleness.enabled,
-            restore=lambda: restore_budget(config, names, budget), counts=not pc.is_eval,
-        )
-        retry = KAFKA_RETRY.limited(PUBLISH_ATTEMPTS, config.kafka.outage_patience_seconds)
-        publisher = PromptPublisher(txn, names, retry, admission)
-        summary = RunSummary()
-        mark_ready()
+    summary: RunSummary = await serve(declare(config), config, stop)
+    return summary
+
+
+class PromptSource:
+    """The producer's run: publish from the committed cursor on, starting again from it after a
+    budget rebuild, until the dataset or ``producer.max_prompts`` is exhausted or ``stop``."""
+
+    def __init__(self, config: RollstreamConfig, names: TopicNames, rows: list[dict[str, Any]],
+                 txn: TransactionalProducer, admission: Admission, publisher: PromptPublisher) -> None:
+        self._config, self._names, self._rows = config, names, rows
+        self._txn, self._admission, self._publisher = txn, admission, publisher
+
+    async def run(self, stop: asyncio.Event) -> RunSummary:
+        config, pc, summary = self._config, self._config.producer, RunSummary()
         while True:
-            cursor = await _start(config, names, txn, admission, publisher)
+            cursor = await _start(config, self._names, self._txn, self._admission, self._publisher)
             summary.total_published = cursor.published
             try:
-                await _ProduceLoop(config, rows, cursor, admission, publisher, stop, summary).run()
+                await _ProduceLoop(config, self._rows, cursor, self._admission, self._publisher, stop, summary).run()
                 break
             except BudgetRebuilt as exc:
                 summary.restarts += 1
                 log.warning("producer %s starts again from its committed cursor: %s", pc.producer_id, exc)
-                await txn.stop()  # fenced by the rebuild: a new producer registers the id again
-    log.info(
-        "producer %s finished (%s): %d prompts published (%d eval, %d total), %d rows dead-lettered, "
-        "%d transactions, %d admission waits, %d restarts after a budget rebuild",
-        pc.producer_id, summary.reason, summary.published, summary.eval_prompts, summary.total_published,
-        summary.dead_lettered, summary.transactions, summary.admission_waits, summary.restarts,
-    )
-    return summary
+                await self._txn.stop()  # fenced by the rebuild: a new producer registers the id again
+        log.info(
+            "producer %s finished (%s): %d prompts published (%d eval, %d total), %d rows dead-lettered, "
+            "%d transactions, %d admission waits, %d restarts after a budget rebuild",
+            pc.producer_id, summary.reason, summary.published, summary.eval_prompts, summary.total_published,
+            summary.dead_lettered, summary.transactions, summary.admission_waits, summary.restarts,
+        )
+        return summary
 
 
 async def _start(

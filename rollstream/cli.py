@@ -1,7 +1,9 @@
 """The ``rollstream`` command: one subcommand per tier plus the tools.
 
 Tiers are discovered through the ``rollstream.tiers`` entry point group, so the core never
-imports a tier package. A tier entry point names ``async def run(config, stop) -> None``.
+imports a tier package. A tier entry point names its declaration, ``declare(config) -> Tier``
+(:mod:`rollstream.tier.declaration`); ``rollstream tier MODULE:NAME`` runs a tier of your own
+that no package registers.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from rollstream.config import ConfigError, RollstreamConfig, load_config, redact
 from rollstream.runtime.health import HEALTH, heartbeat, mark_not_ready
 from rollstream.runtime.logs import setup_logging
 from rollstream.runtime.metrics import serve_metrics
-from rollstream.runtime.shutdown import ShutdownSignal
+from rollstream.runtime.shutdown import SHUTDOWN_TIMEOUT_EXIT_CODE, ShutdownSignal
+from rollstream.tier.declaration import Declare, Tier
+from rollstream.tier.runtime import serve
+from rollstream.tier.shutdown_bound import ShutdownTimeout
 
 log = logging.getLogger(__name__)
 
-TierRun = Callable[[RollstreamConfig, asyncio.Event], Awaitable[None]]
+TierServe = Callable[[Tier, RollstreamConfig, asyncio.Event], Awaitable[Any]]
 
 TIER_HELP = {
     "producer": "publish prompts from a dataset, gated by the staleness budget",
@@ -56,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
         tier = sub.add_parser(name, help=TIER_HELP.get(name, f"run the {name} tier"))
         add_config_arguments(tier)
         tier.set_defaults(func=_run_tier_command, tier=name, entry_point=ep)
+    own = sub.add_parser("tier", help="run a tier of your own: MODULE:NAME names its declare(config) -> Tier")
+    own.add_argument("declaration", metavar="MODULE:NAME")
+    add_config_arguments(own)
+    own.set_defaults(func=_run_tier_command, tier=None, entry_point=None)
     for module_name in TOOL_MODULES:
         try:
             module = import_module(module_name)
@@ -68,39 +77,58 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_tier_command(args: argparse.Namespace) -> int:
+    name = args.tier or args.declaration
     try:
         config = load_config(args.config, args.overrides)
+        declare: Declare = args.entry_point.load() if args.entry_point else load_declaration(args.declaration)
+        tier = declare(config)
     except ConfigError as exc:
-        print(f"rollstream {args.tier}: {exc}", file=sys.stderr)
+        print(f"rollstream {name}: {exc}", file=sys.stderr)
         return 2
-    run: TierRun = args.entry_point.load()
-    return run_tier(args.tier, run, config)
+    return run_tier(tier, config)
 
 
-def run_tier(tier: str, run: TierRun, config: RollstreamConfig) -> int:
-    """Run one tier until it finishes or is signalled; returns the process exit code."""
-    setup_logging(tier, config.log_level, secret_values(config), config.log_format)
-    log.info("starting %s with config %s", tier, redacted(config))
+def load_declaration(spec: str) -> Declare:
+    """``"module:name"`` -> the declaration it names; ``ConfigError`` saying why not."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        declare = getattr(import_module(module_name), attr or "declare")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load the tier declaration {spec!r}: {exc}") from None
+    if not callable(declare):
+        raise ConfigError(f"{spec!r} is not a function declare(config) -> Tier")
+    return declare  # type: ignore[no-any-return]
+
+
+def run_tier(tier: Tier, config: RollstreamConfig, run: TierServe = serve) -> int:
+    """Run one tier (``run(tier, config, stop)``) until it finishes or is signalled; returns the
+    process exit code: 0, 1 when it failed, 124 when its shutdown outran its bound."""
+    setup_logging(tier.name, config.log_level, secret_values(config), config.log_format)
+    log.info("starting %s with config %s", tier.label, redacted(config))
     HEALTH.liveness_timeout = config.metrics.liveness_timeout_seconds
     serve_metrics(config.metrics.port)
 
     async def main() -> None:
-        shutdown = ShutdownSignal()
+        shutdown = ShutdownSignal(exit_after=config.shutdown_timeout_seconds + tier.drain_seconds)
         shutdown.install()
         probes = [asyncio.create_task(heartbeat(), name="heartbeat"),
                   asyncio.create_task(_not_ready_once_set(shutdown.event), name="stopping")]
         try:
-            await run(config, shutdown.event)
+            await run(tier, config, shutdown.event)
         finally:
+            shutdown.cancel()
             for task in probes:
                 task.cancel()
 
     try:
         asyncio.run(main())
+    except ShutdownTimeout as exc:
+        log.error("%s", exc)
+        return SHUTDOWN_TIMEOUT_EXIT_CODE
     except Exception:
-        log.exception("%s failed", tier)
+        log.exception("%s failed", tier.label)
         return 1
-    log.info("%s stopped", tier)
+    log.info("%s stopped", tier.label)
     return 0
 
 

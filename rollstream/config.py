@@ -36,6 +36,7 @@ AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
 Millis = AtLeastOne  # a positive duration in milliseconds
 SessionMillis = Annotated[int, msgspec.Meta(ge=1000)]  # a consumer group session timeout
 Name = Annotated[str, msgspec.Meta(min_length=1)]
+Role = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]+$")]  # a topic role: rs.<experiment>.<trial>.<role>
 MAX_GROUP_SIZE = 1024  # = rollstream.wire.messages.MAX_GROUP_SIZE (the decoders refuse more)
 MAX_PRODUCER_ID_BYTES = 128  # leaves room for ":{epoch}:{index}" in a 200-byte file name
 
@@ -261,6 +262,9 @@ class RewardConfig(_Section):
 
 
 class GroupingConfig(_Section):
+    # the topic role it groups: "scored", or the role a tier of your own between the reward
+    # workers and the grouping writes (docs/ARCHITECTURE.md, "A tier of your own")
+    reads: Role = "scored"
     pad_value: float = 0.0
     # Group filters (rollstream.consumers.grouping.filters): import strings of fn(group) -> bool, run
     # in order on every complete train group; the first False drops it as "filtered" and returns
@@ -366,6 +370,10 @@ class RollstreamConfig(_Section):
     log_level: str = "INFO"
     # "text": one readable line per event; "json": one JSON object per line (rollstream/runtime/logs.py)
     log_format: Literal["text", "json"] = "text"
+    # A tier ends at most this long after SIGTERM, even when a client hangs (a rollout worker:
+    # plus rollout.shutdown_grace_seconds for its prompts in flight); past it the process exits
+    # with code 124, what it was doing in the log
+    shutdown_timeout_seconds: Seconds = 30.0
 
 
 SECRET_FIELDS = ("sasl_password", "ssl_password", "password")

@@ -15,25 +15,23 @@ dumps, and this tier refuses to start (:func:`check_single_writer`).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
+import os
+import socket
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
 from rollstream.config import ConfigError, RollstreamConfig
 from rollstream.dump.lines import DumpWriter
-from rollstream.runtime.health import mark_ready
-from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_consumer, make_producer, start_client, stop_client
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
-from rollstream.kafka.partition_loop import AtLeastOnce, PartitionLoop, Records
+from rollstream.kafka.partition_loop import Records
 from rollstream.kafka.topics import TopicNames
-from rollstream.retry import KAFKA_RETRY
 from rollstream.runtime.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT
-from rollstream.state.client import RedisKeys, connect
 from rollstream.state.version_store import VersionStore
+from rollstream.tier.context import TierContext
+from rollstream.tier.declaration import AT_LEAST_ONCE, Reads, Tier
+from rollstream.tier.runtime import entry
 from rollstream.wire import ScoredEpisode, WireDecodeError, decode_scored
 
 log = logging.getLogger(__name__)
@@ -41,6 +39,10 @@ log = logging.getLogger(__name__)
 TIER = "dump"
 POLL_TIMEOUT_MS = 500
 COMMIT_EVERY_CYCLE = 0.0  # the loop's commit interval: each cycle's written offsets
+
+
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def check_single_writer(config: RollstreamConfig) -> None:
@@ -124,33 +126,24 @@ class DumpIntake:
         return message.episode.task_id
 
 
-async def run(config: RollstreamConfig, stop: asyncio.Event) -> None:
-    """Dump every scored episode until ``stop`` is set; commits after each written cycle."""
+def declare(config: RollstreamConfig) -> Tier:
     check_single_writer(config)
-    names = TopicNames.of(config)
-    exp = config.experiment
-    async with contextlib.AsyncExitStack() as stack:
-        versions = None
-        if config.dump.fields == "extended":  # trainer version and weight paths live in Redis
-            redis = connect(config.redis)
-            stack.push_async_callback(redis.aclose)
-            versions = VersionStore(redis, RedisKeys(exp.experiment_name, exp.trial_name))
-        # fails early, naming the setting, without a tokenizer
-        writer = DumpWriter.from_config(config, versions=versions)
-        await ensure_topics(config.kafka, names)
-        producer = make_producer(config.kafka, TIER)
-        await start_client(producer, config.kafka, "the dump tier's dead-letter producer")
-        stack.push_async_callback(stop_client, producer, "the producer of the dump tier")
-        stack.push_async_callback(writer.close)
-        consumer = make_consumer(config.kafka, TIER, group_id=names.group_id(TIER), read_committed=True)
-        delivery = AtLeastOnce(DumpIntake(writer, producer, names), commit_interval=COMMIT_EVERY_CYCLE,
-                               retry=KAFKA_RETRY, name="the dump tier")
-        loop = PartitionLoop(consumer=consumer, topic=names.scored, delivery=delivery,
-                             poll_timeout_ms=POLL_TIMEOUT_MS, name="the dump tier")
-        loop.subscribe()
-        await start_client(consumer, config.kafka, "the dump tier's consumer")
-        stack.push_async_callback(stop_client, consumer, "the consumer of the dump tier")
-        log.info("dump tier consuming %s as group %s, writing to %s", names.scored, names.group_id(TIER),
-                 writer.root / writer.experiment / writer.trial)
-        mark_ready()
-        await loop.run(stop)  # its last cycle commits what is written
+    reads = Reads("scored", poll_timeout_ms=POLL_TIMEOUT_MS)
+    return Tier(TIER, default_instance_id(), reads, (), AT_LEAST_ONCE, build,
+                commit_interval_seconds=COMMIT_EVERY_CYCLE)
+
+
+async def build(ctx: TierContext) -> DumpIntake:
+    """The writer (with ``dump.fields: extended``, reading versions from Redis) and the
+    dead-letter producer; the writer's files are flushed and closed last."""
+    versions = None
+    if ctx.config.dump.fields == "extended":  # trainer version and weight paths live in Redis
+        versions = VersionStore(await ctx.redis(), ctx.keys)
+    writer = DumpWriter.from_config(ctx.config, versions=versions)
+    producer = await ctx.producer()
+    ctx.on_close("closing the dump files", writer.close)
+    log.info("%s writing to %s", ctx.tier.label, writer.root / writer.experiment / writer.trial)
+    return DumpIntake(writer, producer, ctx.names)
+
+
+run = entry(declare)

@@ -35,6 +35,7 @@ class TopicNames:
 
     experiment: str
     trial: str
+    extra_roles: tuple[str, ...] = ()  # data topics of a tier of one's own (rollstream.tier), beside the trial's
 
     @classmethod
     def of(cls, config: RollstreamConfig) -> TopicNames:
@@ -54,8 +55,20 @@ class TopicNames:
     # Compacted; the dataset cursor each producer commits with its prompts.
     producer_cursor = _Role("producer-cursor")
 
+    def topic(self, role: str) -> str:
+        """The topic of ``role``: one of the roles above (``dead-letter`` with its dash) or one of
+        :attr:`extra_roles`."""
+        return self._name(role)
+
+    def with_roles(self, roles: list[str]) -> TopicNames:
+        """These names, with the roles in ``roles`` that are not the trial's own as data topics."""
+        own = {self.role_of(topic) for topic in self.data_topics() + self.compacted_topics()}
+        extra = tuple(dict.fromkeys([*self.extra_roles, *(r for r in roles if r not in own)]))
+        return TopicNames(self.experiment, self.trial, extra)
+
     def data_topics(self) -> list[str]:
-        return [self.prompts, self.episodes, self.scored, self.batches, self.dead_letter]
+        extra = [self._name(role) for role in self.extra_roles]
+        return [self.prompts, self.episodes, self.scored, self.batches, self.dead_letter, *extra]
 
     def compacted_topics(self) -> list[str]:
         return [self.grouping_changelog, self.producer_cursor]

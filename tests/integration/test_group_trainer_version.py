@@ -21,7 +21,7 @@ from harness.configs import make_config
 from harness.episodes import scored
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig
-from rollstream.consumers.grouping.service import GroupingTransform
+from rollstream.consumers.grouping.transform import GroupingTransform
 from rollstream.consumers.grouping.trainer_version import TrainerVersion
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.kafka.consume_transform_produce import PartitionOutput

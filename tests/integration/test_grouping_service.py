@@ -234,7 +234,7 @@ async def wait_for_log(caplog: pytest.LogCaptureFixture, text: str) -> None:
 async def test_rebalance_between_two_instances_is_exactly_once(
     kafka_bootstrap: str, redis_url: str, unique_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="rollstream.consumers.grouping.service")
+    caplog.set_level(logging.INFO, logger="rollstream.consumers.grouping.transform")
     configs = [
         make_config(kafka_bootstrap, redis_url, unique_name, {"grouping": {**GROUPING, "instance_id": name}})
         for name in ("g-a", "g-b")

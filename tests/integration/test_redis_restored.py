@@ -32,7 +32,7 @@ from harness.producer_feed import STEP_GROUPS, Producer, budget_of, committed_tr
 from harness.waits import until, within
 from rollstream.api.engine import WeightUpdate
 from rollstream.config import RollstreamConfig, ServerConfig
-from rollstream.consumers.grouping.service import GroupingTransform
+from rollstream.consumers.grouping.transform import GroupingTransform
 from rollstream.dev.redis_server import LocalRedisServer
 from rollstream.engines.server_http import ServerHttp
 from rollstream.engines.sglang_admin import SGLangAdmin

@@ -1,6 +1,6 @@
 """The rollout workers' consumer group settles: one join is one round, on the real broker.
 
-The consumers are the rollout worker's own (``make_rollout_consumer``, the strategy list of
+The consumers are the rollout worker's own (``tier_consumer`` of its declaration, the strategy list of
 ``rollstream.kafka.assignors``). aiokafka sends one JoinGroup per strategy a consumer names,
 and each one after the first changes the member's protocols once the round has completed, so
 the group rebalances again (aio-libs/aiokafka#1168); several members doing that kept groups
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer
 
@@ -20,7 +21,8 @@ from harness.configs import make_config
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.topics import TopicNames
-from rollstream.rollout_workers.service import make_rollout_consumer
+from rollstream.rollout_workers.service import declare
+from rollstream.tier.runtime import tier_consumer
 
 
 pytestmark = pytest.mark.broker
@@ -36,7 +38,8 @@ def _generation(consumer: AIOKafkaConsumer) -> int:
 
 async def _start(config: RollstreamConfig, worker_id: str) -> AIOKafkaConsumer:
     names = TopicNames.of(config)
-    consumer = make_rollout_consumer(config, worker_id)
+    config = msgspec.structs.replace(config, rollout=msgspec.structs.replace(config.rollout, worker_id=worker_id))
+    consumer = tier_consumer(declare(config), config, names)
     consumer.subscribe([names.prompts])
     await consumer.start()
     return consumer

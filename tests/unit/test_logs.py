@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from rollstream.cli import run_tier
+from rollstream.reward_workers.service import declare
+from rollstream.tier.declaration import Tier
 from rollstream.config import ConfigError, RollstreamConfig, load_config, redacted, secret_values
 from rollstream.runtime.logs import setup_logging
 
@@ -123,15 +125,15 @@ def test_log_format_from_config_and_environment() -> None:
 
 
 def test_a_tier_started_with_log_format_json_logs_json(capfd: pytest.CaptureFixture[str]) -> None:
-    async def tier(config: RollstreamConfig, stop: asyncio.Event) -> None:
+    async def scores(tier: Tier, config: RollstreamConfig, stop: asyncio.Event) -> None:
         logging.getLogger("rollstream.test").info("scored", extra={"task_ids": ["t-1", "t-2"]})
 
-    config = load_config(overrides=["log_format=json"], environ={})
-    assert run_tier("reward-worker", tier, config) == 0
+    config = load_config(overrides=["log_format=json", "reward.worker_id=w-1"], environ={})
+    assert run_tier(declare(config), config, scores) == 0
     lines = json_lines(capfd.readouterr().err)
-    assert lines[0]["message"].startswith("starting reward-worker with config")
+    assert lines[0]["message"].startswith("starting reward-worker w-1 with config")
     assert {"message": "scored", "task_ids": ["t-1", "t-2"], "tier": "reward-worker"}.items() <= lines[1].items()
-    assert lines[-1]["message"] == "reward-worker stopped"
+    assert lines[-1]["message"] == "reward-worker w-1 stopped"
 
 
 async def test_the_reward_tiers_commit_log_names_its_tasks_as_a_field(caplog: pytest.LogCaptureFixture) -> None:
