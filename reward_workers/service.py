@@ -12,28 +12,22 @@ partition p fences every earlier owner of p (docs/GUARANTEES.md, "Fencing").
 from __future__ import annotations
 
 import logging
-import os
-import socket
 
 from rollstream.config import RollstreamConfig
 from rollstream.reward_workers.reward_function import Scorer
 from rollstream.reward_workers.transform import TIER, RewardTransform
 from rollstream.tier.context import TierContext
-from rollstream.tier.declaration import EXACTLY_ONCE, Reads, Tier
+from rollstream.tier.declaration import EXACTLY_ONCE, Reads, Tier, default_instance
 from rollstream.tier.runtime import entry
 
 log = logging.getLogger(__name__)
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def declare(config: RollstreamConfig) -> Tier:
     rc = config.reward
     reads = Reads("episodes", poll_timeout_ms=rc.poll_timeout_ms, max_records=rc.max_batch,
                   session_timeout_ms=rc.session_timeout_ms)
-    return Tier(TIER, rc.worker_id or default_worker_id(), reads, ("scored",), EXACTLY_ONCE, build,
+    return Tier(TIER, rc.worker_id or default_instance(), reads, ("scored",), EXACTLY_ONCE, build,
                 max_consecutive_failures=rc.max_consecutive_failures)
 
 

@@ -18,7 +18,7 @@ from collections import Counter
 from aiokafka.structs import ConsumerRecord
 
 from rollstream.reward_workers.scoring import RewardScorer, ScoreResult, rejected_episode, score_message
-from rollstream.kafka.consume_transform_produce import PartitionOutput
+from rollstream.kafka.consume_transform_produce import PartitionOutput, RecordTransform
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.metrics import EPISODES, REWARD
 from rollstream.wire import (
@@ -83,7 +83,7 @@ def failure_answer(record: ConsumerRecord, error: BaseException) -> ScoreResult 
             return message
 
 
-class RewardTransform:
+class RewardTransform(RecordTransform):
     """Scores episodes; records of a cycle are scored concurrently."""
 
     tier = TIER
@@ -94,12 +94,6 @@ class RewardTransform:
         self._scorer = scorer
         self.scored = 0  # records committed, for the stop log
         self._outcomes: dict[int, Counter[str]] = {}  # per partition, this cycle's results
-
-    async def acquire(self, partitions: set[int]) -> None:
-        pass  # stateless: the loop seeks the partitions to their committed offsets
-
-    def release(self, partitions: set[int]) -> None:
-        pass
 
     async def begin(self, records: dict[int, list[ConsumerRecord]]) -> None:
         self._outcomes = {partition: Counter() for partition in records}  # an aborted cycle's counts go
@@ -112,9 +106,6 @@ class RewardTransform:
         answer = failure_answer(record, error)
         if answer is not None:
             self._send(answer, out)
-
-    async def finish(self, partition: int, out: PartitionOutput, final: bool) -> None:
-        out.offset = out.consumed
 
     async def committed(self, partition: int, out: PartitionOutput) -> None:
         self.scored += len(out.records)

@@ -25,8 +25,6 @@ on the partition) are acknowledged by the broker.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 
 from rollstream.areal.stats import export_periodically
@@ -42,7 +40,7 @@ from rollstream.rollout_workers.offsets import OffsetTracker
 from rollstream.rollout_workers.registry import WorkflowRegistry
 from rollstream.rollout_workers.runner import TIER, PromptRunner
 from rollstream.tier.context import TierContext
-from rollstream.tier.declaration import AT_LEAST_ONCE, Reads, Tier
+from rollstream.tier.declaration import AT_LEAST_ONCE, Reads, Tier, default_instance
 from rollstream.tier.runtime import entry
 
 log = logging.getLogger(__name__)
@@ -57,11 +55,6 @@ REBALANCE_TIMEOUT_MS = 60_000
 FETCH_MAX_RECORDS = 4  # few at a time: prompts are long-running work, not a stream to drain
 
 
-def worker_id_of(config: RollstreamConfig) -> str:
-    """``rollout.worker_id``, default ``<hostname>-<pid>``."""
-    return config.rollout.worker_id or f"{socket.gethostname()}-{os.getpid()}"
-
-
 def declare(config: RollstreamConfig) -> Tier:
     rollout = config.rollout
     session_ms = int(rollout.failure_detection_seconds * 1000)
@@ -69,7 +62,7 @@ def declare(config: RollstreamConfig) -> Tier:
                "rebalance_timeout_ms": max(session_ms, REBALANCE_TIMEOUT_MS)}
     reads = Reads("prompts", poll_timeout_ms=FETCH_TIMEOUT_MS, max_records=FETCH_MAX_RECORDS,
                   session_timeout_ms=session_ms, consumer_options=options)
-    return Tier(TIER, worker_id_of(config), reads, ("episodes",), AT_LEAST_ONCE, build,
+    return Tier(TIER, rollout.worker_id or default_instance(), reads, ("episodes",), AT_LEAST_ONCE, build,
                 commit_interval_seconds=rollout.commit_interval_seconds, drain_seconds=rollout.shutdown_grace_seconds)
 
 

@@ -120,6 +120,36 @@ class Transform(Protocol):
         """``out`` is committed (accounting; effects outside Kafka)."""
 
 
+class RecordTransform:
+    """A :class:`Transform` that keeps no state between records: a subclass writes
+    :meth:`transform` (and ``on_error`` if a dead-lettered record must be answered downstream);
+    each cycle commits the input offset after the partition's last record."""
+
+    tier = ""
+    concurrent = False
+
+    async def acquire(self, partitions: set[int]) -> None:
+        pass  # nothing to rebuild: the loop seeks the partitions to their committed offsets
+
+    def release(self, partitions: set[int]) -> None:
+        pass
+
+    async def begin(self, records: dict[int, list[ConsumerRecord]]) -> None:
+        pass
+
+    async def transform(self, record: ConsumerRecord, out: PartitionOutput) -> None:
+        raise NotImplementedError
+
+    def on_error(self, record: ConsumerRecord, error: Exception, out: PartitionOutput) -> None:
+        pass
+
+    async def finish(self, partition: int, out: PartitionOutput, final: bool) -> None:
+        out.offset = out.consumed
+
+    async def committed(self, partition: int, out: PartitionOutput) -> None:
+        pass
+
+
 class ExactlyOnce(Delivery):
     """The exactly-once delivery of a :class:`~rollstream.kafka.partition_loop.PartitionLoop`:
     each cycle transforms the records still owned and commits every owned partition's output

@@ -12,6 +12,8 @@ role of your own (``scored-filtered``) is a topic the runtime creates beside the
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -86,3 +88,8 @@ class Tier:
 
 
 Declare = Callable[["RollstreamConfig"], Tier]
+
+
+def default_instance() -> str:
+    """``<hostname>-<pid>``: an instance name unique among running processes."""
+    return f"{socket.gethostname()}-{os.getpid()}"

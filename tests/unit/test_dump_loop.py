@@ -13,7 +13,8 @@ import numpy
 from aiokafka.errors import CommitFailedError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from rollstream.consumers.dump.service import COMMIT_EVERY_CYCLE, DumpIntake
+from rollstream.consumers.dump.intake import DumpIntake
+from rollstream.consumers.dump.service import COMMIT_EVERY_CYCLE
 from rollstream.kafka.partition_loop import AtLeastOnce, PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.retry import KAFKA_RETRY
