@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from rollstream.config import RollstreamConfig
-    from rollstream.tier.context import TierContext
 
 Delivery = Literal["exactly-once", "at-least-once", "source"]
 EXACTLY_ONCE: Delivery = "exactly-once"
@@ -34,7 +33,8 @@ class Source(Protocol):
     async def run(self, stop: asyncio.Event) -> Any: ...
 
 
-Build = Callable[["TierContext"], Awaitable[Any]]  # returns the tier's Transform, Intake or Source
+# gets the tier's rollstream.tier.context.TierContext; returns its Transform, Intake or Source
+Build = Callable[[Any], Awaitable[Any]]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rollstream/config.py", "rollstream/wire", "rollstream/runtime"),
     ("rollstream/trajectory", "rollstream/engines", "rollstream/kafka", "rollstream/state", "rollstream/areal",
      "rollstream/imports.py"),
-    ("rollstream/agent", "rollstream/dump", "rollstream/trainer", "rollstream/workflows"),
+    ("rollstream/agent", "rollstream/dump", "rollstream/tier", "rollstream/trainer", "rollstream/workflows"),
     (*TIERS, "rollstream/tools", "rollstream/testing", "rollstream/cli.py"),
     ("rollstream/dev", "rollstream/demo", "harness", "bench", "scripts", "examples"),
 )
