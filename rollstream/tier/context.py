@@ -1,8 +1,8 @@
-"""What a tier's build step gets from the runtime: its config, topic names, the consumer, and
+"""What a tier's build function gets from the runtime: its config, topic names, the consumer, and
 resources that the runtime closes in reverse order when the tier ends (each close named, so a
 shutdown that hangs says on what).
 
-A build step asks for what it needs (``await ctx.redis()``, ``await ctx.producer()``,
+A build function asks for what it needs (``await ctx.redis()``, ``await ctx.producer()``,
 ``ctx.background(...)``) and registers its own clean-up (``ctx.on_close``); hooks say what
 happens after the tier left its consumer group on a graceful stop (``ctx.after_leaving``) and
 when its loop failed (``ctx.on_failure``).
