@@ -20,7 +20,7 @@ settled at once; a Redis that came back empty is a new process). Otherwise the a
 
 from __future__ import annotations
 
-from rollstream.state.epoch import EPOCH_LUA
+from rollstream.state.epoch import DELETE_IF_HELD, EPOCH_LUA
 
 # KEYS[#KEYS]: the gate; ARGV[#ARGV]: the window in ms. Defines ``settled``.
 _GATE = EPOCH_LUA + """
@@ -116,8 +116,4 @@ return 0
 """
 
 # KEYS: liveness. ARGV: incarnation. Deletes it when it is still ours (any epoch).
-RETIRE = """
-local current = redis.call('GET', KEYS[1])
-if current and string.sub(current, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then redis.call('DEL', KEYS[1]) end
-return 1
-"""
+RETIRE = DELETE_IF_HELD

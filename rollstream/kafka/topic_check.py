@@ -101,27 +101,34 @@ def check_layout(config: KafkaConfig, names: TopicNames, topics: dict[str, Topic
     return found
 
 
+def _partition_counts(group: list[str], topics: dict[str, TopicState]) -> dict[str, int]:
+    return {name: topics[name].partitions for name in group if name in topics}
+
+
+def _grow_together(counts: dict[str, int]) -> str:
+    """The command that grows topics whose partition ``counts`` differ to one count; '' when they agree."""
+    if len(set(counts.values())) <= 1:
+        return ""
+    return f"rollstream topics create --set kafka.partitions={max(counts.values())}"
+
+
 def _check_copartitioning(names: TopicNames, topics: dict[str, TopicState], found: Findings) -> None:
-    counts = {name: topics[name].partitions for name in copartitioned(names) if name in topics}
-    if len(set(counts.values())) > 1:
+    counts = _partition_counts(copartitioned(names), topics)
+    if grow := _grow_together(counts):
         listed = ", ".join(f"{name} has {n}" for name, n in counts.items())
         found.errors.append(
             f"topics that must be co-partitioned differ in partition count ({listed}): the samples of "
             f"a group would not meet in one grouping consumer. Fix: grow them all to the same count "
-            f"with `rollstream topics create --set kafka.partitions={max(counts.values())}` "
-            f"(partitions can only grow), or start a new trial (experiment.trial_name)"
+            f"with `{grow}` (partitions can only grow), or start a new trial (experiment.trial_name)"
         )
 
 
 def _check_partition_counts(config: KafkaConfig, names: TopicNames, topics: dict[str, TopicState],
                             found: Findings) -> None:
-    counts = {name: topics[name].partitions for name in growable(names) if name in topics}
-    if len(set(counts.values())) > 1:
+    counts = _partition_counts(growable(names), topics)
+    if grow := _grow_together(counts):
         listed = ", ".join(f"{name.rsplit('.', 1)[-1]} {n}" for name, n in counts.items())
-        found.warnings.append(
-            f"data topics differ in partition count ({listed}); `rollstream topics create "
-            f"--set kafka.partitions={max(counts.values())}` grows them together"
-        )
+        found.warnings.append(f"data topics differ in partition count ({listed}); `{grow}` grows them together")
     short = {name: n for name, n in counts.items() if n < config.partitions}
     if short:
         found.warnings.append(

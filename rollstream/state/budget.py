@@ -138,24 +138,24 @@ class StalenessBudget:
 
     # -- rebuilding --
 
-    async def lock(self, owner: str, ttl_seconds: float) -> str | None:
-        """Take the rebuild lock (one rebuilder at a time): the epoch it is held on, None when
-        another owner holds it on this epoch. Expires after ``ttl_seconds`` unless renewed."""
-        answer = await self._lock(keys=[self._keys.key("restore-lock")], args=[owner, int(ttl_seconds * 1000)])
+    async def lock(self, holder: str, ttl_seconds: float) -> str | None:
+        """Take the rebuild lock for ``holder`` (one rebuilder at a time): the epoch it is held on,
+        None when another holder holds it on this epoch. Expires after ``ttl_seconds`` unless renewed."""
+        answer = await self._lock(keys=[self._keys.key("restore-lock")], args=[holder, int(ttl_seconds * 1000)])
         return answer.decode() if isinstance(answer, bytes) else answer
 
-    async def renew_lock(self, owner: str, ttl_seconds: float) -> bool:
-        """Extend the lock; False when it is no longer ``owner``'s on this epoch."""
-        return bool(await self._renew(keys=[self._keys.key("restore-lock")], args=[owner, int(ttl_seconds * 1000)]))
+    async def renew_lock(self, holder: str, ttl_seconds: float) -> bool:
+        """Extend the lock; False when ``holder`` no longer holds it on this epoch."""
+        return bool(await self._renew(keys=[self._keys.key("restore-lock")], args=[holder, int(ttl_seconds * 1000)]))
 
-    async def unlock(self, owner: str) -> None:
-        await self._unlock(keys=[self._keys.key("restore-lock")], args=[owner])
+    async def unlock(self, holder: str) -> None:
+        await self._unlock(keys=[self._keys.key("restore-lock")], args=[holder])
 
     async def restore(self, counts: RebuiltCounts, lock_owner: str | None = None) -> bool:
         """Write counters rebuilt from the durable facts under a new generation, stamped with
         the epoch of the process that takes them. False (nothing written) when a valid state
-        exists already; :class:`RebuildInterrupted` when ``lock_owner`` no longer holds the
-        lock on this epoch (the markers written here may be on a process that is gone).
+        exists already; :class:`RebuildInterrupted` when the lock holder ``lock_owner`` no longer
+        holds the lock on this epoch (the markers written here may be on a process that is gone).
 
         Markers first (valued with the new generation), the counters and the stamp last in one
         script, so no admission or release can count between the two (they refuse until the

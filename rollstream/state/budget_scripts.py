@@ -14,7 +14,7 @@ answers STATE_MISSING (-2) or STATE_STALE (-5) and counts nothing.
 
 from __future__ import annotations
 
-from rollstream.state.epoch import EPOCH_LUA
+from rollstream.state.epoch import DELETE_IF_HELD, EPOCH_LUA
 
 # KEYS[1] must be the budget hash. Defines ``generation``; answers -2 / -5 when unusable.
 _VALID_STATE = EPOCH_LUA + """
@@ -79,9 +79,10 @@ if not h[5] then state = -2 elseif h[6] ~= run_id then state = -5 end
 return {h[1] or '0', h[2] or '0', h[3] or '0', h[4] or '0', redis.call('GET', KEYS[2]) or '0', state}
 """
 
-# KEYS: lock. ARGV: owner, ttl ms. Takes (or renews) the rebuild lock when it is free, ours,
+# KEYS: lock. ARGV: holder, ttl ms. Takes (or renews) the rebuild lock when it is free, ours,
 # or was taken on another epoch (a lock from an earlier moment's state binds no one): the
-# epoch it holds it on; nil when another owner holds it on this epoch.
+# epoch it holds it on; nil when another holder holds it on this epoch. The lock's value is
+# "<holder>|<epoch>".
 LOCK = EPOCH_LUA + """
 local mine = ARGV[1] .. '|' .. run_id
 local current = redis.call('GET', KEYS[1])
@@ -90,7 +91,7 @@ redis.call('SET', KEYS[1], mine, 'PX', ARGV[2])
 return run_id
 """
 
-# KEYS: lock. ARGV: owner, ttl ms. 1 renewed; 0 lost (expired, taken, or another epoch).
+# KEYS: lock. ARGV: holder, ttl ms. 1 renewed; 0 lost (expired, taken, or another epoch).
 RENEW_LOCK = EPOCH_LUA + """
 if redis.call('GET', KEYS[1]) == ARGV[1] .. '|' .. run_id then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -99,16 +100,12 @@ end
 return 0
 """
 
-# KEYS: lock. ARGV: owner.
-UNLOCK = """
-local current = redis.call('GET', KEYS[1])
-if current and string.sub(current, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then redis.call('DEL', KEYS[1]) end
-return 1
-"""
+# KEYS: lock. ARGV: lock holder.
+UNLOCK = DELETE_IF_HELD
 
-# KEYS: budget, drops_by_reason, lock. ARGV: lock owner ('' = no lock), admitted, dropped,
+# KEYS: budget, drops_by_reason, lock. ARGV: lock holder ('' = no lock), admitted, dropped,
 # generation, version floor, trainer dropped, restored at, note, then reason/count pairs.
-# 1 written; 0 a valid state exists already; -6 the lock is not the owner's on this epoch (the
+# 1 written; 0 a valid state exists already; -6 the lock is not the holder's on this epoch (the
 # rebuild must start again: its markers may have been written on another process).
 RESTORE = EPOCH_LUA + """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] .. '|' .. run_id then return -6 end

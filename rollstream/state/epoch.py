@@ -25,3 +25,11 @@ from __future__ import annotations
 # Lua: defines ``run_id``, the epoch of the process running the script. INFO is allowed in
 # scripts (Redis >= 5 replicates scripts by their effects, so a non-deterministic read is fine).
 EPOCH_LUA = "local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')\n"
+
+# A whole script. KEYS: a key valued ``"<holder>|<epoch>"`` (a worker's liveness, the budget's
+# rebuild lock). ARGV: the holder. Deletes the key while that holder holds it, on any epoch.
+DELETE_IF_HELD = """
+local current = redis.call('GET', KEYS[1])
+if current and string.sub(current, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then redis.call('DEL', KEYS[1]) end
+return 1
+"""
