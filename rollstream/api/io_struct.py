@@ -25,6 +25,11 @@ class TokenizerLike(Protocol):
 TOP_K_OFF = int(1e8)  # GenerationHyperparameters' "no top-k" default (AReaL's)
 
 
+def top_k_is_on(top_k: int) -> bool:
+    """Whether ``top_k`` keeps fewer tokens than all: ``<= 0`` and ``>= TOP_K_OFF`` mean off."""
+    return 0 < top_k < TOP_K_OFF
+
+
 @dataclass
 class GenerationHyperparameters:
     """Sampling settings for one request. Defaults follow AReaL.

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollstream.api.io_struct import TOP_K_OFF
+from rollstream.api.io_struct import TOP_K_OFF, top_k_is_on
 from rollstream.api.request_check import InvalidRequestError
 
 DEFINITION = "a token's logprob is log_softmax(logits / temperature) over the whole vocabulary"
@@ -41,7 +41,7 @@ def shaping_settings(gconfig: Any) -> list[str]:
     if top_p < 1.0:
         found.append(f"top_p={top_p:g} (use 1.0)")
     top_k = int(getattr(gconfig, "top_k", TOP_K_OFF))
-    if 0 < top_k < TOP_K_OFF:
+    if top_k_is_on(top_k):
         found.append(f"top_k={top_k} (use -1: off)")
     penalty = float(getattr(gconfig, "frequency_penalty", 0.0))
     if penalty != 0.0:

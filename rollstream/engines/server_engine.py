@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
-from rollstream.api.io_struct import TOP_K_OFF, GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
+from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason, top_k_is_on
 from rollstream.api.request_check import InvalidRequestError, accepted_request
 from rollstream.config import ServerConfig
 from rollstream.engines.server_admin import PauseMode, ServerAdmin, ServerHealth, time_epoch
@@ -79,7 +79,7 @@ def shared_sampling_params(g: GenerationHyperparameters, top_k_off: int) -> dict
     params: dict[str, Any] = {
         "temperature": 0.0 if g.greedy else float(g.temperature),
         "top_p": float(g.top_p),
-        "top_k": top_k_off if g.top_k <= 0 or g.top_k >= TOP_K_OFF else int(g.top_k),
+        "top_k": int(g.top_k) if top_k_is_on(g.top_k) else top_k_off,
         "stop_token_ids": list(g.stop_token_ids),
         "ignore_eos": bool(g.ignore_eos),
         "skip_special_tokens": bool(g.skip_special_tokens),

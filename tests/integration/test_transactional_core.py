@@ -17,7 +17,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from rollstream.config import KafkaConfig
 from rollstream.kafka.clients import make_consumer, make_producer
-from rollstream.kafka.consume_transform_produce import ExactlyOnce, PartitionOutput
+from rollstream.kafka.consume_transform_produce import ExactlyOnce, PartitionOutput, RecordTransform
 from rollstream.kafka.partition_loop import PartitionLoop
 from rollstream.kafka.transactions import PartitionProducers
 from rollstream.retry import transaction_retry
@@ -29,7 +29,7 @@ PARTITIONS = 4
 
 
 @dataclass
-class Copy:
+class Copy(RecordTransform):
     """Forwards each record's value; a value starting with b"poison" raises."""
 
     out_topic: str
@@ -41,27 +41,12 @@ class Copy:
     async def acquire(self, partitions: set[int]) -> None:
         self.acquired.update(partitions)
 
-    def release(self, partitions: set[int]) -> None:
-        pass
-
-    async def begin(self, records: dict[int, list[ConsumerRecord]]) -> None:
-        pass
-
     async def transform(self, record: ConsumerRecord, out: PartitionOutput) -> None:
         if self.delay:
             await asyncio.sleep(self.delay * random.random())
         if record.value.startswith(b"poison"):
             raise ValueError(f"cannot copy {record.value[:20]!r}")
         out.send(self.out_topic, record.value, key=record.key)
-
-    def on_error(self, record: ConsumerRecord, error: Exception, out: PartitionOutput) -> None:
-        pass
-
-    async def finish(self, partition: int, out: PartitionOutput, final: bool) -> None:
-        out.offset = out.consumed
-
-    async def committed(self, partition: int, out: PartitionOutput) -> None:
-        pass
 
 
 @dataclass
