@@ -118,9 +118,9 @@ def local_services(args: argparse.Namespace, model: Path, work: Path) -> Iterato
         url = args.server_url
         if not url:
             launch = ServerLaunchConfig(max_model_len=PROMPT_TOKENS + args.new_tokens + 16,
-                                        max_num_seqs=max(8, args.lanes), cuda_graphs=False)
+                                        max_num_seqs=max(8, args.lanes), cuda_graphs=False, prefix_caching=False)
             server = LocalVLLMServer(work / "vllm", model, launch, cpus=args.server_cpus,
-                                     confine=bool(args.server_cpus), extra_args=("--no-enable-prefix-caching",))
+                                     confine=bool(args.server_cpus))
             url = server.start()
             stack.callback(server.stop)
             print(f"bench.weights: vLLM ready in {server.startup_seconds:.0f}s at {url}", file=sys.stderr)

@@ -183,6 +183,9 @@ class ServerLaunchConfig(_Section):
     memory_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.85
     tensor_parallel_size: AtLeastOne = 1  # GPUs one server spans (vLLM --tensor-parallel-size, SGLang --tp-size)
     max_model_len: Count = 256  # prompt + generation, in tokens; 0: the model's own (SGLang --context-length)
+    # reuse the keys and values of prompt prefixes across requests; rollout.weight_update_mode
+    # keep needs it off (vLLM --no-enable-prefix-caching, SGLang --disable-radix-cache)
+    prefix_caching: bool = True
 
 
 class AgentConfig(_Section):

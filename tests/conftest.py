@@ -77,8 +77,7 @@ def vllm_keep_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
     """A second real vLLM server for ``rollout.weight_update_mode: keep``, which needs a server
     that caches no prefixes across requests (started only by the tests that ask for it)."""
     server = LocalVLLMServer(tmp_path_factory.mktemp("vllm-keep"), tiny_model_dir(),
-                             ServerLaunchConfig(max_model_len=1024, cuda_graphs=False),
-                             extra_args=("--no-enable-prefix-caching",))
+                             ServerLaunchConfig(max_model_len=1024, cuda_graphs=False, prefix_caching=False))
     server.start()
     _startup_lines.append(f"vLLM keep server started in {server.startup_seconds:.1f}s ({server.url})")
     try:

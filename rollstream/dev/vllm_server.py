@@ -117,11 +117,9 @@ class LocalVLLMServer(LocalServer):
     START_ERROR = VLLMStartError
 
     def __init__(self, workdir: Path, model: Path | str, launch: ServerLaunchConfig | None = None, *,
-                 cpus: str = "", confine: bool = False, detached: bool = False,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 cpus: str = "", confine: bool = False, detached: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
         self.launch = launch or ServerLaunchConfig()  # rollout.launch: dtype, batch, context, ...
-        self.extra_args = extra_args  # more of vLLM's options (e.g. --no-enable-prefix-caching)
         self.model = str(model)
         self.cpus = cpus  # "": share every core (no binding); "0" or "0-3": bind the server's threads there
         # with cpus: the whole server there (its API and engine-core processes too, not only the
@@ -140,7 +138,7 @@ class LocalVLLMServer(LocalServer):
         """Start the server and block until ``/health`` answers 200; return ``url``."""
         began = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = server_argv(vllm_python(), self.model, self.port, self.launch) + list(self.extra_args)
+        argv = server_argv(vllm_python(), self.model, self.port, self.launch)
         if self.cpus and self.confine:
             argv = ["taskset", "--cpu-list", self.cpus, *argv]  # children inherit the affinity
         env = {**os.environ, **SERVER_ENV, "PYTHONPATH": str(extension_path(self.workdir))}

@@ -7,7 +7,7 @@ Callers may rely on:
   cuda (half the memory of float32, and the fast attention kernels) and float32 on cpu (the
   CPU server's tested dtype);
 * each setting maps to the flag of the same meaning on each server: dtype, eager execution
-  when ``cuda_graphs`` is off, batch size, tensor parallelism, context length (omitted at 0: the model's own),
+  when ``cuda_graphs`` is off, no prefix cache when ``prefix_caching`` is off, batch size, tensor parallelism, context length (omitted at 0: the model's own),
   memory fraction (cuda only; a CPU server sizes its KV cache by environment);
 * the flags rollstream itself needs (vLLM's token-in/token-out route, logprobs mode, worker
   extension and weight fence) are not these: ``rollstream.dev.vllm_server.server_argv`` adds them.
@@ -44,6 +44,7 @@ def vllm_flags(launch: ServerLaunchConfig, device: str) -> list[str]:
         flags.append("--enforce-eager")
     if launch.tensor_parallel_size > 1:
         flags += ["--tensor-parallel-size", str(launch.tensor_parallel_size)]
+    flags.append("--enable-prefix-caching" if launch.prefix_caching else "--no-enable-prefix-caching")
     if device == "cuda":
         flags += ["--gpu-memory-utilization", f"{launch.memory_fraction:g}"]
     return flags
@@ -57,6 +58,8 @@ def sglang_flags(launch: ServerLaunchConfig, device: str) -> list[str]:
         flags += ["--context-length", str(launch.max_model_len)]
     if not launch.cuda_graphs:
         flags.append("--disable-cuda-graph")
+    if not launch.prefix_caching:
+        flags.append("--disable-radix-cache")
     if device == "cuda":
         flags += ["--mem-fraction-static", f"{launch.memory_fraction:g}"]
     return flags

@@ -62,14 +62,15 @@ def test_the_launch_settings_come_from_the_environment(tmp_path: Path) -> None:
     assert args[args.index("--dtype") + 1] == "bfloat16" and "--disable-cuda-graph" not in args
     assert "--context-length" not in args
     env = {"SGLANG_DTYPE": "float16", "SGLANG_MEMORY_FRACTION": "0.7", "SGLANG_MAX_RUNNING_REQUESTS": "64",
-           "SGLANG_CONTEXT_LENGTH": "4096", "SGLANG_EAGER": "1"}
+           "SGLANG_CONTEXT_LENGTH": "4096", "SGLANG_EAGER": "1", "SGLANG_NO_PREFIX_CACHE": "1"}
     args = run_command(sglang(env), tmp_path).stdout.split()
     launch = ServerLaunchConfig(dtype="float16", memory_fraction=0.7, max_num_seqs=64, max_model_len=4096,
-                                cuda_graphs=False)
+                                cuda_graphs=False, prefix_caching=False)
     flags = sglang_flags(launch, "cuda")
     for flag in ("--dtype", "--mem-fraction-static", "--max-running-requests", "--context-length"):
         assert args[args.index(flag) + 1] == flags[flags.index(flag) + 1], flag
-    assert "--disable-cuda-graph" in args and "--disable-cuda-graph" in flags
+    for switch in ("--disable-cuda-graph", "--disable-radix-cache"):
+        assert switch in args and switch in flags, switch
 
 
 def test_gpus_not_a_multiple_of_dp_is_refused(tmp_path: Path) -> None:

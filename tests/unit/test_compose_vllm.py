@@ -40,8 +40,10 @@ def test_the_server_starts_as_rollstream_starts_one() -> None:
 
 def test_the_launch_settings_come_from_the_environment() -> None:
     """rollout.launch's dtype, context and batch, as compose's variables."""
-    command = vllm({"VLLM_DTYPE": "bfloat16", "VLLM_MAX_MODEL_LEN": "2048", "VLLM_MAX_NUM_SEQS": "64"})["command"]
-    launch = ServerLaunchConfig(device="cpu", dtype="bfloat16", max_model_len=2048, max_num_seqs=64)
+    command = vllm({"VLLM_DTYPE": "bfloat16", "VLLM_MAX_MODEL_LEN": "2048", "VLLM_MAX_NUM_SEQS": "64",
+                    "VLLM_PREFIX_CACHING": "--no-enable-prefix-caching"})["command"]
+    launch = ServerLaunchConfig(device="cpu", dtype="bfloat16", max_model_len=2048, max_num_seqs=64,
+                                prefix_caching=False)
     assert [str(part) for part in command] == server_argv("python", "/data/demo/model", 8000, launch, host="0.0.0.0")
 
 
