@@ -44,7 +44,7 @@ def tokenizer_path(config: RolloutConfig) -> str:
 
 def load_tokenizer(config: RolloutConfig) -> Any:
     """The tokenizer the workflows use: ``AutoTokenizer.from_pretrained``, as transformers
-    makes it (engines take what its methods return: ``rollstream.api.request_check``)."""
+    makes it (engines take what its methods return: ``rollstream.engines.request_check``)."""
     from transformers import AutoTokenizer
 
     path = tokenizer_path(config)

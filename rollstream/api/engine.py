@@ -26,6 +26,11 @@ class WeightUpdate:
     backend: str = "gloo"
 
 
+class InvalidRequestError(ValueError):
+    """A request an engine refuses before generating (``rollstream.engines.request_check``):
+    the message says what and how to fix it."""
+
+
 class InferenceEngine(abc.ABC):
     """Generates tokens for workflows and follows the trainer's weight versions.
 

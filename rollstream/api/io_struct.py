@@ -3,7 +3,7 @@
 These mirror AReaL's contracts so that existing workflows port unchanged:
 ``ModelRequest`` and ``ModelResponse`` have every field AReaL's have (``areal.api.io_struct``,
 AReaL 1.0.4), and ``ModelResponse`` its ``end_with_stop`` and ``output_tokens_without_stop``.
-Engines also take AReaL's own request and settings objects (``rollstream.api.request_check``).
+Engines also take AReaL's own request and settings objects (``rollstream.engines.request_check``).
 """
 
 from __future__ import annotations

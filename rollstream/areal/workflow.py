@@ -19,7 +19,7 @@ before ``arun_episode``, and nothing of AReaL is changed:
   and datasets use ``PIL`` images, so the episode gets its images opened as PIL images.
 * The engine is the episode's own rollstream engine, which takes AReaL's ``ModelRequest`` and
   ``GenerationHyperparameters`` and answers with every field of AReaL's ``ModelResponse``
-  (``rollstream.api.request_check``, ``rollstream.api.io_struct``).
+  (``rollstream.engines.request_check``, ``rollstream.api.io_struct``).
 * Process settings: importing AReaL replaces Python's logger hierarchy (``areal.utils.logging``)
   and installs uvloop's event-loop policy (``areal.api.cli_args``); both are put back when an
   AReaL workflow is wrapped and after each of its episodes

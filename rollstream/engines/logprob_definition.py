@@ -15,7 +15,7 @@ the temperature shapes the distribution:
 * ``min_new_tokens`` > 0: stop tokens are masked before the logprob while fewer were generated.
 
 So a **training** episode's requests must leave those settings off: :func:`check_trainable`
-raises :class:`~rollstream.api.request_check.InvalidRequestError` naming the setting (the
+raises :class:`~rollstream.api.engine.InvalidRequestError` naming the setting (the
 sample fails with that reason; the tier goes on). Eval episodes are never trained on and may
 sample as they like. The choice over "ask the server for raw logprobs": raw logprobs are
 taken before the temperature (vLLM's ``raw_logprobs``), so they are not the sampling
@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from rollstream.api.io_struct import TOP_K_OFF, top_k_is_on
-from rollstream.api.request_check import InvalidRequestError
+from rollstream.api.engine import InvalidRequestError
 
 DEFINITION = "a token's logprob is log_softmax(logits / temperature) over the whole vocabulary"
 

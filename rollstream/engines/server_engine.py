@@ -54,7 +54,8 @@ from typing import Any, ClassVar
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason, top_k_is_on
-from rollstream.api.request_check import InvalidRequestError, accepted_request
+from rollstream.api.engine import InvalidRequestError
+from rollstream.engines.request_check import accepted_request
 from rollstream.config import ServerConfig
 from rollstream.engines.server_admin import PauseMode, ServerAdmin, ServerHealth, time_epoch
 from rollstream.engines.server_http import (
@@ -269,7 +270,7 @@ class ServerEngine(InferenceEngine):
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Generate for ``req``, resuming across pauses (see the module docstring). AReaL's own
-        request and settings types are accepted (``rollstream.api.request_check``)."""
+        request and settings types are accepted (``rollstream.engines.request_check``)."""
         req = accepted_request(req)  # a malformed request fails here, alone, with its cause
         images = self.request_images(req)
         budget = req.gconfig.budget(len(req.input_ids))

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
-from rollstream.api.request_check import InvalidRequestError
+from rollstream.api.engine import InvalidRequestError
 from rollstream.engines.server_engine import NonFiniteLogprobError, ServerEngine, Span, shared_sampling_params
 from rollstream.engines.server_http import EngineRequestError, EngineUnavailableError, HttpRefused, parse_label
 from rollstream.engines.sglang_admin import SGLangAdmin

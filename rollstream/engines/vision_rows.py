@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rollstream.api.request_check import InvalidRequestError
+from rollstream.api.engine import InvalidRequestError
 from rollstream.vision.forward import check_placeholders, image_token_id, input_embeddings, merge_size, rope_positions
 from rollstream.vision.images import ImageError, image_bytes
 from rollstream.vision.inputs import VisionInputs, process_images

@@ -2,7 +2,7 @@
 
 :class:`ScriptedEngine` implements the whole engine contract the way real engines do:
 
-* requests are checked and accepted like HF and SGLang do (``rollstream.api.request_check``:
+* requests are checked and accepted like HF and SGLang do (``rollstream.engines.request_check``:
   AReaL's request types and a ``BatchEncoding`` are taken; text, nested lists, ids outside
   ``vocab_size``, a prompt that fills ``max_context`` raise ``InvalidRequestError``), and the budget is
   ``gconfig.budget(prompt_len)`` (capped by ``max_context``);
@@ -31,7 +31,7 @@ import numpy
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import ModelRequest, ModelResponse, StopReason
-from rollstream.api.request_check import accepted_request
+from rollstream.engines.request_check import accepted_request
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 
 from rollstream.areal.workflow import ArealWorkflow, areal_task_id
 from rollstream.api.io_struct import ModelResponse
-from rollstream.api.request_check import InvalidRequestError
+from rollstream.api.engine import InvalidRequestError
 from rollstream.config import RolloutConfig, WorkflowSpec
 from rollstream.engines.hf import HFEngine
 from rollstream.imports import import_object

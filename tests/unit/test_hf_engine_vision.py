@@ -14,7 +14,7 @@ import torch
 from harness.images import fresh_logprobs, image_data, noise_png, vision_prompt
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
-from rollstream.api.request_check import InvalidRequestError
+from rollstream.api.engine import InvalidRequestError
 from rollstream.engines.hf import HFEngine
 from rollstream.vision.processor import load_image_processor, load_processor
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from rollstream.api.io_struct import GenerationHyperparameters
-from rollstream.api.request_check import InvalidRequestError
+from rollstream.api.engine import InvalidRequestError
 from rollstream.engines.logprob_definition import check_trainable, shaping_settings
 from rollstream.testing import check_workflow
 from rollstream.testing.tiny import tiny_model_dir, workflow_gconfig, workflow_tokenizer

@@ -10,7 +10,8 @@ import torch
 
 from harness.fakes import make_tokenizer
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
-from rollstream.api.request_check import InvalidRequestError, accepted_request, checked_input_ids
+from rollstream.api.engine import InvalidRequestError
+from rollstream.engines.request_check import accepted_request, checked_input_ids
 from rollstream.testing import ScriptedEngine
 
 

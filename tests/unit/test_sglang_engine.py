@@ -454,7 +454,7 @@ async def test_failed_weight_update_leaves_the_server_behind(servers: Any) -> No
 async def test_image_data_goes_as_sglang_takes_it_with_every_submission(servers: Any) -> None:
     import base64
 
-    from rollstream.api.request_check import InvalidRequestError
+    from rollstream.api.engine import InvalidRequestError
     from harness.images import noise_png
 
     server = servers[0]

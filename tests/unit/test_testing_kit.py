@@ -13,7 +13,7 @@ import torch
 
 from rollstream.api.engine import WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
-from rollstream.api.request_check import InvalidRequestError
+from rollstream.api.engine import InvalidRequestError
 from rollstream.api.workflow import RolloutWorkflow
 from rollstream.config import RolloutConfig, WorkflowSpec
 from rollstream.testing import Scripted, ScriptedEngine, check_workflow
