@@ -108,10 +108,10 @@ def build_follower(
     vLLM), else local loads."""
     if not isinstance(engine, ServerEngine):
         return VersionFollower(engine, store)
-    from rollstream.state.server_lease import ServerLeases, owner_id
+    from rollstream.state.server_lease import ServerLeases, sync_owner_id
     from rollstream.rollout_workers.weight_sync import SharedServerFollower, WeightSync
 
-    leases = ServerLeases(redis, keys, owner_id(worker_id), engine.settings.lease_ttl_seconds)
+    leases = ServerLeases(redis, keys, sync_owner_id(worker_id), engine.settings.lease_ttl_seconds)
     sync = WeightSync([s.url for s in engine.servers], engine.admin, leases, engine.settings,
                       config.weight_update_mode, store.latest_checkpoint)
     return SharedServerFollower(engine, store, sync)

@@ -1,4 +1,4 @@
-"""One weight-sync owner per shared inference server: it alone pauses, loads and continues it.
+"""One sync owner per shared inference server: it alone pauses, loads and continues it.
 
 One design for both server kinds: it drives a server only through
 :class:`~rollstream.engines.server_admin.ServerAdmin` (SGLang's or vLLM's).
@@ -7,16 +7,17 @@ Every rollout worker with ``rollout.engine: sglang`` or ``vllm`` runs a :class:`
 * it follows the trainer's version in Redis like :class:`VersionFollower`, but only declares
   each version to its engine (which then sends calls only to servers that report it, and tags
   tokens with what the servers report); it never pauses or reloads a server;
-* it runs one :class:`ServerOwner` per server URL in its config. All workers' owners of a URL
-  compete for one Redis lease (``rollstream.state.server_lease``); the holder is the server's only
-  weight-sync owner. A dead owner's lease expires after ``rollout.server.lease_ttl_seconds``
-  and another worker's owner takes the server over.
+* it runs one :class:`SyncCandidate` per server URL in its config. All workers' candidates for a
+  URL compete for one Redis lease (``rollstream.state.server_lease``); the one holding it is the
+  server's only sync owner. A dead sync owner's lease expires after
+  ``rollout.server.lease_ttl_seconds`` and another worker's candidate takes the server over.
 
-What an owner does while it holds the lease (and checks before every step that it still does):
+What a sync owner does while it holds the lease (and checks before every phase of an update,
+``ServerSyncState.phase``, that it still does):
 
 * when the server's label is below the newest published version (a new version, or a server
   that restarted or missed updates while down), or was written by an older epoch than one
-  already seen on the server (a former owner's, after its successor's): pause (mode
+  already seen on the server (a former sync owner's, after its successor's): pause (mode
   ``rollout.weight_update_mode``: ``abort`` cuts the running requests, ``keep`` freezes them
   with their keys and values), load, continue. How the weights get there: over the wire when
   the trainer sends the version (``rollout.weight_transfer: distributed``) and still serves it;
@@ -25,24 +26,25 @@ What an owner does while it holds the lease (and checks before every step that i
   catches up and takes the next version over the wire. Superseded versions are skipped.
   A failed load resumes the server, which keeps a label no worker trusts (vLLM) or its old one
   (SGLang), and is retried with capped backoff;
-* every call carries the owner's fencing epoch, its lease token: the server refuses a call from
-  an older epoch (vLLM's weight fence), so an owner that stalled past its lease changes nothing
-  once its successor called. A refusal means a newer owner took over: the owner gives the lease
-  up and competes again (a new grant has a newer token);
+* every call carries the sync owner's fencing epoch, its lease token: the server refuses a call
+  from an older epoch (vLLM's weight fence), so a sync owner that stalled past its lease changes
+  nothing once its successor called. A refusal means a newer sync owner took over: this one gives
+  the lease up and competes again (a new grant has a newer token);
 * every ``reconcile_seconds`` it re-reads the server's label and probes it: a server that went
   back (restarted on its launch weights) is reloaded; one that is up but does not generate
-  while no update runs (a pause left behind) is continued, as is every server at once when the
-  owner takes it over (its predecessor may have died mid-update);
+  while no update runs (a pause left behind) is continued, as is every server at once when a
+  sync owner takes it over (its predecessor may have died mid-update);
 * it records each phase in Redis (``ServerLeases.write_state``, fenced by its token), which is
   how an operator tells "paused for a weight update" from "down".
 
 Every pause and load is recorded first, and taken only when Redis confirms the lease right then
-(a refusal or an unreachable Redis stops the owner): a Redis that came back with an earlier
-moment's state voids every lease granted before (``rollstream.state.server_lease``), so an owner
-whose grant it forgot starts no new step. Where the server cannot fence (SGLang), an owner that
-stalls past its lease may still have one HTTP call in flight when its successor starts; SGLang
-labels weights in the same call that loads them, so such a call can only load older weights
-under their own label, which the successor's reconcile replaces within ``reconcile_seconds``.
+(a refusal or an unreachable Redis stops the sync owner): a Redis that came back with an earlier
+moment's state voids every lease granted before (``rollstream.state.server_lease``), so a sync
+owner whose grant it forgot starts no new phase. Where the server cannot fence (SGLang), a sync
+owner that stalls past its lease may still have one HTTP call in flight when its successor
+starts; SGLang labels weights in the same call that loads them, so such a call can only load
+older weights under their own label, which the successor's reconcile replaces within
+``reconcile_seconds``.
 """
 
 from __future__ import annotations
@@ -79,11 +81,12 @@ async def _no_checkpoints(version: int) -> WeightUpdate | None:
 
 
 class LeaseLost(Exception):
-    """The owner no longer holds the server's lease: it must stop touching the server."""
+    """The sync owner no longer holds the server's lease: it must stop touching the server."""
 
 
-class ServerOwner:
-    """Competes for one server's lease and, while holding it, keeps the server on the target.
+class SyncCandidate:
+    """Competes for one server's lease and, while holding it (the server's sync owner), keeps the
+    server on the target.
 
     ``checkpoints(v)``: the newest checkpoint at or below version ``v`` (None when there is none),
     what a server loads when the version it lacks is no longer sent over the wire.
@@ -102,7 +105,7 @@ class ServerOwner:
         self._waiting_for: int | None = None  # the target it could not load (logged once)
         self._seen_epoch = 0  # the newest fencing epoch seen in the server's labels (its own included)
         self._not_served = -1  # the newest version the trainer answered it no longer sends
-        self.loads = 0  # loads this owner completed (for tests and logs)
+        self.loads = 0  # loads this candidate completed as sync owner (for tests and logs)
         self.failed_loads = 0
         self.lease: Lease | None = None
 
@@ -124,13 +127,13 @@ class ServerOwner:
                 if lease is None:
                     await asyncio.sleep(period)
                     continue
-                log.info("weight-sync owner of %s (fencing token %d)", self.url, lease.token)
+                log.info("sync owner of %s (fencing token %d)", self.url, lease.token)
                 try:
-                    await self._own(lease)
-                except FencedOut as exc:  # a newer owner's epoch was accepted: a new grant has a newer token
+                    await self._serve_while_held(lease)
+                except FencedOut as exc:  # a newer sync owner's epoch was accepted; a new grant has a newer token
                     log.warning("%s refused fencing token %d (%s): giving the lease up", self.url, lease.token, exc)
                     await self._give_up()
-                log.warning("no longer the weight-sync owner of %s", self.url)
+                log.warning("no longer the sync owner of %s", self.url)
         finally:
             await self._give_up()
 
@@ -138,20 +141,20 @@ class ServerOwner:
         try:
             return await self._leases.acquire(self.url)
         except REDIS_ERRORS as exc:
-            log.warning("cannot reach Redis for the lease of %s (%s); not its owner for now", self.url, exc)
+            log.warning("cannot reach Redis for the lease of %s (%s); not its sync owner for now", self.url, exc)
             return None
 
     async def _give_up(self) -> None:
-        """On stop: release a held lease so the next owner need not wait for the TTL."""
+        """On stop: release a held lease so the next sync owner need not wait for the TTL."""
         lease, self.lease = self.lease, None
         if lease is not None and lease.valid():
             with contextlib.suppress(*REDIS_ERRORS):
                 await asyncio.shield(self._leases.release(lease))
 
-    async def _own(self, lease: Lease) -> None:
+    async def _serve_while_held(self, lease: Lease) -> None:
         """Serve until the lease is lost; an unexpected error in either half propagates."""
         keeper = asyncio.create_task(self._keep(lease), name=f"lease-{self.url}")
-        server = asyncio.create_task(self._serve(lease), name=f"owner-{self.url}")
+        server = asyncio.create_task(self._serve(lease), name=f"sync-owner-{self.url}")
         try:
             done, _ = await asyncio.wait({keeper, server}, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -197,7 +200,7 @@ class ServerOwner:
         pause and its continue) and whenever it is up but does not generate; not blindly,
         since newer SGLang empties the CUDA cache on each continue. A label written by an older
         epoch than one already seen on the server counts as no version (workers discard what it
-        labels): the owner loads again, under its own epoch.
+        labels): the sync owner loads again, under its own epoch.
         """
         self._check(lease)
         target = self._target
@@ -238,8 +241,10 @@ class ServerOwner:
                  f"from the trainer at {update.source}" if load == "receive" else f"from {update.path}")
         loaded = False
         try:
-            await self._step(lease, "pausing", version, lambda url: self._admin.pause(url, lease.token, self._mode))
-            await self._step(lease, "loading", version, lambda url: self._load(url, load, update, lease.token))
+            await self._enter_phase(lease, "pausing", version,
+                                    lambda url: self._admin.pause(url, lease.token, self._mode))
+            await self._enter_phase(lease, "loading", version,
+                                    lambda url: self._load(url, load, update, lease.token))
             loaded = True
         except FencedOut:
             raise
@@ -288,8 +293,8 @@ class ServerOwner:
         else:
             await self._admin.load(url, update, epoch, self._mode)
 
-    async def _step(self, lease: Lease, phase: Phase, version: int | None,
-                    op: Callable[[str], Awaitable[None]]) -> None:
+    async def _enter_phase(self, lease: Lease, phase: Phase, version: int | None,
+                           op: Callable[[str], Awaitable[None]]) -> None:
         """Record ``phase`` and run ``op``, only while the lease holds and no stop was asked."""
         self._check(lease)
         await self._record(lease, phase, version, confirm=True)
@@ -316,37 +321,38 @@ class ServerOwner:
 
 
 class WeightSync:
-    """A :class:`ServerOwner` per server URL, all fed the same target."""
+    """A :class:`SyncCandidate` per server URL, all fed the same target."""
 
     def __init__(self, urls: list[str], admin: ServerAdmin, leases: ServerLeases, settings: ServerConfig,
                  mode: PauseMode = "abort", checkpoints: CheckpointLookup = _no_checkpoints) -> None:
-        self.owners = [ServerOwner(url.rstrip("/"), admin, leases, settings, mode, checkpoints) for url in urls]
+        self.candidates = [SyncCandidate(url.rstrip("/"), admin, leases, settings, mode, checkpoints)
+                           for url in urls]
 
     def offer(self, update: WeightUpdate) -> None:
-        for owner in self.owners:
-            owner.offer(update)
+        for candidate in self.candidates:
+            candidate.offer(update)
 
     async def run(self) -> None:
-        """Run every owner until cancelled; an unexpected error of one is raised."""
-        await run_together({f"weight-sync-{o.url}": o.run() for o in self.owners})
+        """Run every candidate until cancelled; an unexpected error of one is raised."""
+        await run_together({f"weight-sync-{o.url}": o.run() for o in self.candidates})
 
 
 class SharedServerFollower(VersionFollower):
     """Follows the trainer's version for an engine on shared servers; see the module docstring."""
 
-    takes_transfers = True  # the owners receive them, or catch up from a checkpoint
+    takes_transfers = True  # the sync owners receive them, or catch up from a checkpoint
 
     def __init__(self, engine: InferenceEngine, store: VersionSource, sync: WeightSync, **kwargs: float) -> None:
         super().__init__(engine, store, **kwargs)
         self.sync = sync
 
     async def apply(self, update: WeightUpdate) -> None:
-        """Declare ``update``'s version to the engine and hand it to the server owners."""
+        """Declare ``update``'s version to the engine and hand it to the sync candidates."""
         self._engine.set_version(update.version)
         self.sync.offer(update)
         WEIGHT_VERSION.labels(TIER).set(update.version)
         log.info("trainer version %d: generating only on servers that report it", update.version)
 
     async def run(self) -> None:
-        """Follow versions and run the server owners until cancelled."""
+        """Follow versions and run the sync candidates until cancelled."""
         await run_together({"version-follow": super().run(), "weight-sync": self.sync.run()})

@@ -1,31 +1,34 @@
-"""Leases in Redis that elect one weight-sync owner per inference server, with fencing tokens.
+"""Leases in Redis that elect one sync owner per inference server, with fencing tokens.
+
+The sync owner of a server is the rollout worker process that holds its lease (``owner`` in this
+module's names and in the stored values always means the sync owner).
 
 Keys (hash-tagged like every rollstream key, so each script touches one slot on Redis Cluster):
 
-* ``rs:{experiment.trial}:sync:lease:<url>``: ``"<owner>|<token>|<epoch>"`` with a TTL: who owns
-  it now, granted on which redis-server process (``rollstream.state.epoch``);
-* ``rs:{experiment.trial}:sync:fence:<url>``: the fencing token of the last ownership;
-* ``rs:{experiment.trial}:sync:state``: hash ``url -> ServerSyncState`` (JSON), what the owner did;
+* ``rs:{experiment.trial}:sync:lease:<url>``: ``"<owner>|<token>|<epoch>"`` with a TTL: the sync
+  owner now, granted on which redis-server process (``rollstream.state.epoch``);
+* ``rs:{experiment.trial}:sync:fence:<url>``: the fencing token of the last grant;
+* ``rs:{experiment.trial}:sync:state``: hash ``url -> ServerSyncState`` (JSON), what the sync owner did;
 * channel ``rs:{experiment.trial}:sync:events``: the new state, each time one is written.
 
 Callers may rely on:
 
-* :meth:`ServerLeases.acquire` grants a server to at most one owner at a time *in Redis*, also
+* :meth:`ServerLeases.acquire` grants a server to at most one sync owner at a time *in Redis*, also
   when Redis comes back with an earlier moment's state (empty, from a snapshot, a lagging
   replica): a lease granted on another redis-server process is no lease, so the holder of a
   grant Redis forgot can neither renew it nor write with it, and the server is granted anew.
-  Each new ownership gets a larger fencing token (across a restore too: tokens go on above
+  Each new grant gets a larger fencing token (across a restore too: tokens go on above
   Redis's clock in ms); the holder acquiring again renews.
-* Acting on a server is safe only right after Redis confirmed the lease: an owner records each
-  step (pause, load) with :meth:`write_state` first and takes a refusal OR an unreachable Redis
-  as "not mine" (``rollout_workers/weight_sync.py``), so an owner whose grant Redis forgot
-  starts no new step; only a call already in flight can overlap its successor.
+* Acting on a server is safe only right after Redis confirmed the lease: a sync owner records each
+  phase (pause, load) with :meth:`write_state` first and takes a refusal OR an unreachable Redis
+  as "not mine" (``rollout_workers/weight_sync.py``), so a sync owner whose grant Redis forgot
+  starts no new phase; only a call already in flight can overlap its successor.
 * :meth:`renew`, :meth:`release` and :meth:`write_state` take effect only while the caller's
-  ``(owner, token)`` still holds the lease, atomically (one Lua script): an owner whose lease
+  ``(owner, token)`` still holds the lease, atomically (one Lua script): a sync owner whose lease
   expired and was taken over can neither extend it nor overwrite its successor's state.
 * :meth:`Lease.valid` is the holder's own, conservative view: ``ttl`` after the last grant was
   *sent*, less a margin, so it ends before Redis can grant the lease to anyone else (as long as
-  Redis keeps its state). An owner acts on a server only while it is valid and just confirmed.
+  Redis keeps its state). A sync owner acts on a server only while it is valid and just confirmed.
 * Redis errors (``redis.exceptions.RedisError``, ``OSError``) propagate: callers treat them as
   "not confirmed" and never crash on them.
 """
@@ -125,7 +128,7 @@ return nil
 
 
 class ServerSyncState(msgspec.Struct, kw_only=True):
-    """What the owner of ``url`` last did: ``phase`` toward ``target`` since ``since`` (unix
+    """What the sync owner of ``url`` last did: ``phase`` toward ``target`` since ``since`` (unix
     seconds); ``version`` is the version the server reported then (None: not read)."""
 
     url: str
@@ -140,7 +143,7 @@ class ServerSyncState(msgspec.Struct, kw_only=True):
 
 @dataclass
 class Lease:
-    """A granted lease: the server, its owner, the fencing token and the local deadline."""
+    """A granted lease: the server, its sync owner, the fencing token and the local deadline."""
 
     url: str
     owner: str
@@ -156,17 +159,17 @@ class Lease:
         return not self.lost and time.monotonic() < self.valid_until
 
 
-def owner_id(worker_id: str) -> str:
-    """A lease owner name unique to this process (a restarted worker is a new owner)."""
+def sync_owner_id(worker_id: str) -> str:
+    """A sync owner name unique to this process (a restarted worker is a new sync owner)."""
     return f"{worker_id}:{uuid.uuid4().hex[:8]}"
 
 
 class ServerLeases:
-    """Lease operations for one owner over any number of servers; see the module docstring."""
+    """Lease operations for one sync owner over any number of servers; see the module docstring."""
 
     def __init__(self, client: aioredis.Redis, keys: RedisKeys, owner: str, ttl_seconds: float) -> None:
         if "|" in owner:
-            raise ValueError(f"a lease owner name may not contain '|': {owner!r}")
+            raise ValueError(f"a sync owner name may not contain '|': {owner!r}")
         self._redis = client
         self._keys = keys
         self.owner = owner
@@ -195,7 +198,7 @@ class ServerLeases:
         return sent_at + self.ttl_seconds - min(0.5, 0.1 * self.ttl_seconds)
 
     async def acquire(self, url: str) -> Lease | None:
-        """The lease on ``url`` if it is free or already ours; None when another owner holds it."""
+        """The lease on ``url`` if it is free or already ours; None when another sync owner holds it."""
         sent_at = time.monotonic()
         keys = [self._lease_key(url), self._keys.key(f"sync:fence:{url}")]
         token = int(await self._acquire(keys=keys, args=[self.owner, self._ttl_ms()]))
@@ -213,7 +216,7 @@ class ServerLeases:
         return False
 
     async def release(self, lease: Lease) -> None:
-        """Give ``lease`` up now (a graceful stop), so another owner need not wait for the TTL."""
+        """Give ``lease`` up now (a graceful stop), so another sync owner need not wait for the TTL."""
         lease.lost = True
         await self._release(keys=[self._lease_key(lease.url)], args=[lease.value])
 
@@ -232,7 +235,7 @@ class ServerLeases:
         return owner.decode(), int(token)
 
     async def states(self) -> dict[str, ServerSyncState]:
-        """The last state each server's owners wrote (unreadable entries are skipped)."""
+        """The last state each server's sync owners wrote (unreadable entries are skipped)."""
         raw = await self._redis.hgetall(self.state_key)
         states: dict[str, ServerSyncState] = {}
         for url, value in raw.items():

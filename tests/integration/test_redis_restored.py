@@ -45,7 +45,7 @@ from rollstream.producers.budget_restore import restore_budget
 from rollstream.producers.cursor import advance
 from rollstream.producers.publisher import PendingBatch
 from rollstream.rollout_workers.claims import Outcome, PromptClaims
-from rollstream.rollout_workers.weight_sync import ServerOwner
+from rollstream.rollout_workers.weight_sync import SyncCandidate
 from rollstream.state.client import RedisKeys, StateStaleError, wait_for_redis
 from rollstream.state.server_lease import ServerLeases, ServerSyncState
 from rollstream.state.version_store import VersionStore
@@ -254,7 +254,7 @@ async def test_an_owner_takes_no_step_on_a_lease_redis_cannot_confirm(
     http = ServerHttp(settings)
     async with FakeSGLangServer(token_delay=0.005) as server:
         leases = ServerLeases(aioredis.from_url(redis_server.url), RedisKeys(unique_name, "t0"), "w0", 2.0)
-        owner = ServerOwner(server.url, SGLangAdmin(http), leases, settings)
+        owner = SyncCandidate(server.url, SGLangAdmin(http), leases, settings)
         task = asyncio.create_task(owner.run())
         try:
             await until(lambda: owner.lease is not None and server.hits["continue"] >= 1, "the owner's lease")

@@ -36,7 +36,7 @@ from rollstream.dev.vllm_server import LocalVLLMServer
 from rollstream.engines.vllm import VLLMEngine
 from rollstream.engines.server_admin import time_epoch
 from rollstream.engines.server_http import loading_label, weight_label
-from rollstream.rollout_workers.weight_sync import ServerOwner
+from rollstream.rollout_workers.weight_sync import SyncCandidate
 from rollstream.state.client import RedisKeys
 from rollstream.state.server_lease import ServerLeases
 
@@ -91,9 +91,9 @@ async def test_token_ids_logprobs_stop_and_length(engine: VLLMEngine, weights: l
 
 @contextlib.asynccontextmanager
 async def owners(url: str, engine: VLLMEngine, client: aioredis.Redis, name: str,
-                 n: int = 3) -> AsyncIterator[list[ServerOwner]]:
+                 n: int = 3) -> AsyncIterator[list[SyncCandidate]]:
     keys = RedisKeys(name, "t0")
-    running = [ServerOwner(url, engine.admin, ServerLeases(client, keys, f"w{i}", SETTINGS.lease_ttl_seconds),
+    running = [SyncCandidate(url, engine.admin, ServerLeases(client, keys, f"w{i}", SETTINGS.lease_ttl_seconds),
                            SETTINGS) for i in range(n)]
     tasks = [asyncio.create_task(o.run()) for o in running]
     try:
@@ -169,7 +169,7 @@ async def test_an_owner_continues_a_server_left_paused(
     await engine.admin.pause(url, time_epoch())  # a predecessor died between its pause and its continue
     quick = msgspec.structs.replace(SETTINGS, reconcile_seconds=0.3)
     keys = RedisKeys(unique_name, "t0")
-    owner = ServerOwner(url, engine.admin, ServerLeases(redis_client, keys, "w0", quick.lease_ttl_seconds), quick)
+    owner = SyncCandidate(url, engine.admin, ServerLeases(redis_client, keys, "w0", quick.lease_ttl_seconds), quick)
     task = asyncio.create_task(owner.run())
     try:
         answer = await within(engine.agenerate(request(4)), 60, "generation on the continued server")

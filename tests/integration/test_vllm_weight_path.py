@@ -38,7 +38,7 @@ from rollstream.dev.vllm_server import LocalVLLMServer
 from rollstream.engines.server_admin import WeightLoadError, time_epoch
 from rollstream.engines.vllm import VLLMEngine
 from rollstream.engines.vllm_admin import VLLMAdmin
-from rollstream.rollout_workers.weight_sync import ServerOwner
+from rollstream.rollout_workers.weight_sync import SyncCandidate
 from rollstream.state.client import RedisKeys
 from rollstream.state.server_lease import ServerLeases
 
@@ -78,17 +78,17 @@ def audit(responses: list[ModelResponse], weights: list[Path], kv: str = "recomp
     return checker.result
 
 
-def owner(url: str, admin: VLLMAdmin, client: aioredis.Redis, name: str, who: str, mode: str = "abort") -> ServerOwner:
-    return ServerOwner(url, admin, ServerLeases(client, RedisKeys(name, "t0"), who, TTL), SETTINGS, mode)  # type: ignore[arg-type]
+def owner(url: str, admin: VLLMAdmin, client: aioredis.Redis, name: str, who: str, mode: str = "abort") -> SyncCandidate:
+    return SyncCandidate(url, admin, ServerLeases(client, RedisKeys(name, "t0"), who, TTL), SETTINGS, mode)  # type: ignore[arg-type]
 
 
 @contextlib.asynccontextmanager
 async def owned_engine(server: LocalVLLMServer, settings: ServerConfig, client: aioredis.Redis, name: str,
-                       mode: str) -> AsyncIterator[tuple[VLLMEngine, ServerOwner]]:
+                       mode: str) -> AsyncIterator[tuple[VLLMEngine, SyncCandidate]]:
     """An engine on ``server`` (back on its launch weights) and the server's weight-sync owner
     in ``mode``, holding its lease; both stopped after."""
     async with fresh_engine(server, settings, mode) as engine:
-        keeper = ServerOwner(server.url, engine.admin, ServerLeases(client, RedisKeys(name, "t0"), "w0", TTL),
+        keeper = SyncCandidate(server.url, engine.admin, ServerLeases(client, RedisKeys(name, "t0"), "w0", TTL),
                              settings, mode)  # type: ignore[arg-type]
         task = asyncio.create_task(keeper.run())
         try:

@@ -82,7 +82,7 @@ class RolloutSide:
 
     @property
     def owner(self) -> Any:
-        return self.sync.owners[0]
+        return self.sync.candidates[0]
 
     @property
     def responses(self) -> list[ModelResponse]:

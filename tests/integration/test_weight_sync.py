@@ -29,7 +29,7 @@ from rollstream.engines.server_http import ServerHttp
 from rollstream.engines.sglang import SGLangEngine
 from rollstream.engines.server_admin import time_epoch
 from rollstream.engines.sglang_admin import SGLangAdmin
-from rollstream.rollout_workers.weight_sync import ServerOwner, SharedServerFollower, WeightSync
+from rollstream.rollout_workers.weight_sync import SyncCandidate, SharedServerFollower, WeightSync
 from rollstream.state.client import RedisKeys
 from rollstream.state.server_lease import Lease, ServerLeases, ServerSyncState
 from rollstream.state.version_store import VersionStore
@@ -88,10 +88,10 @@ async def test_an_expired_lease_goes_to_the_next_owner(redis_client: aioredis.Re
 @contextlib.asynccontextmanager
 async def owners(server: FakeSGLangServer, admin: SGLangAdmin, client: aioredis.Redis, name: str,
                  n: int = 3, settings: ServerConfig = STEADY,
-                 ) -> AsyncIterator[list[tuple[ServerOwner, asyncio.Task[None]]]]:
+                 ) -> AsyncIterator[list[tuple[SyncCandidate, asyncio.Task[None]]]]:
     running = []
     for i in range(n):
-        owner = ServerOwner(server.url, admin, leases(client, name, f"w{i}", settings.lease_ttl_seconds), settings)
+        owner = SyncCandidate(server.url, admin, leases(client, name, f"w{i}", settings.lease_ttl_seconds), settings)
         running.append((owner, asyncio.create_task(owner.run())))
     try:
         yield running
@@ -101,7 +101,7 @@ async def owners(server: FakeSGLangServer, admin: SGLangAdmin, client: aioredis.
         await within(asyncio.gather(*(t for _, t in running), return_exceptions=True), 10, "stopping the owners")
 
 
-def holders(running: list[tuple[ServerOwner, asyncio.Task[None]]]) -> list[ServerOwner]:
+def holders(running: list[tuple[SyncCandidate, asyncio.Task[None]]]) -> list[SyncCandidate]:
     return [o for o, t in running if o.lease is not None and o.lease.valid() and not t.done()]
 
 
@@ -241,7 +241,7 @@ async def test_an_owner_stops_even_when_redis_loses_the_cancellation(
     update to do, the lost cancellation lands as it records "pausing": it pauses nothing."""
     async with FakeSGLangServer(token_delay=0.005) as server:
         leases = LossyLeases(redis_client, unique_name, lossy)
-        owner = ServerOwner(server.url, admin, leases, SETTINGS)
+        owner = SyncCandidate(server.url, admin, leases, SETTINGS)
         if update:
             owner.offer(WeightUpdate(1, "/ckpt/v1"))
         task = asyncio.create_task(owner.run())

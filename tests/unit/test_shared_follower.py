@@ -32,7 +32,7 @@ async def test_catch_up_and_new_versions_are_declared_not_loaded() -> None:
     source.publish(4, "/ckpt/v4")
     follower = SharedServerFollower(engine, source, sync, poll_seconds=0.05)
     assert await follower.catch_up() == 4 and engine.get_version() == 4
-    assert [o._target for o in sync.owners] == [WeightUpdate(4, "/ckpt/v4")] * 2
+    assert [o._target for o in sync.candidates] == [WeightUpdate(4, "/ckpt/v4")] * 2
     task = asyncio.create_task(super(SharedServerFollower, follower).run())  # the follow half only
     source.publish(5, None)  # no weights: not declared (no server could ever reach it)
     await asyncio.sleep(0.3)
@@ -42,8 +42,8 @@ async def test_catch_up_and_new_versions_are_declared_not_loaded() -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert engine.calls == []  # never paused, loaded or resumed anything
-    assert [o.url for o in sync.owners] == ["http://gpu0:30000", "http://gpu1:30000"]
-    assert all(o._target == WeightUpdate(6, "/ckpt/v6") for o in sync.owners)
+    assert [o.url for o in sync.candidates] == ["http://gpu0:30000", "http://gpu1:30000"]
+    assert all(o._target == WeightUpdate(6, "/ckpt/v6") for o in sync.candidates)
 
 
 def test_factory_picks_the_follower_by_engine() -> None:
@@ -52,8 +52,8 @@ def test_factory_picks_the_follower_by_engine() -> None:
     config = RolloutConfig(engine="sglang", server_urls=URLS, tokenizer_path="/tok",
                            server=ServerConfig(lease_ttl_seconds=4.0))
     shared = build_follower(config, SGLangEngine(URLS, settings=config.server), FakeSource(), redis, keys, "w7")
-    assert isinstance(shared, SharedServerFollower) and len(shared.sync.owners) == 2
-    leases = shared.sync.owners[0]._leases
+    assert isinstance(shared, SharedServerFollower) and len(shared.sync.candidates) == 2
+    leases = shared.sync.candidates[0]._leases
     assert leases.owner.startswith("w7:") and leases.ttl_seconds == 4.0
     own = build_follower(RolloutConfig(), RecordingEngine(), FakeSource(), redis, keys, "w7")
     assert type(own) is VersionFollower
