@@ -1,7 +1,7 @@
-"""Turning ``batches`` records into steps of ``batch_size`` groups, with the offsets to commit.
+"""Turning ``batches`` records into steps of ``groups_per_step`` groups, with the offsets to commit.
 
 Pure, no I/O: :class:`StepAccumulator` takes records one by one (a Kafka record, or a raw
-value with its partition and offset) and hands out :class:`StepGroups` once ``batch_size``
+value with its partition and offset) and hands out :class:`StepGroups` once ``groups_per_step``
 groups wait.
 """
 
@@ -55,7 +55,7 @@ class RecentTasks:
 
 
 class StepAccumulator:
-    """Collects groups record by record; hands out ``batch_size`` of them with commit offsets.
+    """Collects groups record by record; hands out ``groups_per_step`` of them with commit offsets.
 
     The offsets of a step cover every record taken so far (one group per record), except the
     records of groups that wait for a later step: they are committed with that step.
@@ -72,10 +72,10 @@ class StepAccumulator:
     """
 
     def __init__(
-        self, batch_size: int, pad_value: float = 0.0, include_eval: bool = False, remember_steps: int = 64,
+        self, groups_per_step: int, pad_value: float = 0.0, include_eval: bool = False, remember_steps: int = 64,
         topic: str = "", image_processor: Any = None,
     ) -> None:
-        self.batch_size = batch_size
+        self.groups_per_step = groups_per_step
         self.pad_value = pad_value
         self.include_eval = include_eval
         self.image_processor = image_processor  # rebuilds vision inputs in hand_out (None: bytes only)
@@ -86,12 +86,12 @@ class StepAccumulator:
         self.duplicates_skipped = 0
         self._stale: list[tuple[str, int]] = []  # (task id, partition) dropped as stale, in no step yet
         self.newest_tag = 0  # the newest trainer version a group read was tagged with
-        self.trained = RecentTasks(max(1, remember_steps) * batch_size)
+        self.trained = RecentTasks(max(1, remember_steps) * groups_per_step)
         self._groups: list[GroupRows] = []
         self._progress: dict[int, int] = {}  # next offset after the last record taken
 
     def ready(self) -> bool:
-        return len(self._groups) >= self.batch_size
+        return len(self._groups) >= self.groups_per_step
 
     @property
     def waiting(self) -> int:
@@ -169,8 +169,8 @@ class StepAccumulator:
             self._groups.append(group)
 
     def next_step(self) -> StepGroups:
-        """The first ``batch_size`` waiting groups (call when :meth:`ready`)."""
-        taken, self._groups = self._groups[: self.batch_size], self._groups[self.batch_size :]
+        """The first ``groups_per_step`` waiting groups (call when :meth:`ready`)."""
+        taken, self._groups = self._groups[: self.groups_per_step], self._groups[self.groups_per_step :]
         for group in taken:
             self.trained.add(group.task_id)
         offsets = dict(self._progress)

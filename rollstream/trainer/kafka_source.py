@@ -124,7 +124,7 @@ class KafkaStepSource:
         self.topic = names.batches
         self._names = names
         self._kafka = config.kafka
-        self.batch_size = config.staleness.groups_per_step
+        self.groups_per_step = config.staleness.groups_per_step
         self.group_id = tc.group_id
         self.accumulator = StepAccumulator(
             config.staleness.groups_per_step, config.grouping.pad_value, include_eval, tc.remember_steps, topic=self.topic
@@ -220,7 +220,7 @@ class KafkaStepSource:
     # -- the steps --
 
     async def next_step(self, timeout: float | None) -> Step | None:
-        """The next ``batch_size`` groups (see :class:`StepSource`)."""
+        """The next ``groups_per_step`` groups (see :class:`StepSource`)."""
         assert self._task is not None, "start() the source first"
         arrived = self.intake.arrived
         loop = asyncio.get_running_loop()

@@ -89,7 +89,7 @@ class _Replay:
 
 
 class _OrderedReplay(_Replay):
-    """Steps of ``batch_size`` groups over records in a fixed order (the last step may be smaller)."""
+    """Steps of ``groups_per_step`` groups over records in a fixed order (the last step may be smaller)."""
 
     def __init__(self, config: RollstreamConfig, include_eval: bool, first_step: int) -> None:
         super().__init__(config, include_eval, first_step)
@@ -111,7 +111,7 @@ class _OrderedReplay(_Replay):
                 self._done = True
                 left = self.accumulator.waiting
                 if left:
-                    self.accumulator.batch_size = left  # the rest, as one last smaller step
+                    self.accumulator.groups_per_step = left  # the rest, as one last smaller step
                     return self._step(self.accumulator.next_step().groups)
                 return None
             self.accumulator.take_value(value, partition, offset)

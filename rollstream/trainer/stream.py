@@ -137,7 +137,7 @@ class StepStream(StepFrontEnd):
             trainer = msgspec.structs.replace(config.trainer, poll_timeout_ms=poll_timeout_ms)
             config = msgspec.structs.replace(config, trainer=trainer)
         self.config = config
-        self.batch_size = config.staleness.groups_per_step
+        self.groups_per_step = config.staleness.groups_per_step
         self.source: StepSource = source or KafkaStepSource(
             config, include_eval=include_eval, client_id=client_id, use_ledger=ledger, published=published
         )

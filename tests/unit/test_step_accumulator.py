@@ -51,7 +51,7 @@ def test_assemble_pads_across_records_and_tracks_versions() -> None:
 
 
 def test_accumulator_counts_and_offsets() -> None:
-    acc = StepAccumulator(batch_size=2)
+    acc = StepAccumulator(groups_per_step=2)
     acc.take(record(encode(build_emitted_group(group("a", [1]), 0)), 0))
     acc.take(record(encode(GroupDropped(task_id="d", reason="timeout")), 1))
     acc.take(record(b"\x00garbage", 2))
@@ -71,7 +71,7 @@ def test_accumulator_counts_and_offsets() -> None:
 
 
 def test_accumulator_can_include_eval() -> None:
-    acc = StepAccumulator(batch_size=1, include_eval=True)
+    acc = StepAccumulator(groups_per_step=1, include_eval=True)
     acc.take(record(encode(build_emitted_group(group("e", [1], is_eval=True), 0)), 0))
     batch = acc.hand_out()
     assert batch.is_eval and batch.group_is_eval == [True]
@@ -82,7 +82,7 @@ def test_inconsistent_batch_is_rejected() -> None:
     batch.sample_idx = [0]
     with pytest.raises(ValueError):
         batch_group(batch)
-    acc = StepAccumulator(batch_size=1)
+    acc = StepAccumulator(groups_per_step=1)
     acc.take(record(encode(batch), 0))
     assert acc.undecodable == 1 and not acc.ready()
     assert torch.is_tensor(batch_group(build_emitted_group(group("a", [1]), 0)).tensors["rewards"])
@@ -90,7 +90,7 @@ def test_inconsistent_batch_is_rejected() -> None:
 
 def test_a_group_handed_out_before_is_skipped_and_counted_not_trained_twice() -> None:
     """Re-delivered records (an ack refused after a rebalance) never train a group twice."""
-    acc = StepAccumulator(batch_size=2, remember_steps=4)
+    acc = StepAccumulator(groups_per_step=2, remember_steps=4)
     first = [record(encode(build_emitted_group(group(t, [1]), trainer_version=1)), i) for i, t in enumerate("ab")]
     for r in first:
         acc.take(r)
@@ -105,7 +105,7 @@ def test_a_group_handed_out_before_is_skipped_and_counted_not_trained_twice() ->
 
 
 def test_the_memory_of_trained_groups_is_bounded() -> None:
-    acc = StepAccumulator(batch_size=1, remember_steps=2)
+    acc = StepAccumulator(groups_per_step=1, remember_steps=2)
     for i, t in enumerate("abc"):
         acc.take(record(encode(build_emitted_group(group(t, [1]), trainer_version=1)), i))
         acc.hand_out()
@@ -122,7 +122,7 @@ def test_training_batch_has_rejected_and_failed_per_group() -> None:
 async def test_room_made_before_the_loop_waits_is_taken_at_once() -> None:
     """The trainer hands a step out between the loop's ``room()`` check and its wait: the wait
     returns at once (it once waited out the poll timeout, 0.5 s, in the latency tail)."""
-    intake = StepIntake(StepAccumulator(batch_size=1), limit=1)
+    intake = StepIntake(StepAccumulator(groups_per_step=1), limit=1)
     intake.take({0: [record(encode(build_emitted_group(group("a", [2]), trainer_version=0)), 0)]})
     assert intake.room() == 0 and intake.arrived.is_set()
     intake.accumulator.hand_out()
@@ -133,7 +133,7 @@ async def test_room_made_before_the_loop_waits_is_taken_at_once() -> None:
 
 
 def test_a_group_more_than_eta_behind_the_version_a_step_trains_is_dropped_as_stale() -> None:
-    acc = StepAccumulator(batch_size=2, include_eval=True)
+    acc = StepAccumulator(groups_per_step=2, include_eval=True)
     for offset, (task, head, is_eval) in enumerate([("old", 1, False), ("ok", 2, False), ("eval", 0, True),
                                                     ("new", 3, False)]):
         acc.take(record(encode(build_emitted_group(group(task, [1], version=head, is_eval=is_eval), 3)), offset, offset % 2))
@@ -147,7 +147,7 @@ def test_a_group_more_than_eta_behind_the_version_a_step_trains_is_dropped_as_st
 
 
 def test_a_stale_drop_of_a_lost_partition_belongs_to_no_step() -> None:
-    acc = StepAccumulator(batch_size=1)
+    acc = StepAccumulator(groups_per_step=1)
     acc.take(record(encode(build_emitted_group(group("old", [1], version=0), 5)), 0, partition=1))
     acc.take(record(encode(build_emitted_group(group("ok", [1], version=5), 5)), 0, partition=0))
     assert acc.drop_stale(consume_version=5, eta=2) == ["old"]
