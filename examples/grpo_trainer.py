@@ -10,7 +10,7 @@ Under ``torchrun`` every rank runs this file: the model is wrapped in Distribute
 
 1. this rank's share of ``staleness.groups_per_step`` groups (whole groups, balanced by tokens);
 2. group-normalised advantages ``(r - mean_group) / (std_group + eps)``;
-3. ``trainer.ppo_epochs`` AdamW steps of the PPO-clip loss (ratio against the behaviour
+3. ``trainer.ppo_epochs`` AdamW updates of the PPO-clip loss (ratio against the behaviour
    logprobs the rollout workers recorded, clip ``trainer.clip``) over ``loss_mask`` tokens,
    gradients averaged across ranks by DDP;
 4. rank 0 saves the weights as checkpoint ``v<step>`` (complete or invisible:

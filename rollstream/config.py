@@ -333,7 +333,7 @@ class TrainerConfig(_Section):
     device: str = "cpu"
     learning_rate: Positive = 1e-6
     clip: Positive = 0.2  # PPO ratio clip
-    ppo_epochs: AtLeastOne = 1  # optimizer steps per batch
+    ppo_epochs: AtLeastOne = 1  # optimizer updates (PPO epochs) per trainer step
     max_grad_norm: float = 1.0
     max_steps: Count = 0  # 0: train until stopped
     keep_checkpoints: AtLeastOne = 4  # older v{n} directories and their Redis entries are deleted

@@ -40,7 +40,7 @@ Building blocks:
 
 - :class:`KafkaStepSource`: the live source of steps (``batches`` in the trainer's consumer group)
 - :class:`StepAccumulator`: groups record by record into steps, with the offsets to commit
-- :class:`GroupRows`, :func:`batch_group`, :func:`assemble`: a record's group, groups into a :class:`TrainingStep`
+- :class:`GroupRows`, :func:`emitted_group_rows`, :func:`assemble`: a record's group, groups into a :class:`TrainingStep`
 - :func:`split_by_tokens`: a step's groups split between ranks
 
 Rank coordination lives in :mod:`rollstream.trainer.ranks`.
@@ -58,7 +58,7 @@ from rollstream.trainer.ranks.split import split_by_tokens
 from rollstream.trainer.replay import DumpReplay, LedgerReplay, RangeReplay, ReplayError
 from rollstream.trainer.stream import StepStream
 from rollstream.trainer.trainer_steps import CollectiveFailed, RankFailed, TrainerSteps
-from rollstream.trainer.training_step import GroupRows, TrainingStep, assemble, batch_group
+from rollstream.trainer.training_step import GroupRows, TrainingStep, assemble, emitted_group_rows
 from rollstream.trainer.version_publisher import SyncVersionPublisher, VersionPublisher, VersionRefused
 
 
@@ -106,7 +106,7 @@ __all__ = [
     "VersionPublisher",
     "VersionRefused",
     "assemble",
-    "batch_group",
+    "emitted_group_rows",
     "ledger_path",
     "pack",
     "split_by_tokens",

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from rollstream.trainer.training_step import GroupRows, TrainingStep, assemble, batch_group
+from rollstream.trainer.training_step import GroupRows, TrainingStep, assemble, emitted_group_rows
 from rollstream.trajectory.staleness import staleness
 from rollstream.wire import EmittedGroup, GroupDropped, WireDecodeError, decode_group
 
@@ -146,7 +146,7 @@ class StepAccumulator:
         self._progress[partition] = offset + 1
         try:
             message = decode_group(value)
-            groups = [batch_group(message)] if isinstance(message, EmittedGroup) else []
+            groups = [emitted_group_rows(message)] if isinstance(message, EmittedGroup) else []
         except (WireDecodeError, ValueError) as exc:
             self.undecodable += 1
             log.warning("skipping undecodable batches record %d@%d: %s", partition, offset, exc)

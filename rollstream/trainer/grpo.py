@@ -141,7 +141,7 @@ def policy_update(
     epochs: int = 1,
     max_grad_norm: float | None = 1.0,
 ) -> UpdateStats:
-    """``epochs`` optimizer steps of :func:`clipped_policy_loss` on the rows of one step.
+    """``epochs`` optimizer updates of :func:`clipped_policy_loss` on the rows of one step.
 
     ``tensors`` needs ``input_ids``, ``attention_mask``, ``loss_mask`` and ``logprobs`` (the
     behaviour policy's, which the ratio is taken against in every epoch). With ``vision``
@@ -183,7 +183,7 @@ def ppo_epochs(
     epochs: int,
     max_grad_norm: float | None,
 ) -> UpdateStats:
-    """``epochs`` optimizer steps of :func:`clipped_policy_loss`, ``new_logprobs()`` giving the
+    """``epochs`` optimizer updates of :func:`clipped_policy_loss`, ``new_logprobs()`` giving the
     ``[N, L]`` logprobs of the current weights each epoch (a text or a vision forward); the
     ratio is taken against ``tensors["logprobs"]`` over ``tensors["loss_mask"]``. The model is
     left in eval mode."""

@@ -38,7 +38,7 @@ from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.kafka_source import ledger_path
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
 from rollstream.trainer.step_source import Step
-from rollstream.trainer.training_step import GroupRows, batch_group
+from rollstream.trainer.training_step import GroupRows, emitted_group_rows
 from rollstream.wire import EmittedGroup, GroupDropped, decode_group, encode
 from rollstream.wire.torch_tensors import DTYPES, pack_tensor_dict
 
@@ -228,7 +228,7 @@ class LedgerReplay(_Replay):
             value = await self._record(partition, offset)
             message = decode_group(value)
             if isinstance(message, EmittedGroup):
-                group = batch_group(message)
+                group = emitted_group_rows(message)
                 group.partition, group.offset = partition, offset
                 by_task[group.task_id] = group
         missing = [t for t in entry.task_ids if t not in by_task]

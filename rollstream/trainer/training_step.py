@@ -1,6 +1,6 @@
 """A step as a trainer receives it: its groups padded into one ``[N, L]`` tensor dict.
 
-Pure, no I/O: :func:`batch_group` reads the group of a ``EmittedGroup`` record (one group per record)
+Pure, no I/O: :func:`emitted_group_rows` reads the rows of the group an ``EmittedGroup`` record carries (one group per record)
 and :func:`assemble` pads groups from any number of records into one :class:`TrainingStep`.
 
 Vision: a group's images arrive once per group (``EmittedGroup.images``); each row says which it
@@ -129,16 +129,17 @@ class TrainingStep:
         return int(self.tensors["attention_mask"].sum().item()) if "attention_mask" in self.tensors else 0
 
 
-def batch_group(batch: EmittedGroup) -> GroupRows:
-    """The group a ``EmittedGroup`` record carries; ``ValueError`` if its bookkeeping is inconsistent."""
-    tensors = group_tensors(batch)
+def emitted_group_rows(group: EmittedGroup) -> GroupRows:
+    """The rows of the one group an ``EmittedGroup`` record carries; ``ValueError`` if its
+    bookkeeping is inconsistent."""
+    tensors = group_tensors(group)
     n = tensors["input_ids"].shape[0] if "input_ids" in tensors else -1
-    if len(batch.sample_idx) != n:
-        raise ValueError(f"batch has {n} rows but {len(batch.sample_idx)} sample_idx entries")
+    if len(group.sample_idx) != n:
+        raise ValueError(f"group {group.task_id} has {n} rows but {len(group.sample_idx)} sample_idx entries")
     return GroupRows(
-        batch.task_id, batch.group_size, batch.is_eval, batch.trainer_version, tensors, list(batch.sample_idx),
-        rejected=batch.rejected, failed=batch.failed, images=list(batch.images),
-        row_images=[list(r) for r in batch.row_images], trainer_version_known=batch.trainer_version_known,
+        group.task_id, group.group_size, group.is_eval, group.trainer_version, tensors, list(group.sample_idx),
+        rejected=group.rejected, failed=group.failed, images=list(group.images),
+        row_images=[list(r) for r in group.row_images], trainer_version_known=group.trainer_version_known,
     )
 
 

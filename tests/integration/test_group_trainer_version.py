@@ -29,7 +29,7 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.retry import RetryPolicy
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.version_store import VersionStore
-from rollstream.trainer.training_step import assemble, batch_group
+from rollstream.trainer.training_step import assemble, emitted_group_rows
 from rollstream.wire import EmittedGroup, decode_group, encode
 
 
@@ -96,7 +96,7 @@ async def publish(config: RollstreamConfig, version: int) -> None:
 def check_invariant(batch: EmittedGroup) -> None:
     """Never older than the newest token; staleness never negative; the trainer side agrees."""
     assert batch.trainer_version >= batch.tail_version and batch.staleness >= 0, batch
-    groups = [batch_group(batch)]
+    groups = [emitted_group_rows(batch)]
     assert [g.trainer_version_known for g in groups] == [batch.trainer_version_known]
     training = assemble(groups)
     assert training.trainer_versions == [batch.trainer_version]

@@ -14,7 +14,7 @@ from harness.episodes import rejected, scored
 from harness.images import noise_png
 from rollstream.consumers.grouping.records import build_emitted_group
 from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup, GroupBuffer
-from rollstream.trainer import assemble, batch_group
+from rollstream.trainer import assemble, emitted_group_rows
 from rollstream.vision.images import image_digest
 from rollstream.vision.inputs import build_vision_inputs
 from rollstream.vision.processor import load_image_processor
@@ -92,7 +92,7 @@ def test_the_trainer_side_rebuilds_each_rows_images_once_per_distinct_image(imag
             ([DOG, CAT], [DOG, CAT]), ([CAT], []), ([DOG, CAT], [])])), 0, 0, 0, 2, 0.0,
         images={image_digest(CAT): CAT, image_digest(DOG): DOG})
     text_group = CompleteGroup("b", 1, False, (scored("b", 0, 1),), 0, 0, 0, 0, 0.0)
-    groups = [batch_group(build_emitted_group(image_group, 1)), batch_group(build_emitted_group(text_group, 1))]
+    groups = [emitted_group_rows(build_emitted_group(image_group, 1)), emitted_group_rows(build_emitted_group(text_group, 1))]
     batch = assemble(groups, image_processor=image_processor)
     assert batch.group_images == [[DOG, CAT], []] and batch.row_images == [[0, 1], [1], [0, 1], []]
     vision = batch.vision
@@ -112,7 +112,7 @@ def test_a_ranks_share_carries_its_groups_images() -> None:
     group = CompleteGroup("a", 2, False, (shows(scored("a", 0, 2), [DOG, CAT], [DOG, CAT]),
                                          shows(scored("a", 1, 2), [CAT])), 0, 0, 0, 1, 0.0,
                           images={image_digest(CAT): CAT, image_digest(DOG): DOG})
-    rows = batch_group(build_emitted_group(group, trainer_version=1))
+    rows = emitted_group_rows(build_emitted_group(group, trainer_version=1))
     share = decode_share(encode_share(StepShare(kind="step", step=1, groups=[share_group(rows)])))
     received = group_rows(share.groups[0])
     assert received.images == [DOG, CAT] and received.row_images == [[0, 1], [1]]

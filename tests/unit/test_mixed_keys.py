@@ -19,7 +19,7 @@ from rollstream.consumers.grouping.records import build_emitted_group
 from rollstream.consumers.grouping.groups import CompleteGroup
 from rollstream.trajectory.normalize import episode_tensors
 from rollstream.trajectory.rows import trajectory_row
-from rollstream.trainer.training_step import assemble, batch_group
+from rollstream.trainer.training_step import assemble, emitted_group_rows
 from rollstream.rollout_workers.episodes import to_episode
 from rollstream.wire import Episode, PromptTask, ScoredEpisode, decode_group, encode
 from rollstream.wire.torch_tensors import group_tensors
@@ -80,7 +80,7 @@ def test_a_trainer_step_across_batches_keeps_the_key_and_the_mask() -> None:
     mixed = build_emitted_group(group("c", [typed_result([9], truncated=True), literal_result([9], engine_saw_it=True)]),
                         trainer_version=1)
     assert "is_truncated_present" not in group_tensors(all_typed)
-    step = assemble([batch_group(decode_group(encode(b))) for b in (all_typed, all_literal, mixed)])
+    step = assemble([emitted_group_rows(decode_group(encode(b))) for b in (all_typed, all_literal, mixed)])
     assert step.task_ids == ["a", "b", "c"]
     assert step.tensors["is_truncated"].tolist() == [True, False, True, False]
     assert step.tensors["is_truncated_present"].tolist() == [True, False, True, False]

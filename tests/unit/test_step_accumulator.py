@@ -1,4 +1,4 @@
-"""batch_group / assemble / StepAccumulator: a group per record, steps across records, counts, commit offsets."""
+"""emitted_group_rows / assemble / StepAccumulator: a group per record, steps across records, counts, commit offsets."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from harness.episodes import scored
 from rollstream.consumers.grouping.records import build_emitted_group
 from rollstream.consumers.grouping.groups import CompleteGroup
-from rollstream.trainer import StepAccumulator, assemble, batch_group
+from rollstream.trainer import StepAccumulator, assemble, emitted_group_rows
 from rollstream.trainer.kafka_source import StepIntake
 from rollstream.wire import GroupDropped, encode
 
@@ -28,22 +28,22 @@ def record(value: bytes | None, offset: int, partition: int = 0) -> ConsumerReco
     return ConsumerRecord(TOPIC, partition, offset, 0, 0, b"k", value, None, 1, len(value or b""), ())
 
 
-def test_group_rows_recovers_the_groups_rows() -> None:
-    a = batch_group(build_emitted_group(group("a", [1, 4, 2]), trainer_version=3))
+def test_emitted_group_rows_recovers_the_groups_rows() -> None:
+    a = emitted_group_rows(build_emitted_group(group("a", [1, 4, 2]), trainer_version=3))
     assert (a.task_id, a.group_size, a.sample_idx, a.trainer_version) == ("a", 3, [0, 1, 2], 3)
     assert a.tensors["input_ids"].shape == (3, 6) and a.tensors["rewards"].tolist() == [0.0, 1.0, 2.0]
 
 
 def test_assemble_pads_across_records_and_tracks_versions() -> None:
-    g1 = batch_group(build_emitted_group(group("a", [1, 1], version=2), trainer_version=5))
-    g2 = batch_group(build_emitted_group(group("b", [4], version=4), trainer_version=6))
-    batch = assemble([g1, g2], pad_value=0.0)
-    t = batch.tensors
+    g1 = emitted_group_rows(build_emitted_group(group("a", [1, 1], version=2), trainer_version=5))
+    g2 = emitted_group_rows(build_emitted_group(group("b", [4], version=4), trainer_version=6))
+    step = assemble([g1, g2], pad_value=0.0)
+    t = step.tensors
     assert t["input_ids"].shape == (3, 6) and t["versions"][0].tolist() == [-1, -1, 2, -1, -1, -1]
     assert t["attention_mask"][0].tolist() == [True, True, True, False, False, False]
-    assert batch.row_task == [0, 0, 1] and batch.task_ids == ["a", "b"] and batch.group_sizes == [2, 1]
-    assert batch.trainer_versions == [5, 6]
-    assert (batch.head_version, batch.tail_version, batch.max_staleness) == (2, 4, 3)
+    assert step.row_task == [0, 0, 1] and step.task_ids == ["a", "b"] and step.group_sizes == [2, 1]
+    assert step.trainer_versions == [5, 6]
+    assert (step.head_version, step.tail_version, step.max_staleness) == (2, 4, 3)
     t["input_ids"][0, 0] = 99  # fresh, writable memory
     single = assemble([g2])
     single.tensors["rewards"].add_(1)
@@ -77,15 +77,15 @@ def test_accumulator_can_include_eval() -> None:
     assert batch.is_eval and batch.group_is_eval == [True]
 
 
-def test_inconsistent_batch_is_rejected() -> None:
-    batch = build_emitted_group(group("a", [1, 1]), 0)
-    batch.sample_idx = [0]
-    with pytest.raises(ValueError):
-        batch_group(batch)
+def test_an_inconsistent_group_is_rejected() -> None:
+    emitted = build_emitted_group(group("a", [1, 1]), 0)
+    emitted.sample_idx = [0]
+    with pytest.raises(ValueError, match="group a has 2 rows but 1 sample_idx entries"):
+        emitted_group_rows(emitted)
     acc = StepAccumulator(groups_per_step=1)
-    acc.take(record(encode(batch), 0))
+    acc.take(record(encode(emitted), 0))
     assert acc.undecodable == 1 and not acc.ready()
-    assert torch.is_tensor(batch_group(build_emitted_group(group("a", [1]), 0)).tensors["rewards"])
+    assert torch.is_tensor(emitted_group_rows(build_emitted_group(group("a", [1]), 0)).tensors["rewards"])
 
 
 def test_a_group_handed_out_before_is_skipped_and_counted_not_trained_twice() -> None:
@@ -112,11 +112,11 @@ def test_the_memory_of_trained_groups_is_bounded() -> None:
     assert "a" not in acc.trained and "b" in acc.trained and "c" in acc.trained
 
 
-def test_training_batch_has_rejected_and_failed_per_group() -> None:
+def test_a_training_step_has_rejected_and_failed_per_group() -> None:
     groups = [CompleteGroup("a", 3, False, (scored("a", 0, group_size=3),), 1, 0, 0, 2, 0.0, 1),
               CompleteGroup("b", 1, False, (scored("b", 0, group_size=1),), 0, 0, 3, 3, 0.0)]
-    batch = assemble([batch_group(build_emitted_group(g, trainer_version=0)) for g in groups])
-    assert (batch.group_rejected, batch.group_failed) == ([1, 0], [1, 0])
+    step = assemble([emitted_group_rows(build_emitted_group(g, trainer_version=0)) for g in groups])
+    assert (step.group_rejected, step.group_failed) == ([1, 0], [1, 0])
 
 
 async def test_room_made_before_the_loop_waits_is_taken_at_once() -> None:

@@ -21,7 +21,7 @@ from rollstream.consumers.grouping.groups import CompleteGroup, GroupFilters, ap
 from rollstream.dump.lines import dump_lines
 from rollstream.rollout_workers.episodes import to_episode
 from rollstream.tools.filters import RecordFilter, tail_version_of
-from rollstream.trainer.training_step import assemble, batch_group
+from rollstream.trainer.training_step import assemble, emitted_group_rows
 from rollstream.trajectory.padding import concat_padded_tensors
 from rollstream.trajectory.rows import TrajectoryBuilder
 from rollstream.trajectory.staleness import (
@@ -182,7 +182,7 @@ def test_a_group_passes_the_stale_filter_exactly_when_its_batch_is_within_the_bo
     batch = decode_group(encode(build_emitted_group(group, read)))
     assert (batch.head_version, batch.tail_version) == group.versions
     assert passed == (batch.staleness <= eta), (batch.trainer_version, batch.head_version)
-    step = assemble([batch_group(batch)])
+    step = assemble([emitted_group_rows(batch)])
     assert (step.head_version, step.tail_version, step.max_staleness) == (
         batch.head_version, batch.tail_version, batch.staleness)
 
