@@ -2,9 +2,9 @@
 
 The prompts consumer group moves partitions whenever the fleet changes (a worker joins,
 leaves, restarts, or dies), and aiokafka rebalances eagerly: every member gives up all its
-partitions and the new owner of a partition reads it again from its committed offset, which
-lies before every prompt still running anywhere. A claim in Redis says who runs a prompt
-record, so whoever reads it again knows whether to run it:
+partitions and each partition's new partition owner reads it again from its committed
+offset, which lies before every prompt still running anywhere. A claim in Redis says who runs
+a prompt record, so whoever reads it again knows whether to run it:
 
 * no claim: nobody runs it; claim it and run it (``RUN``);
 * claimed by this very process: it is running here already (``MINE``);
@@ -278,7 +278,7 @@ class PromptClaims:
     def abandon(self, partition: int, offset: int) -> None:
         """This worker stops asking about the record (its partition moved away): a claim of
         it sent without an answer, which Redis may have made after all, is released once Redis
-        answers, so the partition's new owner is not kept waiting by a claim nobody runs."""
+        answers, so the new partition owner is not kept waiting by a claim nobody runs."""
         identity = self._unanswered.pop((partition, offset), None)
         if identity is not None:
             log.info("releasing a possible claim of prompt %d@%d (its answer was lost)", partition, offset)
@@ -322,7 +322,7 @@ class PromptClaims:
 
     async def release(self, partition: int, offset: int) -> None:
         """Give up a running claim of ours (the prompt was cancelled): it runs again at once
-        on the partition's owner instead of after this worker's liveness expired. A Redis
+        on the partition owner instead of after this worker's liveness expired. A Redis
         fault leaves that to the liveness key's expiry."""
         self._pending.pop((partition, offset), None)
         try:

@@ -8,8 +8,8 @@ Redis came back older (its claims then say less than the truth):
 - a record that finished here (every sample published) is DONE until an offset commit of
   this worker passes it (then nobody reads it again);
 - a record of a partition at or beyond the partition's *fresh frontier* (its last stable offset
-  when this worker took the partition) was never fetched by anyone before: the previous owner
-  lost the partition before this worker took it, and could only ever have fetched below the
+  when this worker took the partition) was never fetched by anyone before: the previous partition
+  owner lost the partition before this worker took it, and could only ever have fetched below the
   last stable offset of its time, which is no later than this one. Such a record may run
   without a claim while Redis cannot be reached; its claim is written once Redis answers.
 
@@ -39,8 +39,8 @@ class _Partition:
     fresh_from: int | None = None  # None: nothing is known to be fresh (not taken, or unknown)
     lost: bool = False  # taken, then moved away
     # finished records of a lost partition above its last commit here, once nothing of it runs
-    # here: DONE to this worker, never written again (its new owner commits past them and
-    # deletes their claims)
+    # here: DONE to this worker, never written again (its new partition owner commits past them
+    # and deletes their claims)
     left_behind: dict[int, str] = field(default_factory=dict)
 
 
@@ -69,7 +69,7 @@ class LocalClaims:
         finished records it passed (:meth:`committed`); those it could not pass (a record still
         running below them, held, or a commit that failed) are above the commit point. Once
         nothing of ``tp`` runs here they are no longer written again (:meth:`to_assert`: that
-        would be over the deletion of the partition's new owner, which commits past them), but
+        would be over the deletion of the new partition owner, which commits past them), but
         stay DONE to this worker, so that taking ``tp`` back before Redis holds their done
         claims (written when Redis answers) does not run them again."""
         part = self._part(tp)

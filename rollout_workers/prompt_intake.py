@@ -18,7 +18,7 @@ The worker runs the one :class:`~rollstream.kafka.partition_loop.PartitionLoop` 
 - committed: the claims of the records a commit passed are deleted;
 - release: before a partition moves, what is done of it is committed (by the delivery), then
   its offsets and the prompts other workers hold on it are forgotten; prompts still running
-  here go on, and their claims tell the next owner to wait for them;
+  here go on, and their claims tell the next partition owner to wait for them;
 - tick: re-raise the first failure of any background task (the version follower and the
   claims' upkeep included), and ask again about the prompts other workers hold.
 """

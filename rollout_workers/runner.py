@@ -161,7 +161,7 @@ class PromptRunner:
     async def recheck_held(self, owned: set[TopicPartition]) -> None:
         """Ask again about the records other workers hold (or Redis could not vouch for): done,
         still running, gone, or runnable now. Records of partitions no longer ``owned`` are
-        forgotten (their new owner asks)."""
+        forgotten (their new partition owner asks)."""
         for (tp, offset), (record, _) in list(self.held.items()):
             if tp not in owned:
                 self._stop_waiting(tp, offset)
@@ -182,7 +182,7 @@ class PromptRunner:
 
     async def release_unfinished(self) -> None:
         """After cancelling: give up the claims of records that did not finish, so their
-        partition's owner runs them at once instead of after this worker's liveness expired."""
+        partition owner runs them at once instead of after this worker's liveness expired."""
         unfinished = sorted(self.local.running)
         for tp, offset in unfinished:
             await self.claims.release(tp.partition, offset)

@@ -1,7 +1,7 @@
 """A set of background tasks whose failures are never lost.
 
 Every task spawned here is referenced until it ends. The first exception of any task is kept
-and re-raised by :meth:`TaskSet.raise_if_failed` in the owner's loop, so a dead background
+and re-raised by :meth:`TaskSet.raise_if_failed` in the loop of the TaskSet's holder, so a dead background
 task stops the worker loudly instead of disappearing.
 """
 

@@ -4,13 +4,13 @@
 one): it pauses, loads and resumes that engine itself. Engines whose servers are shared with
 other workers (SGLang, vLLM servers) are followed by ``rollstream.rollout_workers.weight_sync.SharedServerFollower``,
 which overrides :meth:`VersionFollower.apply` so that the worker only declares the version
-and the server's one owner loads it.
+and the server's one sync owner loads it.
 
 :class:`VersionFollower.run` runs for the worker's lifetime. It never gives up on transient
 trouble: while Redis is unreachable the engine keeps its last version and the follower
 reconnects with capped exponential backoff; a weight load that fails is logged, generation
 resumes on the old weights, and the load is retried (with backoff) until it works or a newer
-version replaces it. Anything else (a bug) is raised to the owner, which stops the worker.
+version replaces it. Anything else (a bug) is raised to its caller, which stops the worker.
 """
 
 from __future__ import annotations

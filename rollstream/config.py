@@ -143,7 +143,7 @@ class ServerConfig(_Section):
     """How rollout workers talk to shared inference servers, SGLang or vLLM (``rollout.server.*``).
 
     Generation (every worker): timeouts, retries with capped exponential backoff, failover.
-    Weight sync (one owner per server, elected by a lease in Redis): bounded pause and load.
+    Weight sync (one sync owner per server, elected by a lease in Redis): bounded pause and load.
     """
 
     request_timeout_seconds: Seconds = 3600.0  # one generate call (a long generation is one call)
@@ -161,11 +161,11 @@ class ServerConfig(_Section):
     max_version_lag: Count = 0  # a server is used only at >= trainer version - this
     catch_up_timeout_seconds: Seconds = 600.0  # a request waits this long for a server at that version
     version_poll_seconds: Seconds = 0.5  # while requests wait, re-read servers' weight versions this often
-    # The weight-sync owner of each server:
-    lease_ttl_seconds: Seconds = 10.0  # a dead owner's servers are taken over after this
+    # The sync owner of each server:
+    lease_ttl_seconds: Seconds = 10.0  # a dead sync owner's servers are taken over after this
     pause_timeout_seconds: Seconds = 60.0  # a pause answers once the requests it cut off are answered
     update_timeout_seconds: Seconds = 900.0  # loading a checkpoint from disk (a large one takes long)
-    reconcile_seconds: Seconds = 5.0  # the owner re-checks its idle server (version, not left paused)
+    reconcile_seconds: Seconds = 5.0  # the sync owner re-checks its idle server (version, not left paused)
 
 
 class ServerLaunchConfig(_Section):

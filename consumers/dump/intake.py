@@ -72,7 +72,7 @@ class DumpIntake:
         await self._writer.flush()
         await self._producer.flush()  # dead letters are delivered before their offsets are committed
         for p, batch in taken.items():
-            if p in self._owned:  # a partition lost meanwhile is re-read by its new owner
+            if p in self._owned:  # a partition lost meanwhile is re-read by its new partition owner
                 self._done[p] = batch[-1].offset + 1
         if task_ids:
             shown = sorted(set(task_ids))

@@ -2,7 +2,7 @@
 
 The grouping consumer records every ended group here (and, in the same Kafka transaction as
 the group's emitted or dropped record, in the compacted changelog). After a crash or a rebalance the new
-owner restores this log from the changelog and skips every message of a task it finds here,
+partition owner restores this log from the changelog and skips every message of a task it finds here,
 so a group whose records are re-read from the uncommitted input is never emitted twice.
 
 Times are the caller's monotonic clock (``now``); the changelog carries wall-clock times,
@@ -90,7 +90,7 @@ class OutcomeLog:
         return gone
 
     def revoke(self, partitions: Collection[int]) -> None:
-        """Forget the entries of ``partitions`` (their new owner restores them)."""
+        """Forget the entries of ``partitions`` (their new partition owner restores them)."""
         wanted = set(partitions)
         for task_id in [t for t, e in self._entries.items() if e.partition in wanted]:
             del self._entries[task_id]

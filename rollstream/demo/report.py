@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.table import Table
 
 WINDOW = 5
-# a worker's own engine (hf), or the weight-sync owner of a shared server (vllm, sglang)
+# a worker's own engine (hf), or the sync owner of a shared server (vllm, sglang)
 RELOAD_LINE = re.compile(r"(?:now generating with weight version|: now at weight version) (\d+)")
 
 

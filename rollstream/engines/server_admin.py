@@ -1,8 +1,8 @@
 """Control of ONE inference server: read its weight label, pause, load weights, continue, probe.
 
-The contract every server kind (SGLang, vLLM) implements; the weight-sync owner of a server
+The contract every server kind (SGLang, vLLM) implements; the sync owner of a server
 (``rollout_workers/weight_sync.py``) and the server pool (``server_pool.py``) use only this.
-Only the weight-sync owner of a server, or a process that owns every server it talks to
+Only the sync owner of a server, or a process that owns every server it talks to
 (``scripts/check_sglang.py``, ``ServerEngine.pause``), calls the mutating operations; rollout
 workers that merely share a server never do.
 
@@ -10,7 +10,7 @@ Callers may rely on:
 
 * every call is bounded: ``pause`` by ``pause_timeout_seconds``, ``load`` and ``receive`` by
   ``update_timeout_seconds``, the rest by ``health_probe_timeout_seconds`` (``rollout.server``);
-* every mutating call carries the caller's fencing ``epoch`` (the weight-sync owner's lease
+* every mutating call carries the caller's fencing ``epoch`` (the sync owner's lease
   token). Where the server can check it (vLLM with rollstream's weight fence), a call from an
   epoch older than one it accepted is refused (:class:`~rollstream.engines.server_http.FencedOut`)
   and changes nothing; labels name the epoch that wrote them (``"<version>@<epoch>"``);

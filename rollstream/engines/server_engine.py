@@ -7,7 +7,7 @@ Callers may rely on:
 
 * **Tags come from the server.** Every output token carries the version of the weights that
   produced it, as the server labels it in its answer (rollstream loads version ``v`` with the
-  label ``"v@<epoch>"``, the fencing epoch of the owner that loaded it; the launch weights'
+  label ``"v@<epoch>"``, the fencing epoch of the sync owner that loaded it; the launch weights'
   label ``"default"`` is version 0). A generation cut by a pause (an answer that ends in
   "abort") is resubmitted as prompt + partial output with the remaining budget; a generation
   frozen by a ``keep`` pause goes on and its answer labels each step; either way one response
@@ -15,7 +15,7 @@ Callers may rely on:
   "length". A request a weight update cut before its first token is sent again and never
   counts toward ``max_retries`` (``stats.update_cuts``).
 * **This engine never pauses or reloads a server while it generates.** Weight updates of a
-  shared server are done by its one owner (``rollout_workers/weight_sync.py``). ``pause``,
+  shared server are done by its one sync owner (``rollout_workers/weight_sync.py``). ``pause``,
   ``update_weights`` and ``resume`` act on every server and are meant for a process that owns
   all of them (``scripts/check_sglang.py``, tests).
 * **Staleness.** ``set_version(v)`` declares the trainer's version. A call is sent only to a
@@ -24,7 +24,7 @@ Callers may rely on:
   ``version_poll_seconds``), so a server that missed an update (down, slow) is not used until
   it caught up. A span that comes back older than required when it was sent (the server
   restarted meanwhile) is discarded and generated again, and so is one whose tokens the server
-  labels as made during a weight load, or labelled by a former owner after its successor (an
+  labels as made during a weight load, or labelled by a former sync owner after its successor (an
   older fencing epoch than the server had accepted before the request was sent:
   ``server_pool.stale_labels``): no token is ever tagged with weights that did not produce it.
 * **Requests never collide.** Each HTTP attempt has its own request id (``<request rid>.<n>``),
@@ -180,7 +180,7 @@ class ServerEngine(InferenceEngine):
         this engine needs, and read its version.
 
         "Up" includes a server that does not generate right now (paused for a weight update by
-        its owner). Servers still down at the deadline are marked down and logged;
+        its sync owner). Servers still down at the deadline are marked down and logged;
         ``EngineUnavailableError`` names them when none is up. A server without the API raises
         ``EngineRequestError`` saying how to start it.
         """
@@ -229,7 +229,7 @@ class ServerEngine(InferenceEngine):
         """The version each server last reported (for tests, status and logs)."""
         return {s.url: s.version for s in self.servers}
 
-    # ------------------------------------------- whole-fleet control (single owner only)
+    # ------------------------------------------- whole-fleet control (a process that owns every server)
 
     # A process that owns every server fences its calls with the clock (``time_epoch``), taken
     # once per pause, so its load and resume come with the pause's epoch.
@@ -285,14 +285,15 @@ class ServerEngine(InferenceEngine):
         while len(tokens) < budget:
             body = self.request_body(req, tokens, budget, images)
             server, span, minimum, sent = await self._generate(req.rid, body, attempts)
-            if span.unlabelled:  # made while a (stale) owner loaded weights: which ones, nobody knows
+            if span.unlabelled:  # made while a (stale) sync owner loaded weights: which ones, nobody knows
                 self.stats.unlabelled_spans += 1
                 server.version = None  # read again before the next call: wait for the load to end
                 logger.warning("%s labelled tokens as made during a weight load: answer discarded", server.url)
                 continue
-            if span.stale_epoch:  # a former owner's label: the server's owner reloads it
+            if span.stale_epoch:  # a former sync owner's label: the server's sync owner reloads it
                 self.stats.stale_epoch_spans += 1
-                logger.warning("%s labelled tokens with a former owner's epoch %s (newest seen %d): answer discarded",
+                logger.warning("%s labelled tokens with a former sync owner's epoch %s (newest seen %d): "
+                               "answer discarded",
                                server.url, span.epochs, server.epoch)
                 continue
             if span.older_than(minimum):  # the server went back (restarted) after it was picked
@@ -329,7 +330,7 @@ class ServerEngine(InferenceEngine):
     async def _after_abort(self, rid: str, finish: dict[str, Any], empty_aborts: int, progress: bool,
                            server: Server, sent: tuple[int | None, int]) -> int:
         """After an abort: the count of aborts in a row without progress. An abort with a client
-        error raises; a pause (by the server's owner) is resumed, and one that cut the request
+        error raises; a pause (by the server's sync owner) is resumed, and one that cut the request
         before its first token is no failure; other aborts without progress count toward
         ``max_retries``, with a pause between them."""
         self.stats.resubmissions += 1
@@ -371,7 +372,7 @@ class ServerEngine(InferenceEngine):
                 span.stale_epoch = stale_labels(span.epochs, sent[1])
                 server.epoch = max(server.epoch, *span.epochs, 0)
                 if span.stale_epoch:
-                    server.version = None  # a former owner's label: not current until relabelled
+                    server.version = None  # a former sync owner's label: not current until relabelled
                 elif span.reported is not None:
                     server.version = span.reported  # the server's own word is the freshest
                 return server, span, minimum, sent

@@ -1,4 +1,4 @@
-"""The HTTP layer shared by the server engines (SGLang, vLLM) and the weight-sync owners.
+"""The HTTP layer shared by the server engines (SGLang, vLLM) and the sync owners.
 
 Callers may rely on:
 
@@ -8,12 +8,12 @@ Callers may rely on:
   that is not JSON raises :class:`EngineRequestError`. Connection errors
   and timeouts propagate as ``aiohttp.ClientError`` / ``asyncio.TimeoutError``.
 * :func:`parse_label` reads a server's weight-version label as rollstream writes it
-  (:class:`WeightLabel`): ``"<version>@<epoch>"`` after a load by the weight-sync owner whose
+  (:class:`WeightLabel`): ``"<version>@<epoch>"`` after a load by the sync owner whose
   fencing epoch is ``epoch``, ``"loading:<version>@<epoch>"`` while it loads, ``"default"`` for
   the weights the server was started with (SGLang and vLLM both start with that label: version 0,
   no epoch); a plain decimal is a version without an epoch. Anything else is no rollstream
   version.
-* A call refused by a server's weight fence (HTTP 409: a newer owner's epoch was accepted there)
+* A call refused by a server's weight fence (HTTP 409: a newer sync owner's epoch was accepted there)
   raises :class:`FencedOut`.
 """
 
@@ -59,7 +59,7 @@ class HttpRefused(EngineRequestError):
 
 
 class FencedOut(HttpRefused):
-    """The server's weight fence refused the call: it accepted a newer owner's epoch."""
+    """The server's weight fence refused the call: it accepted a newer sync owner's epoch."""
 
 
 class Retryable(Exception):
@@ -71,7 +71,7 @@ class WeightLabel:
     """A server's weight-version label, read (see the module docstring).
 
     ``version`` is None when the label names no weights rollstream can tag with (a load in
-    progress, a label rollstream did not write); ``epoch`` is the fencing epoch of the owner
+    progress, a label rollstream did not write); ``epoch`` is the fencing epoch of the sync owner
     that wrote it (0: none, as for the launch weights).
     """
 
@@ -106,7 +106,7 @@ def parse_weight_version(value: Any) -> int | None:
 
 
 def weight_label(version: int, epoch: int) -> str:
-    """The label of weights ``version`` loaded by the owner with fencing epoch ``epoch``."""
+    """The label of weights ``version`` loaded by the sync owner with fencing epoch ``epoch``."""
     return f"{version}@{epoch}"
 
 

@@ -14,8 +14,8 @@ Callers may rely on:
   down for ``down_cooldown_seconds``. A success (``record_success``) resets the count.
 * A server's version is what its label says (:meth:`Server.observe`), unless the label was
   written by an older fencing epoch than one this engine saw on that server: then it is taken
-  for no version (not current) until the server's owner labels it again.
-* :func:`stale_labels`: an answer's labels include one a former owner wrote after its
+  for no version (not current) until the server's sync owner labels it again.
+* :func:`stale_labels`: an answer's labels include one a former sync owner wrote after its
   successor (an epoch older than one the server had accepted before the request was sent, or
   than an earlier label of the same answer).
 """
@@ -66,7 +66,7 @@ def stale_labels(epochs: list[int], known: int) -> bool:
     """``epochs``: the fencing epochs of an answer's labels in the order its tokens were made (0:
     none, as the launch weights'); ``known``: the newest epoch seen on the server before the
     request was sent. A label can only have been written after the request started, so one
-    older than ``known``, or than an earlier label of the answer, was written by a former owner."""
+    older than ``known``, or than an earlier label of the answer, was written by a former sync owner."""
     newest = known
     for epoch in epochs:
         if 0 < epoch < newest:
@@ -86,7 +86,7 @@ class ServerEngineStats:
     duplicate_rids: int = 0  # 400 "Duplicate request ID" answers, retried with a new rid
     stale_spans: int = 0  # spans discarded: the server answered older than required
     unlabelled_spans: int = 0  # answers discarded: tokens labelled as made during a weight load
-    stale_epoch_spans: int = 0  # answers discarded: tokens labelled by a former weight-sync owner
+    stale_epoch_spans: int = 0  # answers discarded: tokens labelled by a former sync owner
     update_cuts: int = 0  # requests a weight update cut before their first token (not failures)
     catch_up_waits: int = 0  # calls that waited for a server to reach the trainer's version
     calls_per_server: Counter[str] = field(default_factory=Counter)  # generate posts by URL

@@ -6,9 +6,9 @@ SGLang specifics the contract rests on:
   answered; mode ``in_place`` (rollstream's ``keep``) freezes the running requests with their
   keys and values until ``/continue_generation``;
 * ``load`` sends ``weight_version`` = ``"<version>@<epoch>"`` with the weights in the same call,
-  so every later ``/generate`` answer reports which weights produced its tokens and which owner
+  so every later ``/generate`` answer reports which weights produced its tokens and which sync owner
   loaded them; SGLang restores the old weights when a load fails, and keeps the old label. The
-  label and the weights change in one call, so a former owner's late call can at worst load
+  label and the weights change in one call, so a former sync owner's late call can at worst load
   (and truthfully label) older weights, which its successor's reconcile replaces: SGLang has no
   place for rollstream's weight fence;
 * ``flush_cache: true`` with each load drops the prefix (radix) cache;

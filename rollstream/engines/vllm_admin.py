@@ -9,8 +9,8 @@ what is missing).
 
 vLLM specifics the contract rests on (vLLM 0.32's code and a real server on CPU):
 
-* every mutating call carries the owner's epoch in the weight fence's header, and the fence
-  refuses an older one (``vllm_weight_fence.py``), so a former owner changes nothing;
+* every mutating call carries the sync owner's epoch in the weight fence's header, and the fence
+  refuses an older one (``vllm_weight_fence.py``), so a former sync owner changes nothing;
 * ``POST /pause?mode=abort`` aborts every running request (each answered with finish reason
   ``abort`` and the tokens it had), clears the prefix and multimodal caches, and holds requests
   that arrive while paused until ``/resume``; ``mode=keep&clear_cache=false`` freezes the
@@ -130,7 +130,7 @@ class VLLMAdmin(ServerAdmin):
         return Probe(ServerHealth.GENERATING, label)
 
     async def updating(self, url: str, since: tuple[int | None, int]) -> bool:
-        """Paused, or labelled otherwise than ``since``: an owner pauses before it labels and
+        """Paused, or labelled otherwise than ``since``: a sync owner pauses before it labels and
         labels before it continues, so a request its pause cut sees one or the other."""
         _, paused = await self.http.get(url, "/is_paused", self.settings.health_probe_timeout_seconds)
         return bool(isinstance(paused, dict) and paused.get("is_paused")) or await super().updating(url, since)

@@ -7,15 +7,15 @@ module imports nothing of rollstream and nothing beyond the standard library;
 Every call that changes what a server generates with, or how its tokens are labelled (pause,
 resume, the weight-version label, a weight load through ``/collective_rpc``, a prefix-cache
 reset, vLLM's own weight-transfer routes, sleep and wake-up), must carry its sender's fencing
-epoch in the ``X-Rollstream-Epoch`` header: the weight-sync owner's lease token, which grows
-with every new ownership (``rollstream.state.server_lease``). Callers may rely on:
+epoch in the ``X-Rollstream-Epoch`` header: the sync owner's lease token, which grows
+with every new lease grant (``rollstream.state.server_lease``). Callers may rely on:
 
 * a call whose epoch is older than the newest one this server accepted is refused (HTTP 409)
-  and changes nothing: a former owner that stalled past its lease (a GC pause, a stopped
+  and changes nothing: a former sync owner that stalled past its lease (a GC pause, a stopped
   process, a slow network) can no longer pause, load, label or continue a server its successor
   took over, whatever the order in which its calls arrive;
 * fenced calls run one at a time (a call's check and its effect are one step), so no fenced
-  call of one owner interleaves with another's;
+  call of one sync owner interleaves with another's;
 * a fenced call without the header is refused (HTTP 428), so nothing can bypass the fence;
 * ``GET /rollstream/fence`` answers ``{"epoch", "extension", "prefix_caching"}``: the newest
   accepted epoch (0: none yet), whether rollstream's worker extension answers, and whether the
@@ -65,7 +65,7 @@ class WeightFence:
         epoch = _epoch(scope)
         if epoch is None:
             await _answer(send, 428, _error(
-                f"{path} changes the weights a server generates with: send the weight-sync owner's fencing "
+                f"{path} changes the weights a server generates with: send the sync owner's fencing "
                 f"epoch in the X-Rollstream-Epoch header"))
             return
         if self._lock is None:
@@ -74,7 +74,7 @@ class WeightFence:
             if epoch < self.epoch:
                 await _answer(send, 409, _error(
                     f"{path} refused: fencing epoch {epoch} is older than {self.epoch}, the newest this server "
-                    f"accepted (a newer weight-sync owner took it over)"))
+                    f"accepted (a newer sync owner took it over)"))
                 return
             self.epoch = epoch
             await self._run(scope, receive, send)

@@ -1,11 +1,11 @@
-"""A vLLM worker extension: load weights in place, all or nothing, fenced by the owner's epoch.
+"""A vLLM worker extension: load weights in place, all or nothing, fenced by the sync owner's epoch.
 
 Runs INSIDE a vLLM server's workers (their own environment: this module imports nothing of
 rollstream but :mod:`rollstream.engines.weight_transfer`, and nothing but torch and vLLM beyond the
 standard library). Start the server with
 ``--worker-extension-cls rollstream.engines.vllm_worker_extension.WeightLoader`` (and the weight
 fence, ``rollstream.engines.vllm_weight_fence``); ``rollstream.dev.vllm_server`` puts both on the
-server's ``PYTHONPATH``. The weight-sync owner calls, through ``POST /collective_rpc``:
+server's ``PYTHONPATH``. The sync owner calls, through ``POST /collective_rpc``:
 
 * ``rollstream_load_weights(path, epoch)``: a checkpoint directory;
 * ``rollstream_receive_weights(request)``: a version sent by the trainer over a torch.distributed
@@ -19,7 +19,7 @@ Callers may rely on:
   :class:`StaleEpochError` and touches nothing.
 * **All or nothing.** Every parameter of the model (a tied output head aside) must be written by
   the load; a load that wrote fewer, or met a name or shape the model does not have, raises
-  :class:`PartialLoadError` naming them. The weights may then be mixed, so the owner keeps the
+  :class:`PartialLoadError` naming them. The weights may then be mixed, so the sync owner keeps the
   server's ``loading:`` label until a load succeeds.
 * **Tied heads.** vLLM 0.32's in-place reload never loads the LM head of a model with tied word
   embeddings (Qwen2.5 0.5B-3B, our tiny models): the checkpoint holds no ``lm_head.weight``, and
@@ -85,7 +85,7 @@ class WeightLoader:
                             timeout=float(spec.get("timeout", 60)), device=str(self.model_runner.device))
         try:
             manifest = receiver.join()
-        except NotServing as exc:  # nothing touched: the owner catches up from a checkpoint
+        except NotServing as exc:  # nothing touched: the sync owner catches up from a checkpoint
             receiver.close()
             return {"served": False, "reason": str(exc)}
         try:

@@ -1,16 +1,18 @@
 """The rebalance guard, written once: which input partitions this instance owns, and since when.
 
-A consumer's records are processed only while their partition is owned in the same
-*ownership epoch* as when they were fetched. The rules that make this skip nothing:
+This instance is a partition's *partition owner* from taking it (rule 1) until losing it (rule
+2): the consumer the group assigned it to, once it could act on it. A consumer's records are
+processed only while their partition is owned in the same *ownership epoch* as when they were
+fetched. The rules that make this skip nothing:
 
 1. Taking a partition (assignment, or a rebuild after a failed transaction) runs the tier's
-   ``acquire`` (e.g. registering the partition's transactional id, which fences every
-   earlier owner, then restoring state), then SEEKS the partition to its committed offset,
+   ``acquire`` (e.g. registering the partition's transactional id, which fences every earlier
+   partition owner, then restoring state), then SEEKS the partition to its committed offset,
    then bumps its epoch. Records fetched before that are dropped by aiokafka itself (their
    fetch position no longer matches) or by the epoch check here; either way they are read
    again from the committed offset. Nothing fetched is ever dropped without such a seek.
 2. Losing a partition (revocation, or being fenced) bumps its epoch and runs ``release``;
-   its new owner reads from the committed offset.
+   its new partition owner reads from the committed offset.
 3. A partition the consumer holds but this instance cannot process (acquire failed, or it
    was fenced and the group has not told us yet) is PAUSED, so no record of it is fetched
    and dropped; acquisition is retried by :meth:`retry_pending`: at once after a failed

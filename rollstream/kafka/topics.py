@@ -25,7 +25,7 @@ class _Role:
     def __init__(self, role: str) -> None:
         self.role = role
 
-    def __get__(self, names: TopicNames, owner: type | None = None) -> str:
+    def __get__(self, names: TopicNames, names_type: type | None = None) -> str:
         return names._name(self.role)
 
 

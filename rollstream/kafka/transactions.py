@@ -5,7 +5,7 @@ records, every delivery is awaited inside the transaction, then the consumed off
 (consume-transform-produce) and it commits. Failures come out as one of two errors:
 
 - :class:`TransactionFenced`: another producer registered the same transactional id (a newer
-  owner of the input partition, or a second process with the same id). Nothing of this
+  partition owner of the input partition, or a second process with the same id). Nothing of this
   transaction is visible and this producer can never commit again; the caller gives the
   work up. The errors that mean this are :data:`FENCED_ERRORS`.
 - :class:`TransactionFailed`: anything else (broker unreachable, coordinator moved, a
@@ -38,7 +38,7 @@ from rollstream.kafka.clients import make_producer, stop_client
 log = logging.getLogger(__name__)
 
 # After these this transactional id belongs to someone else (or may never be used): retrying
-# cannot help, and replacing the producer would fence the rightful owner.
+# cannot help, and replacing the producer would fence the rightful partition owner.
 FENCED_ERRORS: tuple[type[BaseException], ...] = (
     ProducerFenced,
     InvalidProducerEpoch,
@@ -141,7 +141,8 @@ class PartitionProducers:
 
     Fencing without KIP-447 (the design of Kafka Streams before it): output derived from input
     partition p is only ever committed under p's transactional id, and whoever takes p
-    registers that id before it reads p's committed state, which fences every earlier owner.
+    registers that id before it reads p's committed state, which fences every earlier
+    partition owner.
     """
 
     def __init__(self, config: KafkaConfig, client_id: str, base_id: str) -> None:
@@ -160,7 +161,7 @@ class PartitionProducers:
         return producer
 
     async def acquire(self, partition: int) -> None:
-        """Register p's transactional id (fencing every earlier owner); replaces a held one."""
+        """Register p's transactional id (fencing earlier partition owners); replaces a held one."""
         await self.release(partition)
         producer = TransactionalProducer(
             self._config, f"{self._client_id}-p{partition}", self.transactional_id(partition)

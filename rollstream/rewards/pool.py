@@ -77,14 +77,14 @@ class _Worker:
     """One worker process, its end of the socket pair, and the calls sent to it (oldest first:
     the first is running, the others wait in the process)."""
 
-    def __init__(self, owner: _LoopWorkers, process: BaseProcess, sock: socket.socket) -> None:
-        self.owner = owner
+    def __init__(self, workers: _LoopWorkers, process: BaseProcess, sock: socket.socket) -> None:
+        self.workers = workers
         self.process = process
         self.pid = process.pid
         self.sock = sock
         self.calls: deque[_Call] = deque()
         self.retired = False
-        self._loop = owner.loop
+        self._loop = workers.loop
         self._fd = sock.fileno()
         self._inbox = bytearray()
         self._outbox = bytearray()
@@ -126,7 +126,7 @@ class _Worker:
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError:
-            self.owner.retire(self, None)
+            self.workers.retire(self, None)
             return
         if sent < len(header) + len(frame):
             self._outbox += (header + frame)[sent:]
@@ -138,7 +138,7 @@ class _Worker:
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            self.owner.retire(self, None)
+            self.workers.retire(self, None)
             return
         del self._outbox[:sent]
         if not self._outbox:
@@ -152,7 +152,7 @@ class _Worker:
         except OSError:
             data = b""
         if not data:  # the process closed its end: it exited or died
-            self.owner.retire(self, None)
+            self.workers.retire(self, None)
             return
         inbox = self._inbox
         inbox += data
@@ -187,7 +187,7 @@ class _Worker:
             self.calls[0].started = self._loop.time()
             self._arm_timer()
         else:
-            self.owner.flush_soon()
+            self.workers.flush_soon()
 
     # -- the running call's timeout --
 
@@ -207,7 +207,7 @@ class _Worker:
             return
         head = self.calls[0]
         if self._loop.time() >= head.started + head.timeout:
-            self.owner.retire(self, RewardTimeout(f"{head.name} ran longer than {head.timeout} s"))
+            self.workers.retire(self, RewardTimeout(f"{head.name} ran longer than {head.timeout} s"))
         else:
             self._arm_timer()
 
@@ -370,7 +370,8 @@ class _LoopWorkers:
 
 class RewardPool:
     """Worker processes for reward calls: ``size`` per event loop that uses it (see the module
-    docstring for what a call may rely on). ``refcount`` is kept by its owners."""
+    docstring for what a call may rely on). ``refcount``: the reward wrappers that use it
+    (``rollstream.rewards.wrapper``)."""
 
     def __init__(self, max_workers: int | None) -> None:
         self.max_workers = max_workers

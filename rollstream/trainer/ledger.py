@@ -114,11 +114,12 @@ def covered(offsets: dict[int, int], committed: dict[int, int | None]) -> bool:
 
 
 class LedgerMismatch(ValueError):
-    """The ledger file belongs to another topic or consumer group."""
+    """The ledger file was written by another trainer group (another topic or consumer group)."""
 
 
-def check_owner(entries: list[LedgerEntry], path: Path, topic: str, group_id: str) -> None:
-    """Raise :class:`LedgerMismatch` when ``entries`` were written for another topic or group."""
+def check_ledger_group(entries: list[LedgerEntry], path: Path, topic: str, group_id: str) -> None:
+    """Raise :class:`LedgerMismatch` when ``entries`` were written for another topic or group
+    (the ledger's group: the trainer group, ``topic`` and ``group_id``, that wrote it)."""
     for entry in entries:
         if (entry.topic, entry.group_id) != (topic, group_id):
             raise LedgerMismatch(
@@ -126,6 +127,9 @@ def check_owner(entries: list[LedgerEntry], path: Path, topic: str, group_id: st
                 f"group {group_id!r} on {topic!r}: give each experiment and trainer group its own "
                 "trainer.ledger_path (or trainer.checkpoint_dir)"
             )
+
+
+check_owner = check_ledger_group  # the old name, until rollstream/trainer/kafka_source.py imports the new one
 
 
 def reconcile(ledger: StepLedger, committed: dict[int, int | None]) -> tuple[list[LedgerEntry], list[LedgerEntry]]:

@@ -15,7 +15,7 @@ import torch
 
 from rollstream.trainer import Checkpoints, CheckpointError, LedgerEntry, LedgerMismatch, StepLedger, split_by_tokens
 from rollstream.trainer.training_step import GroupRows
-from rollstream.trainer.ledger import check_owner, reconcile
+from rollstream.trainer.ledger import check_ledger_group, reconcile
 from rollstream.trainer.ranks.share import StepShare, decode_share, encode_share, group_rows, share_group
 
 
@@ -93,7 +93,7 @@ def test_a_ledger_of_another_group_is_refused(tmp_path: Path) -> None:
     ledger = StepLedger(tmp_path / "ledger.jsonl")
     ledger.append([entry(1, {0: 3}, ["a"])])
     with pytest.raises(LedgerMismatch, match="trainer.ledger_path"):
-        check_owner(ledger.read(), ledger.path, "t", "other-group")
+        check_ledger_group(ledger.read(), ledger.path, "t", "other-group")
 
 
 # -- checkpoints --
