@@ -14,7 +14,7 @@ with every new lease grant (``rollstream.state.server_lease``). Callers may rely
   and changes nothing: a former sync owner that stalled past its lease (a GC pause, a stopped
   process, a slow network) can no longer pause, load, label or continue a server its successor
   took over, whatever the order in which its calls arrive;
-* fenced calls run one at a time (a call's check and its effect are one step), so no fenced
+* fenced calls run one at a time (a call's check and its effect are one atomic action), so no fenced
   call of one sync owner interleaves with another's;
 * a fenced call without the header is refused (HTTP 428), so nothing can bypass the fence;
 * ``GET /rollstream/fence`` answers ``{"epoch", "extension", "prefix_caching"}``: the newest
