@@ -15,7 +15,7 @@ measure is the ``episodes`` topic itself. The schedule, one phase each (``--phas
 Per transition it prints: prompts generated again (a prompt that a worker started running
 after another had started it: the workers' logs), the samples published twice and their
 tokens as a share of all tokens of the run (the ``episodes`` topic), the
-longest time any prompt partition had no live owner (from the workers' JSON logs: assigned /
+longest time any prompt partition had no live partition owner (from the workers' JSON logs: assigned /
 revoked / left the group, and the kill), and for a worker that starts, the time from its first
 "consuming" line (engine loaded) to its first prompt. For the crash it also gives the dead
 worker's prompts in flight at the kill (started, not all samples published). Targets: no
@@ -209,7 +209,7 @@ def _partitions(message: str) -> list[int]:
 
 
 def longest_unserved(fleet: Fleet, start: float, stop: float, partitions: int) -> float:
-    """The longest stretch in [start, stop) during which some partition had no live owner."""
+    """The longest stretch in [start, stop) during which some partition had no live partition owner."""
     covered: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for worker in fleet.workers.values():
         for p, spans in ownership_intervals(worker, stop).items():

@@ -3,7 +3,7 @@ pauses, the bytes moved, and generation across updates, for each way a version c
 server (``rollout.weight_transfer``: checkpoint, distributed) and each way a server treats its
 running requests (``rollout.weight_update_mode``: abort, keep), side by side with no updates.
 
-The rollout side is a rollout worker's own pieces (a ``VLLMEngine`` and the weight-sync owner of
+The rollout side is a rollout worker's own pieces (a ``VLLMEngine`` and the sync owner of
 its ``SharedServerFollower``, following Redis); the trainer side is ``VersionPublisher`` with a
 model in hand, publishing a new version every ``--interval`` seconds (or as soon as the last
 publish returned, when it took longer). ``--lanes`` requests of ``--new-tokens`` tokens (eos

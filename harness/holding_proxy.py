@@ -1,9 +1,9 @@
 """A real HTTP proxy in front of one server that holds the calls a test picks, for as long as the
-test wants: a weight-sync owner whose calls go through it stalls exactly between two of its
+test wants: a sync owner whose calls go through it stalls exactly between two of its
 calls (as a GC pause, a stopped process or a slow network would make it), deterministically.
 
 :class:`ProxiedHttp` is a :class:`~rollstream.engines.server_http.ServerHttp` whose calls to
-``target`` go through the proxy, so an owner keeps the server's own URL (its lease, its logs)
+``target`` go through the proxy, so a sync owner keeps the server's own URL (its lease, its logs)
 while its traffic takes the held path.
 """
 

@@ -106,14 +106,14 @@ async def samples(config: RollstreamConfig, wanted: set[tuple[str, int]],
 
 
 async def owners_elected(config: RollstreamConfig, servers: list[FakeSGLangServer], timeout: float = 120) -> None:
-    """Wait until every server has a weight-sync owner (a lease holder)."""
+    """Wait until every server has a sync owner."""
     redis = connect(config.redis)
     keys = RedisKeys(config.experiment.experiment_name, config.experiment.trial_name)
     leases = ServerLeases(redis, keys, "observer", 1.0)
     deadline = time.monotonic() + timeout
     try:
         while not all([await leases.holder(s.url) for s in servers]):
-            assert time.monotonic() < deadline, "no weight-sync owner elected"
+            assert time.monotonic() < deadline, "no sync owner elected"
             await asyncio.sleep(0.1)
     finally:
         await redis.aclose()

@@ -12,7 +12,7 @@ instance, the trainer included; broker nodes killed, restarted and paused; Redis
 its data and without; rollout workers joining, leaving and restarting with their worker id; the
 trainer publishes a version every step all along. With ``--engine vllm`` the rollout workers
 generate on one real vLLM server (versions over the wire, a checkpoint each) and three more
-kinds are drawn: the server's weight-sync owner SIGSTOPped as it starts a load, past its lease;
+kinds are drawn: the server's sync owner SIGSTOPped as it starts a load, past its lease;
 the server SIGKILLed in a load (and started again); the owner SIGKILLed; at the end every
 generated token on ``batches`` is audited by its logprob against its version's weights.
 Checked while it runs and at the end

@@ -235,7 +235,7 @@ async def _owner_now(stage: Stage) -> str | None:
 
 
 async def _owner_pause(stage: Stage, fault: Fault) -> str:
-    """SIGSTOP the weight-sync owner as it starts a load, for longer than its lease: a successor
+    """SIGSTOP the sync owner as it starts a load, for longer than its lease: a successor
     takes the server over; the owner's calls that follow must change nothing (the fence)."""
     owner = await _next_load(stage)
     note = ""

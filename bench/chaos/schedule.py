@@ -25,7 +25,7 @@ JOIN = "rollout join"  # a rollout worker with a worker id not running starts
 LEAVE = "rollout leave"  # a running rollout worker gets SIGTERM and stays away
 RESTART = "rollout restart"  # a running rollout worker gets SIGTERM and starts again, same worker id
 # The weight path (a run on a vLLM server): the targets are found when the fault comes.
-OWNER_PAUSE = "owner paused mid-load"  # SIGSTOP the server's weight-sync owner in a load, past its lease
+OWNER_PAUSE = "owner paused mid-load"  # SIGSTOP the server's sync owner in a load, past its lease
 SERVER_KILL = "server killed mid-load"  # SIGKILL the vLLM server in a load, start it after `seconds`
 OWNER_KILL = "owner killed"  # SIGKILL the rollout worker that owns the server, start it after `seconds`
 
