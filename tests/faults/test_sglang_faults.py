@@ -1,4 +1,4 @@
-"""SGLang servers that die or answer 5xx, and a weight-sync owner SIGKILLed mid-update.
+"""SGLang servers that die or answer 5xx, and a sync owner SIGKILLed mid-update.
 
 The servers are ``harness.fake_sglang.FakeSGLangServer``: a real SGLang server needs a GPU, which the CI
 machine lacks, so a stand-in that follows SGLang 0.5.23's HTTP behaviour takes its place (the

@@ -1,4 +1,4 @@
-"""The vLLM engine and its weight-sync owners against a REAL vLLM server (CPU) and Redis.
+"""The vLLM engine and its sync owners against a REAL vLLM server (CPU) and Redis.
 
 The session's server (tests/conftest.py: ``vllm_server``) serves the tiny model; each test puts
 it back on those weights first. Checkpoints of later versions are perturbed copies, so a token

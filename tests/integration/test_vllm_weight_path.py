@@ -4,7 +4,7 @@ Checkpoints of later versions are perturbed copies of the tiny model, so a token
 the wrong version has a logprob that version's weights do not give: every generated token is
 audited by recomputing its logprob with the weights of its tag (harness/logprob_audit.py).
 
-Asserted: a former weight-sync owner whose last call (its label) arrives after its successor
+Asserted: a former sync owner whose last call (its label) arrives after its successor
 took the server over changes nothing, whether its version is older or newer than the
 successor's (a real proxy holds the call, deterministically); a checkpoint with a parameter
 renamed, or missing, is refused naming it, keeps the ``loading:`` label, and no token is ever
@@ -85,7 +85,7 @@ def owner(url: str, admin: VLLMAdmin, client: aioredis.Redis, name: str, who: st
 @contextlib.asynccontextmanager
 async def owned_engine(server: LocalVLLMServer, settings: ServerConfig, client: aioredis.Redis, name: str,
                        mode: str) -> AsyncIterator[tuple[VLLMEngine, SyncCandidate]]:
-    """An engine on ``server`` (back on its launch weights) and the server's weight-sync owner
+    """An engine on ``server`` (back on its launch weights) and the server's sync owner
     in ``mode``, holding its lease; both stopped after."""
     async with fresh_engine(server, settings, mode) as engine:
         keeper = SyncCandidate(server.url, engine.admin, ServerLeases(client, RedisKeys(name, "t0"), "w0", TTL),

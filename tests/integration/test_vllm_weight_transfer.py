@@ -1,7 +1,7 @@
 """``rollout.weight_transfer: distributed`` against a REAL vLLM server (CPU), Redis and gloo.
 
 The trainer's side is the product's own :class:`VersionPublisher` with a model in hand (in this
-process); the rollout worker's side is a :class:`SharedServerFollower`, whose weight-sync owner
+process); the rollout worker's side is a :class:`SharedServerFollower`, whose sync owner
 has the server receive each version from the trainer. Every generated token is audited against
 the weights of its tag (saved to disk by the test for the audit only: the server reads no
 checkpoint of a version sent over the wire).
@@ -65,7 +65,7 @@ def config_for(server: LocalVLLMServer, kafka_bootstrap: str, redis_url: str, na
 
 
 class RolloutSide:
-    """A rollout worker's engine and its version follower (the weight-sync owner), and lanes of
+    """A rollout worker's engine and its version follower (the sync owner), and lanes of
     48-token requests that keep generating until stopped."""
 
     def __init__(self, config: RollstreamConfig, redis: aioredis.Redis) -> None:
@@ -151,7 +151,7 @@ async def test_versions_reach_the_server_over_the_wire_and_tag_every_token(
     config = config_for(vllm_server, kafka_bootstrap, redis_url, unique_name)
     trainer = Trainer(Path(vllm_server.model), tmp_path)
     async with rollout_side(config, redis_client) as side, VersionPublisher(config) as publisher:
-        await until(lambda: side.owner.lease is not None, "the weight-sync owner")
+        await until(lambda: side.owner.lease is not None, "the sync owner")
         for version in (1, 2):
             trainer.step(version)
             await within(publisher.publish(version, model=trainer.model), 60, f"publishing v{version}")
@@ -210,7 +210,7 @@ async def test_a_trainer_killed_mid_transfer_leaves_the_server_loading_and_the_n
     trainer = Trainer(Path(vllm_server.model), tmp_path)
     caplog.set_level(logging.INFO, logger="rollstream")
     async with rollout_side(config, redis_client) as side:
-        await until(lambda: side.owner.lease is not None, "the weight-sync owner")
+        await until(lambda: side.owner.lease is not None, "the sync owner")
         dying = subprocess.Popen([sys.executable, "-m", "harness.weight_transfer_peers", "trainer", redis_url,
                                   unique_name, "1"], cwd=REPO, stdout=subprocess.PIPE, text=True)
         # Read off the loop: the owner and the publisher share it and must go on meanwhile.
@@ -245,7 +245,7 @@ async def test_a_server_killed_mid_transfer_is_named_and_the_others_are_served(
     async with VersionPublisher(config) as publisher:
         side_config = config_for(vllm_server, kafka_bootstrap, redis_url, unique_name)
         async with rollout_side(side_config, redis_client) as side:
-            await until(lambda: side.owner.lease is not None, "the weight-sync owner")
+            await until(lambda: side.owner.lease is not None, "the sync owner")
             trainer.step(1)
             publishing = asyncio.create_task(publisher.publish(1, model=trainer.model))
             assert publisher.sender is not None

@@ -1,4 +1,4 @@
-"""The weight-sync owners against the real Redis and SGLang stand-ins.
+"""The sync owners against the real Redis and SGLang stand-ins.
 
 Leases: one owner at a time, fencing tokens that only grow, a stale owner that can neither
 renew nor write. Owners: of three competing for a server exactly one loads each version; a
