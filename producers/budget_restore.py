@@ -15,7 +15,7 @@ taken over only on a process that did not see it taken), before anything is admi
   keeps every producer's total);
 - dropped: the ``dropped`` records on ``batches`` of those train tasks, by reason;
 - trainer_dropped: the trainer's count of groups it dropped as stale, from the metadata its
-  consumer group committed (``rollstream.wire.messages.TrainerCommit``);
+  consumer group committed (``rollstream.kafka.trainer_commits``);
 - version_floor: the newest trainer version tagged on ``batches`` (a version the trainer
   reached: the capacity never uses a version Redis forgot, but never more than the truth).
 
@@ -46,14 +46,15 @@ from collections.abc import Awaitable
 from redis.exceptions import RedisError
 
 from rollstream.config import RollstreamConfig
-from rollstream.kafka.clients import make_admin, start_client, stop_client, wait_out_outage
+from rollstream.kafka.clients import start_client, stop_client
 from rollstream.kafka.scan import high_watermarks, scan_topic
 from rollstream.kafka.topics import TopicNames
+from rollstream.kafka.trainer_commits import committed_stale_drops
 from rollstream.kafka.transactions import TransactionalProducer
 from rollstream.producers.cursor import read_all_cursors
 from rollstream.producers.publisher import transactional_id
 from rollstream.state.budget import RebuildInterrupted, RebuiltCounts, StalenessBudget
-from rollstream.wire import EmittedGroup, GroupDropped, WireDecodeError, decode_group, decode_prompt, decode_trainer_commit
+from rollstream.wire import EmittedGroup, GroupDropped, WireDecodeError, decode_group, decode_prompt
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,8 @@ async def rebuild(config: RollstreamConfig, names: TopicNames, budget: Staleness
     cursors = await read_all_cursors(config, names, end=ends[names.producer_cursor])
     admitted = await admitted_tasks(config, names, ends[names.prompts])
     drops, version_floor = await dropped_tasks(config, names, set(admitted), ends[names.batches])
-    trainer_dropped = await trainer_stale_drops(config, names)
+    trainer_dropped = await committed_stale_drops(config.kafka, config.trainer.group_id, names.batches,
+                                                  "budget-restore-trainer")
     from_cursors = sum(c.published for c in cursors.values() if not c.is_eval)
     counts = RebuiltCounts(admitted, drops, from_cursors, version_floor, trainer_dropped, "rebuilt from the topics")
     if await budget.restore(counts, lock_owner=owner):
@@ -172,18 +174,3 @@ async def dropped_tasks(
         elif isinstance(message, EmittedGroup):
             version = max(version, message.trainer_version)
     return drops, version
-
-
-async def trainer_stale_drops(config: RollstreamConfig, names: TopicNames) -> int:
-    """The trainer's committed count of groups it dropped as stale (0: none, or no trainer yet)."""
-    admin = make_admin(config.kafka, "budget-restore-trainer")
-    await start_client(admin, config.kafka, "reading the trainer's committed offsets")
-    try:
-        offsets = await wait_out_outage(  # a new cluster creates its offsets topic on first use
-            config.kafka, lambda: admin.list_consumer_group_offsets(config.trainer.group_id),
-            "reading the trainer's committed offsets")
-    finally:
-        await stop_client(admin, "the admin client reading the trainer's offsets")
-    counts = [c.stale_dropped for tp, meta in offsets.items()
-              if tp.topic == names.batches and (c := decode_trainer_commit(meta.metadata)) is not None]
-    return max(counts, default=0)

@@ -24,7 +24,8 @@ newest one published when the step is handed out: the trainer's own word (``publ
 ``VersionPublisher.last_published``) and what Redis answers, never less than the newest version
 a group read was tagged with (a Redis that came back older answers less), never going back. The count of stale drops is cumulative and committed with every step as the
 offsets' metadata (``rollstream.wire.messages.TrainerCommit``), then written to the staleness budget
-in Redis, which returns their slots (a budget rebuilt from the topics reads it from Kafka).
+in Redis, which returns their slots (a budget rebuilt from the topics reads it from Kafka:
+:func:`~rollstream.kafka.trainer_commits.committed_stale_drops`, as this source does at start).
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ from redis.exceptions import RedisError
 
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
-from rollstream.kafka.clients import make_admin, make_consumer, start_client, stop_client, wait_out_outage
+from rollstream.kafka.clients import make_consumer, start_client, stop_client
 from rollstream.kafka.partition_loop import AtLeastOnce, CommitRefused, PartitionLoop
 from rollstream.kafka.topics import TopicNames
+from rollstream.kafka.trainer_commits import committed_stale_drops
 from rollstream.retry import KAFKA_RETRY
 from rollstream.runtime.tasks import cancel_and_wait, wait_event
 from rollstream.state.budget import StalenessBudget
@@ -52,7 +54,7 @@ from rollstream.state.version_store import VersionStore
 from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.ledger import LedgerEntry, StepLedger, check_owner, reconcile
 from rollstream.trainer.step_source import Step
-from rollstream.wire import TrainerCommit, decode_trainer_commit, encode_trainer_commit
+from rollstream.wire import TrainerCommit, encode_trainer_commit
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +127,7 @@ class KafkaStepSource:
         self._names = names
         self._kafka = config.kafka
         self.groups_per_step = config.staleness.groups_per_step
-        self.group_id = tc.group_id
+        self.consumer_group = tc.group_id
         self.accumulator = StepAccumulator(
             config.staleness.groups_per_step, config.grouping.pad_value, include_eval, tc.remember_steps, topic=self.topic
         )
@@ -173,18 +175,19 @@ class KafkaStepSource:
     # -- lifecycle --
 
     async def start(self) -> int:
-        """Create missing topics, reconcile the ledger, join the group and start polling;
+        """Create missing topics, reconcile the ledger, join the consumer group and start polling;
         returns the last committed step."""
         # A trainer may start before any tier: create the trial's topics rather than wait on
         # a topic that does not exist yet.
         await ensure_topics(self._kafka, self._names)
-        await start_client(self._consumer, self._kafka, f"the trainer's consumer (group {self.group_id})")
+        await start_client(self._consumer, self._kafka, f"the trainer's consumer (consumer group {self.consumer_group})")
         try:
             self._last_step = await self._reconcile()
-            self.stale_committed = await self._committed_stale_count()
+            self.stale_committed = await committed_stale_drops(self._kafka, self.consumer_group, self.topic,
+                                                               f"trainer-stale-{self.consumer_group}")
             self.loop.subscribe()
         except BaseException:
-            await stop_client(self._consumer, f"the trainer's consumer (group {self.group_id})")
+            await stop_client(self._consumer, f"the trainer's consumer (consumer group {self.consumer_group})")
             raise
         self._task = asyncio.create_task(self.loop.run(self._stop), name="trainer-poll")
         return self._last_step
@@ -197,14 +200,14 @@ class KafkaStepSource:
                     await asyncio.gather(self._task, return_exceptions=True)
             except TimeoutError:
                 await cancel_and_wait(self._task)
-        await stop_client(self._consumer, f"the trainer's consumer (group {self.group_id})")
+        await stop_client(self._consumer, f"the trainer's consumer (consumer group {self.consumer_group})")
         await self._redis.aclose()
 
     async def _reconcile(self) -> int:
         if self.ledger is None:
             return 0
         entries = self.ledger.read()
-        check_owner(entries, self.ledger.path, self.topic, self.group_id)
+        check_owner(entries, self.ledger.path, self.topic, self.consumer_group)
         partitions = sorted({p for e in entries for p in e.offsets})
         committed = {p: await self._consumer.committed(TopicPartition(self.topic, p)) for p in partitions}
         kept, _ = reconcile(self.ledger, committed)
@@ -258,19 +261,6 @@ class KafkaStepSource:
             self.published_version = max(self.published_version, version)
         return self.published_version
 
-    async def _committed_stale_count(self) -> int:
-        """The cumulative stale-drop count this group committed last (0: none)."""
-        admin = make_admin(self._kafka, f"trainer-stale-{self.group_id}")
-        await start_client(admin, self._kafka, "reading the trainer's committed offsets")
-        try:
-            offsets = await wait_out_outage(self._kafka, lambda: admin.list_consumer_group_offsets(self.group_id),
-                                            "reading the trainer's committed offsets")
-        finally:
-            await stop_client(admin, "the admin client reading the trainer's offsets")
-        counts = [c.stale_dropped for tp, meta in offsets.items()
-                  if tp.topic == self.topic and (c := decode_trainer_commit(meta.metadata)) is not None]
-        return max(counts, default=0)
-
     def _check_poll(self) -> None:
         """Re-raise what stopped the background poll (a dead task is never ignored)."""
         self.ownership.raise_error()
@@ -284,7 +274,7 @@ class KafkaStepSource:
         """Append ``entries`` to the ledger (durably): the first half of :meth:`commit`."""
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         for entry in entries:
-            entry.restart, entry.topic, entry.group_id, entry.written_at = restart, self.topic, self.group_id, time.time()
+            entry.restart, entry.topic, entry.group_id, entry.written_at = restart, self.topic, self.consumer_group, time.time()
         if self.ledger is not None:
             await asyncio.to_thread(self.ledger.append, entries)
 
@@ -302,7 +292,7 @@ class KafkaStepSource:
             await self._delivery.commit(entries[-1].offsets, what=f"committing trainer step {step}", metadata=metadata)
         except CommitRefused as exc:
             raise CommitRefused(
-                f"step {step}: {exc}; another member of group {self.group_id!r} may own these partitions: run "
+                f"step {step}: {exc}; another member of consumer group {self.consumer_group!r} may own these partitions: run "
                 "one trainer job per trainer.group_id"
             ) from exc.__cause__
         if stale > self.stale_committed:

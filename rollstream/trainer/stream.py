@@ -18,6 +18,7 @@ commits every step handed out before it). Dropped groups are counted in ``drops_
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -66,12 +67,20 @@ class StepBook:
 
 class StepFrontEnd:
     """What :class:`StepStream` and :class:`~rollstream.trainer.TrainerSteps` share: the steps
-    handed out (``book``), their groups padded into a :class:`TrainingStep`, and the counters of
-    the step source (``source``; zero where there is none, on ranks other than 0)."""
+    handed out (``book``), their groups padded into a :class:`TrainingStep`, the counters of
+    the step source (``source``; zero where there is none, on ranks other than 0), and how to
+    make the live Kafka source when no other is given (``live_source``)."""
 
     source: StepSource | None
 
-    def __init__(self, config: RollstreamConfig, image_processor: Any) -> None:
+    def __init__(
+        self, config: RollstreamConfig, image_processor: Any, *, include_eval: bool, client_id: str, ledger: bool,
+        published: Callable[[], int] | None,
+    ) -> None:
+        self.live_source: Callable[[], KafkaStepSource] = functools.partial(
+            KafkaStepSource, config, include_eval=include_eval, client_id=client_id, use_ledger=ledger,
+            published=published,
+        )
         self.book = StepBook()
         self._pad_value = config.grouping.pad_value
         self._images = StepAssembler(image_processor if image_processor is not None else trainer_image_processor(config))
@@ -138,10 +147,9 @@ class StepStream(StepFrontEnd):
             config = msgspec.structs.replace(config, trainer=trainer)
         self.config = config
         self.groups_per_step = config.staleness.groups_per_step
-        self.source: StepSource = source or KafkaStepSource(
-            config, include_eval=include_eval, client_id=client_id, use_ledger=ledger, published=published
-        )
-        super().__init__(config, image_processor)
+        super().__init__(config, image_processor, include_eval=include_eval, client_id=client_id, ledger=ledger,
+                         published=published)
+        self.source: StepSource = source or self.live_source()
 
     # -- lifecycle --
 

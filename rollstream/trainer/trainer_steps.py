@@ -6,7 +6,7 @@
             steps.commit(step)       # returns once every rank finished and the step is committed
 
 Single process: the Kafka client runs on a background thread (it keeps the consumer in its
-group while a step computes), and the loop is plain Python.
+consumer group while a step computes), and the loop is plain Python.
 
 Under ``torchrun`` (``torch.distributed`` initialized, more than one rank), every rank
 creates ``TrainerSteps`` and runs the same loop; every call is collective:
@@ -14,7 +14,7 @@ creates ``TrainerSteps`` and runs the same loop; every call is collective:
 - rank 0 alone owns the Kafka consumer. Each round it takes the next step's
   ``staleness.groups_per_step`` groups, splits them into one share per rank (whole groups, balanced
   by tokens, deterministic: :func:`~rollstream.trainer.ranks.split.split_by_tokens`) and scatters
-  the shares over a gloo group (:mod:`rollstream.trainer.ranks.world`), so the ranks step in
+  the shares over a gloo process group (:mod:`rollstream.trainer.ranks.world`), so the ranks step in
   lockstep, each on different groups;
 - :meth:`TrainerSteps.commit` waits until every rank called it for the same step, then
   rank 0 writes the step to the ledger and commits its offsets, once; every rank returns
@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from rollstream.config import ConfigError, RollstreamConfig
-from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource
+from rollstream.trainer.kafka_source import CommitRefused
 from rollstream.trainer.loop_thread import LoopThread
 from rollstream.trainer.ranks.health import CollectiveFailed, RankFailed, RankHealth
 from rollstream.trainer.ranks.share import StepShare, decode_share, encode_share, group_rows, share_group
@@ -61,8 +61,8 @@ class TrainerSteps(StepFrontEnd):
     """Synchronous iterator of :class:`TrainingStep`, this rank's share of each step.
 
     ``source`` makes the step source on rank 0's I/O thread (default: the live Kafka source;
-    see :func:`rollstream.trainer.replay.replay_source` for a replay). ``group`` is the
-    process group whose ranks share the steps (default: every rank). ``wait_seconds`` is the
+    see :func:`rollstream.trainer.replay.replay_source` for a replay). ``process_group`` is
+    the torch process group whose ranks share the steps (default: every rank). ``wait_seconds`` is the
     length of one round of :meth:`__iter__`. Every rank rebuilds the vision inputs of its share
     with ``image_processor`` (default: the one of ``trainer.processor_path``, when set).
     ``published`` (rank 0): the newest version this trainer published (e.g.
@@ -78,20 +78,21 @@ class TrainerSteps(StepFrontEnd):
         client_id: str = "trainer",
         source: SourceFactory | None = None,
         ledger: bool = True,
-        group: Any = None,
+        process_group: Any = None,
         wait_seconds: float = 2.0,
         image_processor: Any = None,
         published: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
-        self.ranks = Ranks.detect(group, config.trainer.collective_timeout_seconds)
+        self.ranks = Ranks.detect(process_group, config.trainer.collective_timeout_seconds)
         if config.staleness.groups_per_step < self.ranks.world_size:
             raise ConfigError(
                 f"invalid configuration: staleness.groups_per_step {config.staleness.groups_per_step} is smaller than the "
                 f"{self.ranks.world_size} ranks: every rank needs at least one group per step"
             )
         self.wait_seconds = wait_seconds
-        super().__init__(config, image_processor)
+        super().__init__(config, image_processor, include_eval=include_eval, client_id=client_id, ledger=ledger,
+                         published=published)
         self._stop = threading.Event()
         self._stopped = False
         self._mine: list[GroupRows] = []
@@ -99,8 +100,7 @@ class TrainerSteps(StepFrontEnd):
         self.source: StepSource | None = None  # rank 0's (None on other ranks)
         self._health = RankHealth(self.ranks, config.trainer)
         if self.ranks.is_leader:
-            factory = source or (lambda: KafkaStepSource(config, include_eval=include_eval, client_id=client_id,
-                                                          use_ledger=ledger, published=published))
+            factory = source or self.live_source
             self._thread = LoopThread()
 
             async def make() -> StepSource:
@@ -210,10 +210,10 @@ class TrainerSteps(StepFrontEnd):
         return self._stopped
 
     def _agree_to_stop(self) -> bool:
-        if self.ranks.group is None:
+        if self.ranks.process_group is None:
             return self._stop.is_set()
         flag = torch.tensor([1 if self._stop.is_set() else 0], dtype=torch.int32)
-        self._health.collective(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ranks.group))
+        self._health.collective(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ranks.process_group))
         return bool(flag.item())
 
     def _lead_round(self, timeout: float | None) -> list[bytes]:
@@ -275,10 +275,10 @@ class TrainerSteps(StepFrontEnd):
         self._health.at(step.step, "after commit")
 
     def _gather(self, step: int) -> list[int]:
-        if self.ranks.group is None:
+        if self.ranks.process_group is None:
             return [step]
         steps: list[Any] = [None] * self.ranks.world_size
-        self._health.collective(lambda: dist.all_gather_object(steps, step, group=self.ranks.group))
+        self._health.collective(lambda: dist.all_gather_object(steps, step, group=self.ranks.process_group))
         return steps
 
 

@@ -19,7 +19,8 @@ from rollstream.consumers.grouping.groups import CompleteGroup
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_admin
 from rollstream.kafka.topics import TopicNames
-from rollstream.producers.budget_restore import restore_budget, trainer_stale_drops
+from rollstream.kafka.trainer_commits import committed_stale_drops
+from rollstream.producers.budget_restore import restore_budget
 from rollstream.state.budget import RebuiltCounts, StalenessBudget
 from rollstream.state.client import RedisKeys
 from rollstream.state.version_store import VersionStore
@@ -69,7 +70,8 @@ async def test_a_stale_group_is_dropped_counted_and_its_slot_returned(
     (meta,) = [decode_trainer_commit(m.metadata) for tp, m in offsets.items() if tp.topic == names.batches]
     assert meta is not None and (meta.step, meta.stale_dropped) == (1, 2)
     assert (await budget.read()).trainer_dropped == 2  # their slots are back
-    assert await trainer_stale_drops(config, names) == 2  # and a rebuild reads them from Kafka
+    # and a rebuild reads them from Kafka
+    assert await committed_stale_drops(config.kafka, config.trainer.group_id, names.batches, "test-stale") == 2
     for key in await redis_client.keys(keys.key("*")):
         await redis_client.delete(key)  # Redis forgot everything
     await restore_budget(config, names, budget)

@@ -1,7 +1,7 @@
 """How the ranks of a trainer job (``torchrun``) work together on each step.
 
 - :mod:`~rollstream.trainer.ranks.world`: this process's rank among the job's ranks, and the
-  gloo group whose collectives share the steps (:class:`Ranks`);
+  gloo process group whose collectives share the steps (:class:`Ranks`);
 - :mod:`~rollstream.trainer.ranks.split`: which groups of a step each rank trains (whole
   groups, balanced by tokens, deterministic);
 - :mod:`~rollstream.trainer.ranks.share`: what rank 0 sends each rank per round (its share of a

@@ -66,7 +66,7 @@ class RankHealth:
         self.step = 0
         self.resume: tuple[int, dict[int, int]] = (0, {})
         self._collective_timeout = config.collective_timeout_seconds
-        self._watch = RankWatch.start(ranks, config.rank_timeout_seconds, self._on_lost) if ranks.group is not None else None
+        self._watch = RankWatch.start(ranks, config.rank_timeout_seconds, self._on_lost) if ranks.process_group is not None else None
         self._previous_term: Any = None
         if self._watch is not None and threading.current_thread() is threading.main_thread():
             self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
@@ -129,7 +129,7 @@ class RankHealth:
     def log_start(self) -> None:
         """Rank 0, once the ranks agreed where the steps resume: which run of the job this is."""
         restarts = Restarts.from_env()
-        if self.ranks.is_leader and (self.ranks.group is not None or restarts.under_torchrun):
+        if self.ranks.is_leader and (self.ranks.process_group is not None or restarts.under_torchrun):
             world = self.ranks.world_size
             log.info("trainer job of %d rank%s, %s: %s", world, "s" if world > 1 else "", restarts.this_run(),
                      self.resume_text())
