@@ -12,14 +12,14 @@ Callers may rely on:
   decoded output. Reaching the budget ``gconfig.budget(prompt_len)`` ends it with "length",
   which (as in SGLang) wins over a stop token sampled as the last budgeted token.
 * ``output_versions[i]`` is the engine version when token ``i`` was sampled. ``pause`` returns
-  once the step in flight has finished; requests keep their tokens and wait. ``update_weights``
+  once the decode pass in flight has finished; requests keep their tokens and wait. ``update_weights``
   loads a checkpoint directory and sets the version; after ``resume`` every in-flight request's
   cache is recomputed with the new weights from the tokens it already has.
 * With ``seed`` set, results are reproducible for the same sequence of requests and arrivals.
-* A request is checked before it joins a step (``rollstream.api.request_check``): malformed
+* A request is checked before it joins a decode pass (``rollstream.api.request_check``): malformed
   ``input_ids``, ids outside the model's vocabulary, or a prompt that fills the model's context
   (``max_position_embeddings``) raise ``InvalidRequestError`` for that request alone; requests
-  sharing its steps are untouched. The budget is also capped so prompt + output fit the context.
+  sharing its decode passes are untouched. The budget is also capped so prompt + output fit the context.
   AReaL's own ``ModelRequest`` and ``GenerationHyperparameters`` are accepted as they are; the
   response carries the request's ``tokenizer``, ``processor`` and ``image_data`` (``input_images``).
 * Vision-language models (a Qwen2-VL-style directory: ``config.json`` with a ``vision_config``,
@@ -81,7 +81,7 @@ class HFEngineStats:
     """Counters callers may read for throughput figures (never reset by the engine)."""
 
     tokens_generated: int = 0
-    decode_steps: int = 0
+    decode_passes: int = 0  # forward passes of the decoding batch, one token per row each
     prefill_tokens: int = 0
     requests_finished: int = 0
 
@@ -156,7 +156,7 @@ class HFEngine(InferenceEngine):
         self._wake = asyncio.Event()
         self._unpaused = asyncio.Event()
         self._unpaused.set()
-        self._step_lock = asyncio.Lock()
+        self._pass_lock = asyncio.Lock()
         self._start_lock = asyncio.Lock()
 
     # ----------------------------------------------------------------- lifecycle
@@ -252,9 +252,9 @@ class HFEngine(InferenceEngine):
         self._version = version
 
     async def pause(self) -> None:
-        """Return once no step is running; no new step starts until ``resume``."""
+        """Return once no decode pass is running; no new one starts until ``resume``."""
         self._unpaused.clear()
-        async with self._step_lock:
+        async with self._pass_lock:
             pass
 
     async def resume(self) -> None:
@@ -263,11 +263,11 @@ class HFEngine(InferenceEngine):
     async def update_weights(self, update: WeightUpdate) -> None:
         """Load ``update.path`` (safetensors files, else ``from_pretrained``) and set the version.
 
-        Runs between steps even when not paused. Raises ``ValueError`` (weights unchanged) when
+        Runs between decode passes even when not paused. Raises ``ValueError`` (weights unchanged) when
         the checkpoint's parameter names or shapes do not match the model.
         """
         await self.start()
-        async with self._step_lock:
+        async with self._pass_lock:
             await self._in_worker(self._load_weights, update.path)
             self._version = update.version
             self._reset_cache = True  # cached keys/values came from the old weights
@@ -376,14 +376,14 @@ class HFEngine(InferenceEngine):
         while True:
             await self._wake.wait()
             await self._unpaused.wait()
-            async with self._step_lock:
+            async with self._pass_lock:
                 if not self._unpaused.is_set():
                     continue  # paused while we waited for the lock
                 self._admit()
                 if not self._active:
                     self._wake.clear()
                     continue
-                await self._step_once()
+                await self._decode_pass()
 
     def _admit(self) -> None:
         self._active = [s for s in self._active if not s.future.done()]  # dropped by callers
@@ -392,15 +392,15 @@ class HFEngine(InferenceEngine):
             if not seq.future.done():
                 self._active.append(seq)
 
-    async def _step_once(self) -> None:
+    async def _decode_pass(self) -> None:
         reset, self._reset_cache = self._reset_cache, False
-        version = self._version  # no weight update can run during the step (step lock)
+        version = self._version  # no weight update can run during the pass (pass lock)
         seqs = list(self._active)
         try:
-            results = await self._in_worker(self._compute_step, seqs, reset)
+            results = await self._in_worker(self._compute_pass, seqs, reset)
             self._apply(seqs, results, version)
         except Exception as exc:  # fail this batch, keep the engine alive for new requests
-            logger.exception("HFEngine step failed; failing %d requests", len(seqs))
+            logger.exception("HFEngine decode pass failed; failing %d requests", len(seqs))
             for seq in seqs:
                 if not seq.future.done():
                     seq.future.set_exception(exc)
@@ -461,7 +461,7 @@ class HFEngine(InferenceEngine):
     # ------------------------------------------------------- worker-thread torch
 
     @torch.no_grad()
-    def _compute_step(self, seqs: list[_Seq], reset: bool) -> dict[int, tuple[int, float]]:
+    def _compute_pass(self, seqs: list[_Seq], reset: bool) -> dict[int, tuple[int, float]]:
         """One token for every row: decode the cached rows, prefill the new ones, sample."""
         if reset:
             self._kv = KVBatch()
@@ -478,7 +478,7 @@ class HFEngine(InferenceEngine):
         logits = torch.cat(parts).float()
         rows = [by_id[sid] for sid in kv.rows]
         tokens, logprobs = sample(logits, [s.spec for s in rows], [s.out_tokens for s in rows], self._generator)
-        self.stats.decode_steps += 1
+        self.stats.decode_passes += 1
         return {s.sid: (t, lp) for s, t, lp in zip(rows, tokens, logprobs)}
 
     def _forward(

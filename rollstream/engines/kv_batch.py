@@ -41,7 +41,7 @@ class KVBatch:
     """The left-padded KV cache of the running rows. Used by the worker thread only.
 
     Invariant: for every row the cache holds all of its tokens but the last sampled one,
-    which the next decode step feeds in. ``mask`` is 1 on real positions.
+    which the next decode pass feeds in. ``mask`` is 1 on real positions.
     """
 
     def __init__(self) -> None:

@@ -1,7 +1,7 @@
 """What an engine accepts as a request, checked before any engine sends it to a model.
 
 Every engine calls :func:`accepted_request` first, so a malformed request fails alone, with a
-message that names the likely cause, instead of failing the engine step it would have shared
+message that names the likely cause, instead of failing the decode pass it would have shared
 with other requests (one bad row fails a whole batched forward pass).
 
 **Token ids** (:func:`checked_input_ids`) are accepted as transformers returns them: a flat

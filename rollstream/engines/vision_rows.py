@@ -3,7 +3,7 @@
 A request's ``image_data`` (base64 text, data URIs or file paths, as SGLang takes them) is
 decoded and processed once, when the request arrives (:meth:`EngineVision.prepare`); its
 images go into every prefill of the request (the first one, and the recomputation after a
-weight update), never into decode steps, which only need each row's M-RoPE offset.
+weight update), never into decode passes, which only need each row's M-RoPE offset.
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ async def test_bad_checkpoint_is_rejected_and_weights_kept(engine: HFEngine, tmp
     assert engine.get_version() == 0
 
 
-async def test_a_malformed_request_fails_alone_in_a_shared_step(engine: HFEngine) -> None:
+async def test_a_malformed_request_fails_alone_in_a_shared_decode_pass(engine: HFEngine) -> None:
     good = engine.tokenizer("What is 2+2? Answer:").input_ids
     encoding = engine.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True, return_dict=True)
     bad = [[100000], list(encoding), [good, good], ["1", "2"], [1] * 2048]

@@ -53,7 +53,7 @@ def assert_fresh(model: Any, image_processor: Any, resp: ModelResponse, images: 
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
 
 
-async def test_images_rows_and_text_rows_share_steps_and_match_a_fresh_pass(
+async def test_images_rows_and_text_rows_share_decode_passes_and_match_a_fresh_pass(
     tiny_vlm_dir: Path, processor: Any, ref_model: Any,
 ) -> None:
     engine = HFEngine(str(tiny_vlm_dir), seed=0, max_batch_size=3)
