@@ -16,7 +16,7 @@ import msgspec
 import numpy
 
 from rollstream.wire.messages import (
-    FIRST_VERSION,
+    FIRST_SCHEMA_VERSION,
     OLDEST_READABLE,
     SCHEMA_VERSION,
     DeadLetter,
@@ -87,7 +87,7 @@ def _decode(kind: Any, data: bytes | memoryview | None) -> Any:
 
 def _check_schema_version(message: Any) -> None:
     version = message.schema_version
-    oldest = OLDEST_READABLE.get(type(message), FIRST_VERSION)
+    oldest = OLDEST_READABLE.get(type(message), FIRST_SCHEMA_VERSION)
     if not oldest <= version <= SCHEMA_VERSION:
         raise WireDecodeError(
             f"unsupported schema_version {version} of a {type(message).__name__} "
@@ -237,4 +237,4 @@ def decode_trainer_commit(metadata: str | None) -> TrainerCommit | None:
         commit = _commit_decoder.decode(metadata)
     except (msgspec.DecodeError, UnicodeDecodeError):
         return None
-    return commit if commit.schema_version <= FIRST_VERSION else None
+    return commit if commit.schema_version <= FIRST_SCHEMA_VERSION else None

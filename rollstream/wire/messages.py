@@ -52,7 +52,7 @@ GroupSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP_SIZE)]
 SampleIdx = Annotated[int, msgspec.Meta(ge=0, lt=MAX_GROUP_SIZE)]
 
 SCHEMA_VERSION = 3  # the newest version this reader understands (any kind)
-FIRST_VERSION = 1
+FIRST_SCHEMA_VERSION = 1  # the wire schema's first version (weight versions start at 0)
 EMITTED_GROUP_VERSION = 3
 
 DropReason = Literal[
@@ -67,7 +67,7 @@ DropReason = Literal[
 
 
 class _Message(msgspec.Struct, tag_field="kind", kw_only=True):
-    schema_version: int = FIRST_VERSION
+    schema_version: int = FIRST_SCHEMA_VERSION
 
 
 def _check_sample(sample_idx: int, group_size: int) -> None:
@@ -195,7 +195,7 @@ class EmittedGroup(_Message, tag="batch", kw_only=True):
             raise ValueError(f"group has {len(self.sample_idx)} rows but {len(self.row_images)} row_images entries")
 
 
-# The oldest version of a kind this reader reads (a kind not named: FIRST_VERSION).
+# The oldest version of a kind this reader reads (a kind not named: FIRST_SCHEMA_VERSION).
 OLDEST_READABLE: dict[type, int] = {EmittedGroup: EMITTED_GROUP_VERSION}
 
 
@@ -257,9 +257,9 @@ class TrainerCommit(msgspec.Struct, kw_only=True):
     the ``step`` committed and ``stale_dropped``, the groups dropped as stale in all committed
     steps so far (cumulative, so a repeat is harmless). It returns staleness slots
     (``rollstream.state.budget``), and a budget rebuilt from the topics reads it back from Kafka
-    (``rollstream.producers.budget_restore``), so a Redis that forgot it cannot keep them."""
+    (``rollstream.kafka.trainer_commits``), so a Redis that forgot it cannot keep them."""
 
-    schema_version: int = FIRST_VERSION
+    schema_version: int = FIRST_SCHEMA_VERSION
     step: int
     stale_dropped: int = 0
 
