@@ -2,12 +2,12 @@
 calls into trainable trajectories (docs/WORKFLOWS.md, "Write an agent workflow").
 
 * :class:`AgentWorkflow` runs an object with ``async def run(data, **extra)`` (``workflow``);
-* :class:`AgentEndpoint` serves the sessions (``server``), one per episode (``session``);
+* :class:`AgentEndpoint` serves the sessions (``endpoint``), one per episode (``session``);
 * what a request becomes: prompt tokens (``chat_template``), a reply with tool calls
   (``completions``, ``tool_calls``), turns chained into rows (``conversation``).
 """
 
-from rollstream.agent.server import AgentEndpoint
+from rollstream.agent.endpoint import AgentEndpoint
 from rollstream.agent.session import AgentSession
 from rollstream.agent.workflow import AgentError, AgentWorkflow
 

@@ -1,7 +1,7 @@
 """Agent workflows: any object with ``async def run(data, **extra)``, run against the endpoint.
 
 :class:`AgentWorkflow` is what ``resolve_workflow`` makes of an agent. For each episode it
-opens a session on an :class:`~rollstream.agent.server.AgentEndpoint` (the worker's, or a
+opens a session on an :class:`~rollstream.agent.endpoint.AgentEndpoint` (the worker's, or a
 private one on 127.0.0.1 when none is given) and calls::
 
     await agent.run(data, base_url=..., api_key=..., http_client=..., session=..., engine=...)
@@ -35,7 +35,7 @@ from typing import Any
 
 from torch import Tensor
 
-from rollstream.agent.server import AgentEndpoint
+from rollstream.agent.endpoint import AgentEndpoint
 from rollstream.agent.session import AgentSession
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.workflow import RolloutWorkflow
