@@ -10,7 +10,7 @@ Callers may rely on:
   label ``"v@<epoch>"``, the fencing epoch of the sync owner that loaded it; the launch weights'
   label ``"default"`` is version 0). A generation cut by a pause (an answer that ends in
   "abort") is resubmitted as prompt + partial output with the remaining budget; a generation
-  frozen by a ``keep`` pause goes on and its answer labels each forward pass; either way one response
+  frozen by a ``keep`` pause goes on and its answer labels each decode pass; either way one response
   can hold several versions, oldest first. An abort that exhausts the budget is reported as
   "length". A request a weight update cut before its first token is sent again and never
   counts toward ``max_retries`` (``stats.update_cuts``).

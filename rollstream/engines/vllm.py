@@ -17,7 +17,7 @@ Callers may rely on (besides everything ``server_engine.py`` promises):
   ``log_softmax`` of the logits after penalties and temperature, which is the one definition
   (:mod:`rollstream.engines.logprob_definition`) for every setting a training request may use
   (with ``top_k``/``top_p`` on, vLLM renormalises over the kept tokens: eval requests only).
-* Tags: the answer's ``weight_versions`` spans (the label the engine core stamped on every forward
+* Tags: the answer's ``weight_versions`` spans (the label the engine core stamped on every decode
   pass that produced each token) tag each token, and name the fencing epoch of the sync owner that wrote
   each label; an answer with a token labelled ``loading:<v>@<epoch>`` (made during a weight
   load) is discarded and generated again; one without spans (an older vLLM) or with a label

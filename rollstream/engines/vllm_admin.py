@@ -15,7 +15,7 @@ vLLM specifics the contract rests on (vLLM 0.32's code and a real server on CPU)
   ``abort`` and the tokens it had), clears the prefix and multimodal caches, and holds requests
   that arrive while paused until ``/resume``; ``mode=keep&clear_cache=false`` freezes the
   running requests with their keys and values instead (they go on at ``/resume``);
-* the engine core stamps every forward pass's output with its current weight-version label, and the
+* the engine core stamps every decode pass's output with its current weight-version label, and the
   token-in/token-out answer returns them as ``weight_versions`` spans; the label changes only
   through ``/update_weight_version``;
 * a load labels the server ``loading:<version>@<epoch>`` (no rollstream version), loads through
