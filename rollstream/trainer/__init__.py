@@ -69,6 +69,7 @@ RENAMED = {
     "BatchStream": "StepStream",
     "BatchDataset": "StepDataset",
     "BatchAccumulator": "StepAccumulator",
+    "batch_group": "emitted_group_rows",
 }
 
 

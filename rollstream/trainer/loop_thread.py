@@ -3,7 +3,7 @@
 The Kafka and Redis clients are asyncio; a synchronous trainer loop blocks its thread for a
 whole step. Running the clients' loop on a thread of its own keeps their heartbeats and
 polls going while the trainer's thread computes (a step of any length keeps the consumer in
-its group), and :meth:`LoopThread.run` hands a coroutine over and waits for its result.
+its consumer group), and :meth:`LoopThread.run` hands a coroutine over and waits for its result.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from rollstream.trainer import RENAMED, StepStream, TrainerSteps
     ("BatchStream", "StepStream"),
     ("BatchDataset", "StepDataset"),
     ("BatchAccumulator", "StepAccumulator"),
+    ("batch_group", "emitted_group_rows"),
 ])
 def test_an_old_name_is_refused_naming_the_new_one(old: str, new: str) -> None:
     assert getattr(trainer, new) is not None
@@ -26,7 +27,8 @@ def test_an_old_name_is_refused_naming_the_new_one(old: str, new: str) -> None:
 
 
 def test_every_old_name_is_tested_and_none_is_in_all() -> None:
-    assert set(RENAMED) == {"TrainerBatches", "TrainingBatch", "BatchStream", "BatchDataset", "BatchAccumulator"}
+    assert set(RENAMED) == {"TrainerBatches", "TrainingBatch", "BatchStream", "BatchDataset", "BatchAccumulator",
+                            "batch_group"}
     assert not set(RENAMED) & set(trainer.__all__)
 
 
