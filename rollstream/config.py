@@ -241,7 +241,7 @@ class RolloutConfig(_Section):
     weight_update_mode: Literal["abort", "keep"] = "abort"
     # Engines sglang / vllm: how a version reaches the servers. checkpoint: each loads the
     # trainer's checkpoint; distributed: the trainer's rank 0 sends the tensors over a
-    # torch.distributed group (trainer.weight_sender; vLLM), and a server that missed a version
+    # torch.distributed process group (trainer.weight_sender; vLLM), and a server that missed a version
     # catches up from the newest checkpoint (written every trainer.checkpoint_every versions)
     weight_transfer: Literal["checkpoint", "distributed"] = "checkpoint"
 

@@ -1,4 +1,4 @@
-"""Check the multi-rank trainer path on GPUs: NCCL as the default backend, rollstream's gloo group
+"""Check the multi-rank trainer path on GPUs: NCCL as the default backend, rollstream's gloo process group
 beside it, a GRPO step on CUDA per rank. No broker: the steps come from a dump replay.
 
     python scripts/check_trainer_gpu.py --ranks 2          # starts torchrun itself
@@ -8,7 +8,7 @@ It writes a ``batches`` dump (``rollstream replay --to-jsonl`` format) of ``4 * 
 and a tiny offline model, then runs ``torchrun --nproc-per-node RANKS`` of itself. Each rank
 initializes NCCL (one GPU per rank; with fewer GPUs than ranks they share GPU 0 and the model is
 not wrapped in DDP, since NCCL refuses two ranks on one GPU), reads the replay with
-``TrainerSteps`` (shares scattered over rollstream's gloo group), takes an example-trainer GRPO
+``TrainerSteps`` (shares scattered over rollstream's gloo process group), takes an example-trainer GRPO
 step on CUDA and commits (a replay commits nothing). Checks: every rank got a share of every
 step, in lockstep, the shares are disjoint and cover every group, and (with DDP) the weights are
 identical on every rank after the steps. Prints PASS / FAIL; exits 1 on a failure.

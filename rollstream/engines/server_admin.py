@@ -19,7 +19,7 @@ Callers may rely on:
   frozen with their keys and values and go on at ``resume``; both hold new requests until
   ``resume``;
 * after ``load`` (a checkpoint directory) or ``receive`` (the trainer sends the version over a
-  torch.distributed group) the server's weights are ``update``'s and every later answer labels
+  torch.distributed process group) the server's weights are ``update``'s and every later answer labels
   its tokens ``update.version``, and no cached prefix computed with other weights is reused;
   a label never names weights the server does not hold: a failed load either restores the old
   weights with their label (SGLang) or leaves a label that is no rollstream version (vLLM,
@@ -60,7 +60,7 @@ class NotServed(WeightLoadError):
 
 
 class TransferUnsupported(WeightLoadError):
-    """The server kind cannot receive weights over a torch.distributed group from rollstream's trainer."""
+    """The server kind cannot receive weights over a torch.distributed process group from rollstream's trainer."""
 
 
 class ServerHealth(enum.Enum):

@@ -1,4 +1,4 @@
-"""Weights over a torch.distributed group: the protocol the trainer and the servers share.
+"""Weights over a torch.distributed process group: the protocol the trainer and the servers share.
 
 This module imports nothing of rollstream and nothing but torch beyond the standard library: it
 runs in the trainer (``rollstream.trainer.weight_sender``) and INSIDE a vLLM server's workers
@@ -14,9 +14,9 @@ The trainer's rank 0 hosts a ``TCPStore`` (the rendezvous). For each version it 
    GPUs) under the ticket's prefix, so a server that dies breaks only its own transfer;
 3. the trainer broadcasts the buckets (flat byte buffers of at most ``bucket_bytes``, each
    tensor aligned) in the manifest's order; each worker loads a bucket's tensors as they
-   arrive, then every rank of the group sums its verdict (1: loaded, 0: failed) in one
+   arrive, then every rank of the process group sums its verdict (1: loaded, 0: failed) in one
    all-reduce, so the trainer learns at once whether every worker loaded the version, and a
-   peer that died breaks the group for the other side at once;
+   peer that died breaks the process group for the other side at once;
 4. the trainer closes the session (``open`` set to ""): a server that asks later is told the
    version is no longer served (:class:`NotServing`) at once, and catches up from a checkpoint.
 
@@ -131,7 +131,7 @@ def connect(address: str, timeout: float, master: bool = False) -> dist.TCPStore
         raise TransferError(f"cannot reach the trainer's weight sender at {address}: {exc}") from exc
 
 
-def group(store: dist.Store, prefix: str, rank: int, size: int, backend: str, timeout: float) -> Any:
+def process_group(store: dist.Store, prefix: str, rank: int, size: int, backend: str, timeout: float) -> Any:
     """A process group of its own (not the default one) for one server's transfer."""
     prefixed = dist.PrefixStore(prefix, store)
     span = datetime.timedelta(seconds=timeout)
@@ -153,7 +153,7 @@ def ticket_key(session: str, ticket: int) -> str:
 
 
 def verdict(pg: Any, ok: bool, device: str | torch.device) -> int:
-    """Sum every rank's verdict (1: its part went well) over the group; ``1 + workers`` when all did."""
+    """Sum every rank's verdict (1: its part went well) over the process group; ``1 + workers`` when all did."""
     total = torch.tensor([int(ok)], dtype=torch.int64, device=device)
     pg.allreduce([total]).wait()
     return int(total.item())
@@ -183,7 +183,7 @@ class Receiver:
     def __post_init__(self) -> None:
         self.received_bytes = 0
         self._store: dist.TCPStore | None = None
-        self._group: Any = None
+        self._process_group: Any = None
         self._ticket = 0
         self._session = ""
 
@@ -207,7 +207,7 @@ class Receiver:
             else:
                 self._ticket = int(store.get(server_key))
             manifest = Manifest.decode(store.get(f"{self._session}/manifest"))
-            self._group = group(store, f"{self._session}/{self._ticket}", 1 + self.worker, 1 + self.workers,
+            self._process_group = process_group(store, f"{self._session}/{self._ticket}", 1 + self.worker, 1 + self.workers,
                                 self.backend, self.timeout)
         except RuntimeError as exc:
             raise TransferError(f"joining the trainer at {self.address} for v{self.version} failed: {exc}") from exc
@@ -218,7 +218,7 @@ class Receiver:
         for bucket, size in enumerate(manifest.bucket_sizes):
             buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
             try:
-                self._group.broadcast(buffer, 0).wait()
+                self._process_group.broadcast(buffer, 0).wait()
             except RuntimeError as exc:
                 raise TransferError(
                     f"receiving v{self.version} from the trainer at {self.address} failed after "
@@ -230,12 +230,12 @@ class Receiver:
     def acknowledge(self, ok: bool) -> None:
         """Tell the trainer whether this worker loaded every tensor (``verdict``)."""
         try:
-            verdict(self._group, ok, self.device)
+            verdict(self._process_group, ok, self.device)
         except RuntimeError as exc:
             if ok:
                 raise TransferError(f"the trainer at {self.address} left before v{self.version} was "
                                     f"acknowledged: {exc}") from exc
 
     def close(self) -> None:
-        self._group = None  # its connections close with it
+        self._process_group = None  # its connections close with it
         self._store = None

@@ -1,12 +1,12 @@
 """The trainer's end of ``rollout.weight_transfer: distributed``: rank 0 sends each version's
-tensors to every inference server's workers over a torch.distributed group (the protocol:
+tensors to every inference server's workers over a torch.distributed process group (the protocol:
 :mod:`rollstream.engines.weight_transfer`).
 
 Callers may rely on:
 
 * :meth:`WeightSender.open` makes a version's tensors ready to send (nothing is copied yet) and
   lets servers join; :meth:`WeightSender.serve` then sends them to every server that joins,
-  each over a group of its own, until each of ``expected`` took the version (or failed), or
+  each over a process group of its own, until each of ``expected`` took the version (or failed), or
   ``trainer.weight_sender.timeout_seconds`` passed; then it closes the version (a server that
   asks later is told at once and catches up from a checkpoint) and reports who got it;
 * the tensors must not change between :meth:`open` and the end of :meth:`serve` (the trainer
@@ -33,10 +33,10 @@ from rollstream.engines.weight_transfer import (
     Manifest,
     TransferError,
     connect,
-    group,
     new_session,
     pack,
     plan,
+    process_group,
     ticket_key,
     verdict,
 )
@@ -148,7 +148,7 @@ class WeightSender:
         timeout = self.settings.timeout_seconds
         device = self._device(session)
         try:
-            pg = group(self._store, f"{session.name}/{ticket}", 0, 1 + workers, self.settings.backend, timeout)
+            pg = process_group(self._store, f"{session.name}/{ticket}", 0, 1 + workers, self.settings.backend, timeout)
             for bucket in range(len(session.manifest.bucket_sizes)):
                 pg.broadcast(pack(session.manifest, bucket, session.tensors, device), 0).wait()
             loaded = verdict(pg, True, device) - 1
