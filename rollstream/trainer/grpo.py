@@ -45,7 +45,7 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) 
     """``out[:, t] = log_softmax(logits[:, t-1] / T)[input_ids[:, t]]``; ``out[:, 0] = 0``.
 
     ``logits`` are the model's ``[N, L, V]`` outputs for ``input_ids`` ``[N, L]``; the result is
-    aligned with ``input_ids`` like the batch's ``logprobs``. Divide by the sampling
+    aligned with ``input_ids`` like the step's ``logprobs``. Divide by the sampling
     temperature so that the ratio against the behaviour logprobs compares like with like.
     """
     scaled = logits[:, :-1].float() / temperature
@@ -75,8 +75,8 @@ def clipped_policy_loss(
 
     Per token: ``ratio = exp(logprobs - old_logprobs)`` and
     ``max(-A * ratio, -A * clamp(ratio, 1 - clip, 1 + clip))`` with the row's advantage ``A``
-    (``advantages`` is ``[N]``). Tokens with ``loss_mask == 0`` contribute nothing; a batch
-    without loss tokens gives a zero loss that still has a graph. Minimising the loss raises
+    (``advantages`` is ``[N]``). Tokens with ``loss_mask == 0`` contribute nothing; rows
+    without loss tokens give a zero loss that still has a graph. Minimising the loss raises
     the probability of tokens with positive advantage.
     """
     if clip <= 0:
@@ -114,7 +114,7 @@ class Staleness:
 
 
 def staleness_stats(versions: Tensor, loss_mask: Tensor, trainer_version: int) -> Staleness:
-    """How far behind the trainer the generated tokens of a batch are (:func:`token_staleness`)."""
+    """How far behind the trainer the generated tokens of a step are (:func:`token_staleness`)."""
     lag = token_staleness(trainer_version, versions, loss_mask)
     if lag.size == 0:
         return Staleness(0.0, 0, 0, 0)
@@ -167,7 +167,7 @@ def policy_update(
 def vision_token_logprobs(
     model: torch.nn.Module, tensors: dict[str, Tensor], vision: VisionInputs | None, temperature: float = 1.0,
 ) -> Tensor:
-    """``[N, L]`` logprobs of the rows' tokens (aligned like the batch's ``logprobs``) with their images."""
+    """``[N, L]`` logprobs of the rows' tokens (aligned like the step's ``logprobs``) with their images."""
     logits = trajectory_logits(model, tensors, vision)
     return token_logprobs(logits, tensors["input_ids"].to(logits.device), temperature)
 

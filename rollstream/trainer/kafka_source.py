@@ -98,8 +98,8 @@ class StepIntake:
         self._room.set()
 
     def take(self, records: dict[int, list[ConsumerRecord]]) -> None:
-        for _, batch in sorted(records.items()):
-            for record in batch:
+        for _, polled in sorted(records.items()):
+            for record in polled:
                 self.accumulator.take(record)
         if self.accumulator.ready():
             self.arrived.set()
