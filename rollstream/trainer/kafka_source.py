@@ -1,7 +1,7 @@
 """The live source of steps: ``batches`` read in the trainer's consumer group.
 
-One consumer (rank 0's, under ``torchrun``) reads ``batches`` with ``read_committed`` in
-``trainer.group_id``, in the one :class:`~rollstream.kafka.partition_loop.PartitionLoop` with
+One consumer (rank 0's, under ``torchrun``) reads ``batches`` with ``read_committed`` in the
+consumer group ``trainer.group_id``, in the one :class:`~rollstream.kafka.partition_loop.PartitionLoop` with
 the at-least-once delivery around a :class:`StepIntake`: taking a partition has nothing to
 fence and seeks it to its committed offset; losing one forgets the groups read from it and
 not handed out yet.
