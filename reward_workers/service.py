@@ -5,7 +5,7 @@ Each poll batch (at most ``reward.max_batch`` records) is scored concurrently by
 consumed offset are committed in ONE transaction under that partition's own transactional id
 (:mod:`rollstream.tier.runtime`). Readers of ``scored`` use ``read_committed``, so a batch is
 seen entirely or not at all, and a crash re-scores only uncommitted records. Whoever takes
-partition p fences every earlier owner of p (docs/GUARANTEES.md, "Fencing").
+partition p fences every earlier partition owner of p (docs/GUARANTEES.md, "Fencing").
 ``reward.worker_id`` names the worker in logs and client ids; any number of workers may run.
 """
 

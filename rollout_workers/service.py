@@ -17,7 +17,7 @@ the claims' liveness): only then are its running prompts run again.
 When ``stop`` is set it stops taking prompts, commits what is done and LEAVES the group at
 once (its partitions move to the other workers, who wait for its claims), then lets its
 in-flight prompts finish for up to ``rollout.shutdown_grace_seconds``; what is still running
-then is cancelled and its claims released, so the partitions' new owners run it at once.
+then is cancelled and its claims released, so the new partition owners run it at once.
 An offset is never committed before all samples of its prompt (and of every prompt before it
 on the partition) are acknowledged by the broker.
 """
@@ -118,7 +118,7 @@ async def _drain(runner: PromptRunner, grace_seconds: float) -> None:
         while len(runner.tasks) and time.monotonic() < deadline and runner.tasks.error is None:
             await runner.tasks.wait(min(1.0, max(0.0, deadline - time.monotonic())))
     if len(runner.tasks):
-        log.warning("%d prompts still running after the grace period: cancelled; the partitions' owners run "
+        log.warning("%d prompts still running after the grace period: cancelled; the new partition owners run "
                     "them again", len(runner.tasks))
         await runner.tasks.cancel_all()
     await runner.release_unfinished()

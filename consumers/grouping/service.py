@@ -2,8 +2,8 @@
 group out on ``batches``, exactly once (:class:`~rollstream.consumers.grouping.transform.GroupingTransform`).
 
 Whoever takes partition p registers p's transactional id BEFORE it reads p's changelog and
-committed offset; from then on no earlier owner of p (crashed, paused, partitioned) can commit
-anything for p, and everything such an owner committed before is in what the new owner reads
+committed offset; from then on no earlier partition owner of p (crashed, paused, partitioned) can
+commit anything for p, and everything such a one committed before is in what the new one reads
 (docs/GUARANTEES.md, "Fencing"). ``grouping.instance_id`` names the instance in logs and client
 ids only. ``grouping.reads`` names the role it groups (``scored`` unless a tier of your own sits
 between).

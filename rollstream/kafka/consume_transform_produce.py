@@ -245,7 +245,7 @@ class ExactlyOnce(Delivery):
             log.warning("%s: %s", self._name, exc)
             assert self._ownership is not None
             await self._ownership.lose({p})
-            return None  # not a failure of ours: the partition has another owner
+            return None  # not a failure of ours: the partition has another partition owner
         except TransactionFailed as exc:
             return exc
         await self._transform.committed(p, out)
@@ -269,7 +269,7 @@ class ExactlyOnce(Delivery):
     # -- taking and giving up partitions --
 
     async def acquire(self, partitions: set[int]) -> set[int]:
-        """Register each partition's transactional id (fencing earlier owners), then let the
+        """Register each partition's transactional id (fencing earlier partition owners), then let the
         transform rebuild their state. Returns the partitions taken; the others stay pending."""
         acquired: set[int] = set()
         for p in sorted(partitions):
