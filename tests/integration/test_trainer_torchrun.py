@@ -7,7 +7,7 @@ consumer group, started as ``rollstream train`` starts a trainer (torchrun with 
 harness/trainer_jobs.py): a 2-rank job whose rank 1 is SIGKILLed in step 2 and, in
 the restarted run, SIGSTOPped in step 3 (found by the heartbeats within
 ``trainer.rank_timeout_seconds`` and ended), and a 3-rank job whose Kafka-owning rank 0 is
-SIGKILLed in step 2. The jobs recover by themselves. Asserted from the topic, the trainer groups'
+SIGKILLed in step 2. The jobs recover by themselves. Asserted from the topic, the trainers' consumer groups'
 committed offsets, the trainers' ledgers and every rank's own log: every group emitted is in
 exactly one committed step (0 lost, 0 trained twice), every rank trained its share of every
 step, the ranks stepped in lockstep, each step was committed once, and each loss is one line in
@@ -37,8 +37,8 @@ from rollstream.trainer import LedgerEntry, StepLedger
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 PROMPTS = 24
-BATCH = 6  # groups per step: a whole number of groups for 2 and for 3 ranks
-STEPS = PROMPTS // BATCH
+GROUPS_PER_STEP = 6  # a whole number of groups for 2 and for 3 ranks
+STEPS = PROMPTS // GROUPS_PER_STEP
 RANK_TIMEOUT = 5.0
 TIERS = {"rollout": "rollout-worker", "reward": "reward-worker", "grouping": "grouping", "producer": "producer"}
 
@@ -57,7 +57,7 @@ def kafka_job(name: str, ranks: int, tree: dict[str, Any], workdir: Path, max_re
                # two jobs read one stream whose versions the pipeline's stand-in trainer publishes:
                # Redis's version is not what these jobs train, so it cannot tell them what is stale
                "drop_stale": False}
-    staleness = {**tree.get("staleness", {}), "groups_per_step": BATCH}
+    staleness = {**tree.get("staleness", {}), "groups_per_step": GROUPS_PER_STEP}
     return TrainerJob(name, ranks, {**tree, "staleness": staleness, "trainer": trainer}, workdir, steps=STEPS, max_restarts=max_restarts,
                       job_args=["--step-seconds", "1.5"])
 
