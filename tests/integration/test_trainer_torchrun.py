@@ -67,7 +67,7 @@ def ledger_of(job: TrainerJob) -> StepLedger:
 
 
 async def committed_and_last(pipe: Pipeline, group_id: str) -> tuple[dict[int, int | None], dict[int, int]]:
-    """The group's committed offsets, and per partition the offset after its last record (the
+    """The consumer group's committed offsets, and per partition the offset after its last record (the
     topic's end is past that: transaction markers take offsets too)."""
     last: dict[int, int] = {}
     async for record in scan_topic(pipe.config.kafka, pipe.names.batches, "test-scan"):
