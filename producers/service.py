@@ -1,19 +1,7 @@
-"""The producer tier, declared: dataset rows -> admitted prompts on the ``prompts`` topic, a
-source tier (:class:`~rollstream.producers.prompt_source.PromptSource` does the publishing).
-
-For each sample from the committed cursor on, the producer derives a deterministic task id
-``"{producer_id}:{epoch}:{index}"``, admits it through the staleness budget (eval prompts
-skip admission), and publishes the ``PromptTask`` plus the advanced cursor in one Kafka
-transaction (several prompts per transaction). It returns when the dataset is exhausted
-(burst style), when ``producer.max_prompts`` prompts were published in total (counted across
-restarts through the cursor), or when ``stop`` is set (after committing what it admitted).
-
-A row that cannot become a prompt record is dead-lettered (with the reason) and skipped, the
-cursor moving past it: a row that cannot be encoded, an image that is not one, or a record
-larger than ``kafka.max_message_bytes`` (the reason gives its size, its images' sizes and the
-limit), which no retry could ever write. A row's images travel as encoded files
-(``producers/prompt_images.py``).
-"""
+"""The producer tier, declared: a source tier whose
+:class:`~rollstream.producers.prompt_source.PromptSource` publishes dataset rows as admitted
+prompts with the dataset cursor, until the dataset or ``producer.max_prompts`` is exhausted,
+or ``stop``."""
 
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """The rollout worker tier: prompts in, one message per sample out on ``episodes``.
 
-:func:`declare` declares the tier and :mod:`rollstream.tier.runtime` runs it; :func:`build`
-makes its pieces: the prompt consumer (group ``rollout-worker``,
-read_committed, manual commits, sticky assignment), the prompt claims in Redis
+:func:`build` makes its pieces: the prompt consumer (sticky assignment), the prompt claims in Redis
 (``rollout_workers/claims.py``: whoever reads a prompt again never re-runs one a live worker
 runs), an idempotent producer, the engine, the workflow allow-list and the
 :class:`VersionFollower`. The loop takes prompt records while fewer than twice
 ``rollout.max_concurrent_rollouts`` samples are in flight (as many generate, the others wait for
-a slot: ``prompt_intake.py``; partitions are paused, not left
-unpolled, when full, so the worker stays in its group during long generations), asks again
+a slot: ``prompt_intake.py``), asks again
 about prompts other workers hold, commits finished prompts every
 ``rollout.commit_interval_seconds``, and re-raises the first failure of any background task.
 A dead worker is noticed after ``rollout.failure_detection_seconds`` (the consumer session and

@@ -1,16 +1,8 @@
-"""The dump tier, declared: reads ``scored`` in its own consumer group and writes trajectory dumps.
-
-At least once, around a :class:`~rollstream.consumers.dump.intake.DumpIntake`: each cycle's lines are merged into their
-files, and its dead letters delivered, before the cycle's offsets are committed, so a crash
-never loses a line; a partition that moves away commits what was written of it first. Records
-re-read after a crash or a rebalance change nothing: a task's file keeps one line per
-``(sample_idx, row)`` (:mod:`rollstream.dump.files`). Undecodable records go to the
-dead-letter topic and the tier keeps running. Line format: :mod:`rollstream.dump.lines`; with
-``dump.fields: extended`` the tier reads the trainer version and weight paths from Redis.
-
-One writer per sample: with ``rollout.dump_to_file`` true the rollout workers write the
-dumps, and this tier refuses to start (:func:`check_single_writer`).
-"""
+"""The dump tier, declared: ``scored`` in its own consumer group, at least once, into trajectory
+dumps (:class:`~rollstream.consumers.dump.intake.DumpIntake`; line format:
+:mod:`rollstream.dump.lines`; with ``dump.fields: extended`` it reads the trainer version and
+weight paths from Redis). One writer per sample: with ``rollout.dump_to_file`` true the rollout
+workers write the dumps, and this tier refuses to start (:func:`check_single_writer`)."""
 
 from __future__ import annotations
 

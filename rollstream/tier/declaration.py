@@ -47,8 +47,6 @@ class Reads:
     session_timeout_ms: int = 10_000  # how soon a dead member's partitions move
     heartbeats_per_session: int = 3
     read_committed: bool = True
-    # a partition this member lost is fenced this long before another may take it (exactly once)
-    lost_partition_hold_seconds: float | None = None  # None: twice the session timeout
     consumer_options: Mapping[str, Any] = field(default_factory=dict)  # more AIOKafkaConsumer settings
 
 

@@ -125,11 +125,10 @@ class _TierRun:
         else:
             delivery = AtLeastOnce(part, commit_interval=tier.commit_interval_seconds, retry=KAFKA_RETRY,
                                    name=tier.label)
-        hold = reads.lost_partition_hold_seconds
         return PartitionLoop(
             consumer=consumer, topic=ctx.names.topic(reads.role), delivery=delivery,
             poll_timeout_ms=reads.poll_timeout_ms, max_records=reads.max_records, name=tier.label,
-            lost_partition_hold_seconds=2 * reads.session_timeout_ms / 1000 if hold is None else hold,
+            lost_partition_hold_seconds=2 * reads.session_timeout_ms / 1000,  # a lost partition stays fenced
         )
 
     async def _consume(self, ctx: TierContext, consumer: AIOKafkaConsumer, loop: PartitionLoop) -> None:
