@@ -1,11 +1,6 @@
-"""What the trainer's consumer group commits with its offsets, read back from Kafka.
-
-The trainer commits each step's offsets on ``batches`` with a
-:class:`~rollstream.wire.messages.TrainerCommit` as their metadata, which carries the
-cumulative count of groups it dropped as stale. Two readers need that count: the trainer at
-start (it counts on from there) and a rebuild of the staleness budget
-(``rollstream.producers.budget_restore``), which returns their slots.
-"""
+"""The trainer's cumulative stale-drop count, read back from the metadata
+(:class:`~rollstream.wire.messages.TrainerCommit`) its consumer group committed on ``batches``:
+by the trainer at start and by a rebuild of the staleness budget (``producers/budget_restore.py``)."""
 
 from __future__ import annotations
 
