@@ -16,7 +16,7 @@ Callers may rely on:
   loads a checkpoint directory and sets the version; after ``resume`` every in-flight request's
   cache is recomputed with the new weights from the tokens it already has.
 * With ``seed`` set, results are reproducible for the same sequence of requests and arrivals.
-* A request is checked before it joins a decode pass (``rollstream.api.request_check``): malformed
+* A request is checked before it joins a decode pass (``rollstream.engines.request_check``): malformed
   ``input_ids``, ids outside the model's vocabulary, or a prompt that fills the model's context
   (``max_position_embeddings``) raise ``InvalidRequestError`` for that request alone; requests
   sharing its decode passes are untouched. The budget is also capped so prompt + output fit the context.
@@ -49,10 +49,10 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from rollstream.api.engine import InferenceEngine, WeightUpdate
+from rollstream.api.engine import InferenceEngine, InvalidRequestError, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
-from rollstream.api.request_check import InvalidRequestError, accepted_request
 from rollstream.engines.kv_batch import KVBatch, make_cache
+from rollstream.engines.request_check import accepted_request
 from rollstream.engines.sampling import SamplingSpec, sample
 from rollstream.engines.vision_rows import EngineVision
 from rollstream.runtime.tasks import cancel_and_wait
