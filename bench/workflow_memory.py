@@ -24,7 +24,7 @@ from harness.procstats import rss_bytes
 from harness.services import tokenizer_path
 from rollstream.areal.stats import export_periodically
 from rollstream.api.context import workflow_context
-from rollstream.api.stats import StatsTracker
+from rollstream.runtime.stats import StatsTracker
 
 
 MB = 1e6

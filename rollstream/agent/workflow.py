@@ -40,7 +40,7 @@ from rollstream.agent.session import AgentSession
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.workflow import RolloutWorkflow
 from rollstream.config import AgentConfig
-from rollstream.api.stats import stats_tracker
+from rollstream.runtime.stats import stats_tracker
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import sys
 
-from rollstream.api.stats import StatsTracker, stats_tracker
+from rollstream.runtime.stats import StatsTracker, stats_tracker
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Prometheus metrics every tier exports (served on ``metrics.port`` when set).
 
-Besides the tiers' own metrics, what workflows record in ``rollstream.api.stats.stats_tracker``
+Besides the tiers' own metrics, what workflows record in ``rollstream.runtime.stats.stats_tracker``
 (the rollout worker runs them): ``rollstream_workflow_stat{key=...}``, a summary (``_sum`` and
 ``_count`` of the values recorded under a key, e.g. ``rollout/reward``; ``rate(_sum) /
 rate(_count)`` is their mean over any window), and ``rollstream_workflow_count_total{key=...}``
@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from rollstream.api.stats import StatsTracker, stats_tracker
+from rollstream.runtime.stats import StatsTracker, stats_tracker
 
 log = logging.getLogger(__name__)
 

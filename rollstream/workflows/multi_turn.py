@@ -10,7 +10,7 @@ from torch import Tensor
 
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
-from rollstream.api.stats import stats_tracker
+from rollstream.runtime.stats import stats_tracker
 from rollstream.trajectory.rows import TrajectoryBuilder
 from rollstream.workflows.rlvr import RewardFn, RLVRWorkflow
 

@@ -14,7 +14,7 @@ from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse
 from rollstream.api.workflow import RolloutWorkflow
 from rollstream.rewards.wrapper import AsyncRewardWrapper
-from rollstream.api.stats import stats_tracker
+from rollstream.runtime.stats import stats_tracker
 from rollstream.trajectory.rows import trajectory_row
 
 logger = logging.getLogger(__name__)

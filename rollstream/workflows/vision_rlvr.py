@@ -21,7 +21,7 @@ from torch import Tensor
 
 from rollstream.api.engine import InferenceEngine
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
-from rollstream.api.stats import stats_tracker
+from rollstream.runtime.stats import stats_tracker
 from rollstream.trajectory.rows import trajectory_row
 from rollstream.vision.images import IMAGES_KEY, image_bytes, image_list, open_image, to_base64
 from rollstream.vision.inputs import MULTI_MODAL_KEY

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rollstream.areal.stats import export_areal_stats
-from rollstream.api.stats import StatsTracker
+from rollstream.runtime.stats import StatsTracker
 from tests.reference_libs import import_reference
 
 stats_tracker = import_reference("areal.utils.stats_tracker")

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from rollstream.api.context import workflow_context
-from rollstream.api.stats import StatsTracker
+from rollstream.runtime.stats import StatsTracker
 
 
 def test_defaults_outside_any_episode() -> None:

@@ -10,7 +10,7 @@ import torch
 from harness.fakes import FakeEngine, ids, make_tokenizer
 from rollstream.api.context import workflow_context
 from rollstream.api.io_struct import GenerationHyperparameters
-from rollstream.api.stats import stats_tracker
+from rollstream.runtime.stats import stats_tracker
 from rollstream.trajectory.rows import trajectory_dtypes, validate_trajectory
 from rollstream.workflows.multi_turn import MultiTurnWorkflow
 from rollstream.workflows.rlvr import RLVRWorkflow
