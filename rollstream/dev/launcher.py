@@ -1,20 +1,11 @@
 """Find or start the Kafka broker and Redis that tests and the local demo run against.
 
-Each service is resolved on its own, in this order:
-
-1. the environment: KAFKA_BOOTSTRAP_SERVERS / REDIS_URL (nothing is started or stopped);
-2. local processes: `LocalKafkaBroker` from Maven jars and `LocalRedisServer`; or, only when
-   ROLLSTREAM_DEV_SERVICES=testcontainers, containers (testcontainers' Kafka and Redis images).
-
-Local processes are the default even where a Docker engine answers: they need no image
-registry (an engine that cannot pull made every start fail), they are the broker version the
-project pins (Kafka 4.1.1 from the jars, not testcontainers' image), and they start without a
-pull. Asked for testcontainers, a missing engine or a failed pull is an error that says so:
-what was asked for is not silently replaced.
-
-With `brokers` > 1, Kafka is a local replicated cluster (`LocalKafkaCluster`: every node a
-controller voter, replication min(brokers, 3), `min.insync.replicas` one less) unless
-KAFKA_BOOTSTRAP_SERVERS names one; testcontainers is not used for it.
+Each service comes from the environment (KAFKA_BOOTSTRAP_SERVERS / REDIS_URL: nothing is started
+or stopped), else from local processes (`LocalKafkaBroker` from Maven jars, `LocalRedisServer`),
+or, only with ROLLSTREAM_DEV_SERVICES=testcontainers, from containers; a missing engine or a
+failed pull is then an error, not a silent fallback (why: docs/ARCHITECTURE.md, "Decisions").
+With `brokers` > 1, Kafka is a local replicated cluster (`LocalKafkaCluster`) unless
+KAFKA_BOOTSTRAP_SERVERS names one.
 
 `dev_stack()` stops exactly what it started. `dev_up()` / `dev_down()` start and stop local
 services that outlive the Python process, recorded in `<state_dir>/state.json`.

@@ -4,24 +4,13 @@ Layout (AReaL's)::
 
     {fileroot}/{experiment}/{trial}/{rollout|eval-rollout}/{version}/{task_id}.jsonl
 
-What callers may rely on:
-
-- **The file is named by the task id as written** when the id is a plain file name: every id
-  our producers make (``{producer_id}:{epoch}:{index}``, with ``producer.producer_id`` checked
-  to be plain). Any other id is escaped (:mod:`rollstream.file_names`). The lines inside always
-  carry the id itself.
-- **One group, one file, one directory.** ``{version}`` is the group's version: the newest
-  ``tail_version`` over its lines (-1 when no line has a generated token). Lines of a task are
-  merged into its file as they arrive (:meth:`TaskFiles.merge`): the file is rewritten whole
-  (temporary file + rename) and moved when a new line raises the group's version, so at every
-  moment a group lies in one file, in its version's directory, its lines sorted by
-  ``(sample_idx, row)``.
-- **Nothing is written twice.** A line whose ``(sample_idx, row)`` the task's file already
-  holds is skipped (the first line stays, as the grouping consumer keeps the first sample):
-  re-reading input after a crash, or dumping the same records again, changes nothing. A line
-  already on disk is never removed.
-- One process writes a task's file at a time (a task's records share a partition, so one
-  dump-tier instance or one rollout worker handles them); :func:`read_task` reads a task back.
+What callers may rely on (at length: docs/DEBUGGING.md, "Trajectory dumps"): the file is named
+by the task id as written when the id is a plain file name, else escaped
+(:mod:`rollstream.file_names`); a group lies in one file, in its version's directory (the newest
+``tail_version`` of its lines), its lines sorted by ``(sample_idx, row)``, rewritten whole
+(temporary file + rename) by :meth:`TaskFiles.merge`; a line whose ``(sample_idx, row)`` the
+file already holds is skipped, and a line on disk is never removed. One process writes a
+task's file at a time; :func:`read_task` reads a task back.
 """
 
 from __future__ import annotations

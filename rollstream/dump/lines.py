@@ -1,30 +1,11 @@
 """Trajectory dumps: one JSON line per trajectory row, one file per group (AReaL's layout).
 
-Where lines go (file names, the group's directory, merging): :mod:`rollstream.dump.files`.
-
-Each line starts with AReaL's nine fields, in this order and with these meanings:
-``task_id``, ``sample_idx`` (the sample's index in its group), ``seqlen`` (attended tokens),
-``prompt_len``, ``head_version``, ``tail_version``, ``reward``, ``prompt``, ``completion``
-(text decoded with special tokens kept; ``null`` without a tokenizer). ``seqlen``,
-``prompt_len`` and the versions come from :func:`rollstream.trajectory.staleness.row_spans`, the one
-computation the episode message and the replay filters use too; a row whose generated
-tokens carry no version gets the message's own tail version (for an episode, the engine's
-version when it ended: AReaL's fallback).
-
-Then, only where needed or asked for (``dump.fields``):
-
-- ``row``: the row's index within its episode. Written on every line of an episode with
-  several rows (so ``(task_id, sample_idx, row)`` is unique where ``(task_id, sample_idx)``
-  is not), and on every line with ``dump.fields: extended``.
-- with ``dump.fields: extended`` (:data:`EXTENDED_FIELDS`): ``stop_reason`` (the episode's;
-  ``null`` for an emitted group's rows), ``group_size``, ``trainer_version`` (a group's: read when the
-  grouping consumer emitted it; an episode's: the version in Redis when the writer wrote the
-  line, ``null`` without Redis) and ``weight_path`` (where the weights of ``tail_version``
-  are, from Redis; ``null`` when unknown).
-
-Only rows with a trajectory are dumped: rejections, failures and drops produce no line (the
-AReaL dumped rows its acceptance filter had removed). Unlike AReaL, rows whose
-last token is not generated (a multi-turn row ending in a tool reply) are dumped too.
+The fields and their meanings (AReaL's nine first, then ``row`` and the ``dump.fields:
+extended`` ones, :data:`EXTENDED_FIELDS`) are documented in docs/DEBUGGING.md, "Trajectory
+dumps"; where lines go: :mod:`rollstream.dump.files`. ``seqlen``, ``prompt_len`` and the
+versions come from :func:`rollstream.trajectory.staleness.row_spans`, the one computation the
+episode message and the replay filters use too. Only rows with a trajectory are dumped:
+rejections, failures and drops produce no line.
 
 :class:`DumpWriter` buffers lines and merges them into their files from a worker thread
 (``asyncio.to_thread``), so file I/O and text decoding never block the event loop.
