@@ -161,7 +161,8 @@ class ServiceProcess:
     @property
     def pid(self) -> int | None:
         """The pid of the running child, or None when none is running."""
-        return self._proc.pid if self.is_running() and self._proc else None
+        proc = self._live()
+        return None if proc is None else proc.pid
 
     def log_offset(self) -> int:
         """The current size of the log; text written by the next start begins here."""
@@ -175,15 +176,8 @@ class ServiceProcess:
         with self.log_path.open("ab") as log:
             log.write(f"\n==== {time.strftime('%H:%M:%S')} starting {self.name}\n".encode())
             log.flush()
-            self._proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self._proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
         if not self.detached and not self._atexit_registered:
             atexit.register(self.kill)
             self._atexit_registered = True
@@ -191,7 +185,11 @@ class ServiceProcess:
 
     def is_running(self) -> bool:
         """True while the child started by the last `start()` has not exited."""
-        return self._proc is not None and self._proc.poll() is None
+        return self._live() is not None
+
+    def _live(self) -> subprocess.Popen[bytes] | None:
+        """The child of the last `start()` while it runs, else None."""
+        return self._proc if self._proc is not None and self._proc.poll() is None else None
 
     def exit_code(self) -> int | None:
         """The exit status of the last child, or None while it runs or when none was started."""
@@ -199,14 +197,14 @@ class ServiceProcess:
 
     def terminate(self) -> None:
         """SIGTERM without waiting (several servers then shut down side by side)."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
+        proc = self._live()
+        if proc is not None:
             proc.send_signal(signal.SIGTERM)
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM, wait up to `timeout` seconds, then SIGKILL. No-op when not running."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
+        proc = self._live()
+        if proc is None:
             return
         proc.send_signal(signal.SIGTERM)
         try:
@@ -217,11 +215,10 @@ class ServiceProcess:
 
     def kill(self) -> None:
         """SIGKILL the child and reap it. No-op when not running."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.kill()
-        proc.wait()
+        proc = self._live()
+        if proc is not None:
+            proc.kill()
+            proc.wait()
 
 
 class LocalServer:

@@ -18,13 +18,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from rollstream.dev.processes import (
-    LOCALHOST,
-    LocalServer,
-    MissingToolError,
-    ServiceProcess,
-    free_port,
-)
+from rollstream.dev.processes import LOCALHOST, LocalServer, MissingToolError, ServiceProcess, free_port
 
 logger = logging.getLogger(__name__)
 

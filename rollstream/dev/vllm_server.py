@@ -33,14 +33,7 @@ from typing import Any
 from rollstream.config import ServerLaunchConfig
 from rollstream.engines.server_launch import resolved_device, vllm_flags
 from rollstream.dev.processes import (
-    LOCALHOST,
-    LocalServer,
-    MissingToolError,
-    ServiceProcess,
-    free_port,
-    pid_alive,
-    pid_cmdline,
-    stop_pid,
+    LOCALHOST, LocalServer, MissingToolError, ServiceProcess, free_port, pid_alive, pid_cmdline, stop_pid,
 )
 
 logger = logging.getLogger(__name__)

@@ -9,18 +9,10 @@ timeout on the last attempt raises :class:`~rollstream.rewards.pool.RewardTimeou
 caller with its own policy (the reward tier's ``reward.on_timeout``) can tell it from a
 genuine 0.0 reward; ``await wrapper(...)`` catches it at this boundary.
 
-The processes are a :class:`rollstream.rewards.pool.RewardPool`, which is better than the
-AReaL's executor in three ways a caller can rely on (the pool's docstring has the details):
-
-- concurrent calls leave in one chunk per worker process, not one executor task each (about
-  345 µs of CPU per call before, for a 3 µs reward function; see bench/README.md);
-- a timeout is counted from the moment the call starts running, and a call that times out
-  kills only its own worker process: calls running in the other processes go on undisturbed;
-- when a worker process dies (``os._exit``, a signal, the OOM killer), only the call it was
-  running fails; the calls queued behind it run elsewhere without using an attempt. Innocent
-  neighbours of a poisonous reward function therefore get their rewards; only the culprit fails.
-  Retries run alone in their process (nothing queued behind them), so a call that hangs or
-  kills its process again holds up no other call.
+The processes are a :class:`rollstream.rewards.pool.RewardPool` (its docstring says what a
+call may rely on): concurrent calls leave in one chunk per worker process rather than one
+executor task each (bench/README.md), a timeout counts from the moment the call starts
+running, and only the call that hangs or kills its process fails; retries run alone.
 """
 
 from __future__ import annotations
