@@ -1,15 +1,8 @@
 """Replay one topic of an experiment, bounded and in a deterministic order.
 
-``replay`` captures each partition's end offset (last stable offset: it reads
-``read_committed``) when it starts and stops there, so it never waits for new records. It
-reads partition 0 first, then 1, ..., each in offset order, and hands every record that passes
-the filter to the sinks: JSONL, trajectory dump, and/or another experiment's topic.
-
-Stop and resume: with a resume file, the next offset of every partition is saved (atomically,
-after the sinks are flushed) every ``checkpoint_every`` records, when ``stop`` is set, when
-``max_records`` is reached and at the end. A later replay with the same file continues from
-there and appends to the same JSONL file, so the outputs of the runs add up to the output of
-one uninterrupted run.
+Semantics (the end offsets captured at start, partition order, the sinks, stop and resume
+with a resume file so that interrupted runs add up to one uninterrupted run):
+docs/DEBUGGING.md, "Replay semantics".
 """
 
 from __future__ import annotations
