@@ -202,16 +202,13 @@ def _add_reward(sums: dict[int, list[float]], value: bytes | None) -> None:
 
 def render(snapshot: Snapshot) -> Group:
     """The snapshot as rich tables."""
-    topics = Table(title=f"rollstream {snapshot.experiment}", title_justify="left")
-    for column in ("role", "topic", "end offset", "rate/s"):
-        topics.add_column(column, justify="right" if column != "topic" and column != "role" else "left")
+    topics = _table(f"rollstream {snapshot.experiment}", "role", "topic", "end offset", "rate/s",
+                    right=("end offset", "rate/s"))
     for role, topic in snapshot.roles.items():
         rate = snapshot.rates.get(topic)
         exists = topic in snapshot.ends
         topics.add_row(role, topic, str(snapshot.end_total(role)) if exists else "missing", "-" if rate is None else f"{rate:.1f}")
-    groups = Table(title="consumer groups", title_justify="left")
-    for column in ("tier", "group", "input", "committed", "lag"):
-        groups.add_column(column)
+    groups = _table("consumer groups", "tier", "group", "input", "committed", "lag")
     for g in snapshot.groups:
         groups.add_row(
             g.tier, g.group_id, g.topic or "(no group input)",
@@ -219,9 +216,8 @@ def render(snapshot: Snapshot) -> Group:
         )
     usage = snapshot.usage
     used = usage.get("admitted", 0) - usage.get("dropped", 0)
-    budget = Table(title="trainer version and staleness budget", title_justify="left")
-    for column in ("version", "admitted", "emitted", "dropped", "in flight", "capacity", "used", "drops by reason"):
-        budget.add_column(column)
+    budget = _table("trainer version and staleness budget",
+                    "version", "admitted", "emitted", "dropped", "in flight", "capacity", "used", "drops by reason")
     drops = ", ".join(f"{reason}={count}" for reason, count in sorted(snapshot.drops.items())) or "-"
     capacity = usage.get("capacity", 0)
     emitted = "-" if snapshot.emitted is None else f"{snapshot.emitted.groups}{'' if snapshot.emitted.complete else '+'}"
@@ -229,12 +225,18 @@ def render(snapshot: Snapshot) -> Group:
         str(usage.get("version", 0)), str(usage.get("admitted", 0)), emitted, str(usage.get("dropped", 0)),
         snapshot.in_flight(), str(capacity), f"{100 * used / capacity:.0f}%" if capacity else "-", drops,
     )
-    rewards = Table(title=f"reward by tail version (last {REWARD_SAMPLE} scored)", title_justify="left")
-    for column in ("version", "mean reward", "samples"):
-        rewards.add_column(column)
+    rewards = _table(f"reward by tail version (last {REWARD_SAMPLE} scored)", "version", "mean reward", "samples")
     for version, (mean, count) in snapshot.reward_by_version.items():
         rewards.add_row(str(version), f"{mean:.4f}", str(count))
     return Group(topics, groups, budget, rewards)
+
+
+def _table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Table:
+    """A table titled on the left with these columns (those in ``right`` right-justified)."""
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    return table
 
 
 async def status(config: RollstreamConfig, *, once: bool, interval: float = 2.0,
