@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 
 from rollstream.config import RollstreamConfig
-from rollstream.demo.report import StepRecord
+from rollstream.demo.report import StepRecord, summary_table
 from rollstream.kafka.clients import make_admin, make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.tools.status import GroupLag, consumer_groups
@@ -114,10 +114,6 @@ class DemoProgress:
         )
 
     def render(self) -> Table:
-        table = Table(title=f"rollstream demo: {self.phase} ({time.monotonic() - self.started:.0f}s)",
-                      title_justify="left", show_header=False)
-        table.add_column("what", style="bold")
-        table.add_column("value")
         last = self.steps[-1] if self.steps else None
         recent = [s.reward_mean for s in self.steps[-5:]]
         rows = [
@@ -131,11 +127,8 @@ class DemoProgress:
             ("loss / clip fraction", f"{last.loss:.4f} / {last.clip_fraction:.2f}" if last else "-"),
             ("trainer ranks", str(last.ranks) if last else "-"),
         ]
-        for tier, lag in self.lags.items():
-            rows.append((f"lag {tier}", "-" if lag is None else str(lag)))
-        for name, value in rows:
-            table.add_row(name, value)
-        return table
+        rows += [(f"lag {tier}", "-" if lag is None else str(lag)) for tier, lag in self.lags.items()]
+        return summary_table(rows, f"rollstream demo: {self.phase} ({time.monotonic() - self.started:.0f}s)")
 
 
 class ProgressView:
