@@ -3,12 +3,9 @@
 vLLM runs in an environment of its own (it pins torch and transformers versions that differ
 from ours): ``ROLLSTREAM_VLLM_PYTHON`` names its interpreter, else the one
 ``scripts/setup.sh`` installs (``~/.cache/rollstream/vllm-venv``). The server is started the
-way rollstream needs it (:func:`server_argv`, :data:`SERVER_ENV`; compose.yaml's ``vllm``
-service starts it the same way): the RL routes (dev mode), the token-in/token-out API,
-``processed_logprobs`` (``log_softmax`` after temperature, as the local engines compute),
-rollstream's weight fence (an ASGI middleware) and worker extension, which this module puts on
-the server's ``PYTHONPATH`` on their own (a package directory holding only the modules that run
-inside vLLM: :data:`SERVER_SIDE_MODULES`), so the server needs nothing else of rollstream.
+way rollstream needs it (:func:`server_argv`, :data:`SERVER_ENV`; each flag's reason:
+docs/DEPLOYMENT.md), with rollstream's server-side modules alone on its ``PYTHONPATH``
+(:data:`SERVER_SIDE_MODULES`), so it needs nothing else of rollstream.
 
 The server and its engine processes run in a process group of their own: ``stop`` and ``kill``
 reach all of them. ``restart`` brings it back on the same port with its launch weights (version
