@@ -74,6 +74,13 @@ def test_pipeline_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> 
 
 
 @pytest.mark.broker
+def test_sizing_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> None:
+    results = run_bench("sizing", tmp_path, env=broker_env)
+    [row] = next(iter(results["tables"].values()))
+    assert row["case"] == "short-8" and row["prompts"] == 2 and row["CPU-s/M total"] > 0, row
+
+
+@pytest.mark.broker
 def test_reward_tier_benchmark_runs(broker_env: dict[str, str], tmp_path: Path) -> None:
     results = run_bench("reward", tmp_path, "--tier", "--rounds", "1", env=broker_env)
     rows = next(iter(results["tables"].values()))

@@ -43,6 +43,7 @@ COVERED: dict[str, str] = {
     "bench/weights.py": f"{SMOKE}::test_weights_benchmark_runs_on_the_keep_server",
     "bench/elastic.py": f"{SMOKE}::test_elastic_benchmark_runs",
     "bench/scale_out.py": f"{SMOKE}::test_scale_out_benchmark_runs",
+    "bench/sizing.py": f"{SMOKE}::test_sizing_benchmark_runs",
     "bench/summary.py": f"{SMOKE}::test_summary_tabulates_the_committed_results",
     "bench/chaos": "tests/faults/test_chaos.py::test_a_short_chaos_run_breaks_no_invariant",
     "scripts/check_trainer_gpu.py": f"{SCRIPTS_SMOKE}::test_check_trainer_gpu_runs_on_cpu",
