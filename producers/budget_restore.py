@@ -66,23 +66,23 @@ READ_STALL_SECONDS = 30.0  # on top of the transaction timeout: an open transact
 async def restore_budget(config: RollstreamConfig, names: TopicNames, budget: StalenessBudget) -> None:
     """Return once the budget has a valid state: rebuilt here, or by another producer meanwhile.
     Redis errors propagate (the caller waits for Redis and calls again)."""
-    owner = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    holder = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     while not await budget.has_state():
-        if await budget.lock(owner, LOCK_TTL_SECONDS) is None:
+        if await budget.lock(holder, LOCK_TTL_SECONDS) is None:
             await asyncio.sleep(LOCK_POLL_SECONDS)  # another producer is rebuilding
             continue
         try:
-            await while_locked(budget, owner, rebuild(config, names, budget, owner))
+            await while_locked(budget, holder, rebuild(config, names, budget, holder))
         except RebuildInterrupted as exc:
             log.warning("the staleness budget's rebuild starts again: %s", exc)
         finally:
             with contextlib.suppress(RedisError, OSError):
-                await budget.unlock(owner)
+                await budget.unlock(holder)
 
 
-async def while_locked(budget: StalenessBudget, owner: str, work: Awaitable[None],
+async def while_locked(budget: StalenessBudget, holder: str, work: Awaitable[None],
                        ttl_seconds: float = LOCK_TTL_SECONDS) -> None:
-    """Run ``work`` while renewing ``owner``'s lock every third of its TTL; when a renewal is
+    """Run ``work`` while renewing ``holder``'s lock every third of its TTL; when a renewal is
     refused (or fails) the work is cancelled and :class:`RebuildInterrupted` (or the Redis
     error) raised: a rebuild never finishes on a lock it lost."""
     task = asyncio.ensure_future(work)
@@ -91,7 +91,7 @@ async def while_locked(budget: StalenessBudget, owner: str, work: Awaitable[None
             done, _ = await asyncio.wait({task}, timeout=ttl_seconds / 3)
             if done:
                 return task.result()
-            if not await budget.renew_lock(owner, ttl_seconds):
+            if not await budget.renew_lock(holder, ttl_seconds):
                 raise RebuildInterrupted("the rebuild lock was lost (it expired, or Redis changed process)")
     finally:
         if not task.done():
@@ -99,7 +99,7 @@ async def while_locked(budget: StalenessBudget, owner: str, work: Awaitable[None
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def rebuild(config: RollstreamConfig, names: TopicNames, budget: StalenessBudget, owner: str) -> None:
+async def rebuild(config: RollstreamConfig, names: TopicNames, budget: StalenessBudget, holder: str) -> None:
     started = time.monotonic()
     log.warning("the staleness budget in Redis is missing or was written by another redis-server process: "
                 "rebuilding it from %s and %s", names.prompts, names.batches)
@@ -114,7 +114,7 @@ async def rebuild(config: RollstreamConfig, names: TopicNames, budget: Staleness
                                                   "budget-restore-trainer")
     from_cursors = sum(c.published for c in cursors.values() if not c.is_eval)
     counts = RebuiltCounts(admitted, drops, from_cursors, version_floor, trainer_dropped, "rebuilt from the topics")
-    if await budget.restore(counts, lock_owner=owner):
+    if await budget.restore(counts, lock_holder=holder):
         log.warning(
             "staleness budget rebuilt in %.1fs: admitted %d (%d prompts on the topic, %d by the cursors), "
             "dropped %d, dropped as stale by the trainer %d, version at least %d",

@@ -15,7 +15,7 @@ class WeightUpdate:
 
     ``path``: a directory holding exactly this version's weights that the engine can load ("":
     the version has no checkpoint). ``source``: the ``host:port`` of the trainer's weight sender
-    when the trainer sends the version over a torch.distributed group (``backend``: gloo or
+    when the trainer sends the version over a torch.distributed process group (``backend``: gloo or
     nccl), which it serves until ``open_until`` (unix seconds); "" otherwise.
     """
 

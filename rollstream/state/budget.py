@@ -151,10 +151,10 @@ class StalenessBudget:
     async def unlock(self, holder: str) -> None:
         await self._unlock(keys=[self._keys.key("restore-lock")], args=[holder])
 
-    async def restore(self, counts: RebuiltCounts, lock_owner: str | None = None) -> bool:
+    async def restore(self, counts: RebuiltCounts, lock_holder: str | None = None) -> bool:
         """Write counters rebuilt from the durable facts under a new generation, stamped with
         the epoch of the process that takes them. False (nothing written) when a valid state
-        exists already; :class:`RebuildInterrupted` when the lock holder ``lock_owner`` no longer
+        exists already; :class:`RebuildInterrupted` when the lock holder ``lock_holder`` no longer
         holds the lock on this epoch (the markers written here may be on a process that is gone).
 
         Markers first (valued with the new generation), the counters and the stamp last in one
@@ -173,7 +173,7 @@ class StalenessBudget:
             by_reason[reason] = by_reason.get(reason, 0) + 1
         pairs = [x for reason, n in sorted(by_reason.items()) for x in (reason, n)]
         admitted = max(len(counts.admitted), counts.admitted_count)
-        args = [lock_owner or "", admitted, len(counts.drops), generation, counts.version_floor,
+        args = [lock_holder or "", admitted, len(counts.drops), generation, counts.version_floor,
                 counts.trainer_dropped, time.time(), counts.note, *pairs]
         keys = [self._state_key, k("drops_by_reason"), k("restore-lock")]
         answer = int(await self._restore(keys=keys, args=args))

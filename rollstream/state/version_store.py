@@ -4,7 +4,7 @@ how the current one is sent over the wire, and the announcement channel. Version
 
 Keys: ``version`` (the current version), ``weights`` (hash: version -> checkpoint directory, for
 the versions that have one), ``transfer`` (JSON: the current version's weight sender, when the
-trainer sends it over a torch.distributed group)."""
+trainer sends it over a torch.distributed process group)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ from rollstream.state.budget import StalenessBudget
 from rollstream.state.client import RedisKeys, connect
 from rollstream.state.version_store import VersionStore
 from rollstream.trainer.accumulator import StepAccumulator
-from rollstream.trainer.ledger import LedgerEntry, StepLedger, check_owner, reconcile
+from rollstream.trainer.ledger import LedgerEntry, StepLedger, check_ledger_group, reconcile
 from rollstream.trainer.step_source import Step
 from rollstream.wire import TrainerCommit, encode_trainer_commit
 
@@ -207,7 +207,7 @@ class KafkaStepSource:
         if self.ledger is None:
             return 0
         entries = self.ledger.read()
-        check_owner(entries, self.ledger.path, self.topic, self.consumer_group)
+        check_ledger_group(entries, self.ledger.path, self.topic, self.consumer_group)
         partitions = sorted({p for e in entries for p in e.offsets})
         committed = {p: await self._consumer.committed(TopicPartition(self.topic, p)) for p in partitions}
         kept, _ = reconcile(self.ledger, committed)

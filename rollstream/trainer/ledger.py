@@ -3,7 +3,7 @@
 A line is appended (and fsynced) BEFORE the step's offsets are committed to Kafka, so after a
 crash the ledger holds every committed step and at most the steps whose commit was cut off:
 :func:`reconcile` drops those trailing lines (their offsets are not covered by what Kafka
-has committed), which makes the ledger exactly the steps the trainer group consumed. Those
+has committed), which makes the ledger exactly the steps the trainer's consumer group consumed. Those
 steps are then read again from the committed offsets and trained again on a model that
 never saw them, provided the trainer saved its state before it committed (see
 docs/TRAINER.md, "Exactly once across a restart").
@@ -114,22 +114,21 @@ def covered(offsets: dict[int, int], committed: dict[int, int | None]) -> bool:
 
 
 class LedgerMismatch(ValueError):
-    """The ledger file was written by another trainer group (another topic or consumer group)."""
+    """The ledger file was written for another topic or another consumer group."""
 
 
 def check_ledger_group(entries: list[LedgerEntry], path: Path, topic: str, group_id: str) -> None:
-    """Raise :class:`LedgerMismatch` when ``entries`` were written for another topic or group
-    (the ledger's group: the trainer group, ``topic`` and ``group_id``, that wrote it)."""
+    """Raise :class:`LedgerMismatch` when ``entries`` were written for another ``topic`` or
+    consumer group (``group_id``: the ledger's consumer group)."""
     for entry in entries:
         if (entry.topic, entry.group_id) != (topic, group_id):
             raise LedgerMismatch(
-                f"trainer ledger {path} holds steps of group {entry.group_id!r} on {entry.topic!r}, not of "
-                f"group {group_id!r} on {topic!r}: give each experiment and trainer group its own "
+                f"trainer ledger {path} holds steps of consumer group {entry.group_id!r} on {entry.topic!r}, not of "
+                f"consumer group {group_id!r} on {topic!r}: give each experiment and trainer consumer group its own "
                 "trainer.ledger_path (or trainer.checkpoint_dir)"
             )
 
 
-check_owner = check_ledger_group  # the old name, until rollstream/trainer/kafka_source.py imports the new one
 
 
 def reconcile(ledger: StepLedger, committed: dict[int, int | None]) -> tuple[list[LedgerEntry], list[LedgerEntry]]:

@@ -123,4 +123,4 @@ async def test_the_rebuild_lock_lives_as_long_as_the_rebuild_and_a_lost_lock_sto
         await asyncio.wait_for(while_locked(budget, "r1", long_rebuild(), ttl_seconds=0.6), 10)
     assert stolen.is_set()
     with pytest.raises(RebuildInterrupted):  # and its final write is refused on a lock it does not hold
-        await budget.restore(RebuiltCounts(), lock_owner="r1")
+        await budget.restore(RebuiltCounts(), lock_holder="r1")
