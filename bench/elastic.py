@@ -16,7 +16,7 @@ Per transition it prints: prompts generated again (a prompt that a worker starte
 after another had started it: the workers' logs), the samples published twice and their
 tokens as a share of all tokens of the run (the ``episodes`` topic), the
 longest time any prompt partition had no live partition owner (from the workers' JSON logs: assigned /
-revoked / left the group, and the kill), and for a worker that starts, the time from its first
+revoked / left the consumer group, and the kill), and for a worker that starts, the time from its first
 "consuming" line (engine loaded) to its first prompt. For the crash it also gives the dead
 worker's prompts in flight at the kill (started, not all samples published). Targets: no
 re-runs for join, leave and restart; crash re-runs equal to the dead worker's in-flight
@@ -197,7 +197,7 @@ def ownership_intervals(worker: Worker, end: float) -> dict[int, list[tuple[floa
             owned.update(dict.fromkeys(_partitions(message), at))
         elif "revoked partitions" in message and ": revoked" in message:
             close(at, _partitions(message))
-        elif message.startswith("left the group") or message.startswith("rollout-worker") and message.endswith(" stopped"):
+        elif message.startswith("left the consumer group") or message.startswith("rollout-worker") and message.endswith(" stopped"):
             close(at)
     close(worker.killed_at or end)
     return intervals

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -105,12 +104,11 @@ class _TierRun:
                 ctx.phase = "running"
                 return await part.run(self.stop)
             assert consumer is not None and tier.reads is not None
-            await self._consume(ctx, consumer, self._loop(ctx, consumer, part, stack))
+            await self._consume(ctx, consumer, self._loop(ctx, consumer, part))
         log.info("%s stopped", tier.label)
         return None
 
-    def _loop(self, ctx: TierContext, consumer: AIOKafkaConsumer, part: Any,
-              stack: contextlib.AsyncExitStack) -> PartitionLoop:
+    def _loop(self, ctx: TierContext, consumer: AIOKafkaConsumer, part: Any) -> PartitionLoop:
         tier, kafka, reads = self.tier, self.config.kafka, self.tier.reads
         assert reads is not None
         if tier.delivery == EXACTLY_ONCE:
@@ -138,7 +136,7 @@ class _TierRun:
         ctx.phase = f"starting {what}"
         await start_client(consumer, self.config.kafka, what)
         ctx.on_close(f"stopping {what}", lambda: stop_client(consumer, what))
-        log.info("%s consuming %s as group %s: %s", tier.label, loop.topic, ctx.names.group_id(tier.name),
+        log.info("%s consuming %s as consumer group %s: %s", tier.label, loop.topic, ctx.names.group_id(tier.name),
                  tier.describe())
         mark_ready()
         ctx.phase = "consuming"
@@ -151,10 +149,8 @@ class _TierRun:
             raise
         ctx.phase = "leaving the consumer group"
         await stop_client(consumer, what)  # its partitions move to the others now
-        log.info("left the group: %s's partitions move to the other members", tier.label)
+        log.info("left the consumer group: %s's partitions move to the other members", tier.label)
         for drain in ctx.drains:
             ctx.phase = "finishing the work in flight"
-            started = time.monotonic()
             await drain(tier.drain_seconds)
-            log.debug("%s: drained in %.1f s", tier.label, time.monotonic() - started)
         ctx.phase = "closing"
