@@ -209,7 +209,7 @@ async def test_no_tier_exits_on_broker_and_redis_outages_shorter_than_its_patien
         phase("broker down")
         await asyncio.to_thread(redis.start)
         phase("redis up (broker down)")
-        await _supervised(pipeline, lambda: bool(rollout.grep("while starting the producer of rollout worker")), 120,
+        await _supervised(pipeline, lambda: bool(rollout.grep("starting the producer of rollout-worker")), 120,
                           "the rollout worker to wait for kafka in start_client")
         phase("the rollout worker waits for kafka to start its producer")
         await pipeline.sleep(5.0)
