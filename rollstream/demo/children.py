@@ -1,39 +1,23 @@
 """The tier processes the demo starts: ``python -m rollstream.cli <tier> --config F``.
 
-Each child runs in its own session (a Ctrl-C in the terminal reaches only the demo, which
-then stops the children in order) with its output in ``<log_dir>/<name>.log``. ``stop_all``
-sends SIGTERM to every child at once, waits up to a grace period, then SIGKILLs the rest;
-children still running at interpreter exit are killed.
+Each child is a :class:`~rollstream.dev.processes.ServiceProcess` (its own session, so a
+Ctrl-C in the terminal reaches only the demo, which then stops the children in order; output
+in ``<log_dir>/<name>.log``; killed at interpreter exit if still running). ``stop_all`` sends
+SIGTERM to every child at once, waits up to a grace period, then SIGKILLs the rest.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollstream.dev.processes import ServiceProcess
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
 
 def tier_argv(tier: str, config_path: Path, overrides: list[str] | None = None) -> list[str]:
@@ -50,50 +34,29 @@ class ChildGroup:
 
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
-    children: list[Child] = field(default_factory=list)
-    _atexit: bool = False
+    children: list[ServiceProcess] = field(default_factory=list)
 
-    def start(self, name: str, argv: list[str], cwd: Path | None = None) -> Child:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        child = Child(name, argv, self.log_dir / f"{name}.log")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        with child.log_path.open("ab") as out:
-            child.proc = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+    def start(self, name: str, argv: list[str], cwd: Path | None = None) -> ServiceProcess:
+        child = ServiceProcess(name, self.log_dir / f"{name}.log")
+        child.start(argv, cwd or Path.cwd(), env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         self.children.append(child)
-        if not self._atexit:
-            atexit.register(self.kill_all)
-            self._atexit = True
-        log.info("started %s (pid %d), log %s", name, child.pid, child.log_path)
+        log.info("started %s (pid %s), log %s", name, child.pid, child.log_path)
         return child
 
-    def failed(self) -> list[Child]:
+    def failed(self) -> list[ServiceProcess]:
         """Children that exited with a non-zero status (a tier that crashed)."""
-        return [c for c in self.children if c.proc is not None and c.proc.poll() not in (None, 0)]
+        return [c for c in self.children if c.exit_code() not in (None, 0)]
 
     def stop_all(self, grace_seconds: float = 20.0) -> dict[str, int | None]:
         """SIGTERM all, wait up to ``grace_seconds`` in total, SIGKILL the rest; exit codes by name."""
         for child in self.children:
-            if child.running():
-                assert child.proc is not None
-                child.proc.send_signal(signal.SIGTERM)
+            child.terminate()
         deadline = time.monotonic() + grace_seconds
         for child in self.children:
-            assert child.proc is not None
-            try:
-                child.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s ignored SIGTERM for %.0fs; killing it", child.name, grace_seconds)
-                child.proc.kill()
-                child.proc.wait(10)
-        return {child.name: child.proc.returncode if child.proc else None for child in self.children}
+            child.stop(max(0.0, deadline - time.monotonic()))
+        return {child.name: child.exit_code() for child in self.children}
 
     def kill_all(self) -> None:
-        """Last resort (interpreter exit): SIGKILL whatever still runs."""
+        """Last resort: SIGKILL whatever still runs."""
         for child in self.children:
-            if child.running():
-                assert child.proc is not None
-                child.proc.kill()
-                child.proc.wait(10)
+            child.kill()

@@ -279,19 +279,17 @@ async def _pipeline(config: RollstreamConfig, children: ChildGroup, options: Dem
 
         watcher = asyncio.create_task(_watch(config, children, progress, view, result, stop, deadline))
         try:
-            while trainer.running() and not stop.is_set():
+            while trainer.is_running() and not stop.is_set():
                 follow()
                 await wait_event(stop, FOLLOW_SECONDS)
-            if trainer.running():  # stopped early: the trainer finishes its step first (bounded)
-                assert trainer.proc is not None
-                trainer.proc.send_signal(signal.SIGTERM)
+            if trainer.is_running():  # stopped early: the trainer finishes its step first (bounded)
+                trainer.terminate()
                 give_up = time.monotonic() + options.stop_grace_seconds
-                while trainer.running() and time.monotonic() < give_up:
+                while trainer.is_running() and time.monotonic() < give_up:
                     follow()
                     await asyncio.sleep(FOLLOW_SECONDS)
             follow()
-            code = trainer.proc.poll() if trainer.proc is not None else None
-            if code not in (None, 0) and not stop.is_set():
+            if trainer.exit_code() not in (None, 0) and not stop.is_set():
                 result.reason = f"tier failed: trainer (see {trainer.log_path})"
         finally:
             await cancel_and_wait(watcher)

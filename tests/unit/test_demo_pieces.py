@@ -129,7 +129,8 @@ def test_children_are_stopped_and_a_stubborn_one_is_killed(tmp_path: Path) -> No
         if "ready" in stubborn.log_path.read_text():
             break
         time.sleep(0.05)
+    pids = [polite.pid, stubborn.pid]
     codes = group.stop_all(grace_seconds=1.0)
     assert codes["polite"] == -15 and codes["stubborn"] == -9
-    assert not pid_alive(polite.pid) and not pid_alive(stubborn.pid)  # type: ignore[arg-type]
+    assert polite.pid is None and not any(pid_alive(pid) for pid in pids)  # type: ignore[arg-type]
     assert {child.name for child in group.failed()} == {"polite", "stubborn"}  # signalled: not 0
