@@ -31,8 +31,8 @@ Drain = Callable[[float], Awaitable[None]]  # gets the seconds left of the shutd
 
 
 class StopBeforeReady(Exception):
-    """Stop was requested while the tier was still building (e.g. waiting for Redis): the
-    runtime ends the tier quietly."""
+    """Stop was asked while the tier was still starting (e.g. waiting for Redis or the
+    broker): the runtime ends the tier cleanly, closing what was made."""
 
 
 class TierContext:
@@ -71,16 +71,16 @@ class TierContext:
         if wait:
             self.phase = "waiting for Redis"
             if not await wait_for_redis(self._redis, self.stop):
-                raise StopBeforeReady("stop requested while waiting for Redis")
+                raise StopBeforeReady("stop asked while waiting for Redis")
         return self._redis
 
     async def producer(self) -> AIOKafkaProducer:
         """A started idempotent producer, stopped when the tier ends (after what it sent)."""
         what = f"the producer of {self.tier.label}"
         producer = make_producer(self.config.kafka, self.tier.client_id)
+        self.on_close(f"stopping {what}", lambda: stop_client(producer, what))  # also a start cut short
         self.phase = f"starting {what}"
         await start_client(producer, self.config.kafka, what)
-        self.on_close(f"stopping {what}", lambda: stop_client(producer, what))
         return producer
 
     def background(self, name: str, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

@@ -1,7 +1,7 @@
 """The one tier runtime: runs a declared :class:`~rollstream.tier.declaration.Tier`.
 
-In order: the trial's topics are checked (created when missing, the tier's own roles too);
-the consumer is made (not started); the tier builds its part from a
+In order: the consumer is made (not started); the trial's topics are checked (created when
+missing, the tier's own roles too); the tier builds its part from a
 :class:`~rollstream.tier.context.TierContext`; the runtime wraps the part in its delivery
 (:class:`~rollstream.kafka.consume_transform_produce.ExactlyOnce` with one transactional
 producer per input partition, or :class:`~rollstream.kafka.partition_loop.AtLeastOnce`),
@@ -11,6 +11,9 @@ resource in reverse order. A source tier builds a
 :class:`~rollstream.tier.declaration.Source` and runs it instead. ``/readyz`` turns ready when
 the tier consumes (a source: when it starts). The whole shutdown is bounded:
 ``shutdown_timeout_seconds`` plus the tier's drain (:mod:`rollstream.tier.shutdown_bound`).
+A stop asked while the tier still starts (its topics, its build, its consumer: each may wait
+minutes for the broker, Redis or a server) cuts the start short at once, closes what was made
+and ends the tier cleanly: there is nothing to finish yet.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer
 
@@ -32,12 +35,14 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import PartitionProducers
 from rollstream.retry import KAFKA_RETRY, transaction_retry
 from rollstream.runtime.health import mark_ready
+from rollstream.runtime.tasks import cancel_and_wait
 from rollstream.tier.context import StopBeforeReady, TierContext
 from rollstream.tier.declaration import EXACTLY_ONCE, SOURCE, Declare, Tier
 from rollstream.tier.shutdown_bound import bounded_by_stop
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 TierRun = Callable[[RollstreamConfig, asyncio.Event], Awaitable[Any]]
 
 
@@ -88,25 +93,45 @@ class _TierRun:
     async def run(self) -> Any:
         tier = self.tier
         names = topic_names(tier, self.config)
-        await ensure_topics(self.config.kafka, names)
         async with contextlib.AsyncExitStack() as stack:
             consumer = tier_consumer(tier, self.config, names) if tier.reads else None
             self.ctx = ctx = TierContext(tier, self.config, names, self.stop, stack, consumer)
-            ctx.phase = "building"
             try:
-                part = await tier.build(ctx)
+                ctx.phase = "checking the trial's topics"
+                await self._until_stop(ensure_topics(self.config.kafka, names))
+                ctx.phase = "building"
+                part = await self._until_stop(tier.build(ctx))
+                if tier.delivery != SOURCE:
+                    assert consumer is not None
+                    loop = self._loop(ctx, consumer, part)
+                    await self._until_stop(self._start_consumer(ctx, consumer, loop))
             except StopBeforeReady as exc:
-                log.info("%s: %s", tier.label, exc)
+                log.info("%s: %s; nothing to finish", tier.label, exc)
                 return None
+            mark_ready()
+            ctx.phase = "running"
             if tier.delivery == SOURCE:
                 log.info("%s started: %s", tier.label, tier.describe())
-                mark_ready()
-                ctx.phase = "running"
                 return await part.run(self.stop)
-            assert consumer is not None and tier.reads is not None
-            await self._consume(ctx, consumer, self._loop(ctx, consumer, part))
+            assert consumer is not None
+            await self._consume(ctx, consumer, loop)
         log.info("%s stopped", tier.label)
         return None
+
+    async def _until_stop(self, starting: Coroutine[Any, Any, T]) -> T:
+        """``await starting``, a step of the tier's start (waiting for the broker, Redis or a
+        server may take minutes); a stop asked meanwhile cancels it: :class:`StopBeforeReady`."""
+        task = asyncio.ensure_future(starting)
+        stopping = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not task.done():
+            what = self.phase
+            await cancel_and_wait(task)
+            raise StopBeforeReady(f"stop asked while {what}")
+        return task.result()
 
     def _loop(self, ctx: TierContext, consumer: AIOKafkaConsumer, part: Any) -> PartitionLoop:
         tier, kafka, reads = self.tier, self.config.kafka, self.tier.reads
@@ -129,16 +154,18 @@ class _TierRun:
             lost_partition_hold_seconds=2 * reads.session_timeout_ms / 1000,  # a lost partition stays fenced
         )
 
+    async def _start_consumer(self, ctx: TierContext, consumer: AIOKafkaConsumer, loop: PartitionLoop) -> None:
+        what = f"the consumer of {self.tier.label}"
+        loop.subscribe()
+        ctx.on_close(f"stopping {what}", lambda: stop_client(consumer, what))  # also a start cut short
+        ctx.phase = f"starting {what}"
+        await start_client(consumer, self.config.kafka, what)
+
     async def _consume(self, ctx: TierContext, consumer: AIOKafkaConsumer, loop: PartitionLoop) -> None:
         tier = self.tier
         what = f"the consumer of {tier.label}"
-        loop.subscribe()
-        ctx.phase = f"starting {what}"
-        await start_client(consumer, self.config.kafka, what)
-        ctx.on_close(f"stopping {what}", lambda: stop_client(consumer, what))
         log.info("%s consuming %s as consumer group %s: %s", tier.label, loop.topic, ctx.names.group_id(tier.name),
                  tier.describe())
-        mark_ready()
         ctx.phase = "consuming"
         try:
             await loop.run(self.stop)  # its last cycle commits what is done

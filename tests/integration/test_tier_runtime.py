@@ -18,13 +18,14 @@ from harness.scored_feed import read_all, write_scored
 from harness.tiers import TierProcess, wait_until_consuming
 from harness.waits import stop_task, until
 from rollstream.config import config_from_dict
+from rollstream.dev.processes import free_port
 from rollstream.consumers.grouping.service import run as run_grouping
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.shutdown import SHUTDOWN_TIMEOUT_EXIT_CODE
 from rollstream.tier.runtime import serve
 from rollstream.tier.shutdown_bound import ShutdownTimeout
 from rollstream.wire import EmittedGroup, GroupDropped, ScoredEpisode, decode_group
-from tests.integration.tier_runtime_parts import HUNG_CLOSE, hung
+from tests.integration.tier_runtime_parts import HUNG_CLOSE, hung, waiting
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
@@ -80,6 +81,33 @@ async def test_a_shutdown_that_hangs_on_a_client_is_cut_at_its_bound(
         await asyncio.wait_for(tier, 30)
     assert time.monotonic() - asked <= BOUND_S + 1.0
     assert any(f"is still {HUNG_CLOSE}" in m and "cancelled" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize("down", ["broker", "redis"])
+async def test_a_stop_while_the_tier_waits_to_start_ends_it_at_once_and_cleanly(
+    down: str, kafka_bootstrap: str, redis_url: str, unique_name: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A tier stopped while it waits for an unreachable broker (its topics) or Redis (its build)
+    ends within a second, with no error: not at its shutdown bound, and not as a failure."""
+    caplog.set_level(logging.INFO)
+    nobody = f"127.0.0.1:{free_port()}"
+    tree = pipeline_config(nobody if down == "broker" else kafka_bootstrap,
+                           f"redis://{nobody}/0" if down == "redis" else redis_url, unique_name,
+                           shutdown_timeout_seconds=30.0, kafka={"outage_patience_seconds": 600.0})
+    config = config_from_dict(tree)
+    stop = asyncio.Event()
+    tier = asyncio.create_task(serve(waiting(config), config, stop))
+    waits = {"broker": "cannot be reached while creating the trial's topics", "redis": "redis ping failed"}[down]
+    await until(lambda: any(waits in m for m in caplog.messages) or tier.done(), f"the tier waiting for {down}", 60)
+    assert not tier.done(), tier
+    stop.set()
+    asked = time.monotonic()
+    assert await asyncio.wait_for(tier, 10) is None
+    assert time.monotonic() - asked < 1.5
+    phase = {"broker": "checking the trial's topics", "redis": "waiting for Redis"}[down]
+    assert any(f"stop asked while {phase}" in m for m in caplog.messages), caplog.messages[-5:]
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("rollstream")]
+    assert not errors, errors  # (aiokafka logs each refused connection as an error of its own)
 
 
 def test_a_tier_process_whose_event_loop_is_stuck_exits_at_its_bound(
