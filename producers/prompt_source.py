@@ -28,6 +28,7 @@ from rollstream.producers.cursor import advance, read_cursor
 from rollstream.producers.dataset import iter_samples, next_position, task_id_for
 from rollstream.producers.prompt_images import image_sizes, with_encoded_images
 from rollstream.producers.publisher import TIER, PendingBatch, PromptPublisher
+from rollstream.tier.context import StopBeforeReady, before_stop
 from rollstream.wire import DeadLetter, ProducerCursor, PromptTask, encode
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,12 @@ class PromptSource:
     async def run(self, stop: asyncio.Event) -> RunSummary:
         config, pc, summary = self._config, self._config.producer, RunSummary()
         while True:
-            cursor = await _start(config, self._names, self._txn, self._admission, self._publisher)
+            try:  # the start may wait minutes (the broker, Redis, a budget rebuild): a stop cuts it short
+                cursor = await before_stop(_start(config, self._names, self._txn, self._admission, self._publisher),
+                                           stop, lambda: f"starting producer {pc.producer_id}")
+            except StopBeforeReady as exc:
+                log.info("%s", exc)
+                break
             summary.total_published = cursor.published
             try:
                 await _ProduceLoop(config, self._rows, cursor, self._admission, self._publisher, stop, summary).run()

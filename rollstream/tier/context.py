@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -27,12 +27,30 @@ from rollstream.tier.declaration import Tier
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Drain = Callable[[float], Awaitable[None]]  # gets the seconds left of the shutdown bound
 
 
 class StopBeforeReady(Exception):
     """Stop was asked while the tier was still starting (e.g. waiting for Redis or the
     broker): the runtime ends the tier cleanly, closing what was made."""
+
+
+async def before_stop(starting: Coroutine[Any, Any, T], stop: asyncio.Event, what: Callable[[], str]) -> T:
+    """``await starting``, a step of a tier's start (waiting for the broker, Redis or a server may
+    take minutes); a stop asked meanwhile cancels it: :class:`StopBeforeReady` naming ``what()``
+    it was doing."""
+    task = asyncio.ensure_future(starting)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not task.done():
+        doing = what()
+        await cancel_and_wait(task)
+        raise StopBeforeReady(f"stop asked while {doing}")
+    return task.result()
 
 
 class TierContext:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
@@ -35,14 +35,12 @@ from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.transactions import PartitionProducers
 from rollstream.retry import KAFKA_RETRY, transaction_retry
 from rollstream.runtime.health import mark_ready
-from rollstream.runtime.tasks import cancel_and_wait
-from rollstream.tier.context import StopBeforeReady, TierContext
+from rollstream.tier.context import StopBeforeReady, TierContext, before_stop
 from rollstream.tier.declaration import EXACTLY_ONCE, SOURCE, Declare, Tier
 from rollstream.tier.shutdown_bound import bounded_by_stop
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 TierRun = Callable[[RollstreamConfig, asyncio.Event], Awaitable[Any]]
 
 
@@ -98,13 +96,13 @@ class _TierRun:
             self.ctx = ctx = TierContext(tier, self.config, names, self.stop, stack, consumer)
             try:
                 ctx.phase = "checking the trial's topics"
-                await self._until_stop(ensure_topics(self.config.kafka, names))
+                await before_stop(ensure_topics(self.config.kafka, names), self.stop, lambda: self.phase)
                 ctx.phase = "building"
-                part = await self._until_stop(tier.build(ctx))
+                part = await before_stop(tier.build(ctx), self.stop, lambda: self.phase)
                 if tier.delivery != SOURCE:
                     assert consumer is not None
                     loop = self._loop(ctx, consumer, part)
-                    await self._until_stop(self._start_consumer(ctx, consumer, loop))
+                    await before_stop(self._start_consumer(ctx, consumer, loop), self.stop, lambda: self.phase)
             except StopBeforeReady as exc:
                 log.info("%s: %s; nothing to finish", tier.label, exc)
                 return None
@@ -117,21 +115,6 @@ class _TierRun:
             await self._consume(ctx, consumer, loop)
         log.info("%s stopped", tier.label)
         return None
-
-    async def _until_stop(self, starting: Coroutine[Any, Any, T]) -> T:
-        """``await starting``, a step of the tier's start (waiting for the broker, Redis or a
-        server may take minutes); a stop asked meanwhile cancels it: :class:`StopBeforeReady`."""
-        task = asyncio.ensure_future(starting)
-        stopping = asyncio.ensure_future(self.stop.wait())
-        try:
-            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not task.done():
-            what = self.phase
-            await cancel_and_wait(task)
-            raise StopBeforeReady(f"stop asked while {what}")
-        return task.result()
 
     def _loop(self, ctx: TierContext, consumer: AIOKafkaConsumer, part: Any) -> PartitionLoop:
         tier, kafka, reads = self.tier, self.config.kafka, self.tier.reads

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from rollstream.cli import load_declaration, main
 from rollstream.config import ConfigError, load_config
 from rollstream.kafka.topics import TopicNames
+from rollstream.tier.context import StopBeforeReady, before_stop
 from rollstream.tier.declaration import AT_LEAST_ONCE, EXACTLY_ONCE, SOURCE, Reads, Tier
 from rollstream.tier.runtime import topic_names
 
@@ -51,3 +54,36 @@ def test_a_declaration_that_cannot_be_loaded_is_named(capsys: pytest.CaptureFixt
         load_declaration("examples.filter_tier:WRITES")
     assert main(["tier", "examples.filter_tier:nope"]) == 2
     assert "cannot load the tier declaration 'examples.filter_tier:nope'" in capsys.readouterr().err
+
+
+async def test_a_stop_cuts_a_start_short_and_says_what_it_was_doing() -> None:
+    stop = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def waits_for_a_broker() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    start = asyncio.create_task(before_stop(waits_for_a_broker(), stop, lambda: "starting the producer"))
+    await asyncio.sleep(0.05)
+    stop.set()
+    with pytest.raises(StopBeforeReady, match="stop asked while starting the producer"):
+        await asyncio.wait_for(start, 5)
+    assert cancelled.is_set()  # what was waiting is cancelled, not left behind
+
+
+async def test_a_start_that_ends_first_gives_its_result_or_its_error() -> None:
+    stop = asyncio.Event()
+
+    async def answer() -> int:
+        return 7
+
+    async def refuse() -> None:
+        raise ConfigError("bad setting")
+
+    assert await before_stop(answer(), stop, lambda: "x") == 7
+    with pytest.raises(ConfigError, match="bad setting"):
+        await before_stop(refuse(), stop, lambda: "x")
