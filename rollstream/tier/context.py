@@ -44,6 +44,9 @@ async def before_stop(starting: Coroutine[Any, Any, T], stop: asyncio.Event, wha
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller was cancelled (e.g. at its shutdown bound): so is the start
+        await cancel_and_wait(task)
+        raise
     finally:
         stopping.cancel()
     if not task.done():

@@ -94,6 +94,9 @@ class _TierRun:
         async with contextlib.AsyncExitStack() as stack:
             consumer = tier_consumer(tier, self.config, names) if tier.reads else None
             self.ctx = ctx = TierContext(tier, self.config, names, self.stop, stack, consumer)
+            if consumer is not None:  # closed however the tier ends, a start cut short too
+                what = f"the consumer of {tier.label}"
+                ctx.on_close(f"stopping {what}", lambda: stop_client(consumer, what))
             try:
                 ctx.phase = "checking the trial's topics"
                 await before_stop(ensure_topics(self.config.kafka, names), self.stop, lambda: self.phase)
@@ -140,7 +143,6 @@ class _TierRun:
     async def _start_consumer(self, ctx: TierContext, consumer: AIOKafkaConsumer, loop: PartitionLoop) -> None:
         what = f"the consumer of {self.tier.label}"
         loop.subscribe()
-        ctx.on_close(f"stopping {what}", lambda: stop_client(consumer, what))  # also a start cut short
         ctx.phase = f"starting {what}"
         await start_client(consumer, self.config.kafka, what)
 

@@ -87,3 +87,21 @@ async def test_a_start_that_ends_first_gives_its_result_or_its_error() -> None:
     assert await before_stop(answer(), stop, lambda: "x") == 7
     with pytest.raises(ConfigError, match="bad setting"):
         await before_stop(refuse(), stop, lambda: "x")
+
+
+async def test_a_start_whose_caller_is_cancelled_is_cancelled_too() -> None:
+    cancelled = asyncio.Event()
+
+    async def waits_for_a_broker() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    caller = asyncio.create_task(before_stop(waits_for_a_broker(), asyncio.Event(), lambda: "x"))
+    await asyncio.sleep(0.05)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert cancelled.is_set()  # never left running behind its caller
