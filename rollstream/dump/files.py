@@ -50,22 +50,29 @@ def line_key(record: dict[str, Any]) -> tuple[int, int]:
 
 
 def task_files(fileroot: str | Path, experiment: str, trial: str, task_id: str, is_eval: bool = False) -> list[Path]:
-    """The file(s) of ``task_id``: one, or two for a moment while a group moves to a newer
-    version's directory (or after a crash in that moment, until the task is written again)."""
+    """The file(s) of ``task_id``, oldest version first: one, or two for a moment while a group
+    moves to a newer version's directory (or after a crash in that moment, until the task is
+    written again)."""
     return _find(Path(fileroot) / experiment / trial / scope_dir(is_eval), file_stem(task_id) + SUFFIX)
 
 
 def read_task(
     fileroot: str | Path, experiment: str, trial: str, task_id: str, is_eval: bool = False
 ) -> list[dict[str, Any]]:
-    """Every dump line of ``task_id``, sorted by ``(sample_idx, row)``; [] when none."""
-    records = [
-        json.loads(line)
-        for path in task_files(fileroot, experiment, trial, task_id, is_eval)
-        for line in path.read_text(encoding="utf-8").splitlines()
-        if line
-    ]
-    return sorted(records, key=line_key)
+    """Every dump line of ``task_id``, each ``(sample_idx, row)`` once, sorted by it; [] when
+    none. While a group moves (two files for a moment) the newer version's file wins: it holds
+    every line of the older one."""
+    records: dict[tuple[int, int], dict[str, Any]] = {}
+    for path in reversed(task_files(fileroot, experiment, trial, task_id, is_eval)):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:  # the move finished between listing and reading
+            continue
+        for line in text.splitlines():
+            if line:
+                record = json.loads(line)
+                records.setdefault(line_key(record), record)
+    return [records[key] for key in sorted(records)]
 
 
 def _find(scope: Path, name: str) -> list[Path]:
@@ -74,7 +81,12 @@ def _find(scope: Path, name: str) -> list[Path]:
     except FileNotFoundError:
         return []
     found = [Path(entry.path) / name for entry in entries if entry.is_dir()]
-    return sorted((p for p in found if p.is_file()), key=lambda p: p.parent.name)
+    return sorted((p for p in found if p.is_file()), key=lambda p: _version_order(p.parent.name))
+
+
+def _version_order(directory: str) -> tuple[int, str]:
+    """Version directories in numeric order (9 before 10); any other name after them."""
+    return (int(directory), "") if directory.isdigit() else (1 << 62, directory)
 
 
 @dataclass(frozen=True)

@@ -100,3 +100,14 @@ async def test_writer_puts_a_group_spanning_a_weight_update_in_one_file(tmp_path
     assert [(r["sample_idx"], r["tail_version"], r["completion"]) for r in lines] == [(0, 2, "world"), (1, 3, "four five")]
     assert [r["tail_version"] for r in read_task(tmp_path, "exp", "t0", "q/1", is_eval=True)] == [5]
     assert (writer.lines_written, writer.lines_skipped) == (3, 1)
+
+
+def test_a_reader_during_a_move_sees_each_line_once_from_the_newest_file(tmp_path: Path) -> None:
+    # the moment between writing the moved file and removing the old one: two files
+    for version, samples in ((9, [0]), (10, [0, 1])):
+        path = tmp_path / f"exp/t0/rollout/{version}/t.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(json.dumps(record(i, version, text=f"v{version}")) + "\n" for i in samples))
+    assert [p.parent.name for p in task_files(tmp_path, "exp", "t0", "t")] == ["9", "10"]  # numeric order
+    lines = read_task(tmp_path, "exp", "t0", "t")
+    assert [(r["sample_idx"], r["completion"]) for r in lines] == [(0, "v10"), (1, "v10")]
