@@ -58,15 +58,12 @@ class Checkpoint:
 def _fsync_tree(root: Path) -> None:
     for directory, _, files in os.walk(root):
         for name in files:
-            fd = os.open(Path(directory) / name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(directory))
+            _fsync(Path(directory) / name)
+        _fsync(Path(directory))
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """fsync a file or a directory (a directory's entries: its renames and new files)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -109,7 +106,7 @@ class Checkpoints:
             (tmp / MARKER).write_text(json.dumps(marker))
             _fsync_tree(tmp)
             os.rename(tmp, final)  # the one atomic step: readers see all of it or nothing
-            _fsync_dir(self.directory)
+            _fsync(self.directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -43,7 +43,7 @@ from redis.exceptions import RedisError
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.admin import ensure_topics
 from rollstream.kafka.clients import make_consumer, start_client, stop_client
-from rollstream.kafka.partition_loop import AtLeastOnce, CommitRefused, PartitionLoop
+from rollstream.kafka.partition_loop import AtLeastOnce, CommitRefused, Intake, PartitionLoop
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.trainer_commits import committed_stale_drops
 from rollstream.retry import KAFKA_RETRY
@@ -67,9 +67,10 @@ def ledger_path(config: RollstreamConfig) -> Path:
     return Path(tc.ledger_path) if tc.ledger_path else Path(tc.checkpoint_dir) / "ledger.jsonl"
 
 
-class StepIntake:
+class StepIntake(Intake):
     """The trainer source's side of its partition loop: groups into the accumulator until
-    ``trainer.prefetch_steps`` steps wait; a lost partition's groups are forgotten."""
+    ``trainer.prefetch_steps`` steps wait; a lost partition's groups are forgotten (``committed``
+    and ``tick``, inherited, do nothing)."""
 
     def __init__(self, accumulator: StepAccumulator, limit: int) -> None:
         self.accumulator = accumulator
@@ -107,32 +108,25 @@ class StepIntake:
     def committable(self, positions: dict[int, int]) -> dict[int, int]:
         return {}  # steps are committed when the trainer says so (KafkaStepSource.commit)
 
-    def committed(self, offsets: dict[int, int]) -> None:
-        return None
-
-    async def tick(self) -> None:
-        return None
-
 
 class KafkaStepSource:
     """Steps from ``batches`` in the trainer's consumer group (see the module docstring)."""
 
     def __init__(
         self, config: RollstreamConfig, *, include_eval: bool = False, client_id: str = "trainer",
-        ledger: StepLedger | None = None, use_ledger: bool = True, published: Callable[[], int] | None = None,
+        use_ledger: bool = True, published: Callable[[], int] | None = None,
     ) -> None:
         tc = config.trainer
-        names = TopicNames.of(config)
-        self.topic = names.batches
-        self._names = names
+        self._names = TopicNames.of(config)
+        self.topic = self._names.batches
         self._kafka = config.kafka
-        self.groups_per_step = config.staleness.groups_per_step
         self.consumer_group = tc.group_id
+        self._what = f"the trainer's consumer (consumer group {tc.group_id})"
         self.accumulator = StepAccumulator(
             config.staleness.groups_per_step, config.grouping.pad_value, include_eval, tc.remember_steps, topic=self.topic
         )
         # Without a ledger, nothing survives a restart but Kafka's committed offsets.
-        self.ledger = (ledger or StepLedger(ledger_path(config))) if use_ledger else None
+        self.ledger = StepLedger(ledger_path(config)) if use_ledger else None
         self._remember_steps = tc.remember_steps
         self._consumer = make_consumer(
             config.kafka, client_id, group_id=tc.group_id, read_committed=True,
@@ -168,9 +162,7 @@ class KafkaStepSource:
     def revocations(self) -> int:
         return self.intake.revocations
 
-    @property
-    def exhausted(self) -> bool:
-        return False
+    exhausted = False  # the live source never ends
 
     # -- lifecycle --
 
@@ -180,14 +172,14 @@ class KafkaStepSource:
         # A trainer may start before any tier: create the trial's topics rather than wait on
         # a topic that does not exist yet.
         await ensure_topics(self._kafka, self._names)
-        await start_client(self._consumer, self._kafka, f"the trainer's consumer (consumer group {self.consumer_group})")
+        await start_client(self._consumer, self._kafka, self._what)
         try:
             self._last_step = await self._reconcile()
             self.stale_committed = await committed_stale_drops(self._kafka, self.consumer_group, self.topic,
                                                                f"trainer-stale-{self.consumer_group}")
             self.loop.subscribe()
         except BaseException:
-            await stop_client(self._consumer, f"the trainer's consumer (consumer group {self.consumer_group})")
+            await stop_client(self._consumer, self._what)
             raise
         self._task = asyncio.create_task(self.loop.run(self._stop), name="trainer-poll")
         return self._last_step
@@ -200,7 +192,7 @@ class KafkaStepSource:
                     await asyncio.gather(self._task, return_exceptions=True)
             except TimeoutError:
                 await cancel_and_wait(self._task)
-        await stop_client(self._consumer, f"the trainer's consumer (consumer group {self.consumer_group})")
+        await stop_client(self._consumer, self._what)
         await self._redis.aclose()
 
     async def _reconcile(self) -> int:

@@ -38,11 +38,6 @@ from rollstream.trainer.training_step import TrainingStep
 AREAL_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions", "rewards")
 
 
-def _sequence_keys(tensors: dict[str, Tensor]) -> list[str]:
-    n, length = tensors["attention_mask"].shape
-    return [k for k, v in tensors.items() if v.dim() >= 2 and tuple(v.shape[:2]) == (n, length)]
-
-
 def pack(tensors: dict[str, Tensor]) -> dict[str, Any]:
     """The packed (varlen) form of a padded dict (see the module docstring).
 
@@ -56,7 +51,7 @@ def pack(tensors: dict[str, Tensor]) -> dict[str, Any]:
     cu_seqlens = torch.zeros(mask.shape[0] + 1, dtype=torch.int32)
     cu_seqlens[1:] = torch.cumsum(lengths, 0)
     packed: dict[str, Any] = {}
-    sequence = set(_sequence_keys(tensors))
+    sequence = {k for k, v in tensors.items() if v.dim() >= 2 and v.shape[:2] == mask.shape}
     for key, value in tensors.items():
         if key == "attention_mask":
             continue
@@ -142,28 +137,24 @@ def to_verl(step: TrainingStep, pad_token_id: int = 0) -> VerlBatch:
     lengths = mask.sum(dim=1)
     starts = _response_start(t["loss_mask"], lengths)
     prompt_len, response_len = int(starts.max().item()), int((lengths - starts).max().item())
-    rows = mask.shape[0]
-    prompts = torch.full((rows, prompt_len), pad_token_id, dtype=torch.int64)
-    prompt_mask = torch.zeros((rows, prompt_len), dtype=torch.int64)
-    responses = torch.full((rows, response_len), pad_token_id, dtype=torch.int64)
-    response_attn = torch.zeros((rows, response_len), dtype=torch.int64)
-    response_mask = torch.zeros((rows, response_len), dtype=torch.int64)
-    logprobs = torch.zeros((rows, response_len), dtype=torch.float32)
-    versions = torch.full((rows, response_len), -1, dtype=torch.int32)
-    scores = torch.zeros((rows, response_len), dtype=torch.float32)
-    for row in range(rows):
-        start, end = int(starts[row]), int(lengths[row])
-        n = end - start
-        prompts[row, prompt_len - start:] = t["input_ids"][row, :start]
-        prompt_mask[row, prompt_len - start:] = 1
-        responses[row, :n] = t["input_ids"][row, start:end]
-        response_attn[row, :n] = 1
-        response_mask[row, :n] = t["loss_mask"][row, start:end].to(torch.int64)
-        logprobs[row, :n] = t["logprobs"][row, start:end]
-        if "versions" in t:
-            versions[row, :n] = t["versions"][row, start:end]
-        if n:
-            scores[row, n - 1] = t["rewards"][row]
+    # prompt column j of a row shows its token start - prompt_len + j (left padding before the
+    # prompt), response column j its token start + j (right padding after the row's end)
+    prompt_at = starts.unsqueeze(1) - prompt_len + torch.arange(prompt_len)
+    response_at = starts.unsqueeze(1) + torch.arange(response_len)
+    prompt_mask = (prompt_at >= 0).to(torch.int64)
+    response_attn = (response_at < lengths.unsqueeze(1)).to(torch.int64)
+
+    def take(key: str, at: Tensor, shown: Tensor, fill: float, dtype: torch.dtype) -> Tensor:
+        return torch.where(shown.bool(), t[key].gather(1, at.clamp(0, mask.shape[1] - 1)), fill).to(dtype)
+
+    prompts = take("input_ids", prompt_at, prompt_mask, pad_token_id, torch.int64)
+    responses = take("input_ids", response_at, response_attn, pad_token_id, torch.int64)
+    response_mask = take("loss_mask", response_at, response_attn, 0, torch.int64)
+    logprobs = take("logprobs", response_at, response_attn, 0.0, torch.float32)
+    versions = (take("versions", response_at, response_attn, -1, torch.int32) if "versions" in t
+                else torch.full(response_at.shape, -1, dtype=torch.int32))
+    last = response_at == (lengths - 1).unsqueeze(1)  # the reward sits on a row's last response token
+    scores = torch.where(last, t["rewards"].unsqueeze(1).to(torch.float32), 0.0)
     attention = torch.cat([prompt_mask, response_attn], dim=1)
     tensors = {
         "prompts": prompts,

@@ -129,8 +129,6 @@ def check_ledger_group(entries: list[LedgerEntry], path: Path, topic: str, group
             )
 
 
-
-
 def reconcile(ledger: StepLedger, committed: dict[int, int | None]) -> tuple[list[LedgerEntry], list[LedgerEntry]]:
     """Drop the trailing entries whose offsets Kafka has not committed (the crash came between
     the ledger write and the commit). Returns ``(kept, dropped)``; rewrites the file when it
@@ -140,13 +138,12 @@ def reconcile(ledger: StepLedger, committed: dict[int, int | None]) -> tuple[lis
     while kept and not covered(kept[-1].offsets, committed):
         kept.pop()
     dropped = entries[len(kept):]
-    if torn and not dropped:
-        ledger.rewrite(kept)  # the next append must not continue the torn line
     if dropped:
         log.warning(
             "ledger %s: steps %s were written but their commit did not happen (the trainer stopped "
             "in between); they are dropped and their groups will be read and trained again",
             ledger.path, [e.step for e in dropped],
         )
+    if dropped or torn:  # torn: the next append must not continue the torn line
         ledger.rewrite(kept)
     return kept, dropped

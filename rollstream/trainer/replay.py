@@ -44,6 +44,7 @@ from rollstream.wire.torch_tensors import DTYPES, pack_tensor_dict
 
 log = logging.getLogger(__name__)
 
+
 class ReplayError(ValueError):
     """The replay cannot be done as asked (a step not in the ledger, a record gone)."""
 
@@ -60,7 +61,9 @@ async def read_partition(config: RollstreamConfig, topic: str, partition: int, s
 
 
 class _Replay:
-    """What every replay shares: an accumulator for its counters, no commits."""
+    """What every replay shares: an accumulator for its counters, no commits, and steps of
+    ``groups_per_step`` groups over the records of :meth:`_source` in their order (the last
+    step may be smaller)."""
 
     def __init__(self, config: RollstreamConfig, include_eval: bool, first_step: int) -> None:
         self.topic = TopicNames.of(config).batches
@@ -69,6 +72,7 @@ class _Replay:
                                             config.trainer.remember_steps, topic=self.topic)
         self._number = first_step - 1
         self._done = False
+        self._records: AsyncIterator[tuple[int, int, bytes | None]] | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -81,19 +85,12 @@ class _Replay:
         log.debug("replay: steps %s are not committed (a replay commits nothing)", [e.step for e in entries])
 
     async def close(self) -> None:
-        pass
+        if self._records is not None:
+            await self._records.aclose()  # type: ignore[attr-defined]
 
     def _step(self, groups: list[GroupRows]) -> Step:
         self._number += 1
         return Step(self._number, groups, {})
-
-
-class _OrderedReplay(_Replay):
-    """Steps of ``groups_per_step`` groups over records in a fixed order (the last step may be smaller)."""
-
-    def __init__(self, config: RollstreamConfig, include_eval: bool, first_step: int) -> None:
-        super().__init__(config, include_eval, first_step)
-        self._records: AsyncIterator[tuple[int, int, bytes | None]] | None = None
 
     def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
         """The records to replay, in order: (partition, offset, value)."""
@@ -117,12 +114,8 @@ class _OrderedReplay(_Replay):
             self.accumulator.take_value(value, partition, offset)
         return self._step(self.accumulator.next_step().groups)
 
-    async def close(self) -> None:
-        if self._records is not None:
-            await self._records.aclose()  # type: ignore[attr-defined]
 
-
-class RangeReplay(_OrderedReplay):
+class RangeReplay(_Replay):
     """Offsets ``start[p] <= offset < end[p]`` of each partition ``p`` of ``batches``.
 
     ``end`` defaults to each partition's end when the replay starts; ``start`` to 0."""
@@ -180,7 +173,7 @@ def _no_nulls(values: Any) -> Any:
     return float("nan") if values is None else values
 
 
-class DumpReplay(_OrderedReplay):
+class DumpReplay(_Replay):
     """The records of a ``rollstream replay batches --to-jsonl`` file, in file order."""
 
     def __init__(self, config: RollstreamConfig, path: str | Path, *, include_eval: bool = False,
@@ -194,14 +187,13 @@ class DumpReplay(_OrderedReplay):
                 if not line.strip():
                     continue
                 row = json.loads(line)
-                if "message" not in row:  # a record the replay could not decode: counted as such
-                    yield int(row.get("partition", -1)), int(row.get("offset", -1)), None
-                    continue
-                try:
-                    message = batch_from_json(row["message"])
-                except (ReplayError, msgspec.ValidationError, KeyError, TypeError, ValueError) as exc:
-                    raise ReplayError(f"{self.path} line {number}: {exc}") from None
-                yield int(row.get("partition", -1)), int(row.get("offset", -1)), encode(message)
+                value = None  # no "message": a record the replay could not decode, counted as such
+                if "message" in row:
+                    try:
+                        value = encode(batch_from_json(row["message"]))
+                    except (ReplayError, msgspec.ValidationError, KeyError, TypeError, ValueError) as exc:
+                        raise ReplayError(f"{self.path} line {number}: {exc}") from None
+                yield int(row.get("partition", -1)), int(row.get("offset", -1)), value
 
 
 class LedgerReplay(_Replay):

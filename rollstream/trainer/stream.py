@@ -22,7 +22,6 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 import msgspec
@@ -32,7 +31,7 @@ from rollstream.config import RollstreamConfig
 from rollstream.trainer.kafka_source import CommitRefused, KafkaStepSource
 from rollstream.trainer.ledger import LedgerEntry
 from rollstream.trainer.step_source import Step, StepSource
-from rollstream.trainer.training_step import GroupRows, StepAssembler, TrainingStep, trainer_image_processor
+from rollstream.trainer.training_step import GroupRows, TrainingStep, assemble, trainer_image_processor
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +76,23 @@ class StepFrontEnd:
         self, config: RollstreamConfig, image_processor: Any, *, include_eval: bool, client_id: str, ledger: bool,
         published: Callable[[], int] | None,
     ) -> None:
+        self.config = config
         self.live_source: Callable[[], KafkaStepSource] = functools.partial(
             KafkaStepSource, config, include_eval=include_eval, client_id=client_id, use_ledger=ledger,
             published=published,
         )
         self.book = StepBook()
         self._pad_value = config.grouping.pad_value
-        self._images = StepAssembler(image_processor if image_processor is not None else trainer_image_processor(config))
+        self._image_processor = image_processor if image_processor is not None else trainer_image_processor(config)
+        self._warned = False  # of steps with images and no image processor to rebuild them
 
     def _assemble(self, groups: list[GroupRows], number: int, offsets: dict[int, int]) -> TrainingStep:
         """Step ``number``'s ``groups``, with the ``offsets`` (partition: offset) it commits."""
-        step = self._images.assemble(groups, self._pad_value)
+        step = assemble(groups, self._pad_value, self._image_processor)
+        if step.group_images and self._image_processor is None and not self._warned:
+            self._warned = True
+            log.warning("groups carry images but no image processor is set (trainer.processor_path): "
+                        "TrainingStep.vision is None; rebuild it with rollstream.vision.inputs.build_vision_inputs")
         step.step = number
         topic = self.source.topic if self.source is not None else ""
         step.offsets = {TopicPartition(topic, p): o for p, o in offsets.items()}
@@ -124,7 +129,7 @@ class StepStream(StepFrontEnd):
 
     ``include_eval=False`` skips eval groups (counted in ``eval_skipped``); with True they are
     delivered and flagged per group in ``TrainingStep.group_is_eval``. ``source`` replaces
-    the live Kafka source (e.g. a :class:`~rollstream.trainer.replay.ReplaySource`);
+    the live Kafka source (e.g. a replay: :mod:`rollstream.trainer.replay`);
     ``ledger=False`` keeps no ledger (nothing but Kafka's offsets survives a restart).
     Steps with images get ``TrainingStep.vision`` rebuilt by ``image_processor`` (default:
     the one of ``trainer.processor_path``, when set).
@@ -145,8 +150,6 @@ class StepStream(StepFrontEnd):
         if poll_timeout_ms is not None:
             trainer = msgspec.structs.replace(config.trainer, poll_timeout_ms=poll_timeout_ms)
             config = msgspec.structs.replace(config, trainer=trainer)
-        self.config = config
-        self.groups_per_step = config.staleness.groups_per_step
         super().__init__(config, image_processor, include_eval=include_eval, client_id=client_id, ledger=ledger,
                          published=published)
         self.source: StepSource = source or self.live_source()
@@ -163,7 +166,7 @@ class StepStream(StepFrontEnd):
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     def __aiter__(self) -> StepStream:

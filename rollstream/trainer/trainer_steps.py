@@ -54,14 +54,12 @@ from rollstream.trainer.training_step import GroupRows, TrainingStep
 
 log = logging.getLogger(__name__)
 
-SourceFactory = Callable[[], StepSource]
-
 
 class TrainerSteps(StepFrontEnd):
     """Synchronous iterator of :class:`TrainingStep`, this rank's share of each step.
 
     ``source`` makes the step source on rank 0's I/O thread (default: the live Kafka source;
-    see :func:`rollstream.trainer.replay.replay_source` for a replay). ``process_group`` is
+    see :mod:`rollstream.trainer.replay` for a replay). ``process_group`` is
     the torch process group whose ranks share the steps (default: every rank). ``wait_seconds`` is the
     length of one round of :meth:`__iter__`. Every rank rebuilds the vision inputs of its share
     with ``image_processor`` (default: the one of ``trainer.processor_path``, when set).
@@ -76,14 +74,13 @@ class TrainerSteps(StepFrontEnd):
         *,
         include_eval: bool = False,
         client_id: str = "trainer",
-        source: SourceFactory | None = None,
+        source: Callable[[], StepSource] | None = None,
         ledger: bool = True,
         process_group: Any = None,
         wait_seconds: float = 2.0,
         image_processor: Any = None,
         published: Callable[[], int] | None = None,
     ) -> None:
-        self.config = config
         self.ranks = Ranks.detect(process_group, config.trainer.collective_timeout_seconds)
         if config.staleness.groups_per_step < self.ranks.world_size:
             raise ConfigError(

@@ -12,7 +12,6 @@ each distinct image once.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +24,6 @@ from rollstream.config import RollstreamConfig
 from rollstream.vision.inputs import VisionInputs, build_vision_inputs
 from rollstream.wire import EmittedGroup
 from rollstream.wire.torch_tensors import group_tensors
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -179,23 +176,6 @@ def _vision_fields(groups: list[GroupRows], image_processor: Any) -> dict[str, A
     if image_processor is not None:
         fields["vision"] = build_vision_inputs(image_processor, [[g.images[i] for i in row] for g, row in per_row])
     return fields
-
-
-class StepAssembler:
-    """:func:`assemble` with the trainer's image processor (``None``: images stay bytes, and
-    the first step that carries images logs a warning naming ``trainer.processor_path``)."""
-
-    def __init__(self, image_processor: Any = None) -> None:
-        self.image_processor = image_processor
-        self._warned = False
-
-    def assemble(self, groups: list[GroupRows], pad_value: float) -> TrainingStep:
-        step = assemble(groups, pad_value, self.image_processor)
-        if step.group_images and self.image_processor is None and not self._warned:
-            self._warned = True
-            log.warning("groups carry images but no image processor is set (trainer.processor_path): "
-                        "TrainingStep.vision is None; rebuild it with rollstream.vision.inputs.build_vision_inputs")
-        return step
 
 
 def trainer_image_processor(config: RollstreamConfig) -> Any:

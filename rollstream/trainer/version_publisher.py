@@ -32,7 +32,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
@@ -115,7 +114,7 @@ class VersionPublisher:
     async def __aenter__(self) -> VersionPublisher:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:

@@ -173,10 +173,7 @@ class RankWatch:
             self._thread.join(timeout=5.0)
         if self._verdict is None:
             self._broadcast(self._beat(state, detail), flush=True)
-        for peer in self._peers:
-            with contextlib.suppress(OSError):
-                peer.sock.close()
-        for sock in (self._listener, self._wake_r, self._wake_w):
+        for sock in [*(peer.sock for peer in self._peers), self._listener, self._wake_r, self._wake_w]:
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.close()
@@ -253,10 +250,11 @@ class RankWatch:
         beat = Beat(self.rank, os.getpid(), self._host, self._started, self._step, self._phase, state, detail)
         return msgspec.json.encode(beat) + b"\n"
 
-    def _broadcast(self, data: bytes, flush: bool = False) -> None:
+    def _broadcast(self, data: bytes, flush: bool = False, skip: int | None = None) -> None:
+        """Send ``data`` to every peer (but rank ``skip``); ``flush``: wait up to 1 s for a full buffer."""
         with self._send_lock:
             for peer in self._peers:
-                if peer.ended:
+                if peer.ended or (skip is not None and peer.rank == skip):
                     continue
                 peer.outbox += data
                 self._flush(peer, wait=1.0 if flush else 0.0)
@@ -362,13 +360,7 @@ class RankWatch:
     def _decide(self, verdict: Verdict) -> None:
         self._verdict = verdict
         if self.rank == 0:  # every other rank learns who ended the job before rank 0 goes
-            others = [p for p in self._peers if p.rank != verdict.rank]
-            data = self._beat("ending", verdict.describe())
-            with self._send_lock:
-                for peer in others:
-                    if not peer.ended:
-                        peer.outbox += data
-                        self._flush(peer, wait=1.0)
+            self._broadcast(self._beat("ending", verdict.describe()), flush=True, skip=verdict.rank)
         self._decided.set()
         with self._round_done:
             self._round_done.notify_all()

@@ -61,8 +61,3 @@ class Ranks:
         box = [value if self.is_leader else None]
         dist.broadcast_object_list(box, src=self.src, group=self.process_group)
         return box[0]
-
-    def barrier(self) -> None:
-        """Return once every rank called it."""
-        if self.process_group is not None:
-            dist.barrier(group=self.process_group)
