@@ -1,8 +1,8 @@
 """Turning ``batches`` records into steps of ``groups_per_step`` groups, with the offsets to commit.
 
 Pure, no I/O: :class:`StepAccumulator` takes records one by one (a Kafka record, or a raw
-value with its partition and offset) and hands out :class:`StepGroups` once ``groups_per_step``
-groups wait.
+value with its partition and offset) and hands out a :class:`Step` once ``groups_per_step`` groups
+wait.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class StepGroups:
-    """The groups of one step, in the order they were read, and the offsets committing them
-    commits: the next offset per partition, for every record taken up to them; ``stale``: the
-    task ids of the groups dropped as stale since the step before (their records are committed
-    with this step)."""
+class Step:
+    """The groups of step ``number`` in the order they were read, and the offsets committing
+    it commits (partition -> next offset, for every record taken up to them; empty for a replay);
+    ``stale``: task ids of groups read since the step before and dropped as stale (never trained;
+    their records commit with the step)."""
 
+    number: int
     groups: list[GroupRows]
     offsets: dict[int, int]
     stale: list[str] = field(default_factory=list)
@@ -168,8 +169,8 @@ class StepAccumulator:
             group.partition, group.offset = partition, offset
             self._groups.append(group)
 
-    def next_step(self) -> StepGroups:
-        """The first ``groups_per_step`` waiting groups (call when :meth:`ready`)."""
+    def next_step(self, number: int = 0) -> Step:
+        """Step ``number``: the first ``groups_per_step`` waiting groups (call when :meth:`ready`)."""
         taken, self._groups = self._groups[: self.groups_per_step], self._groups[self.groups_per_step :]
         for group in taken:
             self.trained.add(group.task_id)
@@ -177,7 +178,7 @@ class StepAccumulator:
         for left in self._groups:  # waiting for a later step: its record is committed with it
             offsets[left.partition] = min(offsets.get(left.partition, left.offset), left.offset)
         stale, self._stale = [t for t, _ in self._stale], []
-        return StepGroups(taken, offsets, stale)
+        return Step(number, taken, offsets, stale)
 
     def hand_out(self) -> TrainingStep:
         """:meth:`next_step` padded into one :class:`TrainingStep`."""

@@ -227,17 +227,14 @@ class KafkaStepSource:
                 if self._drop_stale:
                     self.accumulator.drop_stale(max(consume, self.accumulator.newest_tag), self._eta)
                 if self.accumulator.ready():
-                    groups = self.accumulator.next_step()
-                    self.intake.handed_out()
                     self._last_step += 1
-                    return Step(self._last_step, groups.groups, groups.offsets, groups.stale)
+                    self.intake.handed_out()
+                    return self.accumulator.next_step(self._last_step)
                 arrived.clear()
             left = None if deadline is None else deadline - loop.time()
-            if left is not None and left <= 0:
-                return None
-            try:
-                await asyncio.wait_for(arrived.wait(), left)
-            except asyncio.TimeoutError:
+            if left is None:
+                await arrived.wait()
+            elif left <= 0 or not await wait_event(arrived, left):
                 return None
 
     async def _consume_version(self) -> int:

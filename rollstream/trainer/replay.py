@@ -33,7 +33,7 @@ from rollstream.config import RollstreamConfig
 from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.admin import topic_partitions
-from rollstream.kafka.scan import read_bounded
+from rollstream.kafka.scan import scan_topic
 from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.kafka_source import ledger_path
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
@@ -49,23 +49,13 @@ class ReplayError(ValueError):
     """The replay cannot be done as asked (a step not in the ledger, a record gone)."""
 
 
-async def read_partition(config: RollstreamConfig, topic: str, partition: int, start: int, end: int) -> AsyncIterator[Any]:
-    """The committed records of ``partition`` with ``start <= offset < end``, in offset order."""
-    if end <= start:
-        return
-    chunks = read_bounded(config.kafka, topic, "trainer-replay", partitions=[partition], start={partition: start},
-                          end={partition: end})
-    async for chunk in chunks:
-        for record in chunk.records:
-            yield record
-
-
 class _Replay:
     """What every replay shares: an accumulator for its counters, no commits, and steps of
     ``groups_per_step`` groups over the records of :meth:`_source` in their order (the last
     step may be smaller)."""
 
     def __init__(self, config: RollstreamConfig, include_eval: bool, first_step: int) -> None:
+        self._config = config
         self.topic = TopicNames.of(config).batches
         # Counts drops, undecodable records and repeated groups as the live source does.
         self.accumulator = StepAccumulator(config.staleness.groups_per_step, config.grouping.pad_value, include_eval,
@@ -87,6 +77,11 @@ class _Replay:
     async def close(self) -> None:
         if self._records is not None:
             await self._records.aclose()  # type: ignore[attr-defined]
+
+    def _read(self, partition: int, start: int, end: int) -> AsyncIterator[Any]:
+        """The committed records of ``partition`` with ``start <= offset < end``, in offset order."""
+        return scan_topic(self._config.kafka, self.topic, "trainer-replay", {partition: end}, partitions=[partition],
+                          start={partition: start})
 
     def _step(self, groups: list[GroupRows]) -> Step:
         self._number += 1
@@ -123,7 +118,6 @@ class RangeReplay(_Replay):
     def __init__(self, config: RollstreamConfig, start: dict[int, int] | None = None, end: dict[int, int] | None = None,
                  *, include_eval: bool = False, first_step: int = 1) -> None:
         super().__init__(config, include_eval, first_step)
-        self._config = config
         self.start_offsets = dict(start or {})
         self.end_offsets = dict(end) if end is not None else None
 
@@ -143,10 +137,10 @@ class RangeReplay(_Replay):
 
     async def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:
         assert self.end_offsets is not None
-        for partition in sorted(self.end_offsets):
-            start = self.start_offsets.get(partition, 0)
-            async for record in read_partition(self._config, self.topic, partition, start, self.end_offsets[partition]):
-                yield record.partition, record.offset, record.value
+        for partition, end in sorted(self.end_offsets.items()):
+            if (start := self.start_offsets.get(partition, 0)) < end:
+                async for record in self._read(partition, start, end):
+                    yield record.partition, record.offset, record.value
 
 
 def batch_from_json(message: dict[str, Any]) -> EmittedGroup | GroupDropped:
@@ -202,7 +196,6 @@ class LedgerReplay(_Replay):
     def __init__(self, config: RollstreamConfig, steps: Iterable[int], *, ledger: StepLedger | None = None,
                  include_eval: bool = True) -> None:
         super().__init__(config, include_eval, first_step=1)
-        self._config = config
         entries = {e.step: e for e in (ledger or StepLedger(ledger_path(config))).read()}
         wanted = list(steps)
         missing = [n for n in wanted if n not in entries]
@@ -231,6 +224,6 @@ class LedgerReplay(_Replay):
         return Step(entry.step, [by_task[t] for t in entry.task_ids], {})
 
     async def _record(self, partition: int, offset: int) -> bytes | None:
-        async for record in read_partition(self._config, self.topic, partition, offset, offset + 1):
+        async for record in self._read(partition, offset, offset + 1):
             return record.value
         raise ReplayError(f"record {partition}@{offset} of {self.topic} is gone (retention?)")

@@ -9,24 +9,10 @@ and the multi-rank streams run on either, so a replayed step reaches the same tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from rollstream.trainer.accumulator import StepAccumulator
+from rollstream.trainer.accumulator import Step, StepAccumulator
 from rollstream.trainer.ledger import LedgerEntry
-from rollstream.trainer.training_step import GroupRows
-
-
-@dataclass
-class Step:
-    """The groups of step ``number`` in the order they were read, and the offsets committing
-    it commits (partition -> next offset; empty for a replay); ``stale``: task ids of groups
-    read for it and dropped as stale (never trained; their records commit with the step)."""
-
-    number: int
-    groups: list[GroupRows]
-    offsets: dict[int, int]
-    stale: list[str] = field(default_factory=list)
 
 
 class StepSource(Protocol):

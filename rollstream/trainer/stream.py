@@ -59,8 +59,7 @@ class StepBook:
         return [self.pending[n] for n in sorted(self.pending) if n <= step]
 
     def committed(self, step: int) -> None:
-        for n in [n for n in self.pending if n <= step]:
-            del self.pending[n]
+        self.pending = {n: entry for n, entry in self.pending.items() if n > step}
         self.last_committed = max(self.last_committed, step)
 
 

@@ -140,8 +140,7 @@ class TrainerSteps(StepFrontEnd):
         try:
             self.start()
         except BaseException as exc:
-            self._health.settle(exc)
-            self.close(exc)
+            self.__exit__(type(exc), exc, None)
             raise
         return self
 
@@ -188,9 +187,7 @@ class TrainerSteps(StepFrontEnd):
         if share.kind == "stop":
             self._stopped = True
             if share.error:
-                if self.ranks.is_leader:
-                    raise RankFailed(share.error)
-                raise RankFailed(f"rank 0 failed: {share.error}")
+                raise RankFailed(share.error if self.ranks.is_leader else f"rank 0 failed: {share.error}")
             return None
         if share.kind == "idle":
             return None

@@ -51,11 +51,6 @@ class CollectiveFailed(RankFailed):
     group broke. Only this rank knows; the others hear it from the heartbeats."""
 
 
-def agreed(error: BaseException) -> bool:
-    """A failure every rank raises in the same round (rank 0's, passed to every rank)."""
-    return isinstance(error, (RankFailed, CommitRefused)) and not isinstance(error, CollectiveFailed)
-
-
 class RankHealth:
     """The heartbeats of one rank (none for a single process) and what it says when another
     rank is lost (see the module docstring). ``step``: the last step handed out; ``resume``:
@@ -89,7 +84,8 @@ class RankHealth:
         if self._previous_term is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._previous_term)
             self._previous_term = None
-        if error is None or agreed(error):
+        # a failure of rank 0's, passed to every rank, is raised by every rank in the same round
+        if error is None or isinstance(error, (RankFailed, CommitRefused)) and not isinstance(error, CollectiveFailed):
             self._watch.close("closed")
         else:
             self._watch.close("failed", f"{type(error).__name__}: {error}")

@@ -140,7 +140,7 @@ class RankWatch:
         self._send_lock = threading.Lock()
         self._closing = threading.Event()
         self._decided = threading.Event()
-        self._verdict: Verdict | None = None
+        self.verdict: Verdict | None = None  # how a watched rank was lost (set once, by the watching thread)
         self._began = time.monotonic()
         self._rounds = 0  # the watching thread's checks so far
         self._round_done = threading.Condition()
@@ -171,7 +171,7 @@ class RankWatch:
         self._wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5.0)
-        if self._verdict is None:
+        if self.verdict is None:
             self._broadcast(self._beat(state, detail), flush=True)
         for sock in [*(peer.sock for peer in self._peers), self._listener, self._wake_r, self._wake_w]:
             if sock is not None:
@@ -191,15 +191,11 @@ class RankWatch:
     def position(self) -> tuple[int, str]:
         return self._step, self._phase
 
-    @property
-    def verdict(self) -> Verdict | None:
-        return self._verdict
-
     def settle(self, timeout: float | None = None) -> Verdict | None:
         """Wait up to ``timeout`` seconds (default: the rank timeout and one beat) for a verdict:
         after a collective failed, it tells a lost peer from another cause."""
         self._decided.wait(self.timeout + self.interval if timeout is None else timeout)
-        return self._verdict
+        return self.verdict
 
     def check_now(self, timeout: float) -> Verdict | None:
         """Have the watching thread read what its peers sent and check them once more (waiting
@@ -210,7 +206,7 @@ class RankWatch:
             self._wake()
             self._round_done.wait_for(lambda: self._rounds >= wanted or self._decided.is_set()
                                       or not self._thread.is_alive(), timeout)
-        return self._verdict
+        return self.verdict
 
     # -- sockets --
 
@@ -332,13 +328,10 @@ class RankWatch:
                 continue
             peer.rank, peer.beat, peer.heard = beat.rank, beat, time.monotonic()
 
-    def _watched(self) -> list[int]:
-        return list(range(1, self.world)) if self.rank == 0 else [0]
-
     def _check(self, now: float) -> Verdict | None:
         """The first watched rank that can no longer take part, if any."""
         by_rank = {p.rank: p for p in self._peers if p.rank is not None}
-        for rank in self._watched():
+        for rank in range(1, self.world) if self.rank == 0 else [0]:
             peer = by_rank.get(rank)
             if peer is None:
                 if now - self._began > self.timeout:
@@ -358,7 +351,7 @@ class RankWatch:
         return None
 
     def _decide(self, verdict: Verdict) -> None:
-        self._verdict = verdict
+        self.verdict = verdict
         if self.rank == 0:  # every other rank learns who ended the job before rank 0 goes
             self._broadcast(self._beat("ending", verdict.describe()), flush=True, skip=verdict.rank)
         self._decided.set()
