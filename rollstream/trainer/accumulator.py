@@ -61,9 +61,7 @@ class StepAccumulator:
     The offsets of a step cover every record taken so far (one group per record), except the
     records of groups that wait for a later step: they are committed with that step.
 
-    The consumption bound (:meth:`drop_stale`): a train group that would reach a step more than
-    ``eta`` versions behind the version that step trains (a crash that re-emitted it late, a
-    long prefetch) is dropped as ``stale``, counted, and never handed out.
+    The consumption bound: :meth:`drop_stale`.
 
     Second line of defence against training on a group twice (the first is the pipeline's
     exactly-once emission): a group whose task id was handed out in the last
@@ -107,9 +105,10 @@ class StepAccumulator:
 
     def drop_stale(self, consume_version: int, eta: int) -> list[str]:
         """Drop the waiting train groups whose oldest token is more than ``eta`` versions behind
-        ``consume_version`` (the version of the weights the next step trains): counted in
-        ``drops_by_reason["stale"]`` and listed in the next step's ``stale``. Eval groups are
-        never dropped. Returns the task ids dropped now."""
+        ``consume_version`` (the version of the weights the next step trains; a crash that
+        re-emitted a group late, a long prefetch): counted in ``drops_by_reason["stale"]``, listed
+        in the next step's ``stale``, never handed out. Eval groups are never dropped. Returns the
+        task ids dropped now."""
         dropped = [g for g in self._groups
                    if not g.is_eval and staleness(consume_version, g.head_version) > eta]
         if not dropped:

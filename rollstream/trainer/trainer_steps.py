@@ -48,7 +48,7 @@ from rollstream.trainer.ranks.health import CollectiveFailed, RankFailed, RankHe
 from rollstream.trainer.ranks.share import StepShare, decode_share, encode_share, group_rows, share_group
 from rollstream.trainer.ranks.split import split_by_tokens
 from rollstream.trainer.ranks.world import Ranks
-from rollstream.trainer.step_source import Step, StepSource
+from rollstream.trainer.step_source import StepSource
 from rollstream.trainer.stream import StepFrontEnd
 from rollstream.trainer.training_step import GroupRows, TrainingStep
 
@@ -211,7 +211,7 @@ class TrainerSteps(StepFrontEnd):
         return bool(flag.item())
 
     def _lead_round(self, timeout: float | None) -> list[bytes]:
-        """Rank 0: the payload of every rank for this round."""
+        """Rank 0: the payload of every rank for this round (a step's groups split between them)."""
         assert self._thread is not None and self.source is not None
         world = self.ranks.world_size
         try:
@@ -222,10 +222,6 @@ class TrainerSteps(StepFrontEnd):
         if step is None:
             kind = "stop" if self.source.exhausted else "idle"
             return [encode_share(StepShare(kind=kind))] * world
-        return self._split(step)
-
-    def _split(self, step: Step) -> list[bytes]:
-        world = self.ranks.world_size
         shares = split_by_tokens([g.tokens for g in step.groups], world)
         self.book.handed_out(step, [[step.groups[i].task_id for i in share] for share in shares])
         self._mine = [step.groups[i] for i in shares[0]]
@@ -254,10 +250,8 @@ class TrainerSteps(StepFrontEnd):
                 entries = self.book.due(step.step)
                 if entries:
                     self._thread.run(self.source.commit(entries))
-                    offsets = dict(self._health.resume[1])
-                    for entry in entries:
-                        offsets.update(entry.offsets)
-                    self._health.resume = (step.step, offsets)
+                    offsets = {p: o for entry in entries for p, o in entry.offsets.items()}  # the newest per partition
+                    self._health.resume = (step.step, {**self._health.resume[1], **offsets})
             except Exception as exc:
                 error, failure = exc, f"{type(exc).__name__}: {exc}"
         failure, self._health.resume = self._health.collective(lambda: self.ranks.broadcast((failure, self._health.resume)))

@@ -146,14 +146,13 @@ def assemble(groups: list[GroupRows], pad_value: float = 0.0, image_processor: A
     if not groups:
         raise ValueError("assemble needs at least one group")
     tensors = concat_padded_tensors(align_keys([g.tensors for g in groups], pad_value), pad_value)
-    row_task = [i for i, g in enumerate(groups) for _ in g.sample_idx]
     versions = [head_and_tail(row_spans(g.tensors)) for g in groups]
     head, tail = head_and_tail(versions)
     return TrainingStep(
         tensors=tensors,
         task_ids=[g.task_id for g in groups],
         group_sizes=[g.group_size for g in groups],
-        row_task=row_task,
+        row_task=[i for i, g in enumerate(groups) for _ in g.sample_idx],
         sample_idx=[s for g in groups for s in g.sample_idx],
         trainer_versions=[g.trainer_version for g in groups],
         trainer_versions_known=[g.trainer_version_known for g in groups],

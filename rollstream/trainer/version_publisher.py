@@ -153,8 +153,7 @@ class VersionPublisher:
                 self.sender.close()
             raise
         if self.sender is not None:
-            expected = await self._expected_servers()
-            self.last_transfer = await asyncio.to_thread(self.sender.serve, expected)
+            self.last_transfer = await asyncio.to_thread(self.sender.serve, await self._expected_servers())
             log.info("sent weight version %s", self.last_transfer)
         if self.checkpoints is not None:
             await self.retain(version)

@@ -77,16 +77,10 @@ class _Session:
 def named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
     """A model's weights as its checkpoint names them (its ``state_dict``; a DDP wrapper's
     module), each storage once (a tied head shares the embedding's, as ``save_pretrained`` keeps it)."""
-    module = getattr(model, "module", model)
-    seen: set[tuple[int, int]] = set()
-    out: list[tuple[str, torch.Tensor]] = []
-    for name, tensor in module.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append((name, tensor.detach()))
-    return out
+    first: dict[tuple[int, int], tuple[str, torch.Tensor]] = {}  # storage and offset -> the first name
+    for name, tensor in getattr(model, "module", model).state_dict().items():
+        first.setdefault((tensor.untyped_storage().data_ptr(), tensor.storage_offset()), (name, tensor.detach()))
+    return list(first.values())
 
 
 class WeightSender:
