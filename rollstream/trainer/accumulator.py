@@ -45,9 +45,6 @@ class RecentTasks:
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._ids
 
-    def __len__(self) -> int:
-        return len(self._ids)
-
     def add(self, task_id: str) -> None:
         self._ids.pop(task_id, None)
         self._ids[task_id] = None

@@ -207,10 +207,9 @@ class KafkaStepSource:
             self.resumed_offsets.update(entry.offsets)
         for entry in kept[-self._remember_steps:]:
             self.accumulator.remember(entry.task_ids)
-        last = kept[-1].step if kept else 0
         if kept:
-            log.info("trainer ledger %s: resuming after step %d", self.ledger.path, last)
-        return last
+            log.info("trainer ledger %s: resuming after step %d", self.ledger.path, kept[-1].step)
+        return kept[-1].step if kept else 0
 
     # -- the steps --
 

@@ -108,11 +108,6 @@ class StepLedger:
             raise
 
 
-def covered(offsets: dict[int, int], committed: dict[int, int | None]) -> bool:
-    """True when Kafka's ``committed`` offsets are at or past every offset of ``offsets``."""
-    return all((c := committed.get(p)) is not None and c >= o for p, o in offsets.items())
-
-
 class LedgerMismatch(ValueError):
     """The ledger file was written for another topic or another consumer group."""
 
@@ -135,7 +130,7 @@ def reconcile(ledger: StepLedger, committed: dict[int, int | None]) -> tuple[lis
     dropped any, or when its last line was torn."""
     entries, torn = ledger.read_checked()
     kept = list(entries)
-    while kept and not covered(kept[-1].offsets, committed):
+    while kept and not all((c := committed.get(p)) is not None and c >= o for p, o in kept[-1].offsets.items()):
         kept.pop()
     dropped = entries[len(kept):]
     if dropped:

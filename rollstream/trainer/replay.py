@@ -61,12 +61,8 @@ class _Replay:
         self.accumulator = StepAccumulator(config.staleness.groups_per_step, config.grouping.pad_value, include_eval,
                                             config.trainer.remember_steps, topic=self.topic)
         self._number = first_step - 1
-        self._done = False
+        self.exhausted = False  # no step will come again
         self._records: AsyncIterator[tuple[int, int, bytes | None]] | None = None
-
-    @property
-    def exhausted(self) -> bool:
-        return self._done
 
     async def start(self) -> int:
         return self._number
@@ -92,7 +88,7 @@ class _Replay:
         raise NotImplementedError
 
     async def next_step(self, timeout: float | None) -> Step | None:
-        if self._done:
+        if self.exhausted:
             return None
         if self._records is None:
             self._records = self._source()
@@ -100,7 +96,7 @@ class _Replay:
             try:
                 partition, offset, value = await anext(self._records)
             except StopAsyncIteration:
-                self._done = True
+                self.exhausted = True
                 left = self.accumulator.waiting
                 if left:
                     self.accumulator.groups_per_step = left  # the rest, as one last smaller step
@@ -205,7 +201,7 @@ class LedgerReplay(_Replay):
 
     async def next_step(self, timeout: float | None) -> Step | None:
         if not self._entries:
-            self._done = True
+            self.exhausted = True
             return None
         entry = self._entries.pop(0)
         by_task: dict[str, GroupRows] = {}
@@ -220,7 +216,7 @@ class LedgerReplay(_Replay):
         if missing:
             raise ReplayError(f"step {entry.step}: groups {missing} are not in the records the ledger names")
         if not self._entries:
-            self._done = True
+            self.exhausted = True
         return Step(entry.step, [by_task[t] for t in entry.task_ids], {})
 
     async def _record(self, partition: int, offset: int) -> bytes | None:

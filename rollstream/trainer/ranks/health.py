@@ -67,12 +67,10 @@ class RankHealth:
             self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
 
     @property
-    def lost(self) -> bool:
-        """True once the heartbeats found a dead, stalled or failed rank (this process is ending)."""
+    def lost(self) -> bool:  # see TrainerSteps.peer_lost
         return self._watch is not None and self._watch.verdict is not None
 
-    def at(self, step: int, phase: str) -> None:
-        """This rank is now in ``step``, ``phase`` (the other ranks hear it at once)."""
+    def at(self, step: int, phase: str) -> None:  # see RankWatch.at
         if self._watch is not None:
             self._watch.at(step, phase)
 
