@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 import yaml
@@ -492,21 +493,13 @@ def redacted(config: RollstreamConfig) -> dict[str, Any]:
 
 def secret_values(config: RollstreamConfig) -> list[str]:
     """Every non-empty secret in ``config`` (passwords, and credentials inside URLs)."""
-    found: list[str] = []
-    for section in (config.kafka, config.redis):
-        for name in SECRET_FIELDS:
-            value = getattr(section, name, None)
-            if value:
-                found.append(value)
+    found = [value for section in (config.kafka, config.redis) for name in SECRET_FIELDS
+             if (value := getattr(section, name, None))]
     password = _url_password(config.redis.url)
-    if password:
-        found.append(password)
-    return found
+    return found + [password] if password else found
 
 
 def _url_password(url: str) -> str | None:
-    from urllib.parse import urlsplit
-
     try:
         return urlsplit(url).password
     except ValueError:

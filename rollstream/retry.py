@@ -95,7 +95,7 @@ class RetryPolicy:
             limits.append(tenacity.stop_after_delay(self.patience))
         stops: list[tenacity.stop.stop_base] = [tenacity.stop_all(*limits)] if limits else []
         if stop is not None:
-            stops.append(_StopWhenSet(stop))
+            stops.append(tenacity.stop_when_event_set(stop))  # typed for threading.Event; it only calls is_set()
         retrying = tenacity.AsyncRetrying(
             retry=(
                 tenacity.retry_if_exception_type(retry_on)
@@ -151,14 +151,6 @@ class Backoff:
 
     def succeeded(self) -> None:
         self.failures = 0
-
-
-class _StopWhenSet(tenacity.stop.stop_base):
-    def __init__(self, event: asyncio.Event) -> None:
-        self._event = event
-
-    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
-        return self._event.is_set()
 
 
 def _log_retry(what: str) -> Callable[[tenacity.RetryCallState], None]:

@@ -61,7 +61,7 @@ async def _ensure_once(config: KafkaConfig, names: TopicNames) -> None:
     admin = make_admin(config)
     try:
         await admin.start()
-        brokers = await broker_count(admin)
+        brokers = len((await admin.describe_cluster())["brokers"])  # registered and unfenced
         existing = set(await admin.list_topics())
         wanted = [
             _new_topic(config, name, names, compacted=False) for name in names.data_topics()
@@ -78,7 +78,8 @@ async def _ensure_once(config: KafkaConfig, names: TopicNames) -> None:
         # topics created just now are as asked (their metadata may not have spread yet); the
         # others are described, and all are checked together (co-partitioning spans both)
         states = await describe_topics(admin, [t.name for t in wanted if t.name in existing])
-        states.update({t.name: _state_of(t) for t in missing})
+        states.update({t.name: TopicState(t.name, t.num_partitions, t.replication_factor, dict(t.topic_configs))
+                       for t in missing})
     finally:
         await stop_client(admin, "an admin client")
     findings = check_layout(config, names, states, brokers)
@@ -86,11 +87,6 @@ async def _ensure_once(config: KafkaConfig, names: TopicNames) -> None:
         log.warning("topic check: %s", warning)
     if findings.errors:
         raise TopicLayoutError("the trial's topics cannot be used:\n- " + "\n- ".join(findings.errors))
-
-
-async def broker_count(admin: AIOKafkaAdminClient) -> int:
-    """How many brokers the cluster's metadata lists (registered and unfenced)."""
-    return len((await admin.describe_cluster())["brokers"])
 
 
 async def describe_topics(admin: AIOKafkaAdminClient, topics: list[str]) -> dict[str, TopicState]:
@@ -110,10 +106,6 @@ async def describe_topics(admin: AIOKafkaAdminClient, topics: list[str]) -> dict
         replication = min(len(p["replicas"]) for p in partitions)
         states[name] = TopicState(name, len(partitions), replication, configs.get(name, {}))
     return states
-
-
-def _state_of(topic: NewTopic) -> TopicState:
-    return TopicState(topic.name, topic.num_partitions, topic.replication_factor, dict(topic.topic_configs))
 
 
 def _config_values(responses: list[Any]) -> dict[str, dict[str, str]]:

@@ -64,12 +64,7 @@ def connection_kwargs(config: KafkaConfig, client_id: str) -> dict[str, Any]:
         "request_timeout_ms": config.request_timeout_ms,
         "security_protocol": config.security_protocol,
     }
-    if config.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
-        if not config.sasl_mechanism or config.sasl_username is None:
-            raise ValueError(
-                f"security_protocol {config.security_protocol} needs kafka.sasl_mechanism "
-                "and kafka.sasl_username"
-            )
+    if config.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):  # KafkaConfig checks the mechanism and user
         kwargs.update(
             sasl_mechanism=config.sasl_mechanism,
             sasl_plain_username=config.sasl_username,

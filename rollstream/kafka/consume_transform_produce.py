@@ -91,7 +91,8 @@ class PartitionOutput:
 
 
 class Transform(Protocol):
-    """A tier's logic inside the loop. Called with the guard's lock held."""
+    """A tier's logic inside the loop. Called with the guard's lock held. A subclass inherits
+    methods that do nothing for all but ``transform``."""
 
     tier: str
     concurrent: bool  # transform the records of a cycle concurrently (True) or one by one, in order
@@ -108,6 +109,7 @@ class Transform(Protocol):
 
     async def transform(self, record: ConsumerRecord, out: PartitionOutput) -> None:
         """Turn one record into output (``out.send``). Raising dead-letters the record."""
+        raise NotImplementedError
 
     def on_error(self, record: ConsumerRecord, error: Exception, out: PartitionOutput) -> None:
         """What else a dead-lettered record becomes (e.g. a failure its group must see)."""
@@ -120,7 +122,7 @@ class Transform(Protocol):
         """``out`` is committed (accounting; effects outside Kafka)."""
 
 
-class RecordTransform:
+class RecordTransform(Transform):
     """A :class:`Transform` that keeps no state between records: a subclass writes
     :meth:`transform` (and ``on_error`` if a dead-lettered record must be answered downstream);
     each cycle commits the input offset after the partition's last record."""
@@ -128,26 +130,8 @@ class RecordTransform:
     tier = ""
     concurrent = False
 
-    async def acquire(self, partitions: set[int]) -> None:
-        pass  # nothing to rebuild: the loop seeks the partitions to their committed offsets
-
-    def release(self, partitions: set[int]) -> None:
-        pass
-
-    async def begin(self, records: dict[int, list[ConsumerRecord]]) -> None:
-        pass
-
-    async def transform(self, record: ConsumerRecord, out: PartitionOutput) -> None:
-        raise NotImplementedError
-
-    def on_error(self, record: ConsumerRecord, error: Exception, out: PartitionOutput) -> None:
-        pass
-
     async def finish(self, partition: int, out: PartitionOutput, final: bool) -> None:
         out.offset = out.consumed
-
-    async def committed(self, partition: int, out: PartitionOutput) -> None:
-        pass
 
 
 class ExactlyOnce(Delivery):
@@ -249,7 +233,10 @@ class ExactlyOnce(Delivery):
         except TransactionFailed as exc:
             return exc
         await self._transform.committed(p, out)
-        self._count(out)
+        for topic, n in Counter(r.topic for r in out.records).items():
+            metrics.MESSAGES_OUT.labels(self._transform.tier, topic).inc(n)
+        if out.dead_letters:
+            metrics.MESSAGES_OUT.labels(self._transform.tier, self._dead_letter_topic).inc(len(out.dead_letters))
         return None
 
     async def _write(self, producer: AIOKafkaProducer, out: PartitionOutput) -> list[asyncio.Future[object]]:
@@ -259,12 +246,6 @@ class ExactlyOnce(Delivery):
         for letter in out.dead_letters:
             await send_dead_letter(producer, self._dead_letter_topic, letter)
         return futures
-
-    def _count(self, out: PartitionOutput) -> None:
-        for topic, n in Counter(r.topic for r in out.records).items():
-            metrics.MESSAGES_OUT.labels(self._transform.tier, topic).inc(n)
-        if out.dead_letters:
-            metrics.MESSAGES_OUT.labels(self._transform.tier, self._dead_letter_topic).inc(len(out.dead_letters))
 
     # -- taking and giving up partitions --
 

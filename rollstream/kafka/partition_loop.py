@@ -132,13 +132,10 @@ class PartitionLoop:
         resumed: the guard keeps partitions it could not take paused."""
         owned = set(self.owned())
         paused = self.consumer.paused()
-        if full:
-            if owned and not owned <= paused:
-                self.consumer.pause(*owned)
-        else:
-            resume = sorted(owned & paused)
-            if resume:
-                self.consumer.resume(*resume)
+        if full and owned and not owned <= paused:
+            self.consumer.pause(*owned)
+        elif not full and (resume := sorted(owned & paused)):
+            self.consumer.resume(*resume)
 
     async def positions(self) -> dict[int, int]:
         """The consumer's position of each owned partition (those it can tell now)."""
@@ -246,30 +243,30 @@ class AtLeastOnce:
         moved = {p: o for p, o in offsets.items() if o > self._committed.get(p, -1)}
         if not moved:
             return {}
-        tps = {TopicPartition(self.loop.topic, p): (o, metadata) for p, o in moved.items()}
         try:
-            await self._retry.call(lambda: self.loop.consumer.commit(tps), retry_on=_commit_retryable, what=what)
+            await self._retry.call(lambda: self._send(moved, metadata), retry_on=_commit_retryable, what=what)
         except (KafkaError, IllegalStateError) as exc:
             raise CommitRefused(f"{what}: offsets {moved} could not be committed ({exc})") from exc
-        self._committed.update(moved)
-        self.intake.committed(moved)
         return moved
 
     async def _commit_done(self, partitions: set[int], positions: dict[int, int]) -> None:
         """Commit what the intake says is done of ``partitions`` (still assigned to the
         consumer); a failure is logged and tried again at the next commit point (committing
         late only means doing some work again)."""
-        assert self.loop is not None
         offsets = {p: o for p, o in self.intake.committable(positions).items()
                    if p in partitions and o != self._committed.get(p)}
         if not offsets:
             return
         try:
-            await self.loop.consumer.commit({TopicPartition(self.loop.topic, p): o for p, o in offsets.items()})
+            await self._send(offsets)
         except (KafkaError, IllegalStateError) as exc:
             log.warning("%s: offset commit failed (%s: %s); will retry", self._name, type(exc).__name__, exc)
             return
-        self._committed.update(offsets)
-        self.intake.committed(offsets)
         log.debug("%s: committed %s", self._name, offsets)
 
+    async def _send(self, offsets: dict[int, int], metadata: str = "") -> None:
+        """One commit of ``offsets``; once it succeeded, the intake hears of it."""
+        assert self.loop is not None
+        await self.loop.consumer.commit({TopicPartition(self.loop.topic, p): (o, metadata) for p, o in offsets.items()})
+        self._committed.update(offsets)
+        self.intake.committed(offsets)

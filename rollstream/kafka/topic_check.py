@@ -147,19 +147,17 @@ def _check_partition_counts(config: KafkaConfig, names: TopicNames, topics: dict
 
 def _check_cleanup(state: TopicState, compacted: bool, found: Findings) -> None:
     policy = {p.strip() for p in state.configs.get("cleanup.policy", "delete").split(",")}
-    if compacted and "compact" not in policy:
-        found.errors.append(
-            f"{state.name} has cleanup.policy={','.join(sorted(policy))} but must be compacted: its "
-            "records (latest state per key) would expire with retention. Fix: kafka-configs.sh "
-            f"--alter --entity-type topics --entity-name {state.name} --add-config cleanup.policy=compact"
-        )
-    if not compacted and "compact" in policy:
-        found.errors.append(
-            f"{state.name} has cleanup.policy={','.join(sorted(policy))} but must not be compacted: "
-            "compaction keeps one record per key, and the samples of a group share their key. Fix: "
-            f"kafka-configs.sh --alter --entity-type topics --entity-name {state.name} "
-            "--add-config cleanup.policy=delete"
-        )
+    if compacted == ("compact" in policy):
+        return
+    if compacted:
+        why, fix = "must be compacted: its records (latest state per key) would expire with retention", "compact"
+    else:
+        why = "must not be compacted: compaction keeps one record per key, and the samples of a group share their key"
+        fix = "delete"
+    found.errors.append(
+        f"{state.name} has cleanup.policy={','.join(sorted(policy))} but {why}. Fix: kafka-configs.sh --alter "
+        f"--entity-type topics --entity-name {state.name} --add-config cleanup.policy={fix}"
+    )
 
 
 def _check_durability(config: KafkaConfig, state: TopicState, found: Findings) -> None:
@@ -228,7 +226,7 @@ def plan_growth(partitions: int, names: TopicNames, topics: dict[str, TopicState
     Raises :class:`TopicLayoutError` when one has more partitions already: Kafka cannot remove
     partitions, and growing the others would only make the counts differ.
     """
-    counts = {name: topics[name].partitions for name in growable(names) if name in topics}
+    counts = _partition_counts(growable(names), topics)
     larger = {name: n for name, n in counts.items() if n > partitions}
     if larger:
         most = max(larger.values())
