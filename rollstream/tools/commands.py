@@ -29,27 +29,8 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any) -> None:
-    _register_replay(subparsers)
-    _register_tail(subparsers)
-    _register_status(subparsers)
-    _register_topics(subparsers)
-
-
-def _register_topics(subparsers: Any) -> None:
-    topics = subparsers.add_parser("topics", help="manage the trial's Kafka topics")
-    actions = topics.add_subparsers(dest="topics_command", metavar="{create}", required=True)
-    create = actions.add_parser(
-        "create", help="create the trial's topics with the configured partitions and replication; grow "
-                       "existing ones to kafka.partitions (all data topics together, a drained trial only)",
-    )
-    add_config_arguments(create)
-    create.set_defaults(func=_topics_create_command)
-
-
-def _register_replay(subparsers: Any) -> None:
-    p = subparsers.add_parser("replay", help="replay a topic into a dump, a JSONL file or another experiment")
-    add_config_arguments(p)
-    p.add_argument("role", choices=ROLES, metavar="TOPIC_ROLE", help=" | ".join(ROLES))
+    p = _tool(subparsers, "replay", "replay a topic into a dump, a JSONL file or another experiment", _replay_command,
+              role=True)
     start = p.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="start at the first offset (default)")
     start.add_argument("--offset", action="append", default=[], metavar="P:O", help="start partition P at offset O (repeatable; a bare O means every partition)")
@@ -70,13 +51,8 @@ def _register_replay(subparsers: Any) -> None:
     p.add_argument("--checkpoint-every", type=int, default=100, metavar="N", help="save the resume file every N records")
     p.add_argument("--max-records", type=int, metavar="N", help="stop (resumably) after reading N records")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_replay_command)
 
-
-def _register_tail(subparsers: Any) -> None:
-    p = subparsers.add_parser("tail", help="print a topic's messages as they arrive")
-    add_config_arguments(p)
-    p.add_argument("role", choices=ROLES, metavar="TOPIC_ROLE", help=" | ".join(ROLES))
+    p = _tool(subparsers, "tail", "print a topic's messages as they arrive", _tail_command, role=True)
     p.add_argument("--from-beginning", action="store_true", help="start at the first offset instead of the end")
     p.add_argument("--max-messages", type=int, metavar="N", help="exit after N messages (or at the end, with --stop-at-end)")
     p.add_argument("--stop-at-end", action="store_true",
@@ -84,15 +60,27 @@ def _register_tail(subparsers: Any) -> None:
                         "more (with --from-beginning: print the whole topic and exit)")
     p.add_argument("--json", dest="as_json", action="store_true", help="whole messages as JSON (tensors summarized)")
     p.add_argument("--decode", metavar="TOKENIZER_PATH", help="show prompt and completion text")
-    p.set_defaults(func=_tail_command)
 
-
-def _register_status(subparsers: Any) -> None:
-    p = subparsers.add_parser("status", help="offsets, lags, version and staleness budget on one screen")
-    add_config_arguments(p)
+    p = _tool(subparsers, "status", "offsets, lags, version and staleness budget on one screen", _status_command)
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="refresh period (default 2 s)")
-    p.set_defaults(func=_status_command)
+
+    topics = subparsers.add_parser("topics", help="manage the trial's Kafka topics")
+    actions = topics.add_subparsers(dest="topics_command", metavar="{create}", required=True)
+    _tool(actions, "create", "create the trial's topics with the configured partitions and replication; grow "
+                             "existing ones to kafka.partitions (all data topics together, a drained trial only)",
+          _topics_create_command)
+
+
+def _tool(subparsers: Any, name: str, help: str, func: Callable[[argparse.Namespace], int],
+          role: bool = False) -> argparse.ArgumentParser:
+    """The subcommand ``name`` with the config arguments (and the topic role, with ``role``), run by ``func``."""
+    p = subparsers.add_parser(name, help=help)
+    add_config_arguments(p)
+    if role:
+        p.add_argument("role", choices=ROLES, metavar="TOPIC_ROLE", help=" | ".join(ROLES))
+    p.set_defaults(func=func)
+    return p
 
 
 def _load(args: argparse.Namespace, tool: str) -> RollstreamConfig | None:
@@ -128,27 +116,21 @@ def _run(args: argparse.Namespace, tool: str, body: Callable[[RollstreamConfig, 
         return 1
 
 
-def _replay_options(args: argparse.Namespace) -> Any:
-    from rollstream.tools.replay import ReplayOptions
+def _replay_command(args: argparse.Namespace) -> int:
+    from rollstream.tools.progress import replay_progress
+    from rollstream.tools.replay import ReplayOptions, replay
 
     record_filter = RecordFilter(
         task_ids=frozenset(args.task_id), min_version=args.min_version, max_version=args.max_version,
         is_eval=args.is_eval, min_reward=args.min_reward, max_reward=args.max_reward,
     )
-    return ReplayOptions(
-        offsets=parse_offset_specs(args.offset), since_ms=parse_since(args.since) if args.since else None,
-        filter=record_filter, to_dump=args.to_dump, to_jsonl=args.to_jsonl, tensors=args.tensors,
-        to_experiment=args.to_experiment, to_trial=args.to_trial, tokenizer_path=args.tokenizer,
-        resume_file=args.resume_file, checkpoint_every=max(1, args.checkpoint_every), max_records=args.max_records,
-    )
-
-
-def _replay_command(args: argparse.Namespace) -> int:
-    from rollstream.tools.progress import replay_progress
-    from rollstream.tools.replay import replay
-
     try:
-        options = _replay_options(args)
+        options = ReplayOptions(
+            offsets=parse_offset_specs(args.offset), since_ms=parse_since(args.since) if args.since else None,
+            filter=record_filter, to_dump=args.to_dump, to_jsonl=args.to_jsonl, tensors=args.tensors,
+            to_experiment=args.to_experiment, to_trial=args.to_trial, tokenizer_path=args.tokenizer,
+            resume_file=args.resume_file, checkpoint_every=max(1, args.checkpoint_every), max_records=args.max_records,
+        )
     except ValueError as exc:
         print(f"rollstream replay: {exc}", file=sys.stderr)
         return 2

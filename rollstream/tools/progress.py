@@ -32,25 +32,21 @@ class RateColumn(ProgressColumn):
 class ReplayBar:
     """``start(stats)`` sets the total (end - start offsets); ``advance(n)`` moves it on."""
 
-    def __init__(self, progress: Progress | None) -> None:
+    def __init__(self, progress: Progress) -> None:
         self._progress = progress
         self._task: TaskID | None = None
 
     def start(self, stats: Any) -> None:
-        if self._progress is not None:
-            self._task = self._progress.add_task(stats.topic, total=max(stats.total, 0))
+        self._task = self._progress.add_task(stats.topic, total=max(stats.total, 0))
 
     def advance(self, covered: int) -> None:
-        if self._progress is not None and self._task is not None:
+        if self._task is not None:
             self._progress.advance(self._task, covered)
 
 
 @contextmanager
 def replay_progress(enabled: bool = True) -> Iterator[ReplayBar]:
-    """A progress bar on stderr (nothing when disabled)."""
-    if not enabled:
-        yield ReplayBar(None)
-        return
+    """A progress bar on stderr (nothing shown when disabled)."""
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -60,6 +56,7 @@ def replay_progress(enabled: bool = True) -> Iterator[ReplayBar]:
         TimeRemainingColumn(),
         console=Console(file=sys.stderr),
         transient=False,
+        disable=not enabled,
     )
     with progress:
         yield ReplayBar(progress)

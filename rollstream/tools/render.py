@@ -35,16 +35,12 @@ TensorMode = Literal["full", "summary"]
 TEXT_PREVIEW_CHARS = 300
 
 
-def tensor_json(wire: WireTensor, mode: TensorMode) -> dict[str, Any]:
-    if mode == "summary":
-        return {"dtype": wire.dtype, "shape": list(wire.shape), "sha1": hashlib.sha1(wire.data).hexdigest()[:16]}
-    return {"dtype": wire.dtype, "shape": list(wire.shape), "values": decode_tensor(wire).tolist()}
-
-
 def to_jsonable(obj: Any, tensors: TensorMode = "full") -> Any:
     """``obj`` (a message or part of one) as JSON-ready builtins (see the module docstring)."""
     if isinstance(obj, WireTensor):
-        return tensor_json(obj, tensors)
+        if tensors == "summary":
+            return {"dtype": obj.dtype, "shape": list(obj.shape), "sha1": hashlib.sha1(obj.data).hexdigest()[:16]}
+        return {"dtype": obj.dtype, "shape": list(obj.shape), "values": decode_tensor(obj).tolist()}
     if isinstance(obj, PackedTensors):
         return {"keys": obj.keys, "dtypes": obj.dtypes, "shapes": obj.shapes, "nbytes": obj.data.nbytes}
     if isinstance(obj, msgspec.Struct):

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
@@ -81,12 +80,6 @@ class ReplayStats:
 ProgressFn = Callable[[int], None]  # called with the number of offsets just covered
 
 
-def target_config(config: RollstreamConfig, experiment: str, trial: str | None) -> RollstreamConfig:
-    """``config`` with another experiment (and trial) name."""
-    exp = msgspec.structs.replace(config.experiment, experiment_name=experiment, trial_name=trial or config.experiment.trial_name)
-    return msgspec.structs.replace(config, experiment=exp)
-
-
 async def replay(
     config: RollstreamConfig,
     role: str,
@@ -97,8 +90,7 @@ async def replay(
     progress: ProgressFn | None = None,
 ) -> ReplayStats:
     """Replay the ``role`` topic of ``config``'s experiment into the configured sinks."""
-    names = TopicNames.of(config)
-    topic = topic_for(names, role)
+    topic = topic_for(TopicNames.of(config), role)
     async with contextlib.AsyncExitStack() as stack:
         consumer = make_consumer(config.kafka, "replay", group_id=None, read_committed=True)
         await consumer.start()
@@ -111,8 +103,7 @@ async def replay(
         if on_start is not None:
             on_start(stats)
         log.info("replaying %s: %d offsets in %d partitions", topic, stats.total, len(stats.start))
-        runner = _Runner(config, role, options, sinks, stats, stop, progress)
-        await runner.run()
+        await _Runner(config, role, options, sinks, stats, stop, progress).run()
         log.info(
             "replay of %s %s: read %d, matched %d, written %d, undecodable %d",
             topic, "done" if stats.completed else "stopped", stats.read, stats.matched, stats.written, stats.undecodable,
@@ -164,29 +155,20 @@ async def _open_sinks(
         stack.push_async_callback(sink.close)
         sinks.append(sink)
     if options.to_experiment is not None:
-        sinks.append(await _topic_sink(stack, config, role, options, source_partitions))
+        trial = options.to_trial or config.experiment.trial_name
+        target = TopicNames(options.to_experiment, trial)
+        topic = topic_for(target, role)
+        if topic == topic_for(TopicNames.of(config), role):
+            raise ReplayError("--to-experiment names the source experiment and trial: nothing to copy into")
+        await ensure_topics(config.kafka, target)
+        producer = make_producer(config.kafka, "replay")
+        await producer.start()
+        stack.push_async_callback(producer.stop)
+        keep_partition = len(await producer.partitions_for(topic)) == source_partitions
+        topic_sink = TopicSink(producer, topic, keep_partition=keep_partition)
+        stack.push_async_callback(topic_sink.close)
+        sinks.append(topic_sink)
     return sinks
-
-
-async def _topic_sink(
-    stack: contextlib.AsyncExitStack, config: RollstreamConfig, role: str, options: ReplayOptions,
-    source_partitions: int,
-) -> TopicSink:
-    assert options.to_experiment is not None
-    target = target_config(config, options.to_experiment, options.to_trial)
-    source_names = TopicNames.of(config)
-    target_names = TopicNames.of(target)
-    if topic_for(target_names, role) == topic_for(source_names, role):
-        raise ReplayError("--to-experiment names the source experiment and trial: nothing to copy into")
-    await ensure_topics(target.kafka, target_names)
-    producer = make_producer(target.kafka, "replay")
-    await producer.start()
-    stack.push_async_callback(producer.stop)
-    topic = topic_for(target_names, role)
-    target_partitions = await producer.partitions_for(topic)
-    sink = TopicSink(producer, topic, keep_partition=len(target_partitions) == source_partitions)
-    stack.push_async_callback(sink.close)
-    return sink
 
 
 class _Runner:

@@ -32,8 +32,7 @@ def check_role(role: str) -> str:
 
 def topic_for(names: TopicNames, role: str) -> str:
     """The topic of ``role`` in the trial named by ``names``."""
-    check_role(role)
-    return names.dead_letter if role == "dead-letter" else getattr(names, role)
+    return names.topic(check_role(role))
 
 
 def decode_record(role: str, value: bytes | None) -> Any:

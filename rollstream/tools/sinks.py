@@ -31,10 +31,6 @@ class Sink(Protocol):
     async def close(self) -> None: ...
 
 
-def _key_text(key: bytes | None) -> str | None:
-    return None if key is None else key.decode("utf-8", "backslashreplace")
-
-
 class JsonlSink:
     """One line per record: ``{"partition", "offset", "key", "message"}`` or, for an
     undecodable record, ``{"partition", "offset", "key", "error"}``; deterministic bytes."""
@@ -50,7 +46,7 @@ class JsonlSink:
 
     async def write(self, record: ConsumerRecord, message: Any, error: str | None) -> bool:
         head = b'{"partition":%d,"offset":%d,"key":' % (record.partition, record.offset)
-        key = message_json(_key_text(record.key))
+        key = message_json(None if record.key is None else record.key.decode("utf-8", "backslashreplace"))
         body = b',"error":' + message_json(error) if message is None else b',"message":' + message_json(message, self._tensors)
         self._pending.append(head + key + body + b"}\n")
         return True

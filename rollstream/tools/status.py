@@ -166,13 +166,11 @@ class StatusCollector:
 
     def _rates(self, ends: dict[str, dict[int, int]], now: float) -> dict[str, float | None]:
         prev = self._previous
-        rates: dict[str, float | None] = {}
-        for topic, partitions in ends.items():
-            if prev is None or now <= prev.at or topic not in prev.ends:
-                rates[topic] = None
-            else:
-                rates[topic] = (sum(partitions.values()) - sum(prev.ends[topic].values())) / (now - prev.at)
-        return rates
+        return {
+            topic: None if prev is None or now <= prev.at or topic not in prev.ends
+            else (sum(partitions.values()) - sum(prev.ends[topic].values())) / (now - prev.at)
+            for topic, partitions in ends.items()
+        }
 
     async def _reward_sample(self, ends: dict[int, int]) -> dict[int, tuple[float, int]]:
         """Mean reward per tail version of the last ``REWARD_SAMPLE`` records of ``scored``
