@@ -138,7 +138,7 @@ class Admission:
                 log.error("staleness budget unusable while %s: %s; retrying in %.1fs", what, exc, self._poll_seconds)
                 if self._stop.is_set():
                     return None
-                await self._sleep(self._poll_seconds)
+                await wait_event(self._stop, self._poll_seconds)
             except REDIS_ERRORS as exc:
                 log.warning("staleness budget unreachable while %s: %s", what, exc)
                 if not await wait_for_redis(self._client, self._stop):
@@ -166,7 +166,3 @@ class Admission:
         except REDIS_ERRORS as exc:
             log.warning("staleness budget unreachable while waiting for room: %s", exc)
             await wait_for_redis(self._client, self._stop)
-
-    async def _sleep(self, seconds: float) -> None:
-        await wait_event(self._stop, seconds)
-

@@ -114,7 +114,9 @@ class PromptClaims:
         self.incarnation = uuid.uuid4().hex[:12]
         self.local = local or LocalClaims()
         self._window = failure_detection_seconds
-        self._ttl_ms = max(1000, int(failure_detection_seconds * 1000))
+        self._window_ms = int(failure_detection_seconds * 1000)
+        self._gate_key = keys.key("claims:epoch")
+        self._ttl_ms = max(1000, self._window_ms)
         self._beat_seconds = self._ttl_ms / 3000
         self._scripts = {name: client.register_script(getattr(scripts, name)) for name in
                          ("HEARTBEAT", "LIVENESS", "CLAIM", "TAKE_OVER", "ASSERT", "RELEASE", "RETIRE")}
@@ -133,14 +135,6 @@ class PromptClaims:
 
     def _liveness_key(self, worker_id: str) -> str:
         return self._keys.key(f"worker:{worker_id}")
-
-    @property
-    def _gate_key(self) -> str:
-        return self._keys.key("claims:epoch")
-
-    @property
-    def _window_ms(self) -> int:
-        return int(self._window * 1000)
 
     # -- trust: when an absence in Redis means something --
 

@@ -85,6 +85,3 @@ class OffsetTracker:
             state = self._partitions.get(tp)
             return len(state.pending) if state else 0
         return sum(len(state.pending) for state in self._partitions.values())
-
-    def partitions(self) -> list[TopicPartition]:
-        return list(self._partitions)

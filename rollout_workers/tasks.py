@@ -22,7 +22,7 @@ class TaskSet:
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._error: BaseException | None = None
+        self.error: BaseException | None = None  # the first exception of any task
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
@@ -35,21 +35,17 @@ class TaskSet:
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is not None and self._error is None:
+        if exc is not None and self.error is None:
             log.error("background task %s failed: %s: %s", task.get_name(), type(exc).__name__, exc)
-            self._error = exc
+            self.error = exc
 
     def __len__(self) -> int:
         return len(self._tasks)
 
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
-
     def raise_if_failed(self) -> None:
         """Re-raise the first exception of any task spawned here."""
-        if self._error is not None:
-            raise self._error
+        if self.error is not None:
+            raise self.error
 
     async def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every task to end; True when all ended."""

@@ -99,11 +99,6 @@ class VersionFollower:
         self._target = max(self._target, self._engine.get_version())
         return self._engine.get_version()
 
-    @property
-    def target(self) -> int:
-        """The newest version seen in the store (the engine may still be loading it)."""
-        return self._target
-
     async def run(self) -> None:
         """Follow versions until cancelled; raises only on unexpected errors."""
         await run_together({"version-watch": self._watch_loop(), "version-apply": self._apply_loop()})

@@ -243,8 +243,8 @@ class SyncCandidate:
         try:
             await self._enter_phase(lease, "pausing", version,
                                     lambda url: self._admin.pause(url, lease.token, self._mode))
-            await self._enter_phase(lease, "loading", version,
-                                    lambda url: self._load(url, load, update, lease.token))
+            how = self._admin.receive if load == "receive" else self._admin.load
+            await self._enter_phase(lease, "loading", version, lambda url: how(url, update, lease.token, self._mode))
             loaded = True
         except FencedOut:
             raise
@@ -286,12 +286,6 @@ class SyncCandidate:
         if latest is None or (version is not None and latest.version <= version):
             return None, ""
         return latest, "load"
-
-    async def _load(self, url: str, how: str, update: WeightUpdate, epoch: int) -> None:
-        if how == "receive":
-            await self._admin.receive(url, update, epoch, self._mode)
-        else:
-            await self._admin.load(url, update, epoch, self._mode)
 
     async def _enter_phase(self, lease: Lease, phase: Phase, version: int | None,
                            op: Callable[[str], Awaitable[None]]) -> None:

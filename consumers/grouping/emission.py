@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from rollstream.consumers.grouping.records import build_emitted_group, drop_record
 from rollstream.consumers.grouping.changelog import outcome_record
-from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup
+from rollstream.consumers.grouping.groups import CompleteGroup, DroppedGroup, drop_of
 from rollstream.consumers.grouping.trainer_version import VersionReading
 from rollstream.runtime import metrics
 from rollstream.kafka.consume_transform_produce import PartitionOutput
@@ -98,10 +98,7 @@ class Emission:
             key=group.task_id.encode(), value=None, reason=detail, error_type=type(error).__name__, at=time.time(),
         ))
         metrics.DEAD_LETTERS.labels(TIER, type(error).__name__).inc()
-        drop = DroppedGroup(
-            group.task_id, "dead_lettered", detail, group.is_eval, group.group_size,
-            group.partition, group.min_offset, group.max_offset, group.first_seen,
-        )
+        drop = drop_of(group, "dead_lettered", detail)
         self.drop(drop, version, out)
         return drop
 

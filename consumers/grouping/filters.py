@@ -47,22 +47,10 @@ class GroupTrajectory(Mapping[str, numpy.ndarray]):
         self._pad_value = pad_value  # grouping.pad_value: what the emitted group is padded with
         self._rows = [episode_rows(scored) for scored in group.episodes]
         self._padded: dict[str, numpy.ndarray] | None = None
-
-    @property
-    def task_id(self) -> str:
-        return self._group.task_id
-
-    @property
-    def group_size(self) -> int:
-        return self._group.group_size
-
-    @property
-    def rejected(self) -> int:
-        return self._group.rejected
-
-    @property
-    def failed(self) -> int:
-        return self._group.failed
+        self.task_id: str = group.task_id
+        self.group_size: int = group.group_size
+        self.rejected: int = group.rejected
+        self.failed: int = group.failed
 
     @property
     def head_version(self) -> int:

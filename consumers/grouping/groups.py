@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from rollstream.consumers.grouping.outcomes import OutcomeLog
 from rollstream.trajectory.staleness import Versions, group_trainer_version, head_and_tail, staleness
-from rollstream.wire import SampleRejected, ScoredEpisode, TaskFailed
+from rollstream.wire import Episode, SampleRejected, ScoredEpisode, TaskFailed
 from rollstream.wire.messages import DropReason
 
 Sample = ScoredEpisode | SampleRejected
@@ -128,7 +128,7 @@ GroupResult = CompleteGroup | DroppedGroup
 GroupFilter = Callable[[CompleteGroup], "str | None"]  # None keeps the group; a string is why it is dropped
 
 
-def _drop(group: OpenGroup | CompleteGroup, reason: DropReason, detail: str) -> DroppedGroup:
+def drop_of(group: OpenGroup | CompleteGroup, reason: DropReason, detail: str) -> DroppedGroup:
     return DroppedGroup(
         group.task_id, reason, detail, group.is_eval, group.group_size,
         group.partition, group.min_offset, group.max_offset, group.first_seen,
@@ -138,13 +138,13 @@ def _drop(group: OpenGroup | CompleteGroup, reason: DropReason, detail: str) -> 
 def _no_accepted(group: OpenGroup, rejected: int, failures: list[SampleRejected]) -> DroppedGroup:
     """The drop of a group none of whose samples was accepted: rejected or failed."""
     if not failures:
-        return _drop(group, "all_rejected", f"all {rejected} samples rejected by the workflow")
+        return drop_of(group, "all_rejected", f"all {rejected} samples rejected by the workflow")
     first = failures[0]
     detail = (
         f"{len(failures)} of {len(group.samples)} samples failed, {rejected} rejected; "
         f"first failure (sample {first.sample_idx}): {first.reason}"
     )
-    return _drop(group, "all_failed", detail)
+    return drop_of(group, "all_failed", detail)
 
 
 def apply_filters(group: CompleteGroup, filters: GroupFilters, trainer_version: int) -> GroupResult:
@@ -158,14 +158,14 @@ def apply_filters(group: CompleteGroup, filters: GroupFilters, trainer_version: 
     for refuse in filters.group_filters:
         detail = refuse(group)
         if detail is not None:
-            return _drop(group, "filtered", detail)
+            return drop_of(group, "filtered", detail)
     eta = filters.max_head_offpolicyness
     head, tail = group.versions
     version = group_trainer_version(trainer_version, tail)  # what its record will be tagged with
     lag = staleness(version, head)
     if eta is not None and lag > eta:
         detail = f"head version {head} is {lag} behind trainer version {version} (max {eta})"
-        return _drop(group, "stale", detail)
+        return drop_of(group, "stale", detail)
     return group
 
 
@@ -212,27 +212,26 @@ class GroupBuffer:
     ) -> list[GroupResult]:
         """Take one message; returns the group it ended, if any. May raise :class:`ConflictError`."""
         self.mark_seen(partition, offset)
-        task_id = _task_of(message)
+        header = _header(message)
+        task_id = header.task_id
         if self.outcomes.known(task_id):
             return []
         groups = self._open.setdefault(partition, {})
         group = groups.get(task_id)
+        if group is None:
+            group = OpenGroup(task_id, header.group_size, header.is_eval, now, partition, offset, offset)
         if isinstance(message, TaskFailed):
-            if group is None:
-                group = OpenGroup(task_id, message.group_size, message.is_eval, now, partition, offset, offset)
             group.max_offset = max(group.max_offset, offset)
             groups.pop(task_id, None)
-            return [self._ended(_drop(group, "task_failed", message.reason), now)]
-        if group is None:
-            group = OpenGroup(task_id, _size_of(message), _is_eval(message), now, partition, offset, offset)
-            groups[task_id] = group
-        elif _size_of(message) != group.group_size:
+            return [self._ended(drop_of(group, "task_failed", message.reason), now)]
+        if header.group_size != group.group_size:
             raise ConflictError(
-                f"task {group.task_id}: group_size {_size_of(message)} differs from the open "
+                f"task {group.task_id}: group_size {header.group_size} differs from the open "
                 f"group's {group.group_size}"
             )
+        groups[task_id] = group
         group.max_offset = max(group.max_offset, offset)
-        group.samples.setdefault(_idx_of(message), message)
+        group.samples.setdefault(header.sample_idx, message)  # type: ignore[union-attr]  # not a TaskFailed here
         if isinstance(message, ScoredEpisode) and message.episode.images:
             group.images.update(message.episode.images)
         if len(group.samples) < group.group_size or group.missing_images():
@@ -270,7 +269,7 @@ class GroupBuffer:
                 detail = f"{len(group.samples)} of {group.group_size} samples after {now - group.first_seen:.1f}s"
                 if len(group.samples) >= group.group_size:
                     detail += f", {len(group.missing_images())} of its images never arrived"
-                drop = _drop(group, "timeout", detail)
+                drop = drop_of(group, "timeout", detail)
                 self._ended(drop, now)
                 dropped.append(drop)
         return dropped
@@ -283,17 +282,6 @@ class GroupBuffer:
         self.outcomes.revoke(partitions)
 
 
-def _task_of(message: ScoredInput) -> str:
-    return message.episode.task_id if isinstance(message, ScoredEpisode) else message.task_id
-
-
-def _size_of(message: Sample) -> int:
-    return message.group_size if isinstance(message, SampleRejected) else message.episode.group_size
-
-
-def _idx_of(message: Sample) -> int:
-    return message.sample_idx if isinstance(message, SampleRejected) else message.episode.sample_idx
-
-
-def _is_eval(message: Sample) -> bool:
-    return message.is_eval if isinstance(message, SampleRejected) else message.episode.is_eval
+def _header(message: ScoredInput) -> Episode | SampleRejected | TaskFailed:
+    """What holds the message's ``task_id``, ``group_size``, ``is_eval`` (and ``sample_idx``)."""
+    return message.episode if isinstance(message, ScoredEpisode) else message

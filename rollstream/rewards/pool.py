@@ -40,6 +40,7 @@ import socket
 import struct
 import threading
 from collections import deque
+from dataclasses import dataclass
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -59,18 +60,16 @@ class RewardTimeout(TimeoutError):
     attempt, and by ``AsyncRewardWrapper.call`` when the last attempt timed out."""
 
 
+@dataclass(slots=True, eq=False)
 class _Call:
     """One call waiting for, or running in, a worker process."""
 
-    __slots__ = ("blob", "name", "timeout", "alone", "future", "started")
-
-    def __init__(self, blob: bytes, name: str, timeout: float, alone: bool, future: asyncio.Future[float]) -> None:
-        self.blob = blob  # pickle.dumps((fn, args, kwargs))
-        self.name = name
-        self.timeout = timeout
-        self.alone = alone  # runs in a chunk of its own, nothing queued behind it
-        self.future = future
-        self.started = 0.0  # loop.time() when it became its worker's running call
+    blob: bytes  # pickle.dumps((fn, args, kwargs))
+    name: str
+    timeout: float
+    alone: bool  # runs in a chunk of its own, nothing queued behind it
+    future: asyncio.Future[float]
+    started: float = 0.0  # loop.time() when it became its worker's running call
 
 
 class _Worker:
