@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -108,37 +108,25 @@ async def _start(
     return cursor
 
 
+@dataclass
 class _ProduceLoop:
     """The sample loop of one run; holds the pending batch and the counters."""
 
-    def __init__(
-        self,
-        config: RollstreamConfig,
-        rows: list[dict[str, Any]],
-        cursor: ProducerCursor,
-        admission: Admission,
-        publisher: PromptPublisher,
-        stop: asyncio.Event,
-        summary: RunSummary,
-    ) -> None:
-        self._pc = config.producer
-        self._max_message_bytes = config.kafka.max_message_bytes
-        self._rows = rows
-        self._cursor = cursor
-        self._admission = admission
-        self._publisher = publisher
-        self._stop = stop
-        self._batch = PendingBatch()
-        self._summary = summary
+    config: RollstreamConfig
+    rows: list[dict[str, Any]]
+    cursor: ProducerCursor
+    admission: Admission
+    publisher: PromptPublisher
+    stop: asyncio.Event
+    summary: RunSummary
+    batch: PendingBatch = field(default_factory=PendingBatch)
 
     async def run(self) -> RunSummary:
-        pc, summary = self._pc, self._summary
-        samples = iter_samples(
-            len(self._rows), pc.epochs, pc.shuffle, pc.seed, self._cursor.epoch, self._cursor.index
-        )
+        pc, summary = self.config.producer, self.summary
+        samples = iter_samples(len(self.rows), pc.epochs, pc.shuffle, pc.seed, self.cursor.epoch, self.cursor.index)
         summary.reason = "exhausted"
         for epoch, index, row_index in samples:
-            if self._stop.is_set():
+            if self.stop.is_set():
                 summary.reason = "stopped"
                 break
             if pc.max_prompts is not None and summary.total_published >= pc.max_prompts:
@@ -147,54 +135,51 @@ class _ProduceLoop:
             if not await self._handle(epoch, index, row_index):
                 summary.reason = "stopped"
                 break
-            if self._batch.is_due(pc.max_batch_prompts, pc.batch_linger_ms / 1000):
+            if self.batch.is_due(pc.max_batch_prompts, pc.batch_linger_ms / 1000):
                 await self._flush()
         await self._flush()  # everything admitted is published, whatever ended the loop
-        summary.admission_waits = self._admission.waits
+        summary.admission_waits = self.admission.waits
         return summary
 
     async def _handle(self, epoch: int, index: int, row_index: int) -> bool:
         """Admit and queue one sample; False when ``stop`` interrupted its admission."""
-        pc = self._pc
+        pc = self.config.producer
         task_id = task_id_for(pc.producer_id, epoch, index)
-        nxt_epoch, nxt_index = next_position(epoch, index, len(self._rows))
+        nxt_epoch, nxt_index = next_position(epoch, index, len(self.rows))
         try:
-            data = with_encoded_images(self._rows[row_index])
+            data = with_encoded_images(self.rows[row_index])
             task = PromptTask(
                 task_id=task_id, group_size=pc.group_size, data=data,
                 is_eval=pc.is_eval, workflow=pc.workflow, epoch=epoch, index=index, created_at=time.time(),
             )
             value = encode(task)
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            too_large = self._size_problem(task, value)
+            if too_large is not None:
+                raise RecordTooLargeError(too_large)
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # RecordTooLargeError too
             self._dead_letter(task_id, row_index, exc, nxt_epoch, nxt_index)
-            return True
-        too_large = self._size_problem(task, value)
-        if too_large is not None:
-            self._dead_letter(task_id, row_index, RecordTooLargeError(too_large), nxt_epoch, nxt_index)
             return True
         if not await self._admit(task_id, pc.is_eval):
             return False
-        self._summary.total_published += 1
-        self._batch.add_prompt(
-            task, value, advance(self._cursor, nxt_epoch, nxt_index, self._summary.total_published)
-        )
+        self.summary.total_published += 1
+        self.batch.add_prompt(task, value, advance(self.cursor, nxt_epoch, nxt_index, self.summary.total_published))
         return True
 
     async def _admit(self, task_id: str, is_eval: bool) -> bool:
-        while not await self._admission.try_admit(task_id, is_eval):
-            if self._stop.is_set():
+        while not await self.admission.try_admit(task_id, is_eval):
+            if self.stop.is_set():
                 return False
             # Publish what is admitted before waiting: the budget grows only when the
             # pipeline (and so the trainer) can make progress on those prompts.
             await self._flush()
-            if not await self._admission.wait_for_room():
+            if not await self.admission.wait_for_room():
                 return False
         return True
 
     def _size_problem(self, task: PromptTask, value: bytes) -> str | None:
         sizes = image_sizes(task.data)
         what = f"the prompt record ({len(sizes)} images of {sizes} bytes)" if sizes else "the prompt record"
-        problem = size_problem(what, value, task.task_id.encode(), self._max_message_bytes)
+        problem = size_problem(what, value, task.task_id.encode(), self.config.kafka.max_message_bytes)
         if problem is None:
             return None
         return f"{problem}; downscale its images or raise kafka.max_message_bytes (then recreate the topics)"
@@ -203,27 +188,27 @@ class _ProduceLoop:
         what = "is too large for the prompts topic" if isinstance(exc, RecordTooLargeError) else "cannot be encoded"
         log.error("dataset row %d (task %s) %s: %s", row_index, task_id, what, exc)
         letter = DeadLetter(
-            tier=TIER, source_topic=f"dataset:{self._pc.dataset}", partition=-1, offset=row_index,
+            tier=TIER, source_topic=f"dataset:{self.config.producer.dataset}", partition=-1, offset=row_index,
             key=task_id.encode(), value=None, reason=f"row {row_index} {what}: {exc}",
             error_type=type(exc).__name__, at=time.time(),
         )
-        self._batch.add_dead_letter(letter, advance(self._cursor, epoch, index, self._summary.total_published))
+        self.batch.add_dead_letter(letter, advance(self.cursor, epoch, index, self.summary.total_published))
 
     async def _flush(self) -> None:
-        batch, self._batch = self._batch, PendingBatch()
+        batch, self.batch = self.batch, PendingBatch()
         if batch.is_empty():
             return
-        await self._publisher.commit(batch)
-        summary = self._summary
+        await self.publisher.commit(batch)
+        summary = self.summary
         before = summary.published
         summary.published += len(batch.prompts)
         summary.eval_prompts += batch.eval_prompts
         summary.dead_lettered += len(batch.dead_letters)
         summary.transactions += 1
-        every = self._pc.progress_every
+        every = self.config.producer.progress_every
         if summary.published // every > before // every:
             log.info(
                 "producer %s: %d prompts published this run (%d total), last task %s",
-                self._pc.producer_id, summary.published, summary.total_published,
+                self.config.producer.producer_id, summary.published, summary.total_published,
                 batch.prompts[-1][0].decode() if batch.prompts else "-",
             )

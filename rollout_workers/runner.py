@@ -32,7 +32,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
@@ -216,12 +215,6 @@ class PromptRunner:
         if not has_room():
             await wait_event(self._room, timeout)
 
-    async def _publish(self, task_id: str, message: msgspec.Struct) -> None:
-        """Send ``message`` to ``episodes`` keyed by ``task_id`` and wait for the broker's ack."""
-        delivery = await self._producer.send(self._names.episodes, encode(message), key=task_id.encode())
-        await delivery
-        MESSAGES_OUT.labels(TIER, self._names.episodes).inc()
-
     async def _publish_sample(
         self, task: PromptTask, message: Episode | SampleRejected, ledger: ImageLedger,
     ) -> Episode | SampleRejected:
@@ -264,7 +257,9 @@ class PromptRunner:
                 task_id=task_id, group_size=task.group_size if task else 0,
                 is_eval=task.is_eval if task else False, reason=reason[:MAX_REASON_CHARS],
             )
-            await self._publish(task_id, failed)
+            delivery = await self._producer.send(self._names.episodes, encode(failed), key=task_id.encode())
+            await delivery
+            MESSAGES_OUT.labels(TIER, self._names.episodes).inc()
             log.warning("task %s: failed before running (%s)", task_id, label, extra={"task_id": task_id})
         else:
             log.warning("prompt record %s[%d]@%d has no key: dead-lettered without a TaskFailed",

@@ -44,22 +44,6 @@ class VersionSource(Protocol):
     async def latest_checkpoint(self, at_most: int) -> WeightUpdate | None: ...
 
 
-async def load_weights(engine: InferenceEngine, update: WeightUpdate) -> None:
-    """Pause, load ``update``, declare its version, resume (also when the load raises)."""
-    started = time.monotonic()
-    await engine.pause()
-    try:
-        await engine.update_weights(update)
-        engine.set_version(update.version)
-    finally:
-        await engine.resume()
-    WEIGHT_VERSION.labels(TIER).set(update.version)
-    log.info(
-        "now generating with weight version %d from %s (load took %.2fs)",
-        update.version, update.path, time.monotonic() - started,
-    )
-
-
 class VersionFollower:
     """Keeps ``engine`` on the newest version published in ``store``."""
 
@@ -80,8 +64,18 @@ class VersionFollower:
 
     takes_transfers = False  # versions sent over the wire (no checkpoint) reach this engine
     async def apply(self, update: WeightUpdate) -> None:
-        """Make ``update`` the engine's version: here, pause, load and resume the engine."""
-        await load_weights(self._engine, update)
+        """Make ``update`` the engine's version: here, pause, load ``update``, declare its version,
+        resume (also when the load raises)."""
+        started = time.monotonic()
+        await self._engine.pause()
+        try:
+            await self._engine.update_weights(update)
+            self._engine.set_version(update.version)
+        finally:
+            await self._engine.resume()
+        WEIGHT_VERSION.labels(TIER).set(update.version)
+        log.info("now generating with weight version %d from %s (load took %.2fs)",
+                 update.version, update.path, time.monotonic() - started)
 
     async def catch_up(self) -> int:
         """At start, before the first prompt: apply the trainer's current weights if Redis

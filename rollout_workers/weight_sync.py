@@ -120,7 +120,12 @@ class SyncCandidate:
         period = self._leases.ttl_seconds / 3
         try:
             while True:
-                lease = await self._try_acquire()
+                try:
+                    lease = await self._leases.acquire(self.url)
+                except REDIS_ERRORS as exc:
+                    log.warning("cannot reach Redis for the lease of %s (%s); not its sync owner for now",
+                                self.url, exc)
+                    lease = None
                 if lease is not None:
                     self.lease = lease  # before the check below, so that stopping releases it
                 raise_if_cancelled()  # after each Redis call (see raise_if_cancelled)
@@ -136,13 +141,6 @@ class SyncCandidate:
                 log.warning("no longer the sync owner of %s", self.url)
         finally:
             await self._give_up()
-
-    async def _try_acquire(self) -> Lease | None:
-        try:
-            return await self._leases.acquire(self.url)
-        except REDIS_ERRORS as exc:
-            log.warning("cannot reach Redis for the lease of %s (%s); not its sync owner for now", self.url, exc)
-            return None
 
     async def _give_up(self) -> None:
         """On stop: release a held lease so the next sync owner need not wait for the TTL."""

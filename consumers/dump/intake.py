@@ -15,7 +15,7 @@ from aiokafka.structs import ConsumerRecord
 
 from rollstream.dump.lines import DumpWriter
 from rollstream.kafka.dead_letter import dead_letter_for, send_dead_letter
-from rollstream.kafka.partition_loop import Records
+from rollstream.kafka.partition_loop import Intake, Records
 from rollstream.kafka.topics import TopicNames
 from rollstream.runtime.metrics import DEAD_LETTERS, EPISODES, MESSAGES_IN, MESSAGES_OUT
 from rollstream.wire import ScoredEpisode, WireDecodeError, decode_scored
@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 TIER = "dump"
 
 
-class DumpIntake:
+class DumpIntake(Intake):
     """The dump tier's side of its partition loop: the records taken in a cycle are written
-    (files flushed, dead letters delivered) at the cycle's end; then their offsets are done."""
+    (files flushed, dead letters delivered) at the cycle's end; then their offsets are done.
+    ``room``, ``wait_for_room`` and ``committed`` are the Intake no-ops: a cycle writes all it took."""
 
     def __init__(self, writer: DumpWriter, producer: AIOKafkaProducer, names: TopicNames) -> None:
         self._writer = writer
@@ -46,21 +47,12 @@ class DumpIntake:
             self._taken.pop(p, None)
             self._done.pop(p, None)
 
-    def room(self) -> None:
-        return None  # a cycle writes all it took
-
-    async def wait_for_room(self, timeout: float) -> None:
-        return None
-
     def take(self, records: Records) -> None:
         for p, batch in records.items():
             self._taken.setdefault(p, []).extend(batch)
 
     def committable(self, positions: dict[int, int]) -> dict[int, int]:
         return dict(self._done)
-
-    def committed(self, offsets: dict[int, int]) -> None:
-        return None
 
     async def tick(self) -> None:
         """Write what was taken; its offsets are done once the lines and letters are out."""
