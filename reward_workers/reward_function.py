@@ -89,7 +89,8 @@ class Scorer:
         self.rescore = rescore
         self.reward_fn_name = reward_fn_name
         self.passed_through_count = 0  # episodes whose workflow's rewards were kept
-        self._prompt_text = functools.lru_cache(maxsize=PROMPT_TEXTS_KEPT)(self._decode_bytes)
+        self._prompt_text = functools.lru_cache(maxsize=PROMPT_TEXTS_KEPT)(
+            lambda dtype, data: self.decode(numpy.frombuffer(data, dtype=dtype)))
         if wrapper is None:
             log.info("no reward function (reward.reward_fn is empty): episodes must carry rewards set by their workflow")
         elif tokenizer is None:
@@ -130,9 +131,6 @@ class Scorer:
         if self._tokenizer is None or len(ids) == 0:
             return ""
         return self._prompt_text(ids.dtype.str, ids.tobytes())
-
-    def _decode_bytes(self, dtype: str, data: bytes) -> str:
-        return self.decode(numpy.frombuffer(data, dtype=dtype))
 
     async def reward(
         self, prompt: str, completion: str, prompt_ids: numpy.ndarray, completion_ids: numpy.ndarray,

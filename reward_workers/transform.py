@@ -37,10 +37,6 @@ TIER = "reward-worker"
 MAX_REASON_CHARS = 500
 
 
-def task_id_of(result: ScoreResult) -> str:
-    return result.episode.task_id if isinstance(result, ScoredEpisode) else result.task_id
-
-
 def outcome_of(result: ScoreResult) -> str:
     """Metric label: scored | passed_through (already scored by its workflow) | rejected |
     failed | task_failed."""
@@ -118,7 +114,8 @@ class RewardTransform(RecordTransform):
         )
 
     def _send(self, result: ScoreResult, out: PartitionOutput) -> None:
-        out.send(self._names.scored, encode(result), key=task_id_of(result).encode())
+        task_id = result.episode.task_id if isinstance(result, ScoredEpisode) else result.task_id
+        out.send(self._names.scored, encode(result), key=task_id.encode())
         outcome = outcome_of(result)
         self._outcomes.setdefault(out.partition, Counter())[outcome] += 1
         EPISODES.labels(TIER, outcome).inc()

@@ -117,8 +117,10 @@ class AsyncRewardWrapper:
         tries = itertools.count(1)
 
         async def attempt() -> float:
+            if self._pool is None:
+                raise RuntimeError("AsyncRewardWrapper is closed")
             # a retry runs alone: a call that failed once may hang or kill its process again
-            return await self._require_pool().run(blob, self._name, self.timeout_seconds, alone=next(tries) > 1)
+            return await self._pool.run(blob, self._name, self.timeout_seconds, alone=next(tries) > 1)
 
         try:
             return await REWARD_RETRY.limited(max_attempts=attempts).call(
@@ -127,11 +129,6 @@ class AsyncRewardWrapper:
             raise RewardTimeout(
                 f"reward function {self._name} timed out after {self.timeout_seconds} s on all {attempts} attempts"
             ) from None
-
-    def _require_pool(self) -> RewardPool:
-        if self._pool is None:
-            raise RuntimeError("AsyncRewardWrapper is closed")
-        return self._pool
 
     @property
     def _name(self) -> str:
