@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollstream.dev.kafka_jars import LOG4J_CONFIG, classpath, ensure_kafka_jars, java_executable
-from rollstream.dev.processes import LOCALHOST, LocalServer, ServiceProcess, free_port, port_open
+from rollstream.dev.processes import LOCALHOST, LocalServer, free_port, port_open
 
 logger = logging.getLogger(__name__)
 
@@ -90,17 +90,18 @@ class LocalKafkaBroker(LocalServer):
         layout: NodeLayout | None = None,
         controller_port: int | None = None,
     ) -> None:
-        self.workdir = Path(workdir).resolve()
+        self.sasl_scram_users = dict(sasl_scram_users or {})
+        for user, password in self.sasl_scram_users.items():
+            if not (_SCRAM_SAFE.match(user) and _SCRAM_SAFE.match(password)):
+                raise ValueError(
+                    f"SCRAM user {user!r}: names and passwords may not contain whitespace, quotes or ,=[]"
+                )
+        name = "kafka broker" if layout is None else f"kafka node {layout.node_id}"
+        super().__init__(workdir, name, "broker.log", detached)
         self.heap = heap
         self.layout = layout
-        self.sasl_scram_users = dict(sasl_scram_users or {})
-        _check_scram_users(self.sasl_scram_users)
-        self.port = free_port()
         self.controller_port = free_port() if controller_port is None else controller_port
         self.sasl_port: int | None = free_port() if self.sasl_scram_users else None
-        self.startup_seconds: float | None = None
-        name = "kafka broker" if layout is None else f"kafka node {layout.node_id}"
-        self._process = ServiceProcess(name, self.workdir / "broker.log", detached)
 
     @property
     def node_id(self) -> int:
@@ -124,9 +125,8 @@ class LocalKafkaBroker(LocalServer):
         the log's tail when the process exits or is not ready within `timeout` seconds.
         """
         began = time.monotonic()
-        timeout = self.START_TIMEOUT if timeout is None else timeout
         offset = self.launch()
-        self.wait_ready(offset, began, began + timeout)
+        self.wait_ready(offset, began, began + (self.START_TIMEOUT if timeout is None else timeout))
         return self.bootstrap
 
     def launch(self) -> int:
@@ -157,9 +157,8 @@ class LocalKafkaBroker(LocalServer):
         Kills the process and raises BrokerStartError (with the log's tail) when it exits or
         is not ready by `deadline` (both `time.monotonic()` values).
         """
-        self._await_ready(lambda: self._serves_metadata(log_offset, deadline), deadline, 0.1,
+        self._await_ready(lambda: self._serves_metadata(log_offset, deadline), began, deadline - began, 0.1,
                           "kafka broker", "not ready in time")
-        self.startup_seconds = time.monotonic() - began
         logger.info("kafka node %d ready at %s in %.2fs", self.node_id, self.bootstrap, self.startup_seconds)
 
     @property
@@ -179,7 +178,8 @@ class LocalKafkaBroker(LocalServer):
         props = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
-            "controller.quorum.voters": self._voters(),
+            "controller.quorum.voters": (self.layout.voters if self.layout
+                                         else f"1@{LOCALHOST}:{self.controller_port}"),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self._data_dir),
@@ -218,11 +218,6 @@ class LocalKafkaBroker(LocalServer):
         props["advertised.listeners"] = ",".join(advertised)
         props["listener.security.protocol.map"] = ",".join(protocols)
         return props
-
-    def _voters(self) -> str:
-        if self.layout is None:
-            return f"1@{LOCALHOST}:{self.controller_port}"
-        return self.layout.voters
 
     def _replication_properties(self) -> dict[str, str]:
         """Replication of new and internal topics: 1 alone; the layout's in a cluster."""
@@ -270,14 +265,6 @@ class LocalKafkaBroker(LocalServer):
         if not (_log_contains(self.log_path, log_offset, STARTED_LINE) and port_open(self.port)):
             return False
         return _metadata_answers(self.bootstrap, max(1.0, deadline - time.monotonic()))
-
-
-def _check_scram_users(users: dict[str, str]) -> None:
-    for name, password in users.items():
-        if not (_SCRAM_SAFE.match(name) and _SCRAM_SAFE.match(password)):
-            raise ValueError(
-                f"SCRAM user {name!r}: names and passwords may not contain whitespace, quotes or ,=[]"
-            )
 
 
 def _log_contains(path: Path, offset: int, needle: str) -> bool:

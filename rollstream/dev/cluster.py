@@ -19,7 +19,6 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from rollstream.dev.broker import BrokerStartError, LocalKafkaBroker, NodeLayout, new_cluster_id
 from rollstream.dev.processes import LOCALHOST, free_port
@@ -144,8 +143,11 @@ class LocalKafkaCluster:
         recorded it in their `quorum-state` files; the highest epoch wins. None if unknown."""
         best: tuple[int, int] | None = None
         for i in self.running_nodes():
-            state = _quorum_state(self.nodes[i])
-            if state is None:
+            # KRaft writes it on every election
+            path = self.nodes[i].workdir / "data" / "__cluster_metadata-0" / "quorum-state"
+            try:
+                state = json.loads(path.read_text())
+            except (OSError, ValueError):
                 continue
             leader, epoch = int(state.get("leaderId", -1)), int(state.get("leaderEpoch", -1))
             if leader >= 0 and (best is None or epoch > best[1]):
@@ -158,14 +160,3 @@ class LocalKafkaCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _quorum_state(node: LocalKafkaBroker) -> dict[str, Any] | None:
-    """The node's record of the current controller leader and epoch (KRaft writes it on every
-    election to `<log dir>/__cluster_metadata-0/quorum-state`)."""
-    path = node.workdir / "data" / "__cluster_metadata-0" / "quorum-state"
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-    except (OSError, ValueError):
-        return None

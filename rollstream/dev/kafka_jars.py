@@ -59,7 +59,7 @@ def ensure_kafka_jars() -> Path:
     java_executable()
     target = cache_dir() / f"kafka-{KAFKA_VERSION}"
     libs = target / "libs"
-    want = _pom_digest()
+    want = hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
     if _is_complete(target, want):
         return libs
     target.mkdir(parents=True, exist_ok=True)
@@ -68,10 +68,6 @@ def ensure_kafka_jars() -> Path:
         if not _is_complete(target, want):  # another process may have finished meanwhile
             _download(target, libs, want)
     return libs
-
-
-def _pom_digest() -> str:
-    return hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
 
 
 def _is_complete(target: Path, digest: str) -> bool:

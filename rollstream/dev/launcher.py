@@ -143,15 +143,11 @@ def dev_stack(workdir: Path | None = None, brokers: int = 1) -> Iterator[DevStac
         redis_source, url, redis = _resolve(stack, redis_env, use_docker, _start_redis_container,
                                             workdir, lambda root: LocalRedisServer(root / "redis"))
         replication = cluster.replication if cluster is not None else 1
-        services = Services(bootstrap, url, _combined_source(kafka_source, redis_source), replication)
+        source = (kafka_source if kafka_source == redis_source
+                  else f"kafka={kafka_source},redis={redis_source}")
+        services = Services(bootstrap, url, source, replication)
         logger.info("dev services: %s", services)
         yield DevStack(services, broker, redis, cluster)
-
-
-def _combined_source(kafka_source: str, redis_source: str) -> str:
-    if kafka_source == redis_source:
-        return kafka_source
-    return f"kafka={kafka_source},redis={redis_source}"
 
 
 def _resolve(

@@ -222,16 +222,22 @@ class ServiceProcess:
 
 
 class LocalServer:
-    """What the local broker and redis-server share: one `ServiceProcess` and its lifecycle.
+    """What the local broker, redis-server and vLLM server share: a working directory, a port chosen
+    once (kept across restarts), one `ServiceProcess` and its lifecycle.
 
-    Subclasses set `_process` and implement `start(timeout) -> address`; `START_TIMEOUT` and
-    `STOP_TIMEOUT` are their default waits; `START_ERROR` is what a failed start raises.
+    Subclasses implement `start(timeout) -> address`; `START_TIMEOUT` and `STOP_TIMEOUT` are their
+    default waits; `START_ERROR` is what a failed start raises.
     """
 
     START_TIMEOUT = 30.0
     STOP_TIMEOUT = 10.0
     START_ERROR: type[RuntimeError] = RuntimeError
-    _process: ServiceProcess
+    startup_seconds: float | None = None  # the last start's, until the server was ready
+
+    def __init__(self, workdir: Path, name: str, log_name: str, detached: bool) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.port = free_port()
+        self._process = ServiceProcess(name, self.workdir / log_name, detached)
 
     def start(self, timeout: float | None = None) -> str:
         raise NotImplementedError
@@ -274,15 +280,18 @@ class LocalServer:
             with contextlib.suppress(ProcessLookupError):  # it may have exited just now
                 os.kill(self.pid, signal.SIGCONT)
 
-    def _await_ready(self, ready: Callable[[], bool], deadline: float, interval: float,
-                     what: str, not_ready: str) -> None:
-        """Poll `ready()` every `interval` seconds until it holds. Kills the server and raises
-        `START_ERROR` (with the log's tail) when it exits or is not ready by `deadline`."""
+    def _await_ready(self, ready: Callable[[], bool], began: float, timeout: float | None,
+                     interval: float, what: str, not_ready: str) -> None:
+        """Poll `ready()` every `interval` seconds until it holds, then set `startup_seconds` from
+        `began`. Kills the server and raises `START_ERROR` (with the log's tail) when it exits or is
+        not ready `timeout` seconds (None: `START_TIMEOUT`) after `began`."""
+        deadline = began + (self.START_TIMEOUT if timeout is None else timeout)
         try:
             while time.monotonic() < deadline:
                 if not self.is_running():
                     self._fail(f"{what} exited with {self._process.exit_code()}")
                 if ready():
+                    self.startup_seconds = time.monotonic() - began
                     return
                 time.sleep(interval)
             self._fail(f"{what} {not_ready}")

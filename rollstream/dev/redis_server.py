@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from rollstream.dev.processes import LOCALHOST, LocalServer, MissingToolError, ServiceProcess, free_port
+from rollstream.dev.processes import LOCALHOST, LocalServer, MissingToolError
 
 logger = logging.getLogger(__name__)
 
@@ -52,14 +52,11 @@ class LocalRedisServer(LocalServer):
         appendonly: bool = False,
         detached: bool = False,
     ) -> None:
-        self.workdir = Path(workdir).resolve()
+        super().__init__(workdir, "redis-server", "redis.log", detached)
         self.password = password
         self.appendonly = appendonly
-        self.port = free_port()
-        self.startup_seconds: float | None = None
         self.snapshots = 0
         self._from_rdb = False  # the next start loads dump.rdb (restore), then turns AOF on
-        self._process = ServiceProcess("redis-server", self.workdir / "redis.log", detached)
 
     @property
     def url(self) -> str:
@@ -70,15 +67,12 @@ class LocalRedisServer(LocalServer):
     def start(self, timeout: float | None = None) -> str:
         """Start redis-server and block until it answers PING; return `url`."""
         began = time.monotonic()
-        timeout = self.START_TIMEOUT if timeout is None else timeout
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._process.start(self._argv(), cwd=self.workdir)
-        self._await_ready(self._answers_ping, began + timeout, 0.05, "redis-server", "did not answer PING in time")
+        self._process.start(self._argv(), cwd=self.workdir)  # creates workdir (the log's directory)
+        self._await_ready(self._answers_ping, began, timeout, 0.05, "redis-server", "did not answer PING in time")
         if self._from_rdb:
             self._from_rdb = False
             if self.appendonly:  # loaded from the RDB file; from now on the AOF, as deployed
                 self._client().config_set("appendonly", "yes")
-        self.startup_seconds = time.monotonic() - began
         logger.info("redis-server ready on port %d in %.2fs", self.port, self.startup_seconds)
         return self.url
 
@@ -106,10 +100,10 @@ class LocalRedisServer(LocalServer):
         self._from_rdb = True
         return self.start(timeout)
 
-    def _client(self):  # type: ignore[no-untyped-def]
+    def _client(self, timeout: float = 10.0):  # type: ignore[no-untyped-def]
         import redis  # the client library is a project dependency; only needed here
 
-        return redis.Redis.from_url(self.url, socket_timeout=10.0, socket_connect_timeout=2.0)
+        return redis.Redis.from_url(self.url, socket_timeout=timeout, socket_connect_timeout=min(timeout, 2.0))
 
     def _argv(self) -> list[str]:
         aof = self.appendonly and not self._from_rdb  # a start from an RDB file turns AOF on once loaded
@@ -128,9 +122,9 @@ class LocalRedisServer(LocalServer):
         return argv
 
     def _answers_ping(self) -> bool:
-        import redis  # the client library is a project dependency; only needed here
+        import redis
 
-        client = redis.Redis.from_url(self.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        client = self._client(1.0)
         try:
             return bool(client.ping())
         except redis.RedisError:

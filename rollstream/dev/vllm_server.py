@@ -30,8 +30,7 @@ from typing import Any
 from rollstream.config import ServerLaunchConfig
 from rollstream.engines.server_launch import resolved_device, vllm_flags
 from rollstream.dev.processes import (
-    LOCALHOST, LocalServer, MissingToolError, ServiceProcess, free_port, pid_alive, pid_cmdline, stop_pid,
-)
+    LOCALHOST, LocalServer, MissingToolError, pid_alive, pid_cmdline, stop_pid)
 
 logger = logging.getLogger(__name__)
 
@@ -108,16 +107,13 @@ class LocalVLLMServer(LocalServer):
 
     def __init__(self, workdir: Path, model: Path | str, launch: ServerLaunchConfig | None = None, *,
                  cpus: str = "", confine: bool = False, detached: bool = False) -> None:
-        self.workdir = Path(workdir).resolve()
+        super().__init__(workdir, "vllm", "vllm.log", detached)
         self.launch = launch or ServerLaunchConfig()  # rollout.launch: dtype, batch, context, ...
         self.model = str(model)
         self.cpus = cpus  # "": share every core (no binding); "0" or "0-3": bind the server's threads there
         # with cpus: the whole server there (its API and engine-core processes too, not only the
         # model's threads), as a GPU server's host cores are its own
         self.confine = confine
-        self.port = free_port()
-        self.startup_seconds: float | None = None
-        self._process = ServiceProcess("vllm", self.workdir / "vllm.log", detached)
         self._group: int | None = None  # the server's process group (its pid at start)
 
     @property
@@ -127,7 +123,6 @@ class LocalVLLMServer(LocalServer):
     def start(self, timeout: float | None = None) -> str:
         """Start the server and block until ``/health`` answers 200; return ``url``."""
         began = time.monotonic()
-        self.workdir.mkdir(parents=True, exist_ok=True)
         argv = server_argv(vllm_python(), self.model, self.port, self.launch)
         if self.cpus and self.confine:
             argv = ["taskset", "--cpu-list", self.cpus, *argv]  # children inherit the affinity
@@ -137,9 +132,7 @@ class LocalVLLMServer(LocalServer):
         env.pop("VIRTUAL_ENV", None)
         self._process.start(argv, cwd=self.workdir, env=env)
         self._group = self._process.pid
-        deadline = began + (self.START_TIMEOUT if timeout is None else timeout)
-        self._await_ready(self._health_ok, deadline, 0.5, "vLLM", "did not answer /health in time")
-        self.startup_seconds = time.monotonic() - began
+        self._await_ready(self._health_ok, began, timeout, 0.5, "vLLM", "did not answer /health in time")
         logger.info("vLLM ready on port %d in %.1fs (%s)", self.port, self.startup_seconds, self.model)
         return self.url
 
