@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from rollstream.demo.example_trainer import examples_parent
 from rollstream.demo.model import PreparedModel, WARMUP_BATCH, save_prepared, warm_up
 from rollstream.demo.task import problems, prompt_text, tokenizer_corpus, warmup_texts
 from rollstream.tiny.text_model import CHAT_TEMPLATE, build_tiny_model
@@ -39,6 +40,7 @@ from rollstream.tiny.text_model import CHAT_TEMPLATE, build_tiny_model
 log = logging.getLogger(__name__)
 
 AGENT_MODULE = "examples.agent_calculator"
+AGENT_SCRIPT = Path("examples") / "agent_calculator.py"
 AGENT_KEY = "calculator_agent"
 AGENT_MAX_TURNS = 3
 AGENT_MAX_TOKENS = 40  # a calculator call is about 20 tokens with the agent tokenizer
@@ -53,23 +55,10 @@ CALL_TEXT = '<tool_call>\n{"name": "calculator"}\n</tool_call>'
 FORMAT_MIX = (("call", 0.4), ("digit", 0.15), ("after_tool", 0.3), ("read", 0.15))
 
 
-def examples_parent() -> Path:
-    """The directory whose ``examples/`` holds the example agent (the current directory or the
-    checkout this package runs from); ``ImportError`` saying where it looked otherwise."""
-    roots = [Path.cwd(), Path(__file__).resolve().parents[2]]
-    for root in roots:
-        if (root / "examples" / "agent_calculator.py").is_file():
-            return root
-    raise ImportError(
-        "cannot find examples/agent_calculator.py (looked in " + ", ".join(map(str, roots))
-        + "): run from the repository root"
-    )
-
-
 def load_example_agent() -> ModuleType:
-    """``examples/agent_calculator.py`` of :func:`examples_parent`, loaded from its file (the
-    demo process only reads its tool schema; ``sys.path`` is left as it is)."""
-    path = examples_parent() / "examples" / "agent_calculator.py"
+    """``examples/agent_calculator.py``, loaded from its file (the demo process only reads its tool
+    schema; ``sys.path`` is left as it is)."""
+    path = examples_parent(AGENT_SCRIPT, ImportError) / AGENT_SCRIPT
     spec = importlib.util.spec_from_file_location("rollstream_demo_example_agent", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -79,7 +68,8 @@ def load_example_agent() -> ModuleType:
 
 def child_env() -> dict[str, str]:
     """Environment for tier processes: ``examples`` importable."""
-    path = [str(examples_parent()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    root = examples_parent(AGENT_SCRIPT, ImportError)
+    path = [str(root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
 
 

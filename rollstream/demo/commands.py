@@ -87,12 +87,10 @@ def _register_demo(subparsers: Any) -> None:
 
 
 def _demo_command(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from rich.console import Console
 
     from rollstream.demo.runner import DemoOptions, default_run_dir, run_demo
-    from rollstream.demo.settings import DemoSettings
+    from rollstream.demo.settings import DemoSettings, demo_launch
 
     checks = [(args.steps >= 1, "--steps"), (args.workers >= 1, "--workers"), (args.group_size >= 2, "--group-size"),
               (args.prompts_per_step >= 1, "--prompts-per-step"), (args.lr > 0, "--lr"), (args.eta >= 0, "--eta"),
@@ -108,16 +106,14 @@ def _demo_command(args: argparse.Namespace) -> int:
     if bad:
         print(f"rollstream demo: invalid {', '.join(bad)}", file=sys.stderr)
         return 2
-    settings = replace(
-        DemoSettings(), steps=args.steps, workers=args.workers, trainer_ranks=args.trainer_ranks,
+    settings = DemoSettings(
+        steps=args.steps, workers=args.workers, trainer_ranks=args.trainer_ranks,
         trainer_restarts=args.trainer_restarts, group_size=args.group_size,
         prompts_per_step=args.prompts_per_step, learning_rate=args.lr, max_head_offpolicyness=args.eta,
         warmup_steps=args.warmup_steps, seed=args.seed, max_operand=args.max_operand,
         engine="vllm" if args.weight_transfer == "distributed" else args.engine, weight_transfer=args.weight_transfer,
         launch=launch, device=args.device,
     )
-    from rollstream.demo.settings import demo_launch
-
     try:
         demo_launch(settings)
     except ConfigError as exc:
@@ -139,7 +135,7 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 
 def _print_result(result: Any, console: Any) -> None:
-    from rollstream.demo.report import summary_table
+    from rollstream.demo.report import reward_trend, summary_table
 
     reports = result.reports
     last = reports[-1] if reports else None
@@ -159,7 +155,7 @@ def _print_result(result: Any, console: Any) -> None:
         ("reward plot", str(result.plot) if result.plot else "-"),
     ]
     console.print(summary_table(rows))
-    trend = result.trend
+    trend = reward_trend(result.rewards)
     if not math.isnan(trend.first):
         console.print(trend.line(), highlight=False)
 

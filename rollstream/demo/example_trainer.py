@@ -24,21 +24,15 @@ TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 MONITOR_SECONDS = 0.5
 
 
-def _candidate_roots() -> list[Path]:
-    package_root = Path(__file__).resolve().parents[2]
-    return [Path.cwd(), package_root]
-
-
-def example_trainer_path() -> Path:
-    """``examples/grpo_trainer.py``; ``FileNotFoundError`` saying where it was looked for."""
-    roots = _candidate_roots()
+def examples_parent(script: Path = SCRIPT, error: type[Exception] = FileNotFoundError) -> Path:
+    """The directory that holds ``script`` (a path under ``examples/``): the current directory or the
+    checkout this package runs from; ``error`` saying where it was looked for otherwise."""
+    roots = [Path.cwd(), Path(__file__).resolve().parents[2]]
     for root in roots:
-        if (root / SCRIPT).is_file():
-            return (root / SCRIPT).resolve()
-    raise FileNotFoundError(
-        f"cannot find {SCRIPT} (looked in " + ", ".join(str(r) for r in roots)
-        + "): run from the repository root, or put the repository on PYTHONPATH"
-    )
+        if (root / script).is_file():
+            return root
+    raise error(f"cannot find {script} (looked in " + ", ".join(str(r) for r in roots)
+                + "): run from the repository root, or put the repository on PYTHONPATH")
 
 
 def launcher_argv(script: str | Path, ranks: int = 1, max_restarts: int = 0) -> list[str]:
@@ -57,7 +51,7 @@ def trainer_argv(config_path: str | Path | None, ranks: int = 1, steps_file: Pat
                  overrides: list[str] | None = None, max_restarts: int = 0) -> list[str]:
     """The command line of the example trainer on ``ranks`` ranks, restarted up to
     ``max_restarts`` times (:func:`launcher_argv`)."""
-    argv = [*launcher_argv(example_trainer_path(), ranks, max_restarts),
+    argv = [*launcher_argv((examples_parent() / SCRIPT).resolve(), ranks, max_restarts),
             *(["--config", str(config_path)] if config_path else [])]
     if steps_file is not None:
         argv += ["--steps-file", str(steps_file)]

@@ -48,10 +48,7 @@ class LagProbe:
     async def lags(self) -> dict[str, int | None]:
         """Tier -> records its group has not committed yet (None: nothing committed or unknown)."""
         groups = [g for g in consumer_groups(self.config, self.names) if g.topic is not None]
-        lags: dict[str, int | None] = {}
-        for group in groups:
-            lags[group.tier] = await self._lag(group)
-        return lags
+        return {group.tier: await self._lag(group) for group in groups}
 
     async def _lag(self, group: GroupLag) -> int | None:
         assert group.topic is not None

@@ -41,7 +41,7 @@ from rollstream.demo.agent import child_env as agent_child_env, prepare_agent_mo
 from rollstream.demo.children import ChildGroup, tier_argv
 from rollstream.demo.example_trainer import TORCHRUN_ENV, trainer_argv
 from rollstream.demo.progress import DemoProgress, LagProbe, ProgressView
-from rollstream.demo.report import RewardTrend, StepsFile, plot_rewards, reward_trend, weight_reloads
+from rollstream.demo.report import StepsFile, plot_rewards, weight_reloads
 from rollstream.demo.settings import DemoSettings, demo_config_tree, demo_launch, write_config
 from rollstream.demo.task import dataset_rows, write_dataset
 from rollstream.dev.launcher import DevStack, dev_stack
@@ -83,10 +83,6 @@ class DemoResult:
     @property
     def rewards(self) -> list[float]:
         return [r.reward_mean for r in self.reports]
-
-    @property
-    def trend(self) -> RewardTrend:
-        return reward_trend(self.rewards)
 
 
 def default_run_dir() -> Path:

@@ -81,12 +81,6 @@ def warmup_texts(count: int, seed: int = 0) -> list[tuple[str, str]]:
     return pairs
 
 
-def strip_special(text: str) -> str:
-    for special in SPECIAL_TEXTS:
-        text = text.replace(special, "")
-    return text.strip()
-
-
 def digit_answer_reward(
     prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int], **data: Any
 ) -> float:
@@ -95,4 +89,6 @@ def digit_answer_reward(
     Stricter than containing it, so that listing several digits does not pay.
     """
     answer = str(data.get("answer", "")).strip()
-    return 1.0 if answer and strip_special(completion) == answer else 0.0
+    for special in SPECIAL_TEXTS:
+        completion = completion.replace(special, "")
+    return 1.0 if answer and completion.strip() == answer else 0.0
