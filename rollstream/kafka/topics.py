@@ -25,8 +25,8 @@ class _Role:
     def __init__(self, role: str) -> None:
         self.role = role
 
-    def __get__(self, names: TopicNames, names_type: type | None = None) -> str:
-        return names._name(self.role)
+    def __get__(self, names: TopicNames, owner: type | None = None) -> str:
+        return names.topic(self.role)
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,6 @@ class TopicNames:
         """The topics of ``config``'s trial."""
         return cls(config.experiment.experiment_name, config.experiment.trial_name)
 
-    def _name(self, role: str) -> str:
-        return f"rs.{_safe(self.experiment)}.{_safe(self.trial)}.{role}"
-
     prompts = _Role("prompts")
     episodes = _Role("episodes")
     scored = _Role("scored")
@@ -58,7 +55,7 @@ class TopicNames:
     def topic(self, role: str) -> str:
         """The topic of ``role``: one of the roles above (``dead-letter`` with its dash) or one of
         :attr:`extra_roles`."""
-        return self._name(role)
+        return f"rs.{_safe(self.experiment)}.{_safe(self.trial)}.{role}"
 
     def with_roles(self, roles: list[str]) -> TopicNames:
         """These names, with the roles in ``roles`` that are not the trial's own as data topics."""
@@ -67,16 +64,16 @@ class TopicNames:
         return TopicNames(self.experiment, self.trial, extra)
 
     def data_topics(self) -> list[str]:
-        extra = [self._name(role) for role in self.extra_roles]
+        extra = [self.topic(role) for role in self.extra_roles]
         return [self.prompts, self.episodes, self.scored, self.batches, self.dead_letter, *extra]
 
     def compacted_topics(self) -> list[str]:
         return [self.grouping_changelog, self.producer_cursor]
 
     def role_of(self, topic: str) -> str | None:
-        prefix = self._name("")
+        prefix = self.topic("")
         return topic[len(prefix) :] if topic.startswith(prefix) else None
 
     def group_id(self, tier: str) -> str:
         """Consumer group id of ``tier`` for this trial."""
-        return self._name(tier)
+        return self.topic(tier)

@@ -76,14 +76,14 @@ class TransactionalProducer:
         try:
             await producer.start()
         except BaseException:
-            await _close(producer)
+            await stop_client(producer, "a transactional producer", STOP_TIMEOUT_SECONDS)
             raise
         self._producer = producer
 
     async def stop(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            await _close(producer)
+            await stop_client(producer, "a transactional producer", STOP_TIMEOUT_SECONDS)
 
     async def commit(
         self,
@@ -177,7 +177,3 @@ class PartitionProducers:
     async def close(self) -> None:
         for partition in list(self._producers):
             await self.release(partition)
-
-
-async def _close(producer: AIOKafkaProducer) -> None:
-    await stop_client(producer, "a transactional producer", STOP_TIMEOUT_SECONDS)

@@ -185,17 +185,13 @@ class StatusCollector:
         with contextlib.suppress(TimeoutError):  # a sample: what was read in time
             async with contextlib.aclosing(records):
                 async for record in records:
-                    _add_reward(sums, record.value)
+                    try:
+                        message = decode_scored(record.value)
+                    except WireDecodeError:
+                        continue
+                    if isinstance(message, ScoredEpisode):
+                        sums.setdefault(message.episode.tail_version, []).append(message.reward)
         return {v: (sum(r) / len(r), len(r)) for v, r in sorted(sums.items())}
-
-
-def _add_reward(sums: dict[int, list[float]], value: bytes | None) -> None:
-    try:
-        message = decode_scored(value)
-    except WireDecodeError:
-        return
-    if isinstance(message, ScoredEpisode):
-        sums.setdefault(message.episode.tail_version, []).append(message.reward)
 
 
 def render(snapshot: Snapshot) -> Group:
