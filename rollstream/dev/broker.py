@@ -105,7 +105,6 @@ class LocalKafkaBroker(LocalServer):
 
     @property
     def node_id(self) -> int:
-        """The node's `node.id` (1 for a broker of its own)."""
         return 1 if self.layout is None else self.layout.node_id
 
     @property
@@ -141,7 +140,7 @@ class LocalKafkaBroker(LocalServer):
         config = self._write_config()
         if not (self._data_dir / "meta.properties").exists():
             self._format(libs, config)
-        offset = self._process.log_offset()
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0  # this start writes from here
         argv = [
             java_executable(), "-Xms128m", f"-Xmx{self.heap}", *QUICK_START_JVM,
             "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
@@ -262,18 +261,11 @@ class LocalKafkaBroker(LocalServer):
 
     def _serves_metadata(self, log_offset: int, deadline: float) -> bool:
         """The started line is in this start's log output and a metadata request is answered."""
-        if not (_log_contains(self.log_path, log_offset, STARTED_LINE) and port_open(self.port)):
-            return False
+        with self.log_path.open("rb") as handle:  # there since the start (ServiceProcess.start)
+            handle.seek(log_offset)
+            if STARTED_LINE.encode() not in handle.read() or not port_open(self.port):
+                return False
         return _metadata_answers(self.bootstrap, max(1.0, deadline - time.monotonic()))
-
-
-def _log_contains(path: Path, offset: int, needle: str) -> bool:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            return needle.encode() in handle.read()
-    except FileNotFoundError:
-        return False
 
 
 def _metadata_answers(bootstrap: str, timeout: float) -> bool:

@@ -58,7 +58,6 @@ class LocalKafkaCluster:
         return ",".join(node.bootstrap for node in self.nodes.values())
 
     def node(self, node_id: int) -> LocalKafkaBroker:
-        """The node with this `node.id`; KeyError naming the ids there are."""
         try:
             return self.nodes[node_id]
         except KeyError:

@@ -46,7 +46,6 @@ def java_executable() -> str:
 
 
 def classpath(libs: Path) -> str:
-    """The JVM classpath wildcard for a libs directory."""
     return str(libs / "*")
 
 

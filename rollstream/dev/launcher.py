@@ -106,11 +106,8 @@ def require_docker(timeout: float = 2.0) -> None:
     except ImportError as exc:
         raise DevServicesError(f"{SERVICES_ENV}={TESTCONTAINERS} needs the dev extra ({exc})") from exc
     try:
-        client = docker.from_env(timeout=timeout)
-        try:
+        with contextlib.closing(docker.from_env(timeout=timeout)) as client:
             client.ping()
-        finally:
-            client.close()
     except Exception as exc:  # no engine, no socket, no permission
         raise DevServicesError(f"{SERVICES_ENV}={TESTCONTAINERS}, but no Docker engine answers ({exc!r}); "
                                f"unset it to use local services") from exc
@@ -150,14 +147,9 @@ def dev_stack(workdir: Path | None = None, brokers: int = 1) -> Iterator[DevStac
         yield DevStack(services, broker, redis, cluster)
 
 
-def _resolve(
-    stack: contextlib.ExitStack,
-    env: str | None,
-    docker: bool,
-    start_container: Callable[[contextlib.ExitStack], str],
-    workdir: Path | None,
-    local: Callable[[Path], _Server],
-) -> tuple[str, str, _Server | None]:
+def _resolve(stack: contextlib.ExitStack, env: str | None, docker: bool,
+             start_container: Callable[[contextlib.ExitStack], str], workdir: Path | None,
+             local: Callable[[Path], _Server]) -> tuple[str, str, _Server | None]:
     """(source, address, local server): the address in `env`, else a container, else a local
     process made by `local(workdir)`."""
     if env:
@@ -241,10 +233,8 @@ def dev_up(state_dir: Path, brokers: int = 1) -> Services:
     except BaseException:
         kafka.stop()
         raise
-    if isinstance(kafka, LocalKafkaCluster):
-        nodes, replication = list(kafka.nodes.values()), kafka.replication
-    else:
-        nodes, replication = [kafka], 1
+    nodes = list(kafka.nodes.values()) if isinstance(kafka, LocalKafkaCluster) else [kafka]
+    replication = kafka.replication if isinstance(kafka, LocalKafkaCluster) else 1
     services = Services(kafka.bootstrap, redis.url, "local", replication)
     _write_state(state_dir, services, nodes, redis)
     return services

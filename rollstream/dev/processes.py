@@ -77,15 +77,6 @@ def port_open(port: int, host: str = LOCALHOST, timeout: float = 0.5) -> bool:
         return False
 
 
-def log_tail(path: Path, lines: int = 40) -> str:
-    """The last `lines` lines of a text file, or a note when it does not exist."""
-    try:
-        with path.open("r", encoding="utf-8", errors="replace") as handle:
-            return "".join(deque(handle, maxlen=lines))
-    except FileNotFoundError:
-        return f"(no log at {path})"
-
-
 def pid_alive(pid: int) -> bool:
     """True when a process with this pid exists and is not a zombie."""
     try:
@@ -160,13 +151,8 @@ class ServiceProcess:
 
     @property
     def pid(self) -> int | None:
-        """The pid of the running child, or None when none is running."""
         proc = self._live()
         return None if proc is None else proc.pid
-
-    def log_offset(self) -> int:
-        """The current size of the log; text written by the next start begins here."""
-        return self.log_path.stat().st_size if self.log_path.exists() else 0
 
     def start(self, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
         """Start `argv` with cwd `cwd`; raises RuntimeError when this one is still running."""
@@ -188,7 +174,6 @@ class ServiceProcess:
         return self._live() is not None
 
     def _live(self) -> subprocess.Popen[bytes] | None:
-        """The child of the last `start()` while it runs, else None."""
         return self._proc if self._proc is not None and self._proc.poll() is None else None
 
     def exit_code(self) -> int | None:
@@ -249,7 +234,6 @@ class LocalServer:
 
     @property
     def pid(self) -> int | None:
-        """The server's process id while it runs."""
         return self._process.pid
 
     def is_running(self) -> bool:
@@ -300,7 +284,12 @@ class LocalServer:
             raise
 
     def _fail(self, why: str) -> None:
-        raise self.START_ERROR(f"{why}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+        try:
+            with self.log_path.open("r", encoding="utf-8", errors="replace") as handle:
+                tail = "".join(deque(handle, maxlen=40))
+        except FileNotFoundError:
+            tail = f"(no log at {self.log_path})"
+        raise self.START_ERROR(f"{why}; last lines of {self.log_path}:\n{tail}")
 
     def restart(self, timeout: float | None = None) -> str:
         """Stop (cleanly) and start again on the same ports and data directory."""

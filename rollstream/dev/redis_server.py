@@ -79,11 +79,8 @@ class LocalRedisServer(LocalServer):
     def snapshot(self) -> Path:
         """Save this moment's keys as an RDB file (SAVE: what a snapshot holds) and return a
         copy of it, for :meth:`restore`."""
-        client = self._client()
-        try:
+        with self._client() as client:
             client.save()
-        finally:
-            client.close()
         self.snapshots += 1
         copy = self.workdir / "snapshots" / f"{self.snapshots}.rdb"
         copy.parent.mkdir(exist_ok=True)
@@ -124,10 +121,8 @@ class LocalRedisServer(LocalServer):
     def _answers_ping(self) -> bool:
         import redis
 
-        client = self._client(1.0)
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
+        with self._client(1.0) as client:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
