@@ -139,14 +139,13 @@ def _print_result(result: Any, console: Any) -> None:
 
     reports = result.reports
     last = reports[-1] if reports else None
-    episodes = sum(r.episodes for r in reports)
     stale = [r.staleness_mean for r in reports]
     rows = [
         ("result", result.reason),
         ("wall time", f"{result.seconds:.0f}s"),
         ("trainer steps", f"{len(reports)} ({reports[-1].ranks} rank{'s' if reports[-1].ranks > 1 else ''})" if reports else "0"),
         ("final version", str(last.version) if last else "0"),
-        ("episodes trained", str(episodes)),
+        ("episodes trained", str(sum(r.episodes for r in reports))),
         ("reward first step / last step", f"{reports[0].reward_mean:.3f} / {last.reward_mean:.3f}" if last else "-"),
         ("staleness mean / max", f"{sum(stale) / len(stale):.2f} / {max(r.staleness_max for r in reports)}" if stale else "-"),
         ("weight reloads by rollout workers", f"{len(result.reloads)} (last version {max(result.reloads)})" if result.reloads else "0"),

@@ -96,7 +96,6 @@ def experiment_name(run_dir: Path) -> str:
 @contextlib.contextmanager
 def _file_logging(path: Path) -> Iterator[None]:
     """This process's logs go to ``path``; the terminal belongs to the live view."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     root = logging.getLogger()
@@ -110,10 +109,6 @@ def _file_logging(path: Path) -> Iterator[None]:
         root.removeHandler(handler)
         root.setLevel(old_level)
         handler.close()
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def _quiet_transformers() -> None:
@@ -131,7 +126,7 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     result = DemoResult(run_dir)
     started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM cleans up like Ctrl-C
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # cleans up like Ctrl-C
     try:
         with _file_logging(run_dir / "demo.log"):
             try:
@@ -163,7 +158,8 @@ def _run(options: DemoOptions, run_dir: Path, result: DemoResult, console: Conso
             console.print(f"services: kafka {services.kafka_bootstrap}, redis {services.redis_url} ({services.source})")
             model = model_future.result()
             console.print(f"model ready: {model.parameters:,} parameters, warm-up loss {model.warmup_loss:.3f}")
-            server = servers.enter_context(_inference_server(settings, model.path, run_dir, console))
+            server = (servers.enter_context(_inference_server(settings, model.path, run_dir, console))
+                      if settings.engine == "vllm" else None)
             dataset = write_demo_dataset(settings, run_dir)
             tree = demo_config_tree(
                 settings, kafka_bootstrap=services.kafka_bootstrap, redis_url=services.redis_url,
@@ -213,13 +209,9 @@ def prepare_only(settings: DemoSettings, run_dir: Path, console: Console, agent:
 
 
 @contextlib.contextmanager
-def _inference_server(settings: DemoSettings, model: Path, run_dir: Path, console: Console,
-                      ) -> Iterator[LocalVLLMServer | None]:
-    """With ``--engine vllm``: a local vLLM server on the warmed-up model (version 0), stopped
-    at the end; else nothing (the rollout workers run the model themselves)."""
-    if settings.engine != "vllm":
-        yield None
-        return
+def _inference_server(settings: DemoSettings, model: Path, run_dir: Path, console: Console) -> Iterator[LocalVLLMServer]:
+    """``--engine vllm``: a local vLLM server on the warmed-up model (version 0), stopped at the end
+    (with ``hf``, the rollout workers run the model themselves)."""
     server = LocalVLLMServer(run_dir / "vllm", model, demo_launch(settings), cpus="0")
     console.print("starting the vLLM server (30-60 s on CPU) ...")
     server.start()
