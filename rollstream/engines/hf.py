@@ -52,7 +52,7 @@ import torch
 from rollstream.api.engine import InferenceEngine, InvalidRequestError, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
 from rollstream.engines.kv_batch import KVBatch, make_cache
-from rollstream.engines.request_check import accepted_request
+from rollstream.engines.request_check import accepted_request, response_to
 from rollstream.engines.sampling import SamplingSpec, sample
 from rollstream.engines.vision_rows import EngineVision
 from rollstream.runtime.tasks import cancel_and_wait
@@ -66,14 +66,8 @@ T = TypeVar("T")
 
 _SMALL_MODEL_PARAMS = 50_000_000
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
 
 
 @dataclass
@@ -82,8 +76,6 @@ class HFEngineStats:
 
     tokens_generated: int = 0
     decode_passes: int = 0  # forward passes of the decoding batch, one token per row each
-    prefill_tokens: int = 0
-    requests_finished: int = 0
 
 
 @dataclass
@@ -91,14 +83,11 @@ class _Seq:
     """One request in the engine. Mutated only on the event loop, read by the worker."""
 
     sid: int
-    prompt: list[int]
+    req: ModelRequest  # accepted: its input_ids are the prompt
     budget: int
     spec: SamplingSpec
     future: asyncio.Future[ModelResponse]
     started: float
-    tokenizer: Any = None
-    processor: Any = None
-    images: list[str] = field(default_factory=list)  # the request's image_data, handed back
     out_tokens: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
@@ -118,14 +107,8 @@ class HFEngine(InferenceEngine):
     """
 
     def __init__(
-        self,
-        model_path: str,
-        device: str = "cpu",
-        dtype: str = "float32",
-        max_batch_size: int = 32,
-        seed: int | None = None,
-        *,
-        num_threads: int | None = None,
+        self, model_path: str, device: str = "cpu", dtype: str = "float32", max_batch_size: int = 32,
+        seed: int | None = None, *, num_threads: int | None = None,
     ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
@@ -197,10 +180,22 @@ class HFEngine(InferenceEngine):
     def _load_model(self) -> None:
         model = _auto_model_class(self.model_path).from_pretrained(self.model_path)
         self._model = model.to(device=self.device, dtype=self.dtype).eval()
-        self._set_threads(sum(p.numel() for p in model.parameters()))
-        self._eos_ids = frozenset(self._config_eos_ids(model))
-        self._vocab_size = int(model.get_input_embeddings().num_embeddings)
+        # Intra-op threads do not pay off for tiny matrices, and spinning OpenMP threads on
+        # shared cores made the tiny model 10-20x slower (measured on 2 busy cores).
+        small = self.device.type == "cpu" and sum(p.numel() for p in model.parameters()) < _SMALL_MODEL_PARAMS
+        threads = 1 if self.num_threads is None and small else self.num_threads
+        if threads:
+            torch.set_num_threads(threads)  # called in the worker thread; see the class docstring
         text_config = model.config.get_text_config()  # a VLM keeps these in its text config
+        eos: set[int] = set()
+        gen_config = getattr(model, "generation_config", None)
+        for value in (getattr(text_config, "eos_token_id", None), getattr(gen_config, "eos_token_id", None)):
+            if isinstance(value, int):
+                eos.add(value)
+            elif isinstance(value, (list, tuple)):
+                eos.update(int(v) for v in value)
+        self._eos_ids = frozenset(eos)
+        self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         context = getattr(text_config, "max_position_embeddings", None)
         self._max_context = context if isinstance(context, int) and context > 0 else None
         pad = getattr(text_config, "pad_token_id", None)
@@ -218,26 +213,6 @@ class HFEngine(InferenceEngine):
             self._generator.manual_seed(self.seed)
         else:
             self._generator.seed()
-
-    def _set_threads(self, n_params: int) -> None:
-        # Intra-op threads do not pay off for tiny matrices, and spinning OpenMP threads on
-        # shared cores made the tiny model 10-20x slower (measured on 2 busy cores).
-        threads = self.num_threads
-        if threads is None and self.device.type == "cpu" and n_params < _SMALL_MODEL_PARAMS:
-            threads = 1
-        if threads:
-            torch.set_num_threads(threads)  # called in the worker thread; see the class docstring
-
-    @staticmethod
-    def _config_eos_ids(model: Any) -> set[int]:
-        ids: set[int] = set()
-        gen_config = getattr(model, "generation_config", None)
-        for value in (getattr(model.config.get_text_config(), "eos_token_id", None), getattr(gen_config, "eos_token_id", None)):
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, (list, tuple)):
-                ids.update(int(v) for v in value)
-        return ids
 
     async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -326,35 +301,19 @@ class HFEngine(InferenceEngine):
         await self.start()
         req = accepted_request(req, vocab_size=self._vocab_size, max_context=self._max_context)
         prompt = req.input_ids
-        vision = await self._request_vision(prompt, req.image_data)
+        if self._vision is None and req.image_data:
+            raise InvalidRequestError(
+                f"the request has {len(req.image_data)} image_data entries but {self.model_path} is a "
+                "text-only model; send images to a vision-language model")
+        vision = None if self._vision is None else await self._in_worker(self._vision.prepare, prompt, req.image_data)
         budget = req.gconfig.budget(len(prompt))
         if self._max_context is not None:
             budget = min(budget, self._max_context - len(prompt))
-        seq = _Seq(
-            sid=next(self._ids),
-            prompt=prompt,
-            budget=budget,
-            spec=self._spec(req.gconfig),
-            future=asyncio.get_running_loop().create_future(),
-            started=time.monotonic(),
-            tokenizer=req.tokenizer,
-            processor=req.processor,
-            images=list(req.image_data or []),
-            vision=vision,
-        )
+        seq = _Seq(next(self._ids), req, budget, self._spec(req.gconfig), asyncio.get_running_loop().create_future(),
+                   time.monotonic(), vision=vision)
         self._pending.append(seq)
         self._wake.set()
         return await seq.future
-
-    async def _request_vision(self, prompt: list[int], image_data: list[str] | None) -> VisionInputs | None:
-        if self._vision is None:
-            if image_data:
-                raise InvalidRequestError(
-                    f"the request has {len(image_data)} image_data entries but {self.model_path} is a "
-                    "text-only model; send images to a vision-language model"
-                )
-            return None
-        return await self._in_worker(self._vision.prepare, prompt, image_data)
 
     def _spec(self, g: GenerationHyperparameters) -> SamplingSpec:
         stop_ids = set(g.stop_token_ids)
@@ -420,7 +379,8 @@ class HFEngine(InferenceEngine):
             self.stats.tokens_generated += 1
             reason = self._finish_reason(seq)
             if reason is not None:
-                self._finish(seq, reason, now)
+                seq.future.set_result(response_to(seq.req, seq.out_tokens, seq.out_logprobs, seq.out_versions, reason,
+                                                  now - seq.started, (seq.first_token_at or now) - seq.started))
         self._active = [s for s in self._active if not s.future.done()]
 
     def _finish_reason(self, seq: _Seq) -> StopReason | None:
@@ -440,23 +400,6 @@ class HFEngine(InferenceEngine):
         tail = 4 * max(len(s) for s in seq.spec.stop_strings) + 2
         text = self.tokenizer.decode(seq.out_tokens[-tail:])
         return any(s in text for s in seq.spec.stop_strings)
-
-    def _finish(self, seq: _Seq, reason: StopReason, now: float) -> None:
-        self.stats.requests_finished += 1
-        seq.future.set_result(
-            ModelResponse(
-                input_tokens=seq.prompt,
-                output_tokens=seq.out_tokens,
-                output_logprobs=seq.out_logprobs,
-                output_versions=seq.out_versions,
-                stop_reason=reason,
-                latency=now - seq.started,
-                ttft=(seq.first_token_at or now) - seq.started,
-                tokenizer=seq.tokenizer,
-                input_images=seq.images,
-                processor=seq.processor,
-            )
-        )
 
     # ------------------------------------------------------- worker-thread torch
 
@@ -507,7 +450,7 @@ class HFEngine(InferenceEngine):
         return out.logits[:, -1]
 
     def _prefill(self, kv: KVBatch, seqs: list[_Seq]) -> torch.Tensor:
-        seq_tokens = [s.prompt + s.out_tokens for s in seqs]
+        seq_tokens = [s.req.input_ids + s.out_tokens for s in seqs]
         length = max(len(t) for t in seq_tokens)
         ids = torch.full((len(seqs), length), self._pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), length), dtype=torch.long)
@@ -519,13 +462,12 @@ class HFEngine(InferenceEngine):
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
             out = self._forward(ids, mask, pos, make_cache())
         else:
-            spans = [(length - len(t), length - len(t) + len(s.prompt)) for s, t in zip(seqs, seq_tokens)]
+            spans = [(length - len(t), length - len(t) + len(s.req.input_ids)) for s, t in zip(seqs, seq_tokens)]
             embeds, pos, deltas = self._vision.prefill(ids, mask, spans, [s.vision for s in seqs])
             for seq, delta in zip(seqs, deltas.tolist()):
                 seq.rope_delta = int(delta)
             out = self._forward(None, mask, pos, make_cache(), embeds)
         kv.extend([s.sid for s in seqs], self._out_cache(out), mask)
-        self.stats.prefill_tokens += sum(len(t) for t in seq_tokens)
         return out.logits[:, -1]
 
 

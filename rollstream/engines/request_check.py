@@ -32,7 +32,7 @@ from dataclasses import fields
 from typing import Any
 
 from rollstream.api.engine import InvalidRequestError
-from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
+from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
 
 # What list(BatchEncoding) yields: its keys.
 _ENCODING_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids", "mm_token_type_ids"})
@@ -62,6 +62,18 @@ def accepted_request(
         image_data=list(image_data) if image_data else None,
         tokenizer=getattr(req, "tokenizer", None),
         processor=getattr(req, "processor", None),
+    )
+
+
+def response_to(
+    req: ModelRequest, tokens: list[int], logprobs: list[float], versions: list[int], reason: StopReason,
+    latency: float, ttft: float,
+) -> ModelResponse:
+    """The response to an accepted ``req``: it hands back the request's tokenizer, processor and images."""
+    return ModelResponse(
+        input_tokens=list(req.input_ids), output_tokens=tokens, output_logprobs=logprobs, output_versions=versions,
+        stop_reason=reason, latency=latency, ttft=ttft, tokenizer=req.tokenizer,
+        input_images=list(req.image_data or []), processor=req.processor,
     )
 
 

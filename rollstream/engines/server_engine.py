@@ -44,18 +44,17 @@ Callers may rely on:
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from rollstream.api.engine import InferenceEngine, WeightUpdate
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason, top_k_is_on
 from rollstream.api.engine import InvalidRequestError
-from rollstream.engines.request_check import accepted_request
+from rollstream.engines.request_check import accepted_request, response_to
 from rollstream.config import ServerConfig
 from rollstream.engines.server_admin import PauseMode, ServerAdmin, ServerHealth, time_epoch
 from rollstream.engines.server_http import (
@@ -124,6 +123,12 @@ class ServerEngine(InferenceEngine):
     admin_class: ClassVar[type[ServerAdmin]]
     generate_path: ClassVar[str]
     request_id_key: ClassVar[str]  # the body key that names the request id
+    prompt_key: ClassVar[str]  # the body key of the prompt's token ids
+    extra_body: ClassVar[dict[str, Any]] = {}  # sent with every generate request
+    # The server's sampling_params for ``remaining`` more tokens after ``generated`` ones.
+    sampling_params: ClassVar[Callable[[GenerationHyperparameters, int, int], dict[str, Any]]]
+    # The span of a generate answer (the server's URL names it in errors); EngineRequestError when unusable.
+    parse_answer: ClassVar[Callable[[Any, str], Span]]
 
     def __init__(
         self, base_urls: list[str], tokenizer_path: str | None = None, settings: ServerConfig | None = None,
@@ -143,13 +148,13 @@ class ServerEngine(InferenceEngine):
 
     # ------------------------------------------------------------ the server kind
 
-    @abc.abstractmethod
     def request_body(self, req: ModelRequest, generated: list[int], budget: int, images: Any) -> dict[str, Any]:
         """The generate request for ``req`` after ``generated`` tokens (no request id yet)."""
-
-    @abc.abstractmethod
-    def parse_answer(self, data: Any, url: str) -> Span:
-        """The span of a generate answer; EngineRequestError when unusable."""
+        params = self.sampling_params(req.gconfig, budget - len(generated), len(generated))
+        body = {self.prompt_key: list(req.input_ids) + generated, "sampling_params": params, **self.extra_body}
+        if images:
+            body["image_data"] = images
+        return body
 
     def request_images(self, req: ModelRequest) -> Any:
         """``req.image_data`` in the server's form, converted once per request (default:
@@ -314,18 +319,7 @@ class ServerEngine(InferenceEngine):
             if kind != "abort":
                 raise EngineRequestError(f"unknown finish reason {span.finish!r} for rid {req.rid}")
             empty_aborts = await self._after_abort(req.rid, span.finish, empty_aborts, bool(chunk), server, sent)
-        return ModelResponse(
-            input_tokens=list(req.input_ids),
-            output_tokens=tokens,
-            output_logprobs=logprobs,
-            output_versions=versions,
-            stop_reason=reason,
-            latency=time.monotonic() - started,
-            ttft=ttft,
-            tokenizer=req.tokenizer,
-            input_images=list(req.image_data or []),
-            processor=req.processor,
-        )
+        return response_to(req, tokens, logprobs, versions, reason, time.monotonic() - started, ttft)
 
     async def _after_abort(self, rid: str, finish: dict[str, Any], empty_aborts: int, progress: bool,
                            server: Server, sent: tuple[int | None, int]) -> int:
@@ -339,7 +333,11 @@ class ServerEngine(InferenceEngine):
             raise EngineRequestError(f"rid {rid} aborted by the server: {finish!r}")
         if progress:
             return 0
-        if await self._cut_by_update(server, sent):
+        try:
+            cut_by_update = await self.admin.updating(server.url, sent)
+        except (*TRANSPORT_ERRORS, EngineRequestError):
+            cut_by_update = False
+        if cut_by_update:
             self.stats.update_cuts += 1
             server.version = None  # read again before the next call: wait for the update to end
             return empty_aborts
@@ -348,12 +346,6 @@ class ServerEngine(InferenceEngine):
             raise EngineRequestError(f"rid {rid} aborted {empty_aborts} times without progress: {finish!r}")
         await asyncio.sleep(self._retry_policy().pause(empty_aborts))  # shedding load: do not spin
         return empty_aborts
-
-    async def _cut_by_update(self, server: Server, sent: tuple[int | None, int]) -> bool:
-        try:
-            return await self.admin.updating(server.url, sent)
-        except (*TRANSPORT_ERRORS, EngineRequestError):
-            return False
 
     async def _generate(
         self, rid: str, body: dict[str, Any], attempts: itertools.count[int],

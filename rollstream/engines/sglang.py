@@ -77,17 +77,10 @@ class SGLangEngine(ServerEngine):
     admin_class = SGLangAdmin
     generate_path = "/generate"
     request_id_key = "rid"
+    prompt_key = "input_ids"
+    extra_body = {"return_logprob": True}
+    sampling_params = staticmethod(sampling_params)
     parse_answer = staticmethod(parse_generate)
-
-    def request_body(self, req: ModelRequest, generated: list[int], budget: int, images: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "input_ids": list(req.input_ids) + generated,
-            "sampling_params": sampling_params(req.gconfig, budget - len(generated), len(generated)),
-            "return_logprob": True,
-        }
-        if images:
-            body["image_data"] = images
-        return body
 
     def request_images(self, req: ModelRequest) -> list[str] | None:
         return sglang_image_data(req.image_data) if req.image_data else None

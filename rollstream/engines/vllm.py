@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
+from rollstream.api.io_struct import GenerationHyperparameters
 from rollstream.engines.server_engine import ServerEngine, Span, shared_sampling_params
 from rollstream.engines.server_http import EngineRequestError, parse_label
 from rollstream.engines.vllm_admin import VLLMAdmin
@@ -111,10 +111,6 @@ class VLLMEngine(ServerEngine):
     admin_class = VLLMAdmin
     generate_path = "/inference/v1/generate"
     request_id_key = "request_id"
+    prompt_key = "token_ids"
+    sampling_params = staticmethod(vllm_sampling_params)
     parse_answer = staticmethod(parse_tokens_answer)
-
-    def request_body(self, req: ModelRequest, generated: list[int], budget: int, images: Any) -> dict[str, Any]:
-        return {
-            "token_ids": list(req.input_ids) + generated,
-            "sampling_params": vllm_sampling_params(req.gconfig, budget - len(generated), len(generated)),
-        }
