@@ -359,8 +359,13 @@ class ServerEngine(InferenceEngine):
             server, minimum = await self.pool.pick(rid, last_error)
             sent = (server.version, server.epoch)
             attempt = {**body, self.request_id_key: f"{rid}.{next(attempts)}"}
+            server.inflight += 1
+            self.stats.http_attempts += 1
+            self.stats.calls_per_server[server.url] += 1
             try:
-                span = self.parse_answer(await self._tracked_post(server, attempt), server.url)
+                data = await self.http.post(server.url, self.generate_path, attempt, self.settings.request_timeout_seconds)
+                server.failures = 0  # a success ends a run of failures
+                span = self.parse_answer(data, server.url)
                 span.stale_epoch = stale_labels(span.epochs, sent[1])
                 server.epoch = max(server.epoch, *span.epochs, 0)
                 if span.stale_epoch:
@@ -376,23 +381,14 @@ class ServerEngine(InferenceEngine):
             except (*TRANSPORT_ERRORS, Retryable) as exc:
                 last_error = exc
                 self.pool.record_failure(server, exc)
+            finally:
+                server.inflight -= 1
             try:
                 await backoff.sleep(last_error)
             except RetriesExhausted:
                 raise EngineUnavailableError(
                     f"generate for rid {rid} failed after {backoff.failures} attempts: {last_error!r}"
                 ) from None
-
-    async def _tracked_post(self, server: Server, body: dict[str, Any]) -> Any:
-        server.inflight += 1
-        self.stats.http_attempts += 1
-        self.stats.calls_per_server[server.url] += 1
-        try:
-            data = await self.http.post(server.url, self.generate_path, body, self.settings.request_timeout_seconds)
-        finally:
-            server.inflight -= 1
-        self.pool.record_success(server)
-        return data
 
     def _retry_policy(self) -> RetryPolicy:
         """The shared policy's shape with the pauses of ``rollout.server`` (backoff settings)."""

@@ -78,17 +78,16 @@ class WeightLabel:
     version: int | None
     epoch: int = 0
     loading: bool = False
-    raw: str = ""
 
 
 def parse_label(value: Any) -> WeightLabel:
     """The :class:`WeightLabel` of a server's weight-version label."""
     if value == INITIAL_WEIGHT_VERSION:
-        return WeightLabel(0, raw=value)
+        return WeightLabel(0)
     if isinstance(value, int) and not isinstance(value, bool):
-        return WeightLabel(value, raw=str(value))
+        return WeightLabel(value)
     if not isinstance(value, str):
-        return WeightLabel(None, raw=repr(value))
+        return WeightLabel(None)
     loading = value.startswith(LOADING_PREFIX)
     body = value.removeprefix(LOADING_PREFIX)
     if match := _LABEL.fullmatch(body):
@@ -96,13 +95,8 @@ def parse_label(value: Any) -> WeightLabel:
     elif _DECIMAL.fullmatch(body):
         version, epoch = int(body), 0
     else:
-        return WeightLabel(None, raw=value, loading=loading)
-    return WeightLabel(None if loading else version, epoch, loading, value)
-
-
-def parse_weight_version(value: Any) -> int | None:
-    """The rollstream version a server's weight-version label names; None when none."""
-    return parse_label(value).version
+        return WeightLabel(None, loading=loading)
+    return WeightLabel(None if loading else version, epoch, loading)
 
 
 def weight_label(version: int, epoch: int) -> str:

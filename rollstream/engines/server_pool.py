@@ -11,7 +11,7 @@ Callers may rely on:
   (probing at most once per ``version_poll_seconds``; a server restarting takes a minute) and
   raises ``EngineUnavailableError`` after ``down_patience_seconds`` (0: at once).
 * :meth:`record_failure` counts failures in a row; ``failure_threshold`` of them mark a server
-  down for ``down_cooldown_seconds``. A success (``record_success``) resets the count.
+  down for ``down_cooldown_seconds``. A success resets the count.
 * A server's version is what its label says (:meth:`Server.observe`), unless the label was
   written by an older fencing epoch than one this engine saw on that server: then it is taken
   for no version (not current) until the server's sync owner labels it again.
@@ -107,9 +107,6 @@ class ServerPool:
         self._next_poll = 0.0
         self._next_probe = 0.0
 
-    def min_version(self) -> int:
-        return self.trainer_version - self.settings.max_version_lag
-
     def up_servers(self) -> list[Server]:
         now = time.monotonic()
         return [s for s in self.servers if s.up(now)]
@@ -124,7 +121,7 @@ class ServerPool:
         outage_ends: float | None = None
         while True:
             now = time.monotonic()
-            minimum = self.min_version()
+            minimum = self.trainer_version - self.settings.max_version_lag
             up = [s for s in self.servers if s.up(now)]
             if not up:
                 outage_ends = outage_ends or now + self.settings.down_patience_seconds
@@ -202,9 +199,6 @@ class ServerPool:
             return f"at v{s.version}" + ("" if s.current(minimum) else f", behind v{minimum}")
 
         return {s.url: state(s) for s in self.servers}
-
-    def record_success(self, server: Server) -> None:
-        server.failures = 0
 
     def record_failure(self, server: Server, exc: BaseException) -> None:
         self._stats.http_failures += 1

@@ -37,7 +37,7 @@ class SGLangAdmin(ServerAdmin):
             status, body = await self.http.get(url, path, timeout)
             if status == 200 and isinstance(body, dict) and "weight_version" in body:
                 return parse_label(body["weight_version"])
-        return WeightLabel(None, raw="no weight_version")
+        return WeightLabel(None)
 
     async def pause(self, url: str, epoch: int, mode: PauseMode = "abort") -> None:
         await self.http.post(url, "/pause_generation", {"mode": PAUSE_MODES[mode]}, self.settings.pause_timeout_seconds)

@@ -64,7 +64,7 @@ class VLLMAdmin(ServerAdmin):
         status, body = await self.http.get(url, "/weight_info", self.settings.health_probe_timeout_seconds)
         if status == 200 and isinstance(body, dict):
             return parse_label(body.get("weight_version"))
-        return WeightLabel(None, raw=f"/weight_info answered {status}")
+        return WeightLabel(None)
 
     async def pause(self, url: str, epoch: int, mode: PauseMode = "abort") -> None:
         query = "mode=abort" if mode == "abort" else "mode=keep&clear_cache=false"

@@ -14,7 +14,6 @@ from rollstream.engines.server_http import (
     WeightLabel,
     loading_label,
     parse_label,
-    parse_weight_version,
     weight_label,
 )
 from rollstream.engines.server_pool import Server, stale_labels
@@ -84,12 +83,12 @@ def test_vllms_floor_for_nan_and_minus_infinity_is_no_logprob() -> None:
 
 
 def test_labels_name_the_version_and_the_epoch_that_wrote_them() -> None:
-    assert parse_label(weight_label(7, 123)) == WeightLabel(7, 123, False, "7@123")
-    assert parse_label(loading_label(7, 123)) == WeightLabel(None, 123, True, "loading:7@123")
-    assert parse_label("default") == WeightLabel(0, 0, False, "default")
-    assert parse_label("7") == WeightLabel(7, 0, False, "7")  # no epoch: never taken for a stale one
+    assert parse_label(weight_label(7, 123)) == WeightLabel(7, 123, False)
+    assert parse_label(loading_label(7, 123)) == WeightLabel(None, 123, True)
+    assert parse_label("default") == WeightLabel(0, 0, False)
+    assert parse_label("7") == WeightLabel(7, 0, False)  # no epoch: never taken for a stale one
     assert parse_label("mine").version is None and parse_label(None).version is None
-    assert parse_weight_version(loading_label(7, 1)) is None and parse_weight_version("7@1") == 7
+    assert parse_label(loading_label(7, 1)).version is None and parse_label("7@1").version == 7
 
 
 def test_a_label_a_former_owner_wrote_after_its_successor_is_stale() -> None:
