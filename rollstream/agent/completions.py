@@ -32,7 +32,7 @@ from typing import Any
 from rollstream.agent.chat_template import ChatRenderer
 from rollstream.agent.conversation import Turn
 from rollstream.agent.messages import (
-    MessageKey, RequestError, clean_messages, conversation_key, message_key, settings_key,
+    MessageKey, RequestError, clean_messages, message_key, settings_key,
 )
 from rollstream.agent.openai_types import (
     ChatCompletion, ChatCompletionRequest, ChatMessage, Choice, ChoiceLogprobs, FinishReason, FunctionCall,
@@ -85,7 +85,7 @@ async def create_completion(session: AgentSession, request: ChatCompletionReques
     messages = clean_messages(request.messages)
     names = tool_names(request.tools)
     settings = settings_key(request.tools, request.chat_template_kwargs)
-    history = conversation_key(messages)
+    history = [message_key(m) for m in messages]
     parent, new_prompt = _prompt(session, renderer, messages, history, request, settings)
     prompt = (parent.full_ids if parent is not None else []) + new_prompt
     gconfig = generation_settings(session.settings.defaults, request, renderer.turn_end_ids)

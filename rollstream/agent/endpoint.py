@@ -59,7 +59,13 @@ class AgentEndpoint:
         model_name: str = "rollstream",
     ) -> None:
         self.config = config
-        renderer, reason = _renderer(tokenizer)
+        renderer: ChatRenderer | None = None
+        reason = "the agent endpoint has no tokenizer: give it the model's tokenizer (rollout.tokenizer_path)"
+        if tokenizer is not None:
+            try:
+                renderer, reason = ChatRenderer(tokenizer), ""
+            except RequestError as exc:
+                reason = str(exc)
         if defaults is None:
             defaults = GenerationHyperparameters()
             if tokenizer is not None:
@@ -179,15 +185,6 @@ class AgentEndpoint:
             return _json(completion)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return await _stream(request, completion, include_usage)
-
-
-def _renderer(tokenizer: Any) -> tuple[ChatRenderer | None, str]:
-    if tokenizer is None:
-        return None, "the agent endpoint has no tokenizer: give it the model's tokenizer (rollout.tokenizer_path)"
-    try:
-        return ChatRenderer(tokenizer), ""
-    except RequestError as exc:
-        return None, str(exc)
 
 
 def _json(value: Any, status: int = 200) -> web.Response:

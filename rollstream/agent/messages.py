@@ -118,10 +118,6 @@ def message_key(message: Mapping[str, Any]) -> MessageKey:
     return (message["role"], message.get("content") or "", calls)
 
 
-def conversation_key(messages: Sequence[Mapping[str, Any]]) -> list[MessageKey]:
-    return [message_key(m) for m in messages]
-
-
 def settings_key(tools: Any, template_kwargs: Mapping[str, Any] | None) -> str:
     """Tools and chat-template arguments as one string: turns extend each other only when
     their prompts were rendered with the same ones."""

@@ -391,15 +391,11 @@ class HFEngine(InferenceEngine):
             return None
         if seq.out_tokens[-1] in seq.spec.stop_ids:
             return "stop"
-        if seq.spec.stop_strings and self._hit_stop_string(seq):
-            return "stop"
-        return None
-
-    def _hit_stop_string(self, seq: _Seq) -> bool:
+        if not seq.spec.stop_strings:
+            return None
         # A token decodes to at least one byte, so this tail covers any stop string.
-        tail = 4 * max(len(s) for s in seq.spec.stop_strings) + 2
-        text = self.tokenizer.decode(seq.out_tokens[-tail:])
-        return any(s in text for s in seq.spec.stop_strings)
+        text = self.tokenizer.decode(seq.out_tokens[-(4 * max(len(s) for s in seq.spec.stop_strings) + 2):])
+        return "stop" if any(s in text for s in seq.spec.stop_strings) else None
 
     # ------------------------------------------------------- worker-thread torch
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from rollstream.api.engine import InvalidRequestError
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest, ModelResponse, StopReason
+from rollstream.vision.images import ImageError, image_bytes
 
 # What list(BatchEncoding) yields: its keys.
 _ENCODING_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids", "mm_token_type_ids"})
@@ -75,6 +76,14 @@ def response_to(
         stop_reason=reason, latency=latency, ttft=ttft, tokenizer=req.tokenizer,
         input_images=list(req.image_data or []), processor=req.processor,
     )
+
+
+def request_image(image: Any, index: int) -> bytes:
+    """``image_data[index]`` as the bytes of an image file; :class:`InvalidRequestError` when it is no image."""
+    try:
+        return image_bytes(image, f"image_data[{index}]")
+    except ImageError as exc:
+        raise InvalidRequestError(str(exc)) from None
 
 
 def accepted_settings(gconfig: Any) -> GenerationHyperparameters:

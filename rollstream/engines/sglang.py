@@ -21,19 +21,18 @@ Callers may rely on (besides everything ``server_engine.py`` promises):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from rollstream.api.io_struct import GenerationHyperparameters, ModelRequest
-from rollstream.api.engine import InvalidRequestError
+from rollstream.engines.request_check import request_image
 from rollstream.engines.server_engine import NonFiniteLogprobError, ServerEngine, Span, shared_sampling_params
 from rollstream.engines.server_http import EngineRequestError, EngineUnavailableError, HttpRefused, parse_label
 from rollstream.engines.sglang_admin import SGLangAdmin
-from rollstream.vision.images import ImageError, image_bytes, to_base64
+from rollstream.vision.images import to_base64
 
 __all__ = [
     "EngineRequestError", "EngineUnavailableError", "NonFiniteLogprobError", "SGLangEngine",
-    "parse_generate", "sampling_params", "sglang_image_data",
+    "parse_generate", "sampling_params",
 ]
 
 def sampling_params(g: GenerationHyperparameters, remaining: int, generated: int) -> dict[str, Any]:
@@ -83,7 +82,9 @@ class SGLangEngine(ServerEngine):
     parse_answer = staticmethod(parse_generate)
 
     def request_images(self, req: ModelRequest) -> list[str] | None:
-        return sglang_image_data(req.image_data) if req.image_data else None
+        """``req.image_data`` as SGLang's ``/generate`` takes it (see the module docstring)."""
+        images = req.image_data or []
+        return [i if isinstance(i, str) else to_base64(request_image(i, n)) for n, i in enumerate(images)] or None
 
     def explain_refusal(self, exc: HttpRefused, body: dict[str, Any]) -> EngineRequestError:
         """The refusal, with a hint when it names settings a --skip-tokenizer-init server refuses."""
@@ -95,16 +96,3 @@ class SGLangEngine(ServerEngine):
                 "them; start it without that flag or drop them from gconfig)")
         return exc
 
-
-def sglang_image_data(images: Sequence[Any]) -> list[str]:
-    """``ModelRequest.image_data`` as SGLang's ``/generate`` takes it (see the module docstring)."""
-    out: list[str] = []
-    for index, image in enumerate(images):
-        if isinstance(image, str):
-            out.append(image)
-            continue
-        try:
-            out.append(to_base64(image_bytes(image, f"image_data[{index}]")))
-        except ImageError as exc:
-            raise InvalidRequestError(str(exc)) from None
-    return out

@@ -60,7 +60,10 @@ class SGLangAdmin(ServerAdmin):
         try:
             status, _ = await self.http.get(url, "/health", timeout)
             if status == 200:
-                return Probe(ServerHealth.GENERATING, await self._label_or_none(url))
+                try:
+                    return Probe(ServerHealth.GENERATING, await self.label(url))
+                except TRANSPORT_ERRORS:
+                    return Probe(ServerHealth.GENERATING, None)
             detail = f"/health answered {status}"
         except TRANSPORT_ERRORS as exc:
             detail = f"/health: {type(exc).__name__}"
@@ -69,9 +72,3 @@ class SGLangAdmin(ServerAdmin):
         except TRANSPORT_ERRORS as exc:
             return Probe(ServerHealth.DOWN, None, f"{detail}; /model_info: {type(exc).__name__}: {exc}")
         return Probe(ServerHealth.NOT_GENERATING, label, detail)
-
-    async def _label_or_none(self, url: str) -> WeightLabel | None:
-        try:
-            return await self.label(url)
-        except TRANSPORT_ERRORS:
-            return None

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from rollstream.api.engine import InvalidRequestError
 from rollstream.vision.forward import check_placeholders, image_token_id, input_embeddings, merge_size, rope_positions
-from rollstream.vision.images import ImageError, image_bytes
+from rollstream.engines.request_check import request_image
 from rollstream.vision.inputs import VisionInputs, process_images
 
 
@@ -34,7 +34,7 @@ class EngineVision:
 
         ``InvalidRequestError`` for an entry that is not an image, or when the prompt's image
         placeholder tokens do not match the image tokens its images make."""
-        images = [self._decoded(item, i) for i, item in enumerate(image_data or [])]
+        images = [request_image(item, i) for i, item in enumerate(image_data or [])]
         vision = None
         if images:
             pixel_values, grid = process_images(self.image_processor, images)
@@ -47,13 +47,6 @@ class EngineVision:
                 f"{exc}; send the input_ids the model's processor made for these image_data"
             ) from None
         return vision
-
-    @staticmethod
-    def _decoded(item: Any, index: int) -> bytes:
-        try:
-            return image_bytes(item, f"image_data[{index}]")
-        except ImageError as exc:
-            raise InvalidRequestError(str(exc)) from None
 
     def prefill(
         self, ids: Tensor, mask: Tensor, prompt_spans: Sequence[tuple[int, int]], visions: Sequence[VisionInputs | None],

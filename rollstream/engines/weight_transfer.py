@@ -92,7 +92,7 @@ def plan(version: int, tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
     used = 0
     for name, tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
-        start = _aligned(used)
+        start = -(-used // ALIGN) * ALIGN  # aligned
         if not sizes or (start + nbytes > bucket_bytes and used > 0):
             sizes.append(0)
             start = 0
@@ -157,10 +157,6 @@ def verdict(pg: Any, ok: bool, device: str | torch.device) -> int:
     total = torch.tensor([int(ok)], dtype=torch.int64, device=device)
     pg.allreduce([total]).wait()
     return int(total.item())
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 @dataclass
