@@ -114,11 +114,8 @@ def accepted_settings(gconfig: Any) -> GenerationHyperparameters:
 def checked_input_ids(
     input_ids: Any, *, vocab_size: int | None = None, max_context: int | None = None
 ) -> list[int]:
-    """``input_ids`` as a list of ints, or :class:`InvalidRequestError` (see the module doc).
-
-    ``max_context``: the most tokens the model can attend to; the prompt must leave room for
-    at least one generated token.
-    """
+    """``input_ids`` as a list of ints, or :class:`InvalidRequestError` (see the module doc);
+    ``max_context``: the most tokens the model can attend to."""
     ids = _as_int_list(_one_prompt(input_ids))
     if not ids:
         raise InvalidRequestError("input_ids is empty: a request needs at least one prompt token")

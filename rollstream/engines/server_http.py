@@ -148,7 +148,11 @@ class ServerHttp:
         async with self._client().post(f"{url}{path}", json=body, timeout=self._timeout(timeout),
                                        headers=headers) as resp:
             text = await resp.text()
-            _raise_for_status(f"{url}{path}", resp.status, text)
+            if resp.status >= 400:
+                message = error_message(text)
+                if resp.status >= 500:
+                    raise Retryable(f"HTTP {resp.status} from {url}{path}: {message}")
+                raise (FencedOut if resp.status == 409 else HttpRefused)(f"{url}{path}", resp.status, message)
             try:
                 return json.loads(text) if text else None
             except ValueError:
@@ -167,12 +171,3 @@ class ServerHttp:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
-def _raise_for_status(where: str, status: int, text: str) -> None:
-    if status >= 500:
-        raise Retryable(f"HTTP {status} from {where}: {error_message(text)}")
-    if status == 409:
-        raise FencedOut(where, status, error_message(text))
-    if status >= 400:
-        raise HttpRefused(where, status, error_message(text))

@@ -146,16 +146,13 @@ def tied_parameters(model: Any) -> set[str]:
     return set()
 
 
-def retie_word_embeddings(model: Any) -> bool:
+def retie_word_embeddings(model: Any) -> None:
     """Point the LM head at the input embedding again when the model ties them and the reload
-    separated them; True when it did."""
-    config = getattr(model, "config", None)
-    if not getattr(config, "tie_word_embeddings", False):
-        return False
+    separated them."""
     head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if head is None or embed is None:
-        return False
+    if not getattr(getattr(model, "config", None), "tie_word_embeddings", False) or head is None or embed is None:
+        return
     if head.weight is not embed.weight:
         head.weight = embed.weight
     # Shared or not, the head's kernel form was made from the old values (on CPU a packed copy
@@ -163,4 +160,3 @@ def retie_word_embeddings(model: Any) -> bool:
     method = getattr(head, "quant_method", None)
     if method is not None and hasattr(method, "process_weights_after_loading"):
         method.process_weights_after_loading(head)
-    return True
