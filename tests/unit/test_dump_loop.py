@@ -54,12 +54,14 @@ class FakeConsumer:
         await asyncio.sleep(0)
         return self.fetches.pop(0) if self.fetches else {}
 
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+    async def commit(self, offsets: dict[TopicPartition, int | tuple[int, str]]) -> None:
+        """As aiokafka's: an offset, or ``(offset, metadata)``; the offsets are recorded."""
         if self.refuse:
             self.refuse -= 1
             raise CommitFailedError("rebalanced under the commit")
-        self.commits.append(dict(offsets))
-        self._committed.update(offsets)
+        plain = {tp: o[0] if isinstance(o, tuple) else o for tp, o in offsets.items()}
+        self.commits.append(plain)
+        self._committed.update(plain)
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
