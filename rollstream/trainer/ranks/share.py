@@ -31,6 +31,8 @@ class ShareGroup(msgspec.Struct, array_like=True, frozen=True):
     images: list[bytes] = []  # the group's encoded images, once (vision)
     row_images: list[list[int]] = []  # per row: indexes into images
     trainer_version_known: bool = True
+    rejected: int = 0
+    failed: int = 0
 
 
 class StepShare(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,11 +66,11 @@ def decode_share(data: bytes) -> StepShare:
 def share_group(group: GroupRows) -> ShareGroup:
     return ShareGroup(group.task_id, group.group_size, group.is_eval, group.trainer_version, group.sample_idx,
                       group.partition, group.offset, encode_tensor_dict(group.tensors),
-                      group.images, group.row_images, group.trainer_version_known)
+                      group.images, group.row_images, group.trainer_version_known, group.rejected, group.failed)
 
 
 def group_rows(group: ShareGroup) -> GroupRows:
     return GroupRows(group.task_id, group.group_size, group.is_eval, group.trainer_version,
                      decode_tensor_dict(group.tensors), list(group.sample_idx), group.partition, group.offset,
-                     images=list(group.images), row_images=[list(r) for r in group.row_images],
-                     trainer_version_known=group.trainer_version_known)
+                     rejected=group.rejected, failed=group.failed, images=list(group.images),
+                     row_images=[list(r) for r in group.row_images], trainer_version_known=group.trainer_version_known)
