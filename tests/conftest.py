@@ -55,6 +55,38 @@ def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
         yield dev
 
 
+# The session's vLLM servers by fixture name. A server that exits during a test fails that test
+# with its exit status and log tail (pytest_runtest_makereport); the next test that asks for it
+# gets it restarted, at its launch weights (pytest_runtest_setup), so one crash is one failure
+# that says why, not every later vLLM test timing out on a refused connection.
+_session_servers: dict[str, LocalVLLMServer] = {}
+SERVER_LOG_TAIL_LINES = 80
+
+
+def _server_exit(name: str, server: LocalVLLMServer) -> str:
+    lines = server.log_path.read_text(errors="replace").splitlines()[-SERVER_LOG_TAIL_LINES:]
+    return f"{name} exited with status {server.exit_code()}; the last lines of {server.log_path}:\n" + "\n".join(lines)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for name, server in _session_servers.items():
+        if name in getattr(item, "fixturenames", ()) and server.exit_code() is not None:
+            item.user_properties.append((REPORT, f"{name} restarted before this test: it had exited "
+                                                 f"with status {server.exit_code()}"))
+            server.restart()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    if report.failed:
+        for name, server in _session_servers.items():
+            if name in getattr(item, "fixturenames", ()) and server.exit_code() is not None:
+                report.sections.append((f"{name} exited", _server_exit(name, server)))
+    return report
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLMServer]:
     """One real vLLM server (CPU) for the session, serving the tiny model as version 0; its
@@ -64,6 +96,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLMS
     # 1024 tokens: room for a generation long enough that a weight update lands in its middle
     server = LocalVLLMServer(tmp_path_factory.mktemp("vllm"), tiny_model_dir(),
                              ServerLaunchConfig(max_model_len=1024, cuda_graphs=False))
+    _session_servers["vllm_server"] = server
     server.start()
     _startup_lines.append(f"vLLM server started in {server.startup_seconds:.1f}s ({server.url}, {server.model})")
     try:
@@ -78,6 +111,7 @@ def vllm_keep_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
     that caches no prefixes across requests (started only by the tests that ask for it)."""
     server = LocalVLLMServer(tmp_path_factory.mktemp("vllm-keep"), tiny_model_dir(),
                              ServerLaunchConfig(max_model_len=1024, cuda_graphs=False, prefix_caching=False))
+    _session_servers["vllm_keep_server"] = server
     server.start()
     _startup_lines.append(f"vLLM keep server started in {server.startup_seconds:.1f}s ({server.url})")
     try:

@@ -240,6 +240,10 @@ class LocalServer:
         """True while the server process is alive (ready or not)."""
         return self._process.is_running()
 
+    def exit_code(self) -> int | None:
+        """The exit status of the server process once it exited (None while it runs)."""
+        return self._process.exit_code()
+
     def stop(self, timeout: float | None = None) -> None:
         """Shut down cleanly (SIGTERM); SIGKILL if still alive after `timeout` seconds."""
         self._process.stop(self.STOP_TIMEOUT if timeout is None else timeout)
