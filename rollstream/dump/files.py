@@ -61,27 +61,43 @@ def read_task(
 ) -> list[dict[str, Any]]:
     """Every dump line of ``task_id``, each ``(sample_idx, row)`` once, sorted by it; [] when
     none. While a group moves (two files for a moment) the newer version's file wins: it holds
-    every line of the older one."""
-    records: dict[tuple[int, int], dict[str, Any]] = {}
-    for path in reversed(task_files(fileroot, experiment, trial, task_id, is_eval)):
+    every line of the older one. A move during the read (a version directory made meanwhile,
+    or a file gone under it) makes the read start again."""
+    scope = Path(fileroot) / experiment / trial / scope_dir(is_eval)
+    name = file_stem(task_id) + SUFFIX
+    while True:
+        directories = _version_dirs(scope)
+        records: dict[tuple[int, int], dict[str, Any]] = {}
         try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:  # the move finished between listing and reading
+            for path in reversed(_files_in(directories, name)):
+                for line in path.read_text(encoding="utf-8").splitlines():
+                    if line:
+                        record = json.loads(line)
+                        records.setdefault(line_key(record), record)
+        except FileNotFoundError:
             continue
-        for line in text.splitlines():
-            if line:
-                record = json.loads(line)
-                records.setdefault(line_key(record), record)
-    return [records[key] for key in sorted(records)]
+        if _version_dirs(scope) == directories:
+            return [records[key] for key in sorted(records)]
 
 
 def _find(scope: Path, name: str) -> list[Path]:
+    return _files_in(_version_dirs(scope), name)
+
+
+def _version_dirs(scope: Path) -> list[Path]:
+    """The directories under ``scope``, versions in numeric order (9 before 10), others after."""
     try:
         entries = list(os.scandir(scope))
     except FileNotFoundError:
         return []
-    found = [Path(entry.path) / name for entry in entries if entry.is_dir()]
-    return sorted((p for p in found if p.is_file()), key=lambda p: _version_order(p.parent.name))
+    return sorted((Path(e.path) for e in entries if e.is_dir()), key=lambda p: _version_order(p.name))
+
+
+def _files_in(directories: list[Path], name: str) -> list[Path]:
+    """``name`` in each of ``directories`` that holds it, looked for oldest version first: a
+    move writes the new file before it removes the old one, so a file gone from an older
+    directory is found in a newer one looked at after it."""
+    return [d / name for d in directories if (d / name).is_file()]
 
 
 def _version_order(directory: str) -> tuple[int, str]:

@@ -111,3 +111,25 @@ def test_a_reader_during_a_move_sees_each_line_once_from_the_newest_file(tmp_pat
     assert [p.parent.name for p in task_files(tmp_path, "exp", "t0", "t")] == ["9", "10"]  # numeric order
     lines = read_task(tmp_path, "exp", "t0", "t")
     assert [(r["sample_idx"], r["completion"]) for r in lines] == [(0, "v10"), (1, "v10")]
+
+
+def test_a_reader_beside_a_writer_that_moves_the_group_never_loses_or_repeats_a_line(tmp_path: Path) -> None:
+    import threading
+
+    files, done, seen, wrong = TaskFiles(tmp_path / "exp/t0"), threading.Event(), [0], []
+
+    def reader() -> None:
+        while not done.is_set():
+            keys = [(r["sample_idx"], r.get("row", 0)) for r in read_task(tmp_path, "exp", "t0", "t")]
+            if len(set(keys)) != len(keys) or len(keys) < seen[0]:
+                wrong.append(keys)
+            seen[0] = max(seen[0], len(keys))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for i in range(1000):  # each sample of a newer version: every merge moves the group
+        merge(files, [record(i, i)])
+    done.set()
+    thread.join()
+    assert not wrong, wrong[:3]
+    assert len(read_task(tmp_path, "exp", "t0", "t")) == 1000
