@@ -119,11 +119,25 @@ fi
 INSTALLED="$("$V" - "$WORK/venv" <<'PY'
 import importlib.metadata as m, sys
 import aiokafka, msgspec, pyarrow, redis, rollstream, tokenizers, torch, transformers  # noqa: F401
+import importlib, pkgutil
 if not rollstream.__file__.startswith(sys.argv[1]):
     sys.exit(f"rollstream imports from {rollstream.__file__}, not the venv")
-print(f"rollstream {m.version('rollstream')}, transformers {m.version('transformers')}, torch {torch.__version__}")
+# every module of the installed wheel (a package left out of the wheel fails here, not in the demo)
+modules = [mod.name for mod in pkgutil.walk_packages(rollstream.__path__, "rollstream.")]
+failed = []
+for name in modules:
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - every failure is listed below
+        failed.append(f"{name}: {type(e).__name__}: {e}")
+if failed:
+    sys.exit("installed modules that do not import:\n  " + "\n  ".join(failed))
+print(f"rollstream {m.version('rollstream')} ({len(modules)} modules import), "
+      f"transformers {m.version('transformers')}, torch {torch.__version__}")
 PY
 )" || die "the installed packages do not import (above)"
+"$WORK/venv/bin/rollstream" --help > "$WORK/logs/cli-help.log" 2>&1 \
+  || { tail -20 "$WORK/logs/cli-help.log" >&2; die "the installed rollstream command does not start (above)"; }
 WHEELS="$(ls "$B"/wheels/*.whl | wc -l)"
 say "installed $WHEELS wheels: $INSTALLED"
 

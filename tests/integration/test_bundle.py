@@ -68,5 +68,6 @@ def test_bundle_installs_and_starts_its_services(bundle: Path, tmp_path: Path) -
     assert done.returncode == 0, output[-6000:]
     line = done.stdout.strip().splitlines()[-1]
     assert "--install-only" in line and "Kafka" in line and "Redis" in line, output[-3000:]
+    assert "modules import)" in line, line  # every installed module imported, the CLI started
     for what in ("java jre/bin/java", "kafka jars cache/kafka-", "redis-server redis/bin/redis-server"):
         assert what in line, line
