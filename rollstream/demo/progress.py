@@ -11,7 +11,6 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
-from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from rich.console import Console
 from rich.live import Live
@@ -21,7 +20,7 @@ from rollstream.config import RollstreamConfig
 from rollstream.demo.report import StepRecord, summary_table
 from rollstream.kafka.clients import make_admin, make_consumer
 from rollstream.kafka.topics import TopicNames
-from rollstream.tools.status import GroupLag, consumer_groups
+from rollstream.tools.status import consumer_groups, end_offsets, fill_lag
 
 
 class LagProbe:
@@ -31,7 +30,6 @@ class LagProbe:
         self.config = config
         self.names = TopicNames.of(config)
         self._stack = contextlib.AsyncExitStack()
-        self._partitions_of: dict[str, list[TopicPartition]] = {}
 
     async def __aenter__(self) -> LagProbe:
         self.admin = make_admin(self.config.kafka, "demo-lag")
@@ -46,33 +44,16 @@ class LagProbe:
         await self._stack.aclose()
 
     async def lags(self) -> dict[str, int | None]:
-        """Tier -> records its group has not committed yet (None: nothing committed or unknown)."""
+        """Tier -> records its group has not committed yet (None: nothing committed or unknown,
+        e.g. no coordinator yet: asked again next time)."""
         groups = [g for g in consumer_groups(self.config, self.names) if g.topic is not None]
-        return {group.tier: await self._lag(group) for group in groups}
-
-    async def _lag(self, group: GroupLag) -> int | None:
-        assert group.topic is not None
         try:
-            tps = await self._partitions(group.topic)
-            if not tps:
-                return None
-            ends = await self.consumer.end_offsets(tps)
-            offsets = await self.admin.list_consumer_group_offsets(group.group_id, partitions=tps)
+            ends = await end_offsets(self.admin, self.consumer, sorted({g.topic for g in groups if g.topic}))
         except KafkaError:
-            return None  # e.g. no coordinator yet: shown as unknown, asked again next time
-        committed = {tp: meta.offset for tp, meta in offsets.items() if meta is not None and meta.offset >= 0}
-        if not committed:
-            return None
-        return sum(end - committed.get(tp, 0) for tp, end in ends.items())
-
-    async def _partitions(self, topic: str) -> list[TopicPartition]:
-        if topic not in self._partitions_of:  # asked until the topic exists, then cached
-            described = await self.admin.describe_topics([topic])
-            found = [p["partition"] for d in described if d["error_code"] == 0 for p in d["partitions"]]
-            if not found:
-                return []
-            self._partitions_of[topic] = [TopicPartition(topic, p) for p in sorted(found)]
-        return self._partitions_of[topic]
+            return {group.tier: None for group in groups}
+        for group in groups:
+            await fill_lag(self.admin, group, ends)
+        return {group.tier: group.lag for group in groups}
 
 
 @dataclass

@@ -118,7 +118,17 @@ async def scan_topic(
 async def high_watermarks(config: KafkaConfig, topic: str, client_id: str) -> dict[int, int]:
     """Each partition's high watermark now: the end of every record written so far, committed,
     aborted or in an open transaction (a ``read_uncommitted`` view of the end)."""
-    consumer = make_consumer(config, client_id, group_id=None, read_committed=False)
+    return await _ends(config, topic, client_id, read_committed=False)
+
+
+async def last_stable_offsets(config: KafkaConfig, topic: str, client_id: str) -> dict[int, int]:
+    """Each partition's last stable offset now: the end of what a ``read_committed`` reader
+    sees (no open transaction's records)."""
+    return await _ends(config, topic, client_id, read_committed=True)
+
+
+async def _ends(config: KafkaConfig, topic: str, client_id: str, *, read_committed: bool) -> dict[int, int]:
+    consumer = make_consumer(config, client_id, group_id=None, read_committed=read_committed)
     await start_client(consumer, config, f"reading the end of {topic}")
     try:
         tps = await _partitions(config, topic, None)

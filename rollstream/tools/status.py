@@ -86,6 +86,41 @@ def consumer_groups(config: RollstreamConfig, names: TopicNames) -> list[GroupLa
     ]
 
 
+async def end_offsets(admin: AIOKafkaAdminClient, consumer: AIOKafkaConsumer,
+                      topics: list[str]) -> dict[str, dict[int, int]]:
+    """Topic -> partition -> end offset (``consumer``'s view: read_committed gives last stable
+    offsets) of each of ``topics`` that exists."""
+    existing = set(await admin.list_topics())
+    wanted = [topic for topic in topics if topic in existing]
+    described = await admin.describe_topics(wanted) if wanted else []
+    tps = [
+        TopicPartition(entry["topic"], part["partition"])
+        for entry in described if entry["error_code"] == 0
+        for part in entry["partitions"]
+    ]
+    ends: dict[str, dict[int, int]] = {}
+    for tp, offset in sorted((await consumer.end_offsets(tps) if tps else {}).items()):
+        ends.setdefault(tp.topic, {})[tp.partition] = offset
+    return ends
+
+
+async def fill_lag(admin: AIOKafkaAdminClient, group: GroupLag, ends: dict[str, dict[int, int]]) -> None:
+    """Set ``group``'s committed offsets and lag on its input topic against ``ends``; its
+    ``error`` when the broker cannot say (e.g. no coordinator yet on a fresh broker)."""
+    if group.topic is None or group.topic not in ends:
+        return
+    tps = [TopicPartition(group.topic, p) for p in ends[group.topic]]
+    try:
+        offsets = await admin.list_consumer_group_offsets(group.group_id, partitions=tps)
+    except KafkaError as exc:
+        group.error = "no coordinator yet" if isinstance(exc, GroupCoordinatorNotAvailableError) else type(exc).__name__
+        return
+    committed = {tp.partition: meta.offset for tp, meta in offsets.items() if meta is not None and meta.offset >= 0}
+    if committed:
+        group.committed = sum(committed.values())
+        group.lag = sum(end - committed.get(p, 0) for p, end in ends[group.topic].items())
+
+
 class StatusCollector:
     """Holds the clients between refreshes; use as an async context manager."""
 
@@ -117,11 +152,11 @@ class StatusCollector:
 
     async def collect(self) -> Snapshot:
         roles = {role: topic_for(self.names, role) for role in ROLES}
-        ends = await self._end_offsets(list(roles.values()))
+        ends = await end_offsets(self.admin, self.consumer, list(roles.values()))
         now = time.monotonic()
         groups = consumer_groups(self.config, self.names)
         for group in groups:
-            await self._fill_lag(group, ends)
+            await fill_lag(self.admin, group, ends)
         # Redis first: a group emitted while the topic is read then counts as emitted, not as
         # in flight twice (the count can only err towards fewer in flight for that moment).
         usage, drops = await self.budget.usage(), await self.budget.drops_by_reason()
@@ -134,35 +169,6 @@ class StatusCollector:
         )
         self._previous = snapshot
         return snapshot
-
-    async def _end_offsets(self, topics: list[str]) -> dict[str, dict[int, int]]:
-        existing = set(await self.admin.list_topics())
-        wanted = [topic for topic in topics if topic in existing]
-        described = await self.admin.describe_topics(wanted) if wanted else []
-        tps = [
-            TopicPartition(entry["topic"], part["partition"])
-            for entry in described if entry["error_code"] == 0
-            for part in entry["partitions"]
-        ]
-        ends: dict[str, dict[int, int]] = {}
-        for tp, offset in sorted((await self.consumer.end_offsets(tps) if tps else {}).items()):
-            ends.setdefault(tp.topic, {})[tp.partition] = offset
-        return ends
-
-    async def _fill_lag(self, group: GroupLag, ends: dict[str, dict[int, int]]) -> None:
-        if group.topic is None or group.topic not in ends:
-            return
-        tps = [TopicPartition(group.topic, p) for p in ends[group.topic]]
-        try:
-            offsets = await self.admin.list_consumer_group_offsets(group.group_id, partitions=tps)
-        except KafkaError as exc:
-            # e.g. no coordinator yet on a fresh broker: show it, keep the rest of the screen
-            group.error = "no coordinator yet" if isinstance(exc, GroupCoordinatorNotAvailableError) else type(exc).__name__
-            return
-        committed = {tp.partition: meta.offset for tp, meta in offsets.items() if meta is not None and meta.offset >= 0}
-        if committed:
-            group.committed = sum(committed.values())
-            group.lag = sum(end - committed.get(p, 0) for p, end in ends[group.topic].items())
 
     def _rates(self, ends: dict[str, dict[int, int]], now: float) -> dict[str, float | None]:
         prev = self._previous

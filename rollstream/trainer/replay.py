@@ -27,13 +27,11 @@ from typing import Any
 
 import msgspec
 import torch
-from aiokafka.structs import TopicPartition
 
 from rollstream.config import RollstreamConfig
-from rollstream.kafka.clients import make_consumer
 from rollstream.kafka.topics import TopicNames
 from rollstream.kafka.admin import topic_partitions
-from rollstream.kafka.scan import scan_topic
+from rollstream.kafka.scan import last_stable_offsets, scan_topic
 from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.kafka_source import ledger_path
 from rollstream.trainer.ledger import LedgerEntry, StepLedger
@@ -119,16 +117,10 @@ class RangeReplay(_Replay):
 
     async def start(self) -> int:
         if self.end_offsets is None:
-            partitions = await topic_partitions(self._config.kafka, self.topic)
-            if partitions is None:
+            if await topic_partitions(self._config.kafka, self.topic) is None:
                 raise ReplayError(f"topic {self.topic} does not exist")
-            consumer = make_consumer(self._config.kafka, "trainer-replay", group_id=None, read_committed=True)
-            await consumer.start()
-            try:
-                ends = await consumer.end_offsets([TopicPartition(self.topic, p) for p in partitions])
-            finally:
-                await consumer.stop()
-            self.end_offsets = {tp.partition: o for tp, o in ends.items()}
+            # waits out an unreachable broker (kafka.outage_patience_seconds), as every client start does
+            self.end_offsets = await last_stable_offsets(self._config.kafka, self.topic, "trainer-replay")
         return await super().start()
 
     async def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:

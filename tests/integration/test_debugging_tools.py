@@ -477,3 +477,27 @@ def recorded_batch(task_id: str, rows: list[dict[str, torch.Tensor]]) -> Emitted
         task_id=task_id, group_size=len(rows), sample_idx=list(range(len(rows))), trainer_version=5,
         head_version=2, tail_version=5, staleness=3, packed=pack_tensor_dict(concat_padded_tensors(rows)),
     )
+
+
+async def test_demo_lag_probe_counts_what_a_tier_group_has_not_committed(config: RollstreamConfig) -> None:
+    """The demo's lag per tier is its group's end minus committed offsets on its input topic,
+    as ``rollstream status`` counts it; a tier that committed nothing shows no lag (None)."""
+    from rollstream.demo.progress import LagProbe
+
+    await publish_scored(config)
+    names = TopicNames.of(config)
+    tps = [TopicPartition(names.scored, p) for p in await topic_partitions(config.kafka, names.scored) or []]
+    committer = make_consumer(config.kafka, "test-committer", group_id=names.group_id("dump"))
+    await committer.start()
+    try:
+        committer.assign(tps)
+        ends = await committer.end_offsets(tps)
+        busiest = max(tps, key=lambda tp: ends[tp])
+        assert ends[busiest] >= 2
+        await committer.commit({tp: ends[tp] - (2 if tp == busiest else 0) for tp in tps})
+    finally:
+        await committer.stop()
+    async with LagProbe(config) as probe:
+        lags = await probe.lags()
+    assert lags["dump"] == 2, lags
+    assert lags["grouping"] is None, lags
