@@ -1,18 +1,23 @@
 """``pip install .`` into a fresh virtual environment puts one package in site-packages:
 ``rollstream`` (the tiers inside it), and nothing else: no ``.pth``, no top-level tier names.
 
-The wheel is built from this checkout and installed without dependencies (no network needed):
-what is checked is what the package installs, and the tier packages import nothing heavy.
+The wheel is built from a copy of this checkout's files (as ``scripts/bundle.sh`` builds it: no
+stale ``build/`` folder) and installed without dependencies (no network needed): what is checked is
+what the package installs (every source file of the tree, nothing else), and the tier packages
+import nothing heavy.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
 import pytest
+
+from tests.unit.test_namespace import source_folders
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,8 +33,14 @@ def fresh_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path,
     """(the venv's python, its site-packages, what the install added there) with this
     checkout's wheel installed."""
     root = tmp_path_factory.mktemp("namespace")
+    checkout = root / "checkout"
+    listed = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO).split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, checkout / name)
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"),
-         str(REPO)], cwd=root)
+         str(checkout)], cwd=root)
     venv.create(root / "venv", with_pip=True)  # ensurepip: offline
     python = root / "venv" / "bin" / "python"
     wheel = next((root / "dist").glob("rollstream-*.whl"))
@@ -63,3 +74,15 @@ def test_the_installed_tiers_import_and_the_old_names_do_not(fresh_install: tupl
     assert Path(out[0]).is_relative_to(site), out[0]  # the installed copy, not the checkout
     assert out[1] == "[]", f"old top-level names importable: {out[1]}"
     assert out[2] == "[]", f"the tier packages imported {out[2]}"
+
+
+def test_the_installed_package_holds_every_source_file_of_the_tree(fresh_install: tuple[Path, Path, set[str]]) -> None:
+    """A folder left out of the wheel imports from a checkout but not once installed (the
+    installed ``rollstream`` command failed so, on ``rollstream.tier``)."""
+    _, site, _ = fresh_install
+    tree = {"/".join((*name.split("."), f.name)) for name, folder in source_folders().items()
+            for f in folder.iterdir() if f.suffix in (".py", ".xml", ".properties")}
+    installed = {p.relative_to(site).as_posix() for p in (site / "rollstream").rglob("*")
+                 if p.is_file() and "__pycache__" not in p.parts}
+    assert tree - installed == set(), "files of the tree missing from the installed package"
+    assert {n for n in installed if n.endswith(".py")} - tree == set(), "installed files that are not in the tree"
