@@ -16,19 +16,32 @@ from rollstream.trainer import StepStream, TrainingStep
 from rollstream.vision.forward import trajectory_logits
 
 
-async def acked_batches(consumer: StepStream, tiers: dict[str, TierProcess], steps: int,
-                        timeout: float = 300) -> AsyncIterator[TrainingStep]:
-    """Each batch the trainer side reads, acked, until ``steps`` of them or ``timeout``
-    seconds; while none comes, every tier must still run or have exited 0."""
+def unaccounted(consumer: StepStream, trained: int, groups: int) -> int:
+    """Of ``groups`` admitted, how many the trainer side has not seen end yet: each is trained
+    (``trained``), dropped (by grouping, or as stale by the trainer: ``drops_by_reason``) or
+    waiting in a step that will not fill."""
+    assert consumer.source is not None
+    return groups - trained - sum(consumer.drops_by_reason.values()) - consumer.source.accumulator.waiting
+
+
+async def acked_batches(consumer: StepStream, tiers: dict[str, TierProcess], groups: int,
+                        timeout: float = 240) -> AsyncIterator[TrainingStep]:
+    """Each step the trainer side reads, acked, until each of ``groups`` admitted groups is
+    accounted for (:func:`unaccounted`) and no full step waits, or ``timeout`` seconds; while no step comes, every tier
+    must still run or have exited 0. A group the trainer drops as stale (one that came late,
+    e.g. finished by a worker's replacement after newer groups filled its step) is never
+    trained: the last step may then not fill, and is waited for no longer."""
     deadline = time.monotonic() + timeout
-    taken = 0
-    while taken < steps and time.monotonic() < deadline:
+    trained = 0
+    assert consumer.source is not None
+    accumulator = consumer.source.accumulator
+    while (unaccounted(consumer, trained, groups) > 0 or accumulator.ready()) and time.monotonic() < deadline:
         batch = await consumer.next_step(timeout=10)
         if batch is None:
             check_alive(tiers)
             continue
         assert await consumer.ack(batch)
-        taken += 1
+        trained += len(batch.task_ids)
         yield batch
 
 

@@ -30,7 +30,7 @@ from aiokafka.helpers import create_ssl_context
 
 from rollstream.config import KafkaConfig
 from rollstream.retry import KAFKA_RETRY
-from rollstream.runtime.deadline import DeadlineExceeded, within
+from rollstream.runtime.deadline import CancelledInside, DeadlineExceeded, within
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ async def stop_client(client: Any, what: str, timeout: float = STOP_TIMEOUT_SECO
     except DeadlineExceeded as exc:
         log.error("%s; going on without it", exc)
         return False
-    except (KafkaError, OSError) as exc:
+    except (KafkaError, OSError, CancelledInside) as exc:
         log.warning("stopping %s: %s: %s", what, type(exc).__name__, exc)
         return False
     return True

@@ -27,6 +27,13 @@ class DeadlineExceeded(TimeoutError):
     """A bounded wait ran out; the message names what was waited for and for how long."""
 
 
+class CancelledInside(RuntimeError):
+    """The call ended with a cancellation its caller did not ask for: a library re-raised the
+    cancellation of a task of its own (aiokafka's consumer ``stop()`` does, when its fetcher's
+    close cancels a fetch that is backing off and awaits it). Raised as an error, so that the
+    caller, which was not cancelled, is not taken for cancelled and torn down."""
+
+
 def left_behind() -> int:
     """How many calls are still running after their deadline (for tests and logs)."""
     return len(_left_behind)
@@ -47,7 +54,8 @@ def _forget(task: asyncio.Future[Any]) -> None:
 async def within(call: Awaitable[T], seconds: float, what: str) -> T:
     """``await call``, at most ``seconds``; :class:`DeadlineExceeded` ("``what`` did not end
     within Ns") when it runs longer, the call then cancelled and left behind, not awaited.
-    A cancellation of the caller cancels the call the same way."""
+    A cancellation of the caller cancels the call the same way. A call that ends cancelled on
+    its own raises :class:`CancelledInside`, never ``CancelledError``."""
     task = asyncio.ensure_future(call)
     try:
         done, _ = await asyncio.wait({task}, timeout=seconds)
@@ -57,4 +65,6 @@ async def within(call: Awaitable[T], seconds: float, what: str) -> T:
     if not done:
         _leave(task)
         raise DeadlineExceeded(f"{what} did not end within {seconds:.0f}s")
+    if task.cancelled():
+        raise CancelledInside(f"{what} ended cancelled, though nothing cancelled it from outside")
     return task.result()

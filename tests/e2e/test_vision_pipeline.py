@@ -79,7 +79,7 @@ def _write_inputs(tmp: Path, name: str, kafka: str, redis_url: str, model: Path)
 
 async def _train_side(config: RollstreamConfig, tiers: dict[str, TierProcess]) -> list[TrainingStep]:
     async with StepStream(config, ledger=False) as consumer:
-        return [batch async for batch in acked_batches(consumer, tiers, PROMPTS // STEP_GROUPS)]
+        return [batch async for batch in acked_batches(consumer, tiers, PROMPTS)]
 
 
 async def test_vision_pipeline_end_to_end(

@@ -75,7 +75,8 @@ def audit(responses: list[ModelResponse], weights: list[Path], temperature: floa
 
 
 async def test_token_ids_logprobs_stop_and_length(engine: VLLMEngine, weights: list[Path]) -> None:
-    sampled = await engine.agenerate(request(24, temperature=0.7))
+    # ignore_eos: a sample may draw EOS (token 0) early; the length stop is what is checked here
+    sampled = await engine.agenerate(request(24, temperature=0.7, ignore_eos=True))
     assert len(sampled.output_tokens) == 24 and sampled.stop_reason == "length"
     assert sampled.output_versions == [0] * 24
     checked = audit([sampled], weights, temperature=0.7).result  # processed logprobs: after temperature

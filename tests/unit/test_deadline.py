@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rollstream.kafka.clients import stop_client
-from rollstream.runtime.deadline import DeadlineExceeded, left_behind, within
+from rollstream.runtime.deadline import CancelledInside, DeadlineExceeded, left_behind, within
 
 
 class Stubborn:
@@ -70,3 +70,28 @@ async def test_a_client_stop_past_its_deadline_is_logged_naming_the_client(caplo
     finally:
         client.release.set()
         await settle()
+
+
+class CancelsItsOwnFetch:
+    """A client whose ``stop()`` cancels a task of its own and awaits it, letting the
+    cancellation out, as aiokafka's fetcher close does with a fetch backing off."""
+
+    async def stop(self) -> None:
+        fetch = asyncio.ensure_future(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        fetch.cancel()
+        await fetch
+
+
+async def test_a_cancellation_the_call_raises_on_its_own_is_an_error_not_the_callers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The grouping tier died so in a fault test: a changelog reader's stop raised
+    CancelledError in a rebalance callback that nobody had cancelled."""
+    with pytest.raises(CancelledInside, match="stopping the reader ended cancelled"):
+        await within(CancelsItsOwnFetch().stop(), 5, "stopping the reader")
+    with caplog.at_level(logging.WARNING, logger="rollstream.kafka.clients"):
+        assert not await stop_client(CancelsItsOwnFetch(), "a reader of rs.x.t0.grouping-changelog", timeout=5)
+    assert "stopping a reader of rs.x.t0.grouping-changelog: CancelledInside" in caplog.text
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0  # the caller goes on, not cancelled
