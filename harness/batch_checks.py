@@ -27,10 +27,11 @@ def unaccounted(consumer: StepStream, trained: int, groups: int) -> int:
 async def acked_batches(consumer: StepStream, tiers: dict[str, TierProcess], groups: int,
                         timeout: float = 240) -> AsyncIterator[TrainingStep]:
     """Each step the trainer side reads, acked, until each of ``groups`` admitted groups is
-    accounted for (:func:`unaccounted`) and no full step waits, or ``timeout`` seconds; while no step comes, every tier
-    must still run or have exited 0. A group the trainer drops as stale (one that came late,
-    e.g. finished by a worker's replacement after newer groups filled its step) is never
-    trained: the last step may then not fill, and is waited for no longer."""
+    accounted for (:func:`unaccounted`) and no full step waits, or ``timeout`` seconds; while
+    no step comes, every tier must still run or have exited 0. A group the trainer drops as
+    stale (one that came late, e.g. finished by a worker's replacement after newer groups
+    filled its step) is never trained: the last step may then not fill, and is waited for no
+    longer."""
     deadline = time.monotonic() + timeout
     trained = 0
     assert consumer.source is not None

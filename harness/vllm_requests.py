@@ -16,12 +16,20 @@ from rollstream.api.io_struct import ModelRequest, ModelResponse
 
 async def generating(url: str) -> None:
     """Until the server at ``url`` has a request running."""
+    await _until_nonzero(url, "vllm:num_requests_running")
+
+
+async def queueing(url: str) -> None:
+    """Until the server at ``url`` has a request waiting (it runs ``max_num_seqs`` at once)."""
+    await _until_nonzero(url, "vllm:num_requests_waiting")
+
+
+async def _until_nonzero(url: str, gauge: str) -> None:
     async with aiohttp.ClientSession() as session:
         while True:
             async with session.get(f"{url}/metrics") as resp:
                 text = await resp.text()
-            if any(line.startswith("vllm:num_requests_running") and not line.rstrip().endswith(" 0.0")
-                   for line in text.splitlines()):
+            if any(line.startswith(gauge) and not line.rstrip().endswith(" 0.0") for line in text.splitlines()):
                 return
             await asyncio.sleep(0.01)
 

@@ -30,7 +30,6 @@ import torch
 
 from rollstream.config import RollstreamConfig
 from rollstream.kafka.topics import TopicNames
-from rollstream.kafka.admin import topic_partitions
 from rollstream.kafka.scan import last_stable_offsets, scan_topic
 from rollstream.trainer.accumulator import StepAccumulator
 from rollstream.trainer.kafka_source import ledger_path
@@ -117,10 +116,11 @@ class RangeReplay(_Replay):
 
     async def start(self) -> int:
         if self.end_offsets is None:
-            if await topic_partitions(self._config.kafka, self.topic) is None:
-                raise ReplayError(f"topic {self.topic} does not exist")
-            # waits out an unreachable broker (kafka.outage_patience_seconds), as every client start does
+            # waits out an unreachable broker (kafka.outage_patience_seconds), as every client start
+            # does; a topic that does not exist has no partition, so no end
             self.end_offsets = await last_stable_offsets(self._config.kafka, self.topic, "trainer-replay")
+            if not self.end_offsets:
+                raise ReplayError(f"topic {self.topic} does not exist")
         return await super().start()
 
     async def _source(self) -> AsyncIterator[tuple[int, int, bytes | None]]:

@@ -40,6 +40,7 @@ from rollstream.trainer import (
     TrainingStep,
 )
 from rollstream.trainer.kafka_source import KafkaStepSource
+from rollstream.trainer.replay import ReplayError
 from rollstream.wire import GroupDropped, encode
 
 
@@ -210,6 +211,14 @@ async def test_groups_in_the_ledger_are_never_handed_out_again(
 
 
 # -- replay into a step --
+
+async def test_a_range_replay_of_a_trial_without_a_batches_topic_says_so(
+    kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
+) -> None:
+    config = trainer_config(kafka_bootstrap, redis_url, unique_name, tmp_path)  # nothing written: no topic
+    with pytest.raises(ReplayError, match=f"topic {TopicNames.of(config).batches} does not exist"):
+        await RangeReplay(config).start()
+
 
 async def test_replays_hand_out_recorded_steps_exactly_and_commit_nothing(
     kafka_bootstrap: str, redis_url: str, unique_name: str, tmp_path: Path
