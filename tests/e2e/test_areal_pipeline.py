@@ -24,19 +24,18 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
 
-from harness.batch_checks import check_batch_tensors, check_logprobs, check_vision_logprobs
+from harness.batch_checks import acked_batches, check_batch_tensors, check_logprobs, check_vision_logprobs, unaccounted
 from harness.checkpoints import save_versions
 from harness.configs import pipeline_config, write_config
 from harness.images import noise_png
 from harness.ledger import read_topic
-from harness.tiers import TierProcess, check_alive, running, stop_cleanly, tails
+from harness.tiers import TierProcess, running, stop_cleanly, tails
 from rollstream.areal.workflow import areal_task_id
 from rollstream.config import RollstreamConfig, config_from_dict
 from rollstream.kafka.topics import TopicNames
@@ -91,20 +90,19 @@ def _producer_config(tmp: Path, tree: dict[str, Any], key: str, rows: list[dict[
     return write_config(tmp / f"producer-{key}.yaml", {**tree, "producer": producer})
 
 
-async def _train(config: RollstreamConfig, tiers: dict[str, TierProcess], steps: int, weights: list[Path] | None) -> list[TrainingStep]:
+async def _train(config: RollstreamConfig, tiers: dict[str, TierProcess], groups: int,
+                 weights: list[Path] | None) -> list[TrainingStep]:
+    """The trainer side until each of ``groups`` is trained, dropped (a group that came late may
+    be dropped as stale) or left in a step that cannot fill; a new version after each step when
+    ``weights`` are given."""
     batches: list[TrainingStep] = []
     async with StepStream(config, ledger=False) as consumer, VersionPublisher(config) as publisher:
-        deadline = time.monotonic() + 300
-        while len(batches) < steps and time.monotonic() < deadline:
-            batch = await consumer.next_step(timeout=10)
-            if batch is None:
-                check_alive(tiers)
-                continue
+        async for batch in acked_batches(consumer, tiers, groups):
             batches.append(batch)
-            assert await consumer.ack(batch)
             if weights is not None:  # the worker reloads: later tokens come from the new weights
                 await publisher.publish(len(batches), str(weights[len(batches)]))
-    assert len(batches) == steps, f"only {len(batches)} of {steps} steps\n{tails(tiers)}"
+        left = unaccounted(consumer, sum(len(b.task_ids) for b in batches), groups)
+        assert left == 0, f"{left} of {groups} groups never reached the trainer ({len(batches)} steps)\n{tails(tiers)}"
     return batches
 
 
@@ -131,7 +129,7 @@ async def test_areal_workflows_through_the_pipeline(
                     for i in range(PROMPTS_PER_WORKFLOW)]
             tiers[f"producer#{key}"] = TierProcess("producer", _producer_config(tmp_path, tree, key, rows),
                                                     tmp_path / f"producer#{key}.log", name=f"producer#{key}").start()
-        batches = await _train(config, tiers, PROMPTS // STEP_GROUPS, weights)
+        batches = await _train(config, tiers, PROMPTS, weights)
         stop_cleanly(tiers)
 
     admitted, records = await _ended_once(config, PROMPTS)
@@ -200,7 +198,7 @@ async def test_areal_vision_workflow_through_the_pipeline(
     with running(config_path, tmp_path, ("grouping", "reward-worker", "rollout-worker")) as tiers:
         tiers["producer"] = TierProcess("producer", _producer_config(tmp_path, tree, "areal_vision", rows),
                                         tmp_path / "producer.log").start()
-        batches = await _train(config, tiers, 1, None)
+        batches = await _train(config, tiers, STEP_GROUPS, None)
         stop_cleanly(tiers)
 
     admitted, _ = await _ended_once(config, STEP_GROUPS)
